@@ -1,0 +1,135 @@
+// Backend: the kernels every layer is built from, one implementation per device.
+//
+// Layers never loop over tensor data themselves; they call these kernels on raw pointers
+// of their device's memory. The CPU backend (cpu_backend.cc) is the reference; a CUDA
+// backend implements the same interface and is checked against it.
+//
+// Contracts shared by every kernel:
+//  - Pointers are device pointers of this backend's device, row-major and contiguous unless
+//    a leading dimension says otherwise. Inputs and outputs do not alias unless stated.
+//  - "Accumulates" means the kernel adds into its output (+=); "writes" means it overwrites.
+//  - Kernels are deterministic: the same inputs give the same bits on every call, and every
+//    reduction runs in a fixed order (documented per kernel). This is what makes a pipeline
+//    run bit-identical to the single-process reference trainer.
+//  - Dimension letters: R rows (B*T for sequences), C channels, B batch, T time, H heads,
+//    D head size (C / H), V vocabulary.
+//  - Kernels do not validate shapes: layers do, and return absl::Status on bad input.
+//  - Thread safety: a Backend is stateless apart from configuration; kernels may be called
+//    from several threads at once on disjoint outputs.
+#ifndef BATON_COMMON_CORE_BACKEND_H_
+#define BATON_COMMON_CORE_BACKEND_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/core/tensor.h"
+
+namespace baton {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // ---- Dense algebra ----
+  // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C[m,n]; op(X) = X or X^T.
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                    float* c, int64_t ldc) = 0;
+  // Writes out[i] = a[i] + b[i]. `out` may alias `a` or `b`.
+  virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
+  // Writes y[i] = x[i] * scale. `y` may alias `x`.
+  virtual void Scale(int64_t n, float scale, const float* x, float* y) = 0;
+  virtual void Fill(int64_t n, float value, float* y) = 0;
+  virtual void Copy(int64_t n, const float* x, float* y) = 0;
+  // Returns the sum of x in index order, accumulated in double and rounded once.
+  virtual double Sum(int64_t n, const float* x) = 0;
+
+  // ---- Linear ----
+  // y[r,c] += bias[c].
+  virtual void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) = 0;
+  // Accumulates dbias[c] += sum over r of dy[r,c], adding rows in order r = 0, 1, ...
+  virtual void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) = 0;
+
+  // ---- GELU (tanh approximation, as in GPT-2) ----
+  // Fused: writes pre[r,c] = x[r,c] + bias[c] and out[r,c] = gelu(pre[r,c]).
+  // `pre` may alias `x`. `bias` may be null (no bias).
+  virtual void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias,
+                        float* pre, float* out) = 0;
+  // Writes dx[i] = dy[i] * gelu'(pre[i]). `dx` may alias `dy`.
+  virtual void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) = 0;
+
+  // ---- LayerNorm over the last dimension ----
+  // Writes y = (x - mean) * rstd * gamma + beta per row, and the row statistics mean[r],
+  // rstd[r] = 1 / sqrt(var + eps) (biased variance; both summed in column order).
+  virtual void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
+                                const float* gamma, const float* beta, float* y, float* mean,
+                                float* rstd) = 0;
+  // Writes dx from dy and the saved statistics.
+  virtual void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
+                                      const float* mean, const float* rstd, const float* gamma,
+                                      const float* dy, float* dx) = 0;
+  // Accumulates dgamma[c] += sum_r dy * xhat and dbeta[c] += sum_r dy, rows in order.
+  virtual void LayerNormBackwardWeight(int64_t rows, int64_t cols, const float* x,
+                                       const float* mean, const float* rstd, const float* dy,
+                                       float* dgamma, float* dbeta) = 0;
+
+  // ---- Causal multi-head self-attention core ----
+  // qkv[B,T,3C] holds q, k, v side by side (head h uses columns h*D .. h*D+D-1 of each).
+  // Writes att[B,H,T,T] = causal softmax(q k^T / sqrt(D)) (zeros above the diagonal) and
+  // y[B,T,C] = att v, heads side by side.
+  virtual void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                                float* att, float* y) = 0;
+  // Writes dqkv[B,T,3C] from dy[B,T,C] and the saved qkv and att. `scratch` holds T*T
+  // floats.
+  virtual void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                                 const float* att, const float* dy, float* dqkv,
+                                 float* scratch) = 0;
+
+  // ---- Token + position embedding ----
+  // Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Token ids must be in [0, V).
+  virtual void EmbeddingForward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                                const float* wte, const float* wpe, float* out) = 0;
+  // Accumulates dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:], visiting
+  // (b, t) in row-major order.
+  virtual void EmbeddingBackward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                                 const float* dout, float* dwte, float* dwpe) = 0;
+
+  // ---- Losses ----
+  // Fused softmax + cross-entropy per row: writes probs[r,:] = softmax(logits[r,:]) and
+  // losses[r] = -log probs[r, targets[r]] (computed as logsumexp - logit, not from probs).
+  virtual void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+                                          const int32_t* targets, float* probs,
+                                          float* losses) = 0;
+  // Writes dlogits[r,v] = scale * (probs[r,v] - [v == targets[r]]). `dlogits` may alias
+  // `probs`.
+  virtual void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
+                                           const int32_t* targets, float scale,
+                                           float* dlogits) = 0;
+
+  // ---- Optimizers (element-wise; one call per parameter) ----
+  // PyTorch SGD semantics: g' = g + wd*w; buf = momentum*buf + g' (buf = g' on step 1);
+  // w -= lr * buf. With momentum == 0, buf is not touched and may be null.
+  virtual void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
+                       float* w, const float* g, float* buf) = 0;
+  // AdamW (Loshchilov & Hutter): w *= 1 - lr*wd; m = b1 m + (1-b1) g;
+  // v = b2 v + (1-b2) g^2; w -= lr * (m / bc1) / (sqrt(v / bc2) + eps), with
+  // bc1 = 1 - b1^step and bc2 = 1 - b2^step given by the caller (step counts from 1).
+  virtual void AdamWStep(int64_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float bias_correction1, float bias_correction2,
+                         float* w, const float* g, float* m, float* v) = 0;
+};
+
+// The backend of `device`, or an error naming the device when this build or machine has
+// none. The CPU backend always exists.
+absl::StatusOr<Backend*> BackendFor(Device device);
+Backend* CpuBackend();
+
+// Number of threads OpenBLAS uses; set before training. Results do not depend on it (the
+// determinism tests check 1 and 2).
+void SetBlasThreads(int threads);
+int BlasThreads();
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_CORE_BACKEND_H_

@@ -1,0 +1,348 @@
+// The CPU reference backend: OpenBLAS for GEMM, plain loops for the rest.
+//
+// Every loop is written so that the compiler cannot reorder a reduction (no -ffast-math, no
+// OpenMP reductions): the order of floating-point additions is the order of the loops.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+
+namespace baton {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+inline float GeluOf(float x) {
+  const float inner = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+inline float GeluGrad(float x) {
+  const float x2 = x * x;
+  const float inner = kGeluScale * (x + kGeluCubic * x2 * x);
+  const float th = std::tanh(inner);
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x2);
+}
+
+class CpuBackendImpl final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+
+  void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      // BLAS would still scale C by beta; keep that meaning.
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      }
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  }
+
+  void Add(int64_t n, const float* a, const float* b, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
+  void Scale(int64_t n, float scale, const float* x, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  }
+
+  void Fill(int64_t n, float value, float* y) override { std::fill(y, y + n, value); }
+
+  void Copy(int64_t n, const float* x, float* y) override {
+    if (n > 0) std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
+  }
+
+  double Sum(int64_t n, const float* x) override {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += x[i];
+    return s;
+  }
+
+  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  }
+
+  void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = dy + r * cols;
+      for (int64_t c = 0; c < cols; ++c) dbias[c] += row[c];
+    }
+  }
+
+  void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
+                float* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      float* pr = pre + r * cols;
+      float* orow = out + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = bias != nullptr ? xr[c] + bias[c] : xr[c];
+        pr[c] = v;
+        orow[c] = GeluOf(v);
+      }
+    }
+  }
+
+  void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) override {
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluGrad(pre[i]);
+  }
+
+  void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
+                        const float* gamma, const float* beta, float* y, float* mean,
+                        float* rstd) override {
+    const float inv_cols = 1.0f / static_cast<float>(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sum += xr[c];
+      const float m = sum * inv_cols;
+      float var = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float d = xr[c] - m;
+        var += d * d;
+      }
+      const float s = 1.0f / std::sqrt(var * inv_cols + eps);
+      float* yr = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * s * gamma[c] + beta[c];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+
+  void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* mean,
+                              const float* rstd, const float* gamma, const float* dy,
+                              float* dx) override {
+    const float inv_cols = 1.0f / static_cast<float>(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      float* dxr = dx + r * cols;
+      const float m = mean[r];
+      const float s = rstd[r];
+      // dxhat = dy * gamma; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+      float sum_dxhat = 0.0f;
+      float sum_dxhat_xhat = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - m) * s;
+        const float dxhat = dyr[c] * gamma[c];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+      }
+      const float mean_dxhat = sum_dxhat * inv_cols;
+      const float mean_dxhat_xhat = sum_dxhat_xhat * inv_cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - m) * s;
+        const float dxhat = dyr[c] * gamma[c];
+        dxr[c] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+      }
+    }
+  }
+
+  void LayerNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* mean,
+                               const float* rstd, const float* dy, float* dgamma,
+                               float* dbeta) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      const float m = mean[r];
+      const float s = rstd[r];
+      for (int64_t c = 0; c < cols; ++c) {
+        dgamma[c] += dyr[c] * ((xr[c] - m) * s);
+        dbeta[c] += dyr[c];
+      }
+    }
+  }
+
+  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                        float* att, float* y) override {
+    const int64_t C = H * D;
+    const int64_t C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* q = qkv + b * T * C3 + h * D;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* a = att + (b * H + h) * T * T;
+        // Scores for the whole square; the causal softmax below ignores j > i.
+        Gemm(false, true, T, T, D, scale, q, C3, k, C3, 0.0f, a, T);
+        for (int64_t i = 0; i < T; ++i) {
+          float* row = a + i * T;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j <= i; ++j) {
+            row[j] = std::exp(row[j] - mx);
+            sum += row[j];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+          for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+        }
+        Gemm(false, false, T, D, T, 1.0f, a, T, v, C3, 0.0f, y + b * T * C + h * D, C);
+      }
+    }
+  }
+
+  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                         const float* att, const float* dy, float* dqkv,
+                         float* scratch) override {
+    const int64_t C = H * D;
+    const int64_t C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* q = qkv + b * T * C3 + h * D;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* dq = dqkv + b * T * C3 + h * D;
+        float* dk = dq + C;
+        float* dv = dq + 2 * C;
+        const float* a = att + (b * H + h) * T * T;
+        const float* dyh = dy + b * T * C + h * D;
+        // dv = att^T dy; datt = dy v^T.
+        Gemm(true, false, T, D, T, 1.0f, a, T, dyh, C, 0.0f, dv, C3);
+        float* ds = scratch;
+        Gemm(false, true, T, T, D, 1.0f, dyh, C, v, C3, 0.0f, ds, T);
+        // Softmax backward, row by row: ds = att * (datt - sum_j att * datt).
+        for (int64_t i = 0; i < T; ++i) {
+          const float* ar = a + i * T;
+          float* dr = ds + i * T;
+          float dot = 0.0f;
+          for (int64_t j = 0; j <= i; ++j) dot += ar[j] * dr[j];
+          for (int64_t j = 0; j <= i; ++j) dr[j] = ar[j] * (dr[j] - dot);
+          for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
+        }
+        // dq = ds k * scale; dk = ds^T q * scale.
+        Gemm(false, false, T, D, T, scale, ds, T, k, C3, 0.0f, dq, C3);
+        Gemm(true, false, T, D, T, scale, ds, T, q, C3, 0.0f, dk, C3);
+      }
+    }
+  }
+
+  void EmbeddingForward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                        const float* wte, const float* wpe, float* out) override {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* te = wte + static_cast<int64_t>(tokens[b * T + t]) * C;
+        const float* pe = wpe + t * C;
+        float* o = out + (b * T + t) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      }
+    }
+  }
+
+  void EmbeddingBackward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                         const float* dout, float* dwte, float* dwpe) override {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* d = dout + (b * T + t) * C;
+        float* te = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
+        float* pe = dwpe + t * C;
+        for (int64_t c = 0; c < C; ++c) {
+          te[c] += d[c];
+          pe[c] += d[c];
+        }
+      }
+    }
+  }
+
+  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+                                  const int32_t* targets, float* probs,
+                                  float* losses) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* l = logits + r * V;
+      float* p = probs + r * V;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, l[v]);
+      float sum = 0.0f;
+      for (int64_t v = 0; v < V; ++v) {
+        p[v] = std::exp(l[v] - mx);
+        sum += p[v];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+      losses[r] = std::log(sum) + mx - l[targets[r]];
+    }
+  }
+
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
+                                   const int32_t* targets, float scale,
+                                   float* dlogits) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = probs + r * V;
+      float* d = dlogits + r * V;
+      const int64_t target = targets[r];
+      for (int64_t v = 0; v < V; ++v) {
+        d[v] = scale * (p[v] - (v == target ? 1.0f : 0.0f));
+      }
+    }
+  }
+
+  void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
+               float* w, const float* g, float* buf) override {
+    for (int64_t i = 0; i < n; ++i) {
+      float d = g[i] + weight_decay * w[i];
+      if (momentum != 0.0f) {
+        buf[i] = first_step ? d : momentum * buf[i] + d;
+        d = buf[i];
+      }
+      w[i] -= lr * d;
+    }
+  }
+
+  void AdamWStep(int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 float bias_correction1, float bias_correction2, float* w, const float* g,
+                 float* m, float* v) override {
+    const float decay = 1.0f - lr * weight_decay;
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] *= decay;
+      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+      v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+      const float mhat = m[i] / bias_correction1;
+      const float vhat = v[i] / bias_correction2;
+      w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+};
+
+}  // namespace
+
+Backend* CpuBackend() {
+  static Backend* const backend = new CpuBackendImpl();
+  return backend;
+}
+
+absl::StatusOr<Backend*> BackendFor(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return CpuBackend();
+    case Device::kCuda:
+      break;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("no compute backend for device ", DeviceName(device),
+                   " in this build (only cpu is implemented)"));
+}
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+int BlasThreads() { return openblas_get_num_threads(); }
+
+}  // namespace baton

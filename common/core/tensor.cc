@@ -1,0 +1,234 @@
+#include "common/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/core/check.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+
+namespace baton {
+
+const char* DeviceName(Device d) {
+  switch (d) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return "f32";
+    case DType::kInt32:
+      return "i32";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+  }
+  return 0;
+}
+
+std::string ShapeString(const Shape& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+
+int64_t NumElements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+// Caches freed blocks by exact (rounded) size. Training allocates the same few shapes every
+// micro-batch, so exact-size reuse is enough and never wastes memory on splitting.
+class CachingCpuAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::kCpu; }
+
+  void* Allocate(size_t bytes) override {
+    const size_t rounded = Round(bytes);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = cache_.find(rounded);
+      if (it != cache_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        stats_.bytes_cached -= static_cast<int64_t>(rounded);
+        Account(rounded);
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (p == nullptr) return nullptr;
+    absl::MutexLock lock(&mu_);
+    ++stats_.system_allocations;
+    Account(rounded);
+    return p;
+  }
+
+  void Deallocate(void* p, size_t bytes) override {
+    if (p == nullptr) return;
+    const size_t rounded = Round(bytes);
+    absl::MutexLock lock(&mu_);
+    stats_.bytes_in_use -= static_cast<int64_t>(rounded);
+    stats_.bytes_cached += static_cast<int64_t>(rounded);
+    cache_[rounded].push_back(p);
+  }
+
+  AllocatorStats Stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+  void ReleaseCached() override {
+    absl::MutexLock lock(&mu_);
+    for (auto& [size, blocks] : cache_) {
+      for (void* p : blocks) std::free(p);
+    }
+    cache_.clear();
+    stats_.bytes_cached = 0;
+  }
+
+ private:
+  static size_t Round(size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  void Account(size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stats_.bytes_in_use += static_cast<int64_t>(rounded);
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
+      stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    }
+  }
+
+  mutable absl::Mutex mu_;
+  std::map<size_t, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+Allocator* CpuAllocator() {
+  static Allocator* const allocator = new CachingCpuAllocator();
+  return allocator;
+}
+
+Allocator* AllocatorFor(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return CpuAllocator();
+    case Device::kCuda:
+      return nullptr;  // The CUDA backend registers here when it lands.
+  }
+  return nullptr;
+}
+
+struct Tensor::Storage {
+  Storage(Allocator* a, void* p, size_t n) : allocator(a), data(p), bytes(n) {}
+  ~Storage() { allocator->Deallocate(data, bytes); }
+  Allocator* const allocator;
+  void* const data;
+  const size_t bytes;
+};
+
+absl::StatusOr<Tensor> Tensor::TryEmpty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor shape ", ShapeString(shape), " has a negative dimension"));
+    }
+  }
+  Allocator* allocator = AllocatorFor(device);
+  if (allocator == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("no allocator for device ", DeviceName(device), " in this build"));
+  }
+  const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  void* p = allocator->Allocate(bytes);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of ", DeviceName(device),
+                                                     " memory allocating ", bytes, " bytes"));
+  }
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(allocator, p, bytes);
+  t.data_ = p;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
+  absl::StatusOr<Tensor> t = TryEmpty(shape, dtype, device);
+  BATON_CHECK_OK(t.status());
+  return *std::move(t);
+}
+
+Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Empty(shape, dtype, device);
+  t.SetZero();
+  return t;
+}
+
+float* Tensor::f32() {
+  BATON_DCHECK(dtype_ == DType::kFloat32);
+  return static_cast<float*>(data_);
+}
+const float* Tensor::f32() const {
+  BATON_DCHECK(dtype_ == DType::kFloat32);
+  return static_cast<const float*>(data_);
+}
+int32_t* Tensor::i32() {
+  BATON_DCHECK(dtype_ == DType::kInt32);
+  return static_cast<int32_t*>(data_);
+}
+const int32_t* Tensor::i32() const {
+  BATON_DCHECK(dtype_ == DType::kInt32);
+  return static_cast<const int32_t*>(data_);
+}
+
+absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
+  if (NumElements(shape) != numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", DebugString(), " to ",
+                                                   ShapeString(shape)));
+  }
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::Clone() const {
+  if (!defined()) return Tensor();
+  Tensor t = Empty(shape_, dtype_, device_);
+  BATON_CHECK(device_ == Device::kCpu);  // other devices copy through their Backend
+  std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+void Tensor::SetZero() {
+  if (!defined()) return;
+  BATON_CHECK(device_ == Device::kCpu);  // other devices clear through their Backend
+  std::memset(data_, 0, nbytes());
+}
+
+std::string Tensor::DebugString() const {
+  if (!defined()) return "undefined";
+  return absl::StrCat(DTypeName(dtype_), ShapeString(shape_), "@", DeviceName(device_));
+}
+
+}  // namespace baton

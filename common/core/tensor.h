@@ -1,0 +1,116 @@
+// Tensors: a shape, a dtype, a device, and shared storage.
+//
+// A Tensor is a cheap handle (copying it shares the storage, like a shared_ptr). Memory
+// comes from the Allocator of the tensor's device; the CPU allocator caches freed blocks by
+// size, so a training loop that allocates the same shapes every micro-batch stops calling
+// malloc after its first step (AllocatorStats::system_allocations tells).
+//
+// Device seam: today only Device::kCpu has an allocator and a Backend (backend.h). A CUDA
+// allocator and backend register themselves for Device::kCuda; code above this layer never
+// touches raw device memory except through a Backend.
+//
+// Thread safety: a Tensor handle is not synchronised; distinct handles (even to the same
+// storage) may be used from different threads if the data itself is not raced on.
+// Allocators are thread-safe.
+#ifndef BATON_COMMON_CORE_TENSOR_H_
+#define BATON_COMMON_CORE_TENSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
+enum class DType : uint8_t { kFloat32 = 0, kInt32 = 1 };
+
+const char* DeviceName(Device d);
+const char* DTypeName(DType t);
+size_t DTypeSize(DType t);
+
+using Shape = absl::InlinedVector<int64_t, 4>;
+std::string ShapeString(const Shape& s);
+int64_t NumElements(const Shape& s);
+
+struct AllocatorStats {
+  int64_t bytes_in_use = 0;        // held by live tensors
+  int64_t peak_bytes_in_use = 0;   // high-water mark of bytes_in_use
+  int64_t bytes_cached = 0;        // freed by tensors, kept for reuse
+  int64_t system_allocations = 0;  // calls that reached the system allocator
+};
+
+// Hands out device memory aligned to 64 bytes. Thread-safe.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // Returns nullptr only when the device is out of memory.
+  virtual void* Allocate(size_t bytes) = 0;
+  // `bytes` must be the size passed to the Allocate call that returned `p`.
+  virtual void Deallocate(void* p, size_t bytes) = 0;
+  virtual AllocatorStats Stats() const = 0;
+  // Returns cached blocks to the system.
+  virtual void ReleaseCached() = 0;
+};
+
+// The process-wide caching CPU allocator.
+Allocator* CpuAllocator();
+// The allocator of `device`, or nullptr when this build or machine has none for it.
+Allocator* AllocatorFor(Device device);
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: no storage, numel() == 0
+
+  // Uninitialised contents. Aborts if the device has no allocator or is out of memory;
+  // use TryEmpty where that must be reported instead.
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kFloat32,
+                      Device device = Device::kCpu);
+  static absl::StatusOr<Tensor> TryEmpty(const Shape& shape, DType dtype = DType::kFloat32,
+                                         Device device = Device::kCpu);
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,
+                      Device device = Device::kCpu);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const { return shape_[i < 0 ? i + rank() : i]; }
+  int64_t numel() const { return NumElements(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  // Typed access to the first element. The dtype must match (checked in debug builds).
+  float* f32();
+  const float* f32() const;
+  int32_t* i32();
+  const int32_t* i32() const;
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+
+  // Same storage, new shape with the same element count.
+  absl::StatusOr<Tensor> Reshape(const Shape& shape) const;
+  // A deep copy on the same device.
+  Tensor Clone() const;
+  // Sets every byte to zero.
+  void SetZero();
+
+  std::string DebugString() const;  // "f32[2,3]@cpu"
+
+ private:
+  struct Storage;
+  std::shared_ptr<Storage> storage_;
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::kFloat32;
+  Device device_ = Device::kCpu;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_CORE_TENSOR_H_

@@ -1,0 +1,116 @@
+// Modules: layers and blocks with explicit forward and backward, no autograd tape.
+//
+// Forward stashes what backward needs under the micro-batch index; backward is split into
+//   BackwardInput  (dL/dx from dL/dy: what the previous stage waits for), and
+//   BackwardWeight (dL/dW accumulated into each Parameter's grad),
+// which zero-bubble schedules run at different times. A plain backward is the two in
+// sequence (Backward below). After BackwardWeight the module holds nothing for that
+// micro-batch.
+//
+// Call order per micro-batch: Forward, BackwardInput, BackwardWeight; any number of
+// micro-batches may be in flight at once and interleave freely. Gradients accumulate in
+// the order BackwardWeight is called; the reference trainer calls it in micro-batch order,
+// and so must any schedule whose weights are to match it bit for bit.
+//
+// Thread safety: a module is used by one thread at a time (its pipeline stage).
+#ifndef BATON_COMMON_NN_MODULE_H_
+#define BATON_COMMON_NN_MODULE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+#include "common/core/tensor.h"
+
+namespace baton {
+
+// A trainable tensor and its gradient accumulator (same shape and device).
+struct Parameter {
+  std::string name;  // fully qualified, e.g. "block.3.attn.qkv.weight"; seeds its init
+  Tensor value;
+  Tensor grad;
+};
+
+// What a module sees of the micro-batch it is processing.
+struct MicroBatch {
+  int index = 0;                    // 0 .. M-1 within the step; the stash key
+  const Tensor* targets = nullptr;  // for loss modules: int32 [b,T] tokens or f32 [b,out]
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // y = f(x). Stashes what backward needs under mb.index. A loss module writes the mean
+  // loss of the micro-batch as a 1-element tensor.
+  virtual absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) = 0;
+  // dx = dL/dx given dy = dL/dy (for a loss module, dy is the 1-element loss scale, 1/M in
+  // training). Keeps what BackwardWeight needs. A module whose input is data (token ids)
+  // leaves dx undefined.
+  virtual absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) = 0;
+  // Accumulates dL/dW into every parameter's grad and releases the micro-batch's stash.
+  virtual absl::Status BackwardWeight(const MicroBatch& mb) = 0;
+  // Appends this module's parameters in their canonical (digest) order.
+  virtual void CollectParameters(std::vector<Parameter*>* out) = 0;
+
+  absl::Status Backward(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+    absl::Status s = BackwardInput(mb, dy, dx);
+    if (!s.ok()) return s;
+    return BackwardWeight(mb);
+  }
+  std::vector<Parameter*> Parameters() {
+    std::vector<Parameter*> out;
+    CollectParameters(&out);
+    return out;
+  }
+  // Micro-batches whose stash this module still holds (forward ran, weight grad not yet).
+  virtual int InFlight() const = 0;
+};
+
+// Per-micro-batch saved state of one module, with errors that name the module when a
+// schedule asks for a micro-batch it never ran forward for.
+template <typename T>
+class Stash {
+ public:
+  explicit Stash(std::string owner) : owner_(std::move(owner)) {}
+
+  absl::Status Put(int mb, T value) {
+    auto [it, inserted] = map_.try_emplace(mb, std::move(value));
+    if (!inserted) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(owner_, ": forward ran twice for micro-batch ", mb));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<T*> Get(int mb, const char* phase) {
+    auto it = map_.find(mb);
+    if (it == map_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          owner_, ": ", phase, " for micro-batch ", mb, " which has no stashed forward"));
+    }
+    return &it->second;
+  }
+  void Erase(int mb) { map_.erase(mb); }
+  int size() const { return static_cast<int>(map_.size()); }
+  const std::string& owner() const { return owner_; }
+
+ private:
+  std::string owner_;
+  absl::flat_hash_map<int, T> map_;
+};
+
+// Creates a parameter of `shape` on the CPU with a zeroed gradient; `init` fills the value.
+// Initial values are a pure function of (seed, name): see common/core/rng.h.
+enum class Init { kZeros, kOnes, kNormal };
+Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
+                        uint64_t seed);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_NN_MODULE_H_
