@@ -107,6 +107,11 @@ class Backend {
                                            const int32_t* targets, float scale,
                                            float* dlogits) = 0;
 
+  // Writes diff[i] = pred[i] - target[i] and returns the sum of diff[i]^2 in index order,
+  // accumulated in double.
+  virtual double SquaredError(int64_t n, const float* pred, const float* target,
+                              float* diff) = 0;
+
   // ---- Optimizers (element-wise; one call per parameter) ----
   // PyTorch SGD semantics: g' = g + wd*w; buf = momentum*buf + g' (buf = g' on step 1);
   // w -= lr * buf. With momentum == 0, buf is not touched and may be null.

@@ -296,6 +296,16 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
+  double SquaredError(int64_t n, const float* pred, const float* target,
+                      float* diff) override {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      diff[i] = pred[i] - target[i];
+      s += static_cast<double>(diff[i]) * diff[i];
+    }
+    return s;
+  }
+
   void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
                float* w, const float* g, float* buf) override {
     for (int64_t i = 0; i < n; ++i) {

@@ -47,6 +47,9 @@ class Module {
  public:
   virtual ~Module() = default;
 
+  // The fully qualified name ("block.3.attn"); prefixes parameter names and errors.
+  virtual const std::string& name() const = 0;
+
   // y = f(x). Stashes what backward needs under mb.index. A loss module writes the mean
   // loss of the micro-batch as a 1-element tensor.
   virtual absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) = 0;

@@ -1,0 +1,50 @@
+#include "client/batonctl/args.h"
+
+#include "gtest/gtest.h"
+
+namespace baton::cli {
+namespace {
+
+const std::vector<FlagSpec> kFlags = {
+    {"file", "f", false, "spec"}, {"steps", "", false, "steps"}, {"quiet", "q", true, "quiet"}};
+
+TEST(ArgsTest, ParsesLongShortEqualsAndBoolean) {
+  absl::StatusOr<Args> a =
+      Args::Parse({"-f", "x.json", "--steps=5", "--quiet", "extra"}, kFlags);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->Get("file"), "x.json");
+  EXPECT_EQ(*a->GetInt("steps", 0), 5);
+  EXPECT_EQ(a->Get("quiet"), "true");
+  EXPECT_EQ(a->positional(), std::vector<std::string>{"extra"});
+  EXPECT_EQ(a->Get("missing", "dflt"), "dflt");
+}
+
+TEST(ArgsTest, UnknownFlagIsNamed) {
+  absl::StatusOr<Args> a = Args::Parse({"--nope", "1"}, kFlags);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("--nope"), absl::string_view::npos);
+}
+
+TEST(ArgsTest, MissingValueIsNamed) {
+  absl::StatusOr<Args> a = Args::Parse({"--file"}, kFlags);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("--file needs a value"), absl::string_view::npos);
+}
+
+TEST(ArgsTest, NonIntegerIsRefused) {
+  absl::StatusOr<Args> a = Args::Parse({"--steps", "ten"}, kFlags);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<int64_t> v = a->GetInt("steps", 0);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("'ten'"), absl::string_view::npos);
+}
+
+TEST(ArgsTest, DoubleDashEndsFlags) {
+  absl::StatusOr<Args> a = Args::Parse({"--", "--steps"}, kFlags);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->positional(), std::vector<std::string>{"--steps"});
+  EXPECT_FALSE(a->Has("steps"));
+}
+
+}  // namespace
+}  // namespace baton::cli

@@ -1,0 +1,262 @@
+#include "common/nn/layers.h"
+
+#include <utility>
+
+#include "common/core/status.h"
+
+namespace baton {
+
+absl::Status CheckActivation(const std::string& who, const Tensor& t, int64_t channels) {
+  if (!t.defined() || t.dtype() != DType::kFloat32 || t.rank() < 1 || t.dim(-1) != channels) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": expected a f32 tensor of shape [..., ",
+                                                   channels, "], got ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+// Shape `like` with its last dimension replaced by `channels`.
+Shape WithLastDim(const Shape& like, int64_t channels) {
+  Shape s = like;
+  s.back() = channels;
+  return s;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------- Linear
+
+Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options,
+               uint64_t seed)
+    : name_(std::move(name)),
+      in_(in),
+      out_(out),
+      options_(options),
+      be_(CpuBackend()),
+      weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev,
+                            seed)),
+      stash_(name_) {
+  if (options_.bias) bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed);
+}
+
+absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, in_));
+  const int64_t rows = x.numel() / in_;
+  Saved saved;
+  saved.x = x;
+  Tensor z = Tensor::Empty(WithLastDim(x.shape(), out_));
+  be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, weight_.value.f32(), in_, 0.0f,
+            z.f32(), out_);
+  const float* b = options_.bias ? bias_.value.f32() : nullptr;
+  if (options_.gelu) {
+    Tensor out = Tensor::Empty(z.shape());
+    be_->BiasGelu(rows, out_, z.f32(), b, z.f32(), out.f32());
+    saved.pre = z;
+    *y = std::move(out);
+  } else {
+    if (b != nullptr) be_->AddBias(rows, out_, b, z.f32());
+    *y = std::move(z);
+  }
+  return stash_.Put(mb.index, std::move(saved));
+}
+
+absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
+  BATON_RETURN_IF_ERROR(CheckActivation(name_ + " (gradient)", dy, out_));
+  if (dy.numel() != s->x.numel() / in_ * out_) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
+                                                   " does not match input ",
+                                                   s->x.DebugString()));
+  }
+  const int64_t rows = dy.numel() / out_;
+  if (options_.gelu) {
+    s->dz = Tensor::Empty(dy.shape());
+    be_->GeluBackward(dy.numel(), s->pre.f32(), dy.f32(), s->dz.f32());
+    s->pre = Tensor();
+  } else {
+    s->dz = dy;
+  }
+  if (options_.compute_input_grad) {
+    Tensor g = Tensor::Empty(s->x.shape());
+    be_->Gemm(false, false, rows, in_, out_, 1.0f, s->dz.f32(), out_, weight_.value.f32(), in_,
+              0.0f, g.f32(), in_);
+    *dx = std::move(g);
+  } else {
+    *dx = Tensor();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "weight gradient"));
+  if (!s->dz.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
+  }
+  const int64_t rows = s->dz.numel() / out_;
+  // dW[out, in] += dz^T x; db += column sums of dz.
+  be_->Gemm(true, false, out_, in_, rows, 1.0f, s->dz.f32(), out_, s->x.f32(), in_, 1.0f,
+            weight_.grad.f32(), in_);
+  if (options_.bias) be_->BiasGrad(rows, out_, s->dz.f32(), bias_.grad.f32());
+  stash_.Erase(mb.index);
+  return absl::OkStatus();
+}
+
+void Linear::CollectParameters(std::vector<Parameter*>* out) {
+  out->push_back(&weight_);
+  if (options_.bias) out->push_back(&bias_);
+}
+
+// ---------------------------------------------------------------------------- Gelu
+
+Gelu::Gelu(std::string name) : name_(std::move(name)), be_(CpuBackend()), stash_(name_) {}
+
+absl::Status Gelu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  if (!x.defined() || x.dtype() != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": expected a f32 tensor, got ",
+                                                   x.DebugString()));
+  }
+  Tensor out = Tensor::Empty(x.shape());
+  Tensor pre = Tensor::Empty(x.shape());
+  be_->BiasGelu(1, x.numel(), x.f32(), nullptr, pre.f32(), out.f32());
+  *y = std::move(out);
+  return stash_.Put(mb.index, std::move(pre));
+}
+
+absl::Status Gelu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(Tensor * pre, stash_.Get(mb.index, "backward"));
+  if (!dy.defined() || dy.shape() != pre->shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
+                                                   " does not match ", pre->DebugString()));
+  }
+  Tensor g = Tensor::Empty(dy.shape());
+  be_->GeluBackward(dy.numel(), pre->f32(), dy.f32(), g.f32());
+  *dx = std::move(g);
+  stash_.Erase(mb.index);  // no weights: nothing left for BackwardWeight
+  return absl::OkStatus();
+}
+
+absl::Status Gelu::BackwardWeight(const MicroBatch& mb) { return absl::OkStatus(); }
+
+// ---------------------------------------------------------------------------- LayerNorm
+
+LayerNorm::LayerNorm(std::string name, int64_t channels, float eps)
+    : name_(std::move(name)),
+      channels_(channels),
+      eps_(eps),
+      be_(CpuBackend()),
+      gamma_(MakeParameter(name_ + ".weight", {channels}, Init::kOnes, 0.0f, 0)),
+      beta_(MakeParameter(name_ + ".bias", {channels}, Init::kZeros, 0.0f, 0)),
+      stash_(name_) {}
+
+absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
+  const int64_t rows = x.numel() / channels_;
+  Saved s;
+  s.x = x;
+  s.mean = Tensor::Empty({rows});
+  s.rstd = Tensor::Empty({rows});
+  Tensor out = Tensor::Empty(x.shape());
+  be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
+                        out.f32(), s.mean.f32(), s.rstd.f32());
+  *y = std::move(out);
+  return stash_.Put(mb.index, std::move(s));
+}
+
+absl::Status LayerNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
+  if (!dy.defined() || dy.shape() != s->x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
+                                                   " does not match ", s->x.DebugString()));
+  }
+  const int64_t rows = dy.numel() / channels_;
+  Tensor g = Tensor::Empty(dy.shape());
+  be_->LayerNormBackwardInput(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
+                              gamma_.value.f32(), dy.f32(), g.f32());
+  s->dy = dy;
+  *dx = std::move(g);
+  return absl::OkStatus();
+}
+
+absl::Status LayerNorm::BackwardWeight(const MicroBatch& mb) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "weight gradient"));
+  if (!s->dy.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
+  }
+  const int64_t rows = s->dy.numel() / channels_;
+  be_->LayerNormBackwardWeight(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
+                               s->dy.f32(), gamma_.grad.f32(), beta_.grad.f32());
+  stash_.Erase(mb.index);
+  return absl::OkStatus();
+}
+
+void LayerNorm::CollectParameters(std::vector<Parameter*>* out) {
+  out->push_back(&gamma_);
+  out->push_back(&beta_);
+}
+
+// ---------------------------------------------------------------------------- Embedding
+
+Embedding::Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels,
+                     uint64_t seed)
+    : name_(std::move(name)),
+      vocab_(vocab),
+      context_(context),
+      channels_(channels),
+      be_(CpuBackend()),
+      wte_(MakeParameter(name_ + ".token", {vocab, channels}, Init::kNormal, 0.02f, seed)),
+      wpe_(MakeParameter(name_ + ".position", {context, channels}, Init::kNormal, 0.01f, seed)),
+      stash_(name_) {}
+
+absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  if (!x.defined() || x.dtype() != DType::kInt32 || x.rank() != 2 || x.dim(1) > context_ ||
+      x.dim(1) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": expected int32 token ids [batch, T] with 1 <= T <= ", context_,
+                     ", got ", x.DebugString()));
+  }
+  const int32_t* ids = x.i32();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": token id ", ids[i], " at ", i,
+                                                     " is outside the vocabulary [0, ", vocab_,
+                                                     ")"));
+    }
+  }
+  const int64_t B = x.dim(0), T = x.dim(1);
+  Tensor out = Tensor::Empty({B, T, channels_});
+  be_->EmbeddingForward(B, T, channels_, ids, wte_.value.f32(), wpe_.value.f32(), out.f32());
+  *y = std::move(out);
+  return stash_.Put(mb.index, Saved{x, Tensor()});
+}
+
+absl::Status Embedding::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
+  const Shape want = {s->tokens.dim(0), s->tokens.dim(1), channels_};
+  if (!dy.defined() || dy.shape() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
+                                                   " does not match ", ShapeString(want)));
+  }
+  s->dy = dy;
+  *dx = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status Embedding::BackwardWeight(const MicroBatch& mb) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "weight gradient"));
+  if (!s->dy.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
+  }
+  be_->EmbeddingBackward(s->tokens.dim(0), s->tokens.dim(1), channels_, s->tokens.i32(),
+                         s->dy.f32(), wte_.grad.f32(), wpe_.grad.f32());
+  stash_.Erase(mb.index);
+  return absl::OkStatus();
+}
+
+void Embedding::CollectParameters(std::vector<Parameter*>* out) {
+  out->push_back(&wte_);
+  out->push_back(&wpe_);
+}
+
+}  // namespace baton

@@ -1,0 +1,123 @@
+// The basic layers: Linear (optionally fused with GELU), GELU, LayerNorm, and the token +
+// position Embedding. Each follows the Module contract of module.h.
+//
+// Shapes: activations are [..., C] tensors, processed as R = numel / C rows of C channels.
+#ifndef BATON_COMMON_NN_LAYERS_H_
+#define BATON_COMMON_NN_LAYERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/nn/module.h"
+
+namespace baton {
+
+// y = x W^T + b, optionally followed by GELU (fused with the bias add). W is [out, in] as
+// in PyTorch, b is [out].
+class Linear final : public Module {
+ public:
+  struct Options {
+    bool bias = true;
+    bool gelu = false;               // y = gelu(x W^T + b), fused
+    bool compute_input_grad = true;  // false for a first layer fed with data: dx undefined
+    float init_stddev = 0.02f;       // W ~ N(0, init_stddev); b = 0
+  };
+  Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed);
+
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override { return stash_.size(); }
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  struct Saved {
+    Tensor x;    // input
+    Tensor pre;  // pre-activation (gelu only)
+    Tensor dz;   // dL/d(x W^T + b), set by BackwardInput
+  };
+  const std::string name_;
+  const int64_t in_, out_;
+  const Options options_;
+  Backend* const be_;
+  Parameter weight_, bias_;
+  Stash<Saved> stash_;
+};
+
+// Element-wise GELU (tanh approximation).
+class Gelu final : public Module {
+ public:
+  explicit Gelu(std::string name);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override {}
+  int InFlight() const override { return stash_.size(); }
+
+ private:
+  const std::string name_;
+  Backend* const be_;
+  Stash<Tensor> stash_;  // the input
+};
+
+// LayerNorm over the last dimension with learned gain (init 1) and bias (init 0).
+class LayerNorm final : public Module {
+ public:
+  LayerNorm(std::string name, int64_t channels, float eps = 1e-5f);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override { return stash_.size(); }
+
+ private:
+  struct Saved {
+    Tensor x, mean, rstd;
+    Tensor dy;  // set by BackwardInput
+  };
+  const std::string name_;
+  const int64_t channels_;
+  const float eps_;
+  Backend* const be_;
+  Parameter gamma_, beta_;
+  Stash<Saved> stash_;
+};
+
+// Token + learned position embedding. Input: int32 token ids [B, T] with T <= context and
+// ids in [0, vocab). Output: [B, T, C]. Its input is data, so dx is always undefined.
+class Embedding final : public Module {
+ public:
+  Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels, uint64_t seed);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override { return stash_.size(); }
+
+ private:
+  struct Saved {
+    Tensor tokens;
+    Tensor dy;
+  };
+  const std::string name_;
+  const int64_t vocab_, context_, channels_;
+  Backend* const be_;
+  Parameter wte_, wpe_;
+  Stash<Saved> stash_;
+};
+
+// Checks that `t` is a defined f32 tensor whose last dimension is `channels`; the error
+// names `who`.
+absl::Status CheckActivation(const std::string& who, const Tensor& t, int64_t channels);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_NN_LAYERS_H_

@@ -1,0 +1,159 @@
+#include "common/nn/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "common/core/status.h"
+#include "common/nn/layers.h"
+#include "common/nn/transformer.h"
+
+namespace baton {
+
+// ---------------------------------------------------------------- Sequential
+
+Sequential::Sequential(std::string name, std::vector<std::unique_ptr<Module>> modules)
+    : name_(std::move(name)), modules_(std::move(modules)) {}
+
+absl::Status Sequential::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  Tensor cur = x;
+  for (auto& m : modules_) {
+    Tensor next;
+    BATON_RETURN_IF_ERROR(m->Forward(mb, cur, &next));
+    cur = std::move(next);
+  }
+  *y = std::move(cur);
+  return absl::OkStatus();
+}
+
+absl::Status Sequential::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  Tensor cur = dy;
+  for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) {
+    Tensor next;
+    BATON_RETURN_IF_ERROR((*it)->BackwardInput(mb, cur, &next));
+    cur = std::move(next);
+  }
+  *dx = std::move(cur);
+  return absl::OkStatus();
+}
+
+absl::Status Sequential::BackwardWeight(const MicroBatch& mb) {
+  for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) {
+    BATON_RETURN_IF_ERROR((*it)->BackwardWeight(mb));
+  }
+  return absl::OkStatus();
+}
+
+void Sequential::CollectParameters(std::vector<Parameter*>* out) {
+  for (auto& m : modules_) m->CollectParameters(out);
+}
+
+int Sequential::InFlight() const {
+  int n = 0;
+  for (const auto& m : modules_) n = std::max(n, m->InFlight());
+  return n;
+}
+
+// ---------------------------------------------------------------- block catalogue
+
+namespace {
+
+int NumBlocks(const baton::v1::ModelSpec& spec) {
+  if (spec.has_mlp()) return spec.mlp().depth() + 1;
+  if (spec.has_gpt()) return spec.gpt().layers() + 2;
+  return 0;
+}
+
+std::unique_ptr<Module> BuildMlpBlock(const baton::v1::MlpSpec& s, int index, uint64_t seed) {
+  const int64_t width = s.width();
+  if (index < s.depth()) {
+    const int64_t in = index == 0 ? s.input_dim() : width;
+    Linear::Options o;
+    o.gelu = true;
+    o.compute_input_grad = index != 0;  // the first block's input is data
+    o.init_stddev = 1.0f / std::sqrt(static_cast<float>(in));
+    return std::make_unique<Linear>("hidden." + std::to_string(index), in, width, o, seed);
+  }
+  Linear::Options o;
+  o.init_stddev = 1.0f / std::sqrt(static_cast<float>(width));
+  std::vector<std::unique_ptr<Module>> parts;
+  parts.push_back(std::make_unique<Linear>("out", width, s.output_dim(), o, seed));
+  parts.push_back(std::make_unique<MseLoss>("out.mse"));
+  return std::make_unique<Sequential>("out", std::move(parts));
+}
+
+std::unique_ptr<Module> BuildGptBlock(const baton::v1::GptSpec& s, int index, uint64_t seed) {
+  if (index == 0) {
+    return std::make_unique<Embedding>("embed", s.vocab_size(), s.context(), s.d_model(), seed);
+  }
+  if (index <= s.layers()) {
+    return std::make_unique<TransformerBlock>("block." + std::to_string(index - 1), s.d_model(),
+                                              s.heads(), s.layers(), seed);
+  }
+  return std::make_unique<LmHead>("head", s.d_model(), s.vocab_size(), seed);
+}
+
+}  // namespace
+
+std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
+  std::vector<BlockInfo> out;
+  if (spec.has_mlp()) {
+    const auto& s = spec.mlp();
+    for (int i = 0; i <= s.depth(); ++i) {
+      const int64_t in = i == 0 ? s.input_dim() : s.width();
+      const int64_t o = i < s.depth() ? s.width() : s.output_dim();
+      out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o,
+                     2 * in * o});
+    }
+  } else if (spec.has_gpt()) {
+    const auto& s = spec.gpt();
+    const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
+    out.push_back({"embed", V * C + T * C, 0});
+    // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
+    const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
+                                 (4 * C * C + 4 * C) + (4 * C * C + C);
+    const int64_t block_flops = 24 * T * C * C + 4 * T * T * C;
+    for (int i = 0; i < s.layers(); ++i) {
+      out.push_back({"block." + std::to_string(i), block_params, block_flops});
+    }
+    out.push_back({"head", 2 * C + C * V, 2 * T * C * V});
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
+                                                        uint64_t seed, int first, int last) {
+  const int n = NumBlocks(spec);
+  if (n == 0) return absl::InvalidArgumentError("model: no architecture set (want mlp or gpt)");
+  if (last < 0) last = n;
+  if (first < 0 || first >= last || last > n) {
+    return absl::InvalidArgumentError(absl::StrCat("model: block range [", first, ", ", last,
+                                                   ") is not within the ", n, " blocks"));
+  }
+  std::vector<std::unique_ptr<Module>> blocks;
+  for (int i = first; i < last; ++i) {
+    blocks.push_back(spec.has_mlp() ? BuildMlpBlock(spec.mlp(), i, seed)
+                                    : BuildGptBlock(spec.gpt(), i, seed));
+  }
+  return std::make_unique<Sequential>("model", std::move(blocks));
+}
+
+Digest BlockDigest(Module& block) {
+  Sha256 h;
+  for (Parameter* p : block.Parameters()) {
+    h.UpdateFloats(absl::MakeConstSpan(p->value.f32(), static_cast<size_t>(p->value.numel())));
+  }
+  return h.Finish();
+}
+
+std::vector<Digest> BlockDigests(Sequential& blocks) {
+  std::vector<Digest> out;
+  for (int i = 0; i < blocks.size(); ++i) out.push_back(BlockDigest(blocks.at(i)));
+  return out;
+}
+
+void ZeroGrad(const std::vector<Parameter*>& params) {
+  for (Parameter* p : params) p->grad.SetZero();
+}
+
+}  // namespace baton

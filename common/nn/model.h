@@ -1,0 +1,72 @@
+// Models as flat lists of partitionable blocks.
+//
+// A model is an ordered list of blocks; a pipeline stage owns a contiguous range of them.
+// The canonical block order (the digest order) is:
+//   mlp: hidden.0 .. hidden.{depth-1}, out        (Linear+GELU blocks; Linear + MSE)
+//   gpt: embed, block.0 .. block.{layers-1}, head (embedding; transformer blocks; LN +
+//        LM head + softmax cross-entropy)
+// Every parameter is initialised from (seed, its fully qualified name), so building a
+// block on any worker gives the same bits as building the whole model in one process.
+//
+// The first block takes the data input (token ids or features); the last block takes the
+// micro-batch's targets and returns the 1-element mean loss.
+#ifndef BATON_COMMON_NN_MODEL_H_
+#define BATON_COMMON_NN_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "baton/v1/job.pb.h"
+#include "common/core/digest.h"
+#include "common/nn/module.h"
+
+namespace baton {
+
+// What a block costs, for partitioning and reporting.
+struct BlockInfo {
+  std::string name;
+  int64_t parameters = 0;        // number of float32 parameters
+  int64_t forward_flops = 0;     // per sample (per sequence for gpt), multiply-add = 2
+};
+
+// The blocks of a (validated) model spec, in canonical order.
+std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec);
+
+// Modules run one after another: forward in order, backward in reverse.
+class Sequential final : public Module {
+ public:
+  Sequential(std::string name, std::vector<std::unique_ptr<Module>> modules);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override;
+
+  int size() const { return static_cast<int>(modules_.size()); }
+  Module& at(int i) { return *modules_[i]; }
+
+ private:
+  const std::string name_;
+  std::vector<std::unique_ptr<Module>> modules_;
+};
+
+// Builds blocks [first, last) of the model (all of them by default). The spec must have
+// been validated (common/spec); an out-of-range block range is INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
+                                                        uint64_t seed, int first = 0,
+                                                        int last = -1);
+
+// SHA-256 over the block's parameters (see common/core/digest.h for the scheme).
+Digest BlockDigest(Module& block);
+// Per-block digests of a model built by BuildBlocks, in block order.
+std::vector<Digest> BlockDigests(Sequential& blocks);
+
+// Zeroes every parameter's gradient.
+void ZeroGrad(const std::vector<Parameter*>& params);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_NN_MODEL_H_

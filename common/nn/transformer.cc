@@ -1,0 +1,258 @@
+#include "common/nn/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "common/core/status.h"
+
+namespace baton {
+
+absl::StatusOr<float> LossScale(const std::string& who, const Tensor& dy) {
+  if (!dy.defined() || dy.dtype() != DType::kFloat32 || dy.numel() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": the gradient of a loss is its 1-element scale, got ", dy.DebugString()));
+  }
+  return dy.f32()[0];
+}
+
+namespace {
+Linear::Options LinearOpts(bool bias, bool gelu, float stddev) {
+  Linear::Options o;
+  o.bias = bias;
+  o.gelu = gelu;
+  o.init_stddev = stddev;
+  return o;
+}
+}  // namespace
+
+// ---------------------------------------------------------------- CausalSelfAttention
+
+CausalSelfAttention::CausalSelfAttention(std::string name, int64_t channels, int64_t heads,
+                                         float proj_stddev, uint64_t seed)
+    : name_(std::move(name)),
+      channels_(channels),
+      heads_(heads),
+      be_(CpuBackend()),
+      qkv_(name_ + ".qkv", channels, 3 * channels, LinearOpts(true, false, 0.02f), seed),
+      proj_(name_ + ".proj", channels, channels, LinearOpts(true, false, proj_stddev), seed),
+      stash_(name_) {}
+
+absl::Status CausalSelfAttention::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
+  if (x.rank() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": expected [batch, T, C], got ", x.DebugString()));
+  }
+  const int64_t B = x.dim(0), T = x.dim(1), H = heads_, D = channels_ / heads_;
+  Saved s;
+  BATON_RETURN_IF_ERROR(qkv_.Forward(mb, x, &s.qkv));
+  s.att = Tensor::Empty({B, H, T, T});
+  Tensor mixed = Tensor::Empty({B, T, channels_});
+  be_->AttentionForward(B, T, H, D, s.qkv.f32(), s.att.f32(), mixed.f32());
+  BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
+  return stash_.Put(mb.index, std::move(s));
+}
+
+absl::Status CausalSelfAttention::BackwardInput(const MicroBatch& mb, const Tensor& dy,
+                                                Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
+  Tensor dmixed;
+  BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
+  const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, D = channels_ / heads_;
+  Tensor dqkv = Tensor::Empty(s->qkv.shape());
+  Tensor scratch = Tensor::Empty({T, T});
+  be_->AttentionBackward(B, T, H, D, s->qkv.f32(), s->att.f32(), dmixed.f32(), dqkv.f32(),
+                         scratch.f32());
+  stash_.Erase(mb.index);
+  return qkv_.BackwardInput(mb, dqkv, dx);
+}
+
+absl::Status CausalSelfAttention::BackwardWeight(const MicroBatch& mb) {
+  BATON_RETURN_IF_ERROR(proj_.BackwardWeight(mb));
+  return qkv_.BackwardWeight(mb);
+}
+
+void CausalSelfAttention::CollectParameters(std::vector<Parameter*>* out) {
+  qkv_.CollectParameters(out);
+  proj_.CollectParameters(out);
+}
+
+int CausalSelfAttention::InFlight() const {
+  return std::max({stash_.size(), qkv_.InFlight(), proj_.InFlight()});
+}
+
+// ---------------------------------------------------------------- TransformerBlock
+
+TransformerBlock::TransformerBlock(std::string name, int64_t channels, int64_t heads,
+                                   int64_t num_layers, uint64_t seed)
+    : name_(std::move(name)),
+      channels_(channels),
+      be_(CpuBackend()),
+      ln1_(name_ + ".ln1", channels),
+      attn_(name_ + ".attn", channels, heads,
+            0.02f / std::sqrt(2.0f * static_cast<float>(num_layers)), seed),
+      ln2_(name_ + ".ln2", channels),
+      fc_(name_ + ".mlp.fc", channels, 4 * channels, LinearOpts(true, true, 0.02f), seed),
+      proj_(name_ + ".mlp.proj", 4 * channels, channels,
+            LinearOpts(true, false, 0.02f / std::sqrt(2.0f * static_cast<float>(num_layers))),
+            seed) {}
+
+absl::Status TransformerBlock::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
+  Tensor h, a;
+  BATON_RETURN_IF_ERROR(ln1_.Forward(mb, x, &h));
+  BATON_RETURN_IF_ERROR(attn_.Forward(mb, h, &a));
+  Tensor x1 = Tensor::Empty(x.shape());
+  be_->Add(x.numel(), x.f32(), a.f32(), x1.f32());
+  Tensor h2, f, m;
+  BATON_RETURN_IF_ERROR(ln2_.Forward(mb, x1, &h2));
+  BATON_RETURN_IF_ERROR(fc_.Forward(mb, h2, &f));
+  BATON_RETURN_IF_ERROR(proj_.Forward(mb, f, &m));
+  be_->Add(x.numel(), x1.f32(), m.f32(), m.f32());  // m becomes the block output
+  *y = std::move(m);
+  return absl::OkStatus();
+}
+
+absl::Status TransformerBlock::BackwardInput(const MicroBatch& mb, const Tensor& dy,
+                                             Tensor* dx) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_ + " (gradient)", dy, channels_));
+  // MLP branch: dx1 = dy + ln2'(fc'(proj'(dy))).
+  Tensor df, dh2, dx1;
+  BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &df));
+  BATON_RETURN_IF_ERROR(fc_.BackwardInput(mb, df, &dh2));
+  BATON_RETURN_IF_ERROR(ln2_.BackwardInput(mb, dh2, &dx1));
+  be_->Add(dy.numel(), dy.f32(), dx1.f32(), dx1.f32());
+  // Attention branch: dx = dx1 + ln1'(attn'(dx1)).
+  Tensor dh, dxa;
+  BATON_RETURN_IF_ERROR(attn_.BackwardInput(mb, dx1, &dh));
+  BATON_RETURN_IF_ERROR(ln1_.BackwardInput(mb, dh, &dxa));
+  be_->Add(dy.numel(), dx1.f32(), dxa.f32(), dxa.f32());
+  *dx = std::move(dxa);
+  return absl::OkStatus();
+}
+
+absl::Status TransformerBlock::BackwardWeight(const MicroBatch& mb) {
+  BATON_RETURN_IF_ERROR(proj_.BackwardWeight(mb));
+  BATON_RETURN_IF_ERROR(fc_.BackwardWeight(mb));
+  BATON_RETURN_IF_ERROR(ln2_.BackwardWeight(mb));
+  BATON_RETURN_IF_ERROR(attn_.BackwardWeight(mb));
+  return ln1_.BackwardWeight(mb);
+}
+
+void TransformerBlock::CollectParameters(std::vector<Parameter*>* out) {
+  ln1_.CollectParameters(out);
+  attn_.CollectParameters(out);
+  ln2_.CollectParameters(out);
+  fc_.CollectParameters(out);
+  proj_.CollectParameters(out);
+}
+
+int TransformerBlock::InFlight() const {
+  return std::max({ln1_.InFlight(), attn_.InFlight(), ln2_.InFlight(), fc_.InFlight(),
+                   proj_.InFlight()});
+}
+
+// ---------------------------------------------------------------- LmHead
+
+LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed)
+    : name_(std::move(name)),
+      channels_(channels),
+      vocab_(vocab),
+      be_(CpuBackend()),
+      ln_(name_ + ".ln", channels),
+      logits_(name_ + ".logits", channels, vocab, LinearOpts(false, false, 0.02f), seed),
+      stash_(name_) {}
+
+absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
+  const int64_t rows = x.numel() / channels_;
+  const Tensor* t = mb.targets;
+  if (t == nullptr || !t->defined() || t->dtype() != DType::kInt32 || t->numel() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": needs int32 targets with ", rows, " elements, got ",
+                     t == nullptr ? std::string("none") : t->DebugString()));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t id = t->i32()[r];
+    if (id < 0 || id >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": target id ", id,
+                                                     " is outside the vocabulary [0, ", vocab_,
+                                                     ")"));
+    }
+  }
+  Tensor h, logits;
+  BATON_RETURN_IF_ERROR(ln_.Forward(mb, x, &h));
+  BATON_RETURN_IF_ERROR(logits_.Forward(mb, h, &logits));
+  Saved s;
+  s.targets = *t;
+  s.probs = Tensor::Empty({rows, vocab_});
+  Tensor losses = Tensor::Empty({rows});
+  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), t->i32(), s.probs.f32(),
+                                  losses.f32());
+  Tensor loss = Tensor::Empty({1});
+  loss.f32()[0] = static_cast<float>(be_->Sum(rows, losses.f32()) / static_cast<double>(rows));
+  *y = std::move(loss);
+  return stash_.Put(mb.index, std::move(s));
+}
+
+absl::Status LmHead::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(const float scale, LossScale(name_, dy));
+  BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
+  const int64_t rows = s->probs.dim(0);
+  // The loss is the mean over rows: each row's logits gradient carries scale / rows.
+  Tensor dlogits = s->probs;  // computed in place: the probabilities are not needed again
+  be_->SoftmaxCrossEntropyBackward(rows, vocab_, s->probs.f32(), s->targets.i32(),
+                                   scale / static_cast<float>(rows), dlogits.f32());
+  stash_.Erase(mb.index);
+  Tensor dh;  // shaped like the LayerNorm's output, [B, T, C]
+  BATON_RETURN_IF_ERROR(logits_.BackwardInput(mb, dlogits, &dh));
+  return ln_.BackwardInput(mb, dh, dx);
+}
+
+absl::Status LmHead::BackwardWeight(const MicroBatch& mb) {
+  BATON_RETURN_IF_ERROR(logits_.BackwardWeight(mb));
+  return ln_.BackwardWeight(mb);
+}
+
+void LmHead::CollectParameters(std::vector<Parameter*>* out) {
+  ln_.CollectParameters(out);
+  logits_.CollectParameters(out);
+}
+
+int LmHead::InFlight() const {
+  return std::max({stash_.size(), ln_.InFlight(), logits_.InFlight()});
+}
+
+// ---------------------------------------------------------------- MseLoss
+
+MseLoss::MseLoss(std::string name) : name_(std::move(name)), be_(CpuBackend()), stash_(name_) {}
+
+absl::Status MseLoss::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  const Tensor* t = mb.targets;
+  if (!x.defined() || x.dtype() != DType::kFloat32 || t == nullptr || !t->defined() ||
+      t->dtype() != DType::kFloat32 || t->shape() != x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": needs f32 predictions and targets of the same shape, got ", x.DebugString(),
+        " and ", t == nullptr ? std::string("none") : t->DebugString()));
+  }
+  Tensor diff = Tensor::Empty(x.shape());
+  const double sse = be_->SquaredError(x.numel(), x.f32(), t->f32(), diff.f32());
+  Tensor loss = Tensor::Empty({1});
+  loss.f32()[0] = static_cast<float>(sse / static_cast<double>(x.numel()));
+  *y = std::move(loss);
+  return stash_.Put(mb.index, std::move(diff));
+}
+
+absl::Status MseLoss::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
+  BATON_ASSIGN_OR_RETURN(const float scale, LossScale(name_, dy));
+  BATON_ASSIGN_OR_RETURN(Tensor * diff, stash_.Get(mb.index, "backward"));
+  // d/dpred mean((pred - target)^2) = 2 (pred - target) / n.
+  Tensor g = *diff;
+  be_->Scale(g.numel(), 2.0f * scale / static_cast<float>(g.numel()), g.f32(), g.f32());
+  stash_.Erase(mb.index);
+  *dx = std::move(g);
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,113 @@
+// The transformer pieces: causal multi-head self-attention, the residual pre-LayerNorm
+// block, the LM head with fused softmax cross-entropy, and the MSE loss head.
+#ifndef BATON_COMMON_NN_TRANSFORMER_H_
+#define BATON_COMMON_NN_TRANSFORMER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/nn/layers.h"
+#include "common/nn/module.h"
+
+namespace baton {
+
+// Causal multi-head self-attention: qkv = Linear(C, 3C); per head, causal softmax of
+// q k^T / sqrt(D) applied to v; proj = Linear(C, C). Input and output [B, T, C].
+class CausalSelfAttention final : public Module {
+ public:
+  // `proj_stddev` initialises the output projection (GPT-2 scales it by 1/sqrt(2 layers)).
+  CausalSelfAttention(std::string name, int64_t channels, int64_t heads, float proj_stddev,
+                      uint64_t seed);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override;
+
+ private:
+  struct Saved {
+    Tensor qkv;  // [B, T, 3C]
+    Tensor att;  // [B, H, T, T] softmax probabilities
+  };
+  const std::string name_;
+  const int64_t channels_, heads_;
+  Backend* const be_;
+  Linear qkv_, proj_;
+  Stash<Saved> stash_;  // released by BackwardInput (the core has no weights)
+};
+
+// x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = Linear(C, 4C) + GELU + Linear(4C, C).
+class TransformerBlock final : public Module {
+ public:
+  TransformerBlock(std::string name, int64_t channels, int64_t heads, int64_t num_layers,
+                   uint64_t seed);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override;
+
+ private:
+  const std::string name_;
+  const int64_t channels_;
+  Backend* const be_;
+  LayerNorm ln1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln2_;
+  Linear fc_;    // C -> 4C, fused GELU
+  Linear proj_;  // 4C -> C
+};
+
+// Final LayerNorm, Linear(C, V) without bias, and softmax cross-entropy against the
+// micro-batch's int32 targets [B, T]. Forward writes the mean loss over the B*T positions
+// as a 1-element tensor; BackwardInput takes the 1-element loss scale.
+class LmHead final : public Module {
+ public:
+  LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override;
+  void CollectParameters(std::vector<Parameter*>* out) override;
+  int InFlight() const override;
+
+ private:
+  struct Saved {
+    Tensor probs;    // [R, V]
+    Tensor targets;  // int32 [R]
+  };
+  const std::string name_;
+  const int64_t channels_, vocab_;
+  Backend* const be_;
+  LayerNorm ln_;
+  Linear logits_;
+  Stash<Saved> stash_;  // released by BackwardInput
+};
+
+// Mean squared error against the micro-batch's f32 targets (same shape as the input),
+// averaged over all elements, as PyTorch's MSELoss. No parameters.
+class MseLoss final : public Module {
+ public:
+  explicit MseLoss(std::string name);
+  const std::string& name() const override { return name_; }
+  absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
+  absl::Status BackwardWeight(const MicroBatch& mb) override { return absl::OkStatus(); }
+  void CollectParameters(std::vector<Parameter*>* out) override {}
+  int InFlight() const override { return stash_.size(); }
+
+ private:
+  const std::string name_;
+  Backend* const be_;
+  Stash<Tensor> stash_;  // pred - target
+};
+
+// Checks a 1-element f32 loss-scale gradient.
+absl::StatusOr<float> LossScale(const std::string& who, const Tensor& dy);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_NN_TRANSFORMER_H_

@@ -1,0 +1,83 @@
+#include "common/optim/optimizer.h"
+
+#include <cmath>
+#include <utility>
+
+namespace baton {
+namespace {
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const baton::v1::SgdSpec& spec, std::vector<Parameter*> params)
+      : spec_(spec), params_(std::move(params)), be_(CpuBackend()) {
+    if (spec_.momentum() != 0.0f) {
+      for (Parameter* p : params_) momentum_.push_back(Tensor::Zeros(p->value.shape()));
+    }
+  }
+
+  void Step() override {
+    const bool first = steps_ == 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Parameter* p = params_[i];
+      float* buf = momentum_.empty() ? nullptr : momentum_[i].f32();
+      be_->SgdStep(p->value.numel(), spec_.learning_rate(), spec_.momentum(),
+                   spec_.weight_decay(), first, p->value.f32(), p->grad.f32(), buf);
+    }
+    ++steps_;
+  }
+
+ private:
+  const baton::v1::SgdSpec spec_;
+  const std::vector<Parameter*> params_;
+  Backend* const be_;
+  std::vector<Tensor> momentum_;  // one per parameter, when momentum != 0
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const baton::v1::AdamWSpec& spec, std::vector<Parameter*> params)
+      : spec_(spec), params_(std::move(params)), be_(CpuBackend()) {
+    for (Parameter* p : params_) {
+      m_.push_back(Tensor::Zeros(p->value.shape()));
+      v_.push_back(Tensor::Zeros(p->value.shape()));
+    }
+  }
+
+  void Step() override {
+    ++steps_;
+    // Bias corrections in double, rounded once: the same expression on every worker.
+    const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(spec_.beta1()),
+                                                        static_cast<double>(steps_)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(spec_.beta2()),
+                                                        static_cast<double>(steps_)));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Parameter* p = params_[i];
+      be_->AdamWStep(p->value.numel(), spec_.learning_rate(), spec_.beta1(), spec_.beta2(),
+                     spec_.epsilon(), spec_.weight_decay(), bc1, bc2, p->value.f32(),
+                     p->grad.f32(), m_[i].f32(), v_[i].f32());
+    }
+  }
+
+ private:
+  const baton::v1::AdamWSpec spec_;
+  const std::vector<Parameter*> params_;
+  Backend* const be_;
+  std::vector<Tensor> m_, v_;  // first and second moments, one per parameter
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::OptimizerSpec& spec,
+                                                         std::vector<Parameter*> params) {
+  switch (spec.algorithm_case()) {
+    case baton::v1::OptimizerSpec::kSgd:
+      return std::make_unique<Sgd>(spec.sgd(), std::move(params));
+    case baton::v1::OptimizerSpec::kAdamw:
+      return std::make_unique<AdamW>(spec.adamw(), std::move(params));
+    case baton::v1::OptimizerSpec::ALGORITHM_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("optimizer: no algorithm set (want sgd or adamw)");
+}
+
+}  // namespace baton

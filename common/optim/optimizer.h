@@ -1,0 +1,37 @@
+// Optimizers over a set of parameters, with per-parameter state.
+//
+// A pipeline stage creates one optimizer over the parameters of its own blocks; because
+// every update is element-wise and per parameter, a stage's update equals the reference
+// trainer's update of the same parameters, bit for bit.
+#ifndef BATON_COMMON_OPTIM_OPTIMIZER_H_
+#define BATON_COMMON_OPTIM_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/v1/job.pb.h"
+#include "common/nn/module.h"
+
+namespace baton {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update from the parameters' current gradients (it does not zero them).
+  virtual void Step() = 0;
+  int64_t steps_taken() const { return steps_; }
+
+ protected:
+  int64_t steps_ = 0;
+};
+
+// Builds the optimizer a validated spec names, over `params` (not owned; they must outlive
+// the optimizer). State is allocated here, once.
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::OptimizerSpec& spec,
+                                                         std::vector<Parameter*> params);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_OPTIM_OPTIMIZER_H_

@@ -1,0 +1,275 @@
+#include "common/spec/spec.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace baton {
+namespace {
+
+using ::baton::v1::JobSpec;
+
+absl::Status Invalid(const char* field, const std::string& reason) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
+}
+
+// Reads a whole file; errors carry the errno code and name the path.
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    // ErrnoToStatus appends ": <strerror>".
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot open job spec '", path, "'"));
+  }
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot read job spec '", path, "'"));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+int64_t Utf8Length(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) {
+    if ((c & 0xC0) != 0x80) ++n;  // count every byte that is not a continuation byte
+  }
+  return n;
+}
+
+absl::Status AtLeastOne(const char* field, int64_t value) {
+  if (value < 1) return Invalid(field, absl::StrCat("must be at least 1, got ", value));
+  return absl::OkStatus();
+}
+
+// Replaces 0 with `def`; refuses negative values.
+absl::Status DefaultPositive(const char* field, int32_t* value, int32_t def) {
+  if (*value == 0) *value = def;
+  return AtLeastOne(field, *value);
+}
+
+absl::Status Finite(const char* field, float value) {
+  if (!std::isfinite(value)) return Invalid(field, absl::StrCat("must be finite, got ", value));
+  return absl::OkStatus();
+}
+
+absl::Status Positive(const char* field, float value) {
+  BATON_RETURN_IF_ERROR(Finite(field, value));
+  if (!(value > 0)) return Invalid(field, absl::StrCat("must be > 0, got ", value));
+  return absl::OkStatus();
+}
+
+absl::Status NonNegative(const char* field, float value) {
+  BATON_RETURN_IF_ERROR(Finite(field, value));
+  if (value < 0) return Invalid(field, absl::StrCat("must be >= 0, got ", value));
+  return absl::OkStatus();
+}
+
+// [0, 1): momentum and Adam betas.
+absl::Status UnitInterval(const char* field, float value) {
+  BATON_RETURN_IF_ERROR(Finite(field, value));
+  if (!(value >= 0 && value < 1)) {
+    return Invalid(field, absl::StrCat("must be in [0, 1), got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
+  switch (model.architecture_case()) {
+    case baton::v1::ModelSpec::kMlp: {
+      const auto& m = model.mlp();
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.mlp.input_dim", m.input_dim()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.mlp.width", m.width()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.mlp.depth", m.depth()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.mlp.output_dim", m.output_dim()));
+      return absl::OkStatus();
+    }
+    case baton::v1::ModelSpec::kGpt: {
+      const auto& g = model.gpt();
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.gpt.vocab_size", g.vocab_size()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.gpt.context", g.context()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.gpt.d_model", g.d_model()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.gpt.heads", g.heads()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.gpt.layers", g.layers()));
+      if (g.d_model() % g.heads() != 0) {
+        return Invalid("model.gpt.heads", absl::StrCat("must divide d_model (d_model=", g.d_model(),
+                                                       ", heads=", g.heads(), ")"));
+      }
+      return absl::OkStatus();
+    }
+    case baton::v1::ModelSpec::ARCHITECTURE_NOT_SET:
+      break;
+  }
+  return Invalid("model", "no architecture set (want mlp or gpt)");
+}
+
+absl::Status ValidateData(baton::v1::DataSpec* data) {
+  switch (data->source_case()) {
+    case baton::v1::DataSpec::kText: {
+      const auto& t = data->text();
+      switch (t.content_case()) {
+        case baton::v1::TextData::kPath:
+          if (t.path().empty()) return Invalid("data.text.path", "empty path");
+          break;
+        case baton::v1::TextData::kInlineText:
+          if (t.inline_text().empty()) return Invalid("data.text.inline_text", "empty text");
+          break;
+        case baton::v1::TextData::CONTENT_NOT_SET:
+          return Invalid("data.text", "no content set (want path or inline_text)");
+      }
+      break;
+    }
+    case baton::v1::DataSpec::kSynthetic: {
+      auto* s = data->mutable_synthetic();
+      int32_t width = s->teacher_width();
+      BATON_RETURN_IF_ERROR(DefaultPositive("data.synthetic.teacher_width", &width, 32));
+      s->set_teacher_width(width);
+      BATON_RETURN_IF_ERROR(NonNegative("data.synthetic.noise", s->noise()));
+      break;
+    }
+    case baton::v1::DataSpec::SOURCE_NOT_SET:
+      return Invalid("data", "no source set (want text or synthetic)");
+  }
+  return AtLeastOne("data.batch_size", data->batch_size());
+}
+
+absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
+  if (p->schedule() == baton::v1::SCHEDULE_UNSPECIFIED) {
+    p->set_schedule(baton::v1::SCHEDULE_1F1B);
+  }
+  if (!baton::v1::Schedule_IsValid(p->schedule())) {
+    return Invalid("pipeline.schedule", absl::StrCat("unknown schedule ", p->schedule()));
+  }
+  int32_t v = p->stages();
+  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.stages", &v, 1));
+  p->set_stages(v);
+  v = p->virtual_stages();
+  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.virtual_stages", &v, 1));
+  p->set_virtual_stages(v);
+  v = p->microbatches();
+  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.microbatches", &v, 1));
+  p->set_microbatches(v);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(baton::v1::OptimizerSpec* opt) {
+  switch (opt->algorithm_case()) {
+    case baton::v1::OptimizerSpec::kSgd: {
+      const auto& s = opt->sgd();
+      BATON_RETURN_IF_ERROR(Positive("optimizer.sgd.learning_rate", s.learning_rate()));
+      BATON_RETURN_IF_ERROR(UnitInterval("optimizer.sgd.momentum", s.momentum()));
+      BATON_RETURN_IF_ERROR(NonNegative("optimizer.sgd.weight_decay", s.weight_decay()));
+      return absl::OkStatus();
+    }
+    case baton::v1::OptimizerSpec::kAdamw: {
+      auto* a = opt->mutable_adamw();
+      if (!a->has_beta1()) a->set_beta1(0.9f);
+      if (!a->has_beta2()) a->set_beta2(0.999f);
+      if (!a->has_epsilon()) a->set_epsilon(1e-8f);
+      if (!a->has_weight_decay()) a->set_weight_decay(0.01f);
+      BATON_RETURN_IF_ERROR(Positive("optimizer.adamw.learning_rate", a->learning_rate()));
+      BATON_RETURN_IF_ERROR(UnitInterval("optimizer.adamw.beta1", a->beta1()));
+      BATON_RETURN_IF_ERROR(UnitInterval("optimizer.adamw.beta2", a->beta2()));
+      BATON_RETURN_IF_ERROR(Positive("optimizer.adamw.epsilon", a->epsilon()));
+      BATON_RETURN_IF_ERROR(NonNegative("optimizer.adamw.weight_decay", a->weight_decay()));
+      return absl::OkStatus();
+    }
+    case baton::v1::OptimizerSpec::ALGORITHM_NOT_SET:
+      break;
+  }
+  return Invalid("optimizer", "no algorithm set (want sgd or adamw)");
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecJson(const std::string& json) {
+  JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  if (!status.ok()) {
+    const auto message = status.message();
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job spec JSON: ", std::string(message.data(), message.size())));
+  }
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
+  BATON_ASSIGN_OR_RETURN(const std::string json, ReadFile(path));
+  absl::StatusOr<JobSpec> spec = ParseJobSpecJson(json);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+int64_t ModelBlockCount(const baton::v1::ModelSpec& model) {
+  switch (model.architecture_case()) {
+    case baton::v1::ModelSpec::kMlp:
+      return static_cast<int64_t>(model.mlp().depth()) + 1;
+    case baton::v1::ModelSpec::kGpt:
+      return static_cast<int64_t>(model.gpt().layers()) + 2;
+    case baton::v1::ModelSpec::ARCHITECTURE_NOT_SET:
+      break;
+  }
+  return 0;
+}
+
+absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
+  const int64_t name_chars = Utf8Length(spec->name());
+  if (name_chars > kMaxJobNameChars) {
+    return Invalid("name",
+                   absl::StrCat("at most ", kMaxJobNameChars, " characters, got ", name_chars));
+  }
+  BATON_RETURN_IF_ERROR(AtLeastOne("steps", spec->steps()));
+  BATON_RETURN_IF_ERROR(ValidateModel(spec->model()));
+  BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
+  BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));
+  BATON_RETURN_IF_ERROR(ValidateOptimizer(spec->mutable_optimizer()));
+
+  // Cross-field checks.
+  const auto& data = spec->data();
+  const auto& pipeline = spec->pipeline();
+  if (spec->model().has_gpt() && !data.has_text()) {
+    return Invalid("model.gpt", "needs data.text (a gpt trains on character-level text)");
+  }
+  if (spec->model().has_mlp() && !data.has_synthetic()) {
+    return Invalid("model.mlp", "needs data.synthetic (an mlp trains on synthetic regression)");
+  }
+  if (data.batch_size() % pipeline.microbatches() != 0) {
+    return Invalid("data.batch_size",
+                   absl::StrCat(data.batch_size(), " is not divisible by pipeline.microbatches=",
+                                pipeline.microbatches()));
+  }
+  const int64_t chunks =
+      static_cast<int64_t>(pipeline.stages()) * static_cast<int64_t>(pipeline.virtual_stages());
+  const int64_t blocks = ModelBlockCount(spec->model());
+  if (chunks > blocks) {
+    const char* what =
+        spec->model().has_mlp() ? "model.mlp has depth + 1 = " : "model.gpt has layers + 2 = ";
+    return Invalid("pipeline.stages",
+                   absl::StrCat("stages * virtual_stages = ", pipeline.stages(), " * ",
+                                pipeline.virtual_stages(), " = ", chunks, " model chunks, but ",
+                                what, blocks, " blocks; every chunk needs at least one block"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

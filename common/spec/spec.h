@@ -1,0 +1,64 @@
+// Job specs: loading from JSON, filling defaults, and validation.
+//
+// A job spec (proto/baton/v1/job.proto) is written as JSON through the standard protobuf
+// JSON mapping. Loading refuses unknown fields and malformed JSON; validation then fills the
+// documented defaults and refuses specs that cannot be trained, with an INVALID_ARGUMENT
+// error whose message starts with the offending field's path in dotted proto form, e.g.
+//   model.gpt.heads: must divide d_model (d_model=64, heads=5)
+//   data.batch_size: 10 is not divisible by pipeline.microbatches=4
+// so a user can find the field in their JSON file.
+//
+// Typical use:
+//   BATON_ASSIGN_OR_RETURN(baton::v1::JobSpec spec, LoadJobSpecFile(path));
+//   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+//
+// Validation never reads files: checks that need the training text (its length, its
+// distinct characters against model.gpt.vocab_size) happen when the dataset is built
+// (common/data/dataset.h).
+#ifndef BATON_COMMON_SPEC_SPEC_H_
+#define BATON_COMMON_SPEC_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/v1/job.pb.h"
+
+namespace baton {
+
+// Longest accepted JobSpec.name, in characters (UTF-8 code points).
+inline constexpr int kMaxJobNameChars = 128;
+
+// Parses a JobSpec from JSON (protobuf JSON mapping: lowerCamelCase or proto field names,
+// enums by name). Unknown fields and malformed JSON give INVALID_ARGUMENT carrying
+// protobuf's parser message, which names the field or position. Does not validate or fill
+// defaults.
+absl::StatusOr<baton::v1::JobSpec> ParseJobSpecJson(const std::string& json);
+
+// Reads the file at `path` and parses it as ParseJobSpecJson does. A missing file gives
+// NOT_FOUND, other read failures the matching errno code; every error names the path.
+absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Fills defaults in place, then validates. Defaults (applied only where the field is
+// zero/unset):
+//   pipeline.stages 1, pipeline.virtual_stages 1, pipeline.microbatches 1,
+//   pipeline.schedule SCHEDULE_1F1B, data.synthetic.teacher_width 32,
+//   optimizer.adamw beta1 0.9, beta2 0.999, epsilon 1e-8, weight_decay 0.01.
+// Refuses (INVALID_ARGUMENT, message "<field path>: <reason>") among others: a missing
+// model, data source or optimizer; sizes below 1; heads not dividing d_model; a gpt without
+// text data or an mlp without synthetic data; batch_size not divisible by microbatches;
+// steps below 1; a learning rate not > 0; momentum/betas outside [0, 1); epsilon not > 0;
+// negative weight decay or noise; non-finite floats; a name over kMaxJobNameChars; more
+// pipeline chunks (stages * virtual_stages) than the model has blocks. Idempotent: a spec
+// that passed once passes again unchanged. On error `spec` may have been partly defaulted.
+absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
+
+// Number of pipeline-partitionable blocks of the spec's model (see job.proto): mlp depth + 1
+// (hidden.0 .. hidden.{depth-1}, out); gpt layers + 2 (embed, block.*, head); 0 when no
+// architecture is set.
+int64_t ModelBlockCount(const baton::v1::ModelSpec& model);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_SPEC_SPEC_H_

@@ -1,0 +1,415 @@
+#include "common/spec/spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using ::baton::v1::JobSpec;
+
+#ifndef BATON_SOURCE_DIR
+#error "spec_test needs BATON_SOURCE_DIR (the repository root)"
+#endif
+
+std::string ExamplePath(const std::string& name) {
+  return std::string(BATON_SOURCE_DIR) + "/client/examples/" + name;
+}
+
+JobSpec ValidMlp() {
+  JobSpec spec;
+  spec.set_name("mlp");
+  spec.set_steps(10);
+  spec.set_seed(1);
+  auto* mlp = spec.mutable_model()->mutable_mlp();
+  mlp->set_input_dim(8);
+  mlp->set_width(16);
+  mlp->set_depth(3);
+  mlp->set_output_dim(2);
+  spec.mutable_data()->mutable_synthetic()->set_teacher_width(8);
+  spec.mutable_data()->set_batch_size(8);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->set_microbatches(4);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.mutable_optimizer()->mutable_sgd()->set_momentum(0.9f);
+  return spec;
+}
+
+JobSpec ValidGpt() {
+  JobSpec spec;
+  spec.set_name("gpt");
+  spec.set_steps(10);
+  spec.set_seed(2);
+  auto* gpt = spec.mutable_model()->mutable_gpt();
+  gpt->set_vocab_size(64);
+  gpt->set_context(16);
+  gpt->set_d_model(64);
+  gpt->set_heads(4);
+  gpt->set_layers(2);
+  spec.mutable_data()->mutable_text()->set_inline_text("hello world, hello pipelines");
+  spec.mutable_data()->set_batch_size(4);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->set_microbatches(2);
+  spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
+  return spec;
+}
+
+TEST(ValidateTest, ValidSpecsPass) {
+  JobSpec mlp = ValidMlp();
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&mlp).ok());
+  JobSpec gpt = ValidGpt();
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
+}
+
+// One refusal: a mutation of a valid spec and the field path its message must start with.
+struct Refusal {
+  std::string test_name;
+  bool gpt;  // start from ValidGpt() instead of ValidMlp()
+  std::function<void(JobSpec*)> mutate;
+  std::string field;
+  std::string also;  // another substring the message must contain ("" for none)
+};
+
+class RefusalTest : public testing::TestWithParam<Refusal> {};
+
+TEST_P(RefusalTest, NamesTheField) {
+  const Refusal& r = GetParam();
+  JobSpec spec = r.gpt ? ValidGpt() : ValidMlp();
+  r.mutate(&spec);
+  const absl::Status status = ValidateAndDefaultJobSpec(&spec);
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), r.field + ": ")) << status;
+  if (!r.also.empty()) {
+    EXPECT_TRUE(absl::StrContains(status.message(), r.also)) << status;
+  }
+}
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+const std::vector<Refusal>& Refusals() {
+  static const auto* refusals = new std::vector<Refusal>{
+      {"NameTooLong", false, [](JobSpec* s) { s->set_name(std::string(129, 'x')); }, "name", "128"},
+      {"StepsZero", false, [](JobSpec* s) { s->set_steps(0); }, "steps",
+       "must be at least 1, got 0"},
+      {"StepsNegative", false, [](JobSpec* s) { s->set_steps(-3); }, "steps", "-3"},
+      {"NoModel", false, [](JobSpec* s) { s->clear_model(); }, "model",
+       "no architecture set (want mlp or gpt)"},
+      {"MlpInputDim", false,
+       [](JobSpec* s) { s->mutable_model()->mutable_mlp()->set_input_dim(0); },
+       "model.mlp.input_dim", ""},
+      {"MlpWidth", false, [](JobSpec* s) { s->mutable_model()->mutable_mlp()->set_width(-1); },
+       "model.mlp.width", ""},
+      {"MlpDepth", false, [](JobSpec* s) { s->mutable_model()->mutable_mlp()->set_depth(0); },
+       "model.mlp.depth", ""},
+      {"MlpOutputDim", false,
+       [](JobSpec* s) { s->mutable_model()->mutable_mlp()->set_output_dim(0); },
+       "model.mlp.output_dim", ""},
+      {"GptVocab", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_vocab_size(0); },
+       "model.gpt.vocab_size", ""},
+      {"GptContext", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_context(-5); },
+       "model.gpt.context", ""},
+      {"GptDModel", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_d_model(0); },
+       "model.gpt.d_model", ""},
+      {"GptHeadsZero", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_heads(0); },
+       "model.gpt.heads", ""},
+      {"GptHeadsDivide", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_heads(5); },
+       "model.gpt.heads", "must divide d_model (d_model=64, heads=5)"},
+      {"GptLayers", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_layers(0); },
+       "model.gpt.layers", ""},
+      {"NoDataSource", false, [](JobSpec* s) { s->mutable_data()->clear_source(); }, "data",
+       "no source set"},
+      {"BatchSizeZero", false, [](JobSpec* s) { s->mutable_data()->set_batch_size(0); },
+       "data.batch_size", ""},
+      {"BatchNotDivisible", false,
+       [](JobSpec* s) {
+         s->mutable_data()->set_batch_size(10);
+         s->mutable_pipeline()->set_microbatches(4);
+       },
+       "data.batch_size", "10 is not divisible by pipeline.microbatches=4"},
+      {"MicrobatchesAboveBatch", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_microbatches(16); }, "data.batch_size", ""},
+      {"EmptyInlineText", true,
+       [](JobSpec* s) { s->mutable_data()->mutable_text()->set_inline_text(""); },
+       "data.text.inline_text", "empty text"},
+      {"EmptyPath", true, [](JobSpec* s) { s->mutable_data()->mutable_text()->set_path(""); },
+       "data.text.path", ""},
+      {"TextWithoutContent", true,
+       [](JobSpec* s) { s->mutable_data()->mutable_text()->clear_content(); }, "data.text", ""},
+      {"TeacherWidthNegative", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_synthetic()->set_teacher_width(-2); },
+       "data.synthetic.teacher_width", ""},
+      {"NoiseNegative", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_synthetic()->set_noise(-0.1f); },
+       "data.synthetic.noise", ""},
+      {"NoiseNan", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_synthetic()->set_noise(kNan); },
+       "data.synthetic.noise", "finite"},
+      {"NoiseInf", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_synthetic()->set_noise(kInf); },
+       "data.synthetic.noise", "finite"},
+      {"GptWithSynthetic", true,
+       [](JobSpec* s) { s->mutable_data()->mutable_synthetic()->set_teacher_width(4); },
+       "model.gpt", "needs data.text"},
+      {"MlpWithText", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_text()->set_inline_text("abc"); }, "model.mlp",
+       "needs data.synthetic"},
+      {"StagesNegative", false, [](JobSpec* s) { s->mutable_pipeline()->set_stages(-1); },
+       "pipeline.stages", ""},
+      {"VirtualStagesNegative", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_virtual_stages(-1); }, "pipeline.virtual_stages",
+       ""},
+      {"MicrobatchesNegative", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_microbatches(-4); }, "pipeline.microbatches",
+       ""},
+      {"UnknownSchedule", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_schedule(static_cast<v1::Schedule>(17)); },
+       "pipeline.schedule", "17"},
+      {"MlpTooManyStages", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_stages(5); },  // depth 3: 4 blocks
+       "pipeline.stages", "4 blocks"},
+      {"GptTooManyChunks", true,
+       [](JobSpec* s) {  // layers 2: 4 blocks
+         s->mutable_pipeline()->set_stages(3);
+         s->mutable_pipeline()->set_virtual_stages(2);
+       },
+       "pipeline.stages", "= 6 model chunks"},
+      {"NoOptimizer", false, [](JobSpec* s) { s->clear_optimizer(); }, "optimizer",
+       "no algorithm set"},
+      {"SgdLearningRateZero", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_sgd()->set_learning_rate(0); },
+       "optimizer.sgd.learning_rate", "must be > 0"},
+      {"SgdLearningRateNan", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_sgd()->set_learning_rate(kNan); },
+       "optimizer.sgd.learning_rate", ""},
+      {"SgdMomentumOne", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_sgd()->set_momentum(1.0f); },
+       "optimizer.sgd.momentum", "[0, 1)"},
+      {"SgdMomentumNegative", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_sgd()->set_momentum(-0.5f); },
+       "optimizer.sgd.momentum", ""},
+      {"SgdWeightDecayNegative", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_sgd()->set_weight_decay(-1e-4f); },
+       "optimizer.sgd.weight_decay", ""},
+      {"AdamLearningRateNegative", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_learning_rate(-1); },
+       "optimizer.adamw.learning_rate", "must be > 0"},
+      {"AdamLearningRateUnset", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->clear_learning_rate(); },
+       "optimizer.adamw.learning_rate", "must be > 0"},
+      {"AdamBeta1", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_beta1(1.0f); },
+       "optimizer.adamw.beta1", ""},
+      {"AdamBeta2", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_beta2(-0.1f); },
+       "optimizer.adamw.beta2", ""},
+      {"AdamEpsilonZero", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_epsilon(0); },
+       "optimizer.adamw.epsilon", ""},
+      {"AdamWeightDecayNegative", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_weight_decay(-0.01f); },
+       "optimizer.adamw.weight_decay", ""},
+  };
+  return *refusals;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, RefusalTest, testing::ValuesIn(Refusals()),
+                         [](const testing::TestParamInfo<Refusal>& info) {
+                           return info.param.test_name;
+                         });
+
+TEST(ValidateTest, FillsDefaults) {
+  JobSpec spec = ValidGpt();
+  spec.clear_pipeline();
+  spec.mutable_optimizer()->mutable_adamw()->clear_beta1();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_EQ(spec.pipeline().stages(), 1);
+  EXPECT_EQ(spec.pipeline().virtual_stages(), 1);
+  EXPECT_EQ(spec.pipeline().microbatches(), 1);
+  EXPECT_EQ(spec.pipeline().schedule(), v1::SCHEDULE_1F1B);
+  const auto& adam = spec.optimizer().adamw();
+  ASSERT_TRUE(adam.has_beta1() && adam.has_beta2() && adam.has_epsilon() &&
+              adam.has_weight_decay());
+  EXPECT_EQ(adam.beta1(), 0.9f);
+  EXPECT_EQ(adam.beta2(), 0.999f);
+  EXPECT_EQ(adam.epsilon(), 1e-8f);
+  EXPECT_EQ(adam.weight_decay(), 0.01f);
+
+  JobSpec mlp = ValidMlp();
+  mlp.mutable_data()->mutable_synthetic()->set_teacher_width(0);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&mlp).ok());
+  EXPECT_EQ(mlp.data().synthetic().teacher_width(), 32);
+}
+
+TEST(ValidateTest, KeepsExplicitValues) {
+  JobSpec spec = ValidGpt();
+  auto* adam = spec.mutable_optimizer()->mutable_adamw();
+  adam->set_beta1(0);  // explicitly zero: not a default
+  adam->set_weight_decay(0);
+  spec.mutable_pipeline()->set_schedule(v1::SCHEDULE_GPIPE);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_EQ(spec.optimizer().adamw().beta1(), 0.0f);
+  EXPECT_EQ(spec.optimizer().adamw().weight_decay(), 0.0f);
+  EXPECT_EQ(spec.optimizer().adamw().beta2(), 0.999f);
+  EXPECT_EQ(spec.pipeline().schedule(), v1::SCHEDULE_GPIPE);
+}
+
+TEST(ValidateTest, Idempotent) {
+  JobSpec spec = ValidGpt();
+  spec.clear_pipeline();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  JobSpec again = spec;
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&again).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(spec, again));
+}
+
+TEST(ValidateTest, ChunkLimitAllowsOneBlockPerChunk) {
+  JobSpec mlp = ValidMlp();  // depth 3: hidden.0..2 + out = 4 blocks
+  mlp.mutable_pipeline()->set_stages(4);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&mlp).ok());
+  JobSpec gpt = ValidGpt();  // layers 2: embed + 2 + head = 4 blocks
+  gpt.mutable_pipeline()->set_stages(2);
+  gpt.mutable_pipeline()->set_virtual_stages(2);
+  gpt.mutable_pipeline()->set_schedule(v1::SCHEDULE_INTERLEAVED_1F1B);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
+  EXPECT_EQ(ModelBlockCount(mlp.model()), 4);
+  EXPECT_EQ(ModelBlockCount(gpt.model()), 4);
+  EXPECT_EQ(ModelBlockCount(v1::ModelSpec()), 0);
+}
+
+TEST(ValidateTest, NameLimitCountsCharactersNotBytes) {
+  JobSpec spec = ValidMlp();
+  std::string name;
+  for (int i = 0; i < kMaxJobNameChars; ++i) name += "\xc3\xa9";  // U+00E9, 2 bytes
+  spec.set_name(name);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+}
+
+TEST(ParseTest, AcceptsCamelCaseAndProtoNames) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecJson(R"({
+    "steps": 3, "seed": "18446744073709551615",
+    "model": {"gpt": {"vocab_size": 10, "dModel": 32}},
+    "data": {"text": {"inlineText": "abc"}, "batchSize": 2},
+    "pipeline": {"schedule": "SCHEDULE_ZB_H1"}
+  })");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->steps(), 3);
+  EXPECT_EQ(spec->seed(), 18446744073709551615ull);
+  EXPECT_EQ(spec->model().gpt().vocab_size(), 10);
+  EXPECT_EQ(spec->model().gpt().d_model(), 32);
+  EXPECT_EQ(spec->data().text().inline_text(), "abc");
+  EXPECT_EQ(spec->data().batch_size(), 2);
+  EXPECT_EQ(spec->pipeline().schedule(), v1::SCHEDULE_ZB_H1);
+}
+
+TEST(ParseTest, RefusesUnknownField) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecJson(R"({"steps": 1, "stepz": 2})");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), "stepz")) << spec.status();
+
+  spec = ParseJobSpecJson(R"({"model": {"mlp": {"widht": 3}}})");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), "widht")) << spec.status();
+}
+
+TEST(ParseTest, RefusesMalformedJson) {
+  for (const char* json :
+       {R"({"steps": })", R"({"steps": 1)", "", "[1, 2]", "not json", R"({"steps": "many"})",
+        R"({"pipeline": {"schedule": "FAST"}})", R"({"steps": 1.5})"}) {
+    SCOPED_TRACE(json);
+    absl::StatusOr<JobSpec> spec = ParseJobSpecJson(json);
+    ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+    EXPECT_TRUE(absl::StartsWith(spec.status().message(), "invalid job spec JSON: "));
+  }
+}
+
+TEST(LoadTest, MissingFileIsNotFound) {
+  const std::string path = testing::TempDir() + "/no-such-spec.json";
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kNotFound) << spec.status();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), path)) << spec.status();
+}
+
+TEST(LoadTest, ParseErrorNamesThePath) {
+  const std::string path = testing::TempDir() + "/bad-spec.json";
+  {
+    std::ofstream out(path);
+    out << R"({"steps": 1, "colour": "blue"})";
+  }
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), path)) << spec.status();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), "colour")) << spec.status();
+}
+
+// Loads an example, validates it, and checks it survives JSON -> proto -> JSON -> proto.
+JobSpec LoadExample(const std::string& name) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(ExamplePath(name));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return JobSpec();
+  const absl::Status valid = ValidateAndDefaultJobSpec(&*spec);
+  EXPECT_TRUE(valid.ok()) << name << ": " << valid;
+
+  std::string json;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(*spec, &json).ok());
+  absl::StatusOr<JobSpec> again = ParseJobSpecJson(json);
+  EXPECT_TRUE(again.ok()) << again.status();
+  if (again.ok()) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*spec, *again)) << json;
+  }
+  return *spec;
+}
+
+TEST(ExamplesTest, MlpTiny) {
+  const JobSpec spec = LoadExample("mlp-tiny.json");
+  ASSERT_TRUE(spec.model().has_mlp());
+  EXPECT_EQ(spec.model().mlp().input_dim(), 8);
+  EXPECT_EQ(spec.model().mlp().width(), 32);
+  EXPECT_EQ(spec.model().mlp().depth(), 4);
+  EXPECT_EQ(spec.model().mlp().output_dim(), 4);
+  ASSERT_TRUE(spec.data().has_synthetic());
+  EXPECT_EQ(spec.data().synthetic().teacher_width(), 16);
+  EXPECT_EQ(spec.data().synthetic().noise(), 0.0f);
+  EXPECT_EQ(spec.data().batch_size(), 32);
+  EXPECT_EQ(spec.pipeline().stages(), 1);
+  EXPECT_EQ(spec.pipeline().microbatches(), 4);
+  EXPECT_EQ(spec.pipeline().schedule(), v1::SCHEDULE_1F1B);
+  ASSERT_TRUE(spec.optimizer().has_sgd());
+  EXPECT_EQ(spec.optimizer().sgd().learning_rate(), 0.05f);
+  EXPECT_EQ(spec.optimizer().sgd().momentum(), 0.9f);
+  EXPECT_EQ(spec.steps(), 200);
+  EXPECT_EQ(spec.seed(), 1u);
+}
+
+TEST(ExamplesTest, Gpt) {
+  const JobSpec spec = LoadExample("gpt.json");
+  EXPECT_EQ(spec.name(), "gpt-gpl3");
+  ASSERT_TRUE(spec.model().has_gpt());
+  EXPECT_EQ(spec.model().gpt().vocab_size(), 96);
+  EXPECT_EQ(spec.model().gpt().context(), 64);
+  EXPECT_EQ(spec.model().gpt().d_model(), 128);
+  EXPECT_EQ(spec.model().gpt().heads(), 4);
+  EXPECT_EQ(spec.model().gpt().layers(), 4);
+  ASSERT_TRUE(spec.data().has_text());
+  EXPECT_EQ(spec.data().text().path(), "/usr/share/common-licenses/GPL-3");
+  EXPECT_EQ(spec.data().batch_size(), 16);
+  EXPECT_EQ(spec.pipeline().stages(), 4);
+  EXPECT_EQ(spec.pipeline().microbatches(), 4);
+  ASSERT_TRUE(spec.optimizer().has_adamw());
+  EXPECT_EQ(spec.optimizer().adamw().learning_rate(), 0.003f);
+  EXPECT_EQ(spec.optimizer().adamw().beta2(), 0.999f);  // defaulted
+  EXPECT_EQ(spec.steps(), 300);
+  EXPECT_EQ(spec.seed(), 42u);
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,63 @@
+#include "common/train/reference_trainer.h"
+
+#include <chrono>
+#include <utility>
+
+#include "common/core/status.h"
+#include "common/spec/spec.h"
+
+namespace baton {
+
+absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
+    baton::v1::JobSpec spec) {
+  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
+  t->spec_ = std::move(spec);
+  BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(t->spec_));
+  BATON_ASSIGN_OR_RETURN(t->model_, BuildBlocks(t->spec_.model(), t->spec_.seed()));
+  t->params_ = t->model_->Parameters();
+  BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_));
+  return t;
+}
+
+absl::StatusOr<StepStats> ReferenceTrainer::Step() {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t batch = spec_.data().batch_size();
+  const int M = spec_.pipeline().microbatches();
+  const int64_t per_mb = batch / M;
+  const int64_t step = steps_done_;  // 0-based: the dataset's step index
+
+  ZeroGrad(params_);
+  Tensor scale = Tensor::Empty({1});
+  scale.f32()[0] = 1.0f / static_cast<float>(M);
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  for (int m = 0; m < M; ++m) {
+    BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(step, m * per_mb, per_mb));
+    MicroBatch mb{m, &b.targets};
+    Tensor loss;
+    BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
+    loss_sum += loss.f32()[0];
+    tokens += b.inputs.dtype() == DType::kInt32 ? b.inputs.numel() : b.inputs.dim(0);
+    // Block by block, input gradient then weight gradient, last block first.
+    Tensor grad = scale;
+    for (int i = model_->size() - 1; i >= 0; --i) {
+      Tensor next;
+      BATON_RETURN_IF_ERROR(model_->at(i).BackwardInput(mb, grad, &next));
+      BATON_RETURN_IF_ERROR(model_->at(i).BackwardWeight(mb));
+      grad = std::move(next);
+    }
+  }
+  optimizer_->Step();
+  ++steps_done_;
+
+  StepStats s;
+  s.step = steps_done_;
+  s.loss = static_cast<float>(loss_sum / static_cast<double>(M));
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.samples = batch;
+  s.tokens = tokens;
+  return s;
+}
+
+}  // namespace baton

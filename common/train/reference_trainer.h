@@ -1,0 +1,67 @@
+// The single-process reference trainer: the yardstick every pipeline run must match.
+//
+// One step of a job with global batch B split into M micro-batches of B/M samples:
+//   zero all gradients;
+//   for m = 0 .. M-1 (in order):
+//     forward micro-batch m through every block, in block order;
+//     backward with loss scale 1/M through every block in reverse order, each block's
+//     input gradient then its weight gradient (so gradients accumulate in m order);
+//   step loss = (sum over m of loss_m, accumulated in double in m order) / M, as float;
+//   one optimizer update of every parameter.
+// A pipeline schedule reproduces these bits if every stage accumulates weight gradients
+// in micro-batch order and computes each micro-batch exactly as here.
+#ifndef BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
+#define BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/v1/job.pb.h"
+#include "common/core/digest.h"
+#include "common/data/dataset.h"
+#include "common/nn/model.h"
+#include "common/optim/optimizer.h"
+
+namespace baton {
+
+struct StepStats {
+  int64_t step = 0;         // 1-based index of the step just taken
+  float loss = 0.0f;        // mean loss over the step's micro-batches
+  double seconds = 0.0;     // wall time of the step
+  int64_t samples = 0;      // samples in the step (the global batch)
+  int64_t tokens = 0;       // tokens in the step (gpt), or samples (mlp)
+};
+
+class ReferenceTrainer {
+ public:
+  // Validates `spec` (filling defaults) and builds the dataset, the whole model and the
+  // optimizer. Errors name the offending spec field.
+  static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(baton::v1::JobSpec spec);
+
+  // Trains one step. Errors leave the trainer unusable (the step is not rolled back).
+  absl::StatusOr<StepStats> Step();
+
+  int64_t steps_done() const { return steps_done_; }
+  const baton::v1::JobSpec& spec() const { return spec_; }  // with defaults filled in
+  const Dataset& dataset() const { return *dataset_; }
+  Sequential& model() { return *model_; }
+
+  std::vector<Digest> BlockDigests() { return baton::BlockDigests(*model_); }
+  Digest WeightsDigest() { return CombineBlockDigests(BlockDigests()); }
+
+ private:
+  ReferenceTrainer() = default;
+
+  baton::v1::JobSpec spec_;
+  std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<Sequential> model_;
+  std::vector<Parameter*> params_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t steps_done_ = 0;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
