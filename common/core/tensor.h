@@ -80,7 +80,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int i) const { return shape_[i < 0 ? i + rank() : i]; }
-  int64_t numel() const { return NumElements(shape_); }
+  int64_t numel() const { return defined() ? NumElements(shape_) : 0; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }

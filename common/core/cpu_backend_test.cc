@@ -1,0 +1,756 @@
+// The CPU backend against naive double-precision re-implementations.
+//
+// Each test states its tolerance. Unless said otherwise a float result `got` matches a
+// double reference `want` when |got - want| <= atol + rtol * |want|. Inputs are drawn from
+// the project's counter-based RNG, so every run sees the same numbers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/core/backend.h"
+#include "common/core/rng.h"
+
+namespace baton {
+namespace {
+
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+
+Vec Random(size_t n, const std::string& name, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(n);
+  RngStream(20240601, name).FillUniform(v.data(), static_cast<int64_t>(n), lo, hi);
+  return v;
+}
+
+std::vector<int32_t> RandomTokens(size_t n, int32_t bound, const std::string& name) {
+  RngStream s(20240601, name);
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(s.UniformInt(i, bound));
+  return t;
+}
+
+DVec ToDouble(const Vec& v) { return DVec(v.begin(), v.end()); }
+
+// Compares float results with a double reference element by element.
+void ExpectClose(const float* got, const DVec& want, double atol, double rtol,
+                 const std::string& what) {
+  int reported = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i]
+                    << " (error " << err << ", atol " << atol << ", rtol " << rtol << ")";
+      if (++reported == 10) return;
+    }
+  }
+}
+void ExpectClose(const Vec& got, const DVec& want, double atol, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ExpectClose(got.data(), want, atol, rtol, what);
+}
+
+void ExpectBitEqual(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+}
+
+double GeluRef(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  Backend* be_ = CpuBackend();
+};
+
+TEST_F(CpuBackendTest, Lookup) {
+  EXPECT_EQ(be_->device(), Device::kCpu);
+  absl::StatusOr<Backend*> cpu = BackendFor(Device::kCpu);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(*cpu, be_);
+  absl::StatusOr<Backend*> cuda = BackendFor(Device::kCuda);
+  if (!cuda.ok()) {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(cuda.status().message().find("cuda"), absl::string_view::npos) << cuda.status();
+  }
+}
+
+// ---- Gemm ----
+
+struct GemmCase {
+  bool ta, tb;
+  float beta;
+};
+
+// Tolerance: atol 1e-5, rtol 1e-5 (k = 6 products of values in [-1, 1]; float rounding
+// contributes a few 1e-7).
+TEST_F(CpuBackendTest, GemmAllTransposesBothBetasWithPaddedLeadingDims) {
+  const int64_t m = 5, n = 7, k = 6;
+  const float alpha = 0.75f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (float beta : {0.0f, 1.0f}) {
+        const std::string what = std::string("Gemm ta=") + (ta ? "T" : "N") +
+                                 " tb=" + (tb ? "T" : "N") + " beta=" + std::to_string(beta);
+        // Row-major storage: A is [m, lda] (or [k, lda] when transposed), B is [k, ldb]
+        // (or [n, ldb]); every leading dimension is larger than the row it holds.
+        const int64_t lda = (ta ? m : k) + 3;
+        const int64_t ldb = (tb ? k : n) + 2;
+        const int64_t ldc = n + 4;
+        const Vec a = Random((ta ? k : m) * lda, "gemm.a");
+        const Vec b = Random((tb ? n : k) * ldb, "gemm.b");
+        Vec c = Random(m * ldc, "gemm.c");
+        const float kPad = 12345.0f;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = kPad;
+          // With beta == 0, C is write-only: NaN there must not leak into the result.
+          if (beta == 0.0f) {
+            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+          }
+        }
+        DVec want(m * n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double s = 0.0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double av = ta ? a[p * lda + i] : a[i * lda + p];
+              const double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+              s += av * bv;
+            }
+            want[i * n + j] = alpha * s + (beta == 0.0f ? 0.0 : beta * c[i * ldc + j]);
+          }
+        }
+        be_->Gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+        Vec got(m * n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) got[i * n + j] = c[i * ldc + j];
+          for (int64_t j = n; j < ldc; ++j) {
+            EXPECT_EQ(c[i * ldc + j], kPad) << what << ": padding written at " << i << "," << j;
+          }
+        }
+        ExpectClose(got, want, 1e-5, 1e-5, what);
+      }
+    }
+  }
+}
+
+// Tolerance: atol 1e-4, rtol 1e-5 (k = 300 products of values in [-1, 1]).
+TEST_F(CpuBackendTest, GemmLargerK) {
+  const int64_t m = 33, n = 17, k = 300;
+  const Vec a = Random(m * k, "gemm.big.a");
+  const Vec b = Random(k * n, "gemm.big.b");
+  Vec c(m * n, 0.0f);
+  be_->Gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+  DVec want(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t p = 0; p < k; ++p) want[i * n + j] += double{a[i * k + p]} * b[p * n + j];
+    }
+  }
+  ExpectClose(c, want, 1e-4, 1e-5, "Gemm k=300");
+}
+
+// Exact: with k == 0 the product is empty and C becomes beta * C (0 when beta == 0).
+TEST_F(CpuBackendTest, GemmEmptyInnerDimensionScalesC) {
+  Vec c = {1.0f, 2.0f, std::numeric_limits<float>::quiet_NaN(), 4.0f};
+  be_->Gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, c.data(), 2);
+  EXPECT_EQ(c, (Vec{0.0f, 0.0f, 0.0f, 0.0f}));
+  c = {1.0f, 2.0f, 3.0f, 4.0f};
+  be_->Gemm(true, true, 2, 2, 0, 1.0f, nullptr, 2, nullptr, 1, 2.0f, c.data(), 2);
+  EXPECT_EQ(c, (Vec{2.0f, 4.0f, 6.0f, 8.0f}));
+  be_->Gemm(false, false, 0, 2, 3, 1.0f, nullptr, 3, nullptr, 2, 0.0f, c.data(), 2);  // no-op
+  EXPECT_EQ(c, (Vec{2.0f, 4.0f, 6.0f, 8.0f}));
+}
+
+// Exact: results must not depend on the BLAS thread count (backend.h promises it).
+TEST_F(CpuBackendTest, GemmBitIdenticalAcrossBlasThreadCounts) {
+  const int64_t m = 192, n = 160, k = 256;
+  const Vec a = Random(m * k, "gemm.thr.a");
+  const Vec b = Random(n * k, "gemm.thr.b");
+  const int saved = BlasThreads();
+  Vec c1(m * n), c2(m * n), c1again(m * n);
+  SetBlasThreads(1);
+  be_->Gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c1.data(), n);
+  SetBlasThreads(2);
+  be_->Gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c2.data(), n);
+  SetBlasThreads(1);
+  be_->Gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c1again.data(), n);
+  SetBlasThreads(saved);
+  ExpectBitEqual(c1, c1again, "Gemm repeated");
+  ExpectBitEqual(c1, c2, "Gemm with 1 vs 2 BLAS threads");
+}
+
+// ---- Element-wise and reductions ----
+
+// Exact: one float operation per element, the same one the naive loop does.
+TEST_F(CpuBackendTest, AddScaleFillCopy) {
+  const int64_t n = 101;
+  const Vec a = Random(n, "add.a");
+  const Vec b = Random(n, "add.b");
+  Vec out(n), want(n);
+  be_->Add(n, a.data(), b.data(), out.data());
+  for (int64_t i = 0; i < n; ++i) want[i] = a[i] + b[i];
+  ExpectBitEqual(out, want, "Add");
+  Vec alias = a;  // out aliases a
+  be_->Add(n, alias.data(), b.data(), alias.data());
+  ExpectBitEqual(alias, want, "Add in place");
+  alias = b;  // out aliases b
+  be_->Add(n, a.data(), alias.data(), alias.data());
+  ExpectBitEqual(alias, want, "Add in place (b)");
+
+  be_->Scale(n, -0.3f, a.data(), out.data());
+  for (int64_t i = 0; i < n; ++i) want[i] = a[i] * -0.3f;
+  ExpectBitEqual(out, want, "Scale");
+  alias = a;
+  be_->Scale(n, -0.3f, alias.data(), alias.data());
+  ExpectBitEqual(alias, want, "Scale in place");
+
+  be_->Fill(n, 2.5f, out.data());
+  EXPECT_EQ(out, Vec(n, 2.5f));
+  be_->Copy(n, a.data(), out.data());
+  ExpectBitEqual(out, a, "Copy");
+  be_->Copy(0, nullptr, nullptr);  // empty copy is a no-op
+}
+
+// Exact: the sum is accumulated in double in index order, so it equals the naive loop bit
+// for bit, and differs from the float-accumulated sum.
+TEST_F(CpuBackendTest, SumAccumulatesInDoubleInOrder) {
+  const int64_t n = 10007;
+  const Vec x = Random(n, "sum.x", -1.0f, 3.0f);
+  double want = 0.0;
+  for (int64_t i = 0; i < n; ++i) want += x[i];
+  EXPECT_EQ(be_->Sum(n, x.data()), want);
+  EXPECT_EQ(be_->Sum(0, x.data()), 0.0);
+  // 2^24 + 1 + 1 loses both ones in float, not in double.
+  const Vec y = {16777216.0f, 1.0f, 1.0f};
+  EXPECT_EQ(be_->Sum(3, y.data()), 16777218.0);
+}
+
+// ---- Linear ----
+
+// Exact: y + bias is one float addition; BiasGrad adds rows in order into the existing
+// values (checked bit for bit against the same float loop, and within atol 1e-5 of double).
+TEST_F(CpuBackendTest, AddBiasAndBiasGradAccumulates) {
+  const int64_t rows = 6, cols = 9;
+  const Vec bias = Random(cols, "bias");
+  Vec y = Random(rows * cols, "bias.y");
+  Vec want = y;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) want[r * cols + c] += bias[c];
+  }
+  be_->AddBias(rows, cols, bias.data(), y.data());
+  ExpectBitEqual(y, want, "AddBias");
+
+  const Vec dy1 = Random(rows * cols, "biasgrad.dy1");
+  const Vec dy2 = Random(rows * cols, "biasgrad.dy2");
+  Vec dbias = Random(cols, "biasgrad.init");
+  Vec want_f = dbias;
+  DVec want_d = ToDouble(dbias);
+  for (const Vec* dy : {&dy1, &dy2}) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        want_f[c] += (*dy)[r * cols + c];
+        want_d[c] += (*dy)[r * cols + c];
+      }
+    }
+  }
+  be_->BiasGrad(rows, cols, dy1.data(), dbias.data());
+  be_->BiasGrad(rows, cols, dy2.data(), dbias.data());
+  ExpectBitEqual(dbias, want_f, "BiasGrad (row order)");
+  ExpectClose(dbias, want_d, 1e-5, 0.0, "BiasGrad vs double");
+}
+
+// ---- GELU ----
+
+// pre is exact (one float add); out within atol 1e-6, rtol 1e-6 of gelu in double.
+TEST_F(CpuBackendTest, BiasGelu) {
+  const int64_t rows = 5, cols = 13;
+  const Vec x = Random(rows * cols, "gelu.x", -5.0f, 5.0f);
+  const Vec bias = Random(cols, "gelu.bias");
+  Vec pre(rows * cols), out(rows * cols);
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), out.data());
+  Vec want_pre(rows * cols);
+  DVec want_out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      want_pre[r * cols + c] = x[r * cols + c] + bias[c];
+      want_out[r * cols + c] = GeluRef(want_pre[r * cols + c]);
+    }
+  }
+  ExpectBitEqual(pre, want_pre, "BiasGelu pre");
+  ExpectClose(out, want_out, 1e-6, 1e-6, "BiasGelu out");
+
+  // No bias: pre is x; pre may alias x.
+  Vec inplace = x;
+  be_->BiasGelu(rows, cols, inplace.data(), nullptr, inplace.data(), out.data());
+  ExpectBitEqual(inplace, x, "BiasGelu pre without bias");
+  DVec want_nobias(rows * cols);
+  for (size_t i = 0; i < x.size(); ++i) want_nobias[i] = GeluRef(x[i]);
+  ExpectClose(out, want_nobias, 1e-6, 1e-6, "BiasGelu out without bias");
+
+  // A few fixed points: gelu(0) = 0, gelu is ~x for large x and ~0 for very negative x.
+  const Vec special = {0.0f, 10.0f, -10.0f};
+  Vec sp_pre(3), sp_out(3);
+  be_->BiasGelu(1, 3, special.data(), nullptr, sp_pre.data(), sp_out.data());
+  EXPECT_EQ(sp_out[0], 0.0f);
+  EXPECT_NEAR(sp_out[1], 10.0f, 1e-6f);
+  EXPECT_NEAR(sp_out[2], 0.0f, 1e-6f);
+}
+
+// dx = dy * gelu'(pre) against central finite differences of gelu in double
+// (h = 1e-4, truncation error ~1e-9): atol 1e-6, rtol 1e-5.
+TEST_F(CpuBackendTest, GeluBackwardMatchesFiniteDifferences) {
+  const int64_t n = 200;
+  Vec pre = Random(n, "geluback.pre", -6.0f, 6.0f);
+  pre[0] = 0.0f;
+  pre[1] = -1.5f;
+  pre[2] = 2.0f;
+  const Vec dy = Random(n, "geluback.dy", -2.0f, 2.0f);
+  Vec dx(n);
+  be_->GeluBackward(n, pre.data(), dy.data(), dx.data());
+  DVec want(n);
+  const double h = 1e-4;
+  for (int64_t i = 0; i < n; ++i) {
+    const double p = pre[i];
+    want[i] = dy[i] * (GeluRef(p + h) - GeluRef(p - h)) / (2.0 * h);
+  }
+  ExpectClose(dx, want, 1e-6, 1e-5, "GeluBackward");
+  Vec alias = dy;  // dx aliases dy
+  be_->GeluBackward(n, pre.data(), alias.data(), alias.data());
+  ExpectBitEqual(alias, dx, "GeluBackward in place");
+}
+
+// ---- LayerNorm ----
+
+struct LayerNormRef {
+  DVec y, mean, rstd;
+};
+
+LayerNormRef LayerNormDouble(int64_t rows, int64_t cols, double eps, const DVec& x,
+                             const Vec& gamma, const Vec& beta) {
+  LayerNormRef ref{DVec(rows * cols), DVec(rows), DVec(rows)};
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0.0;
+    for (int64_t c = 0; c < cols; ++c) m += x[r * cols + c];
+    m /= cols;
+    double var = 0.0;
+    for (int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - m) * (x[r * cols + c] - m);
+    var /= cols;
+    const double s = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < cols; ++c) {
+      ref.y[r * cols + c] = (x[r * cols + c] - m) * s * gamma[c] + beta[c];
+    }
+    ref.mean[r] = m;
+    ref.rstd[r] = s;
+  }
+  return ref;
+}
+
+// mean: atol 1e-6; rstd: rtol 1e-5; y: atol 1e-5, rtol 1e-5 (values of order 1, x offset
+// by 3 so the mean matters).
+TEST_F(CpuBackendTest, LayerNormForward) {
+  const int64_t rows = 4, cols = 48;
+  const float eps = 1e-5f;
+  const Vec x = Random(rows * cols, "ln.x", 2.0f, 4.0f);
+  const Vec gamma = Random(cols, "ln.gamma", 0.5f, 1.5f);
+  const Vec beta = Random(cols, "ln.beta");
+  Vec y(rows * cols), mean(rows), rstd(rows);
+  be_->LayerNormForward(rows, cols, eps, x.data(), gamma.data(), beta.data(), y.data(),
+                        mean.data(), rstd.data());
+  const LayerNormRef ref = LayerNormDouble(rows, cols, eps, ToDouble(x), gamma, beta);
+  ExpectClose(mean, ref.mean, 1e-6, 0.0, "LayerNorm mean");
+  ExpectClose(rstd, ref.rstd, 0.0, 1e-5, "LayerNorm rstd");
+  ExpectClose(y, ref.y, 1e-5, 1e-5, "LayerNorm y");
+
+  // With gamma = 1 and beta = 0 every row is standardised: mean 0, variance 1 - eps*rstd^2
+  // (atol 1e-5).
+  const Vec ones(cols, 1.0f), zeros(cols, 0.0f);
+  be_->LayerNormForward(rows, cols, eps, x.data(), ones.data(), zeros.data(), y.data(),
+                        mean.data(), rstd.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < cols; ++c) m += y[r * cols + c];
+    m /= cols;
+    for (int64_t c = 0; c < cols; ++c) v += (y[r * cols + c] - m) * (y[r * cols + c] - m);
+    v /= cols;
+    EXPECT_NEAR(m, 0.0, 1e-5) << r;
+    EXPECT_NEAR(v, 1.0 - eps * double{rstd[r]} * rstd[r], 1e-5) << r;
+  }
+}
+
+// dx against central finite differences of L(x) = sum(dy * LayerNorm(x)) in double
+// (h = 1e-5): atol 1e-4, rtol 1e-4. dgamma/dbeta accumulate into their initial values:
+// atol 1e-5, rtol 1e-5 against double.
+TEST_F(CpuBackendTest, LayerNormBackward) {
+  const int64_t rows = 3, cols = 16;
+  const float eps = 1e-5f;
+  const Vec x = Random(rows * cols, "lnb.x", -2.0f, 2.0f);
+  const Vec gamma = Random(cols, "lnb.gamma", 0.5f, 1.5f);
+  const Vec beta = Random(cols, "lnb.beta");
+  const Vec dy = Random(rows * cols, "lnb.dy");
+  Vec y(rows * cols), mean(rows), rstd(rows), dx(rows * cols);
+  be_->LayerNormForward(rows, cols, eps, x.data(), gamma.data(), beta.data(), y.data(),
+                        mean.data(), rstd.data());
+  be_->LayerNormBackwardInput(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(),
+                              dy.data(), dx.data());
+  auto loss = [&](const DVec& xd) {
+    const LayerNormRef ref = LayerNormDouble(rows, cols, eps, xd, gamma, beta);
+    double l = 0.0;
+    for (int64_t i = 0; i < rows * cols; ++i) l += dy[i] * ref.y[i];
+    return l;
+  };
+  DVec want_dx(rows * cols);
+  const double h = 1e-5;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    DVec xp = ToDouble(x), xm = ToDouble(x);
+    xp[i] += h;
+    xm[i] -= h;
+    want_dx[i] = (loss(xp) - loss(xm)) / (2.0 * h);
+  }
+  ExpectClose(dx, want_dx, 1e-4, 1e-4, "LayerNormBackwardInput");
+
+  Vec dgamma = Random(cols, "lnb.dgamma0");
+  Vec dbeta = Random(cols, "lnb.dbeta0");
+  DVec want_dgamma = ToDouble(dgamma), want_dbeta = ToDouble(dbeta);
+  const LayerNormRef ref = LayerNormDouble(rows, cols, eps, ToDouble(x), gamma, beta);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double xhat = (x[r * cols + c] - ref.mean[r]) * ref.rstd[r];
+      want_dgamma[c] += dy[r * cols + c] * xhat;
+      want_dbeta[c] += dy[r * cols + c];
+    }
+  }
+  be_->LayerNormBackwardWeight(rows, cols, x.data(), mean.data(), rstd.data(), dy.data(),
+                               dgamma.data(), dbeta.data());
+  ExpectClose(dgamma, want_dgamma, 1e-5, 1e-5, "LayerNormBackwardWeight dgamma");
+  ExpectClose(dbeta, want_dbeta, 1e-5, 1e-5, "LayerNormBackwardWeight dbeta");
+}
+
+// ---- Attention ----
+
+struct AttentionRef {
+  DVec att, y;
+};
+
+AttentionRef AttentionDouble(int64_t B, int64_t T, int64_t H, int64_t D, const DVec& qkv) {
+  const int64_t C = H * D, C3 = 3 * C;
+  AttentionRef ref{DVec(B * H * T * T, 0.0), DVec(B * T * C, 0.0)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        const double* q = &qkv[(b * T + i) * C3 + h * D];
+        DVec s(i + 1);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* k = &qkv[(b * T + j) * C3 + C + h * D];
+          double dot = 0.0;
+          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        double* arow = &ref.att[((b * H + h) * T + i) * T];
+        for (int64_t j = 0; j <= i; ++j) arow[j] = std::exp(s[j] - mx) / sum;
+        double* yrow = &ref.y[(b * T + i) * C + h * D];
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* v = &qkv[(b * T + j) * C3 + 2 * C + h * D];
+          for (int64_t d = 0; d < D; ++d) yrow[d] += arow[j] * v[d];
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+// Rows of att sum to 1 (atol 1e-6) and are exactly 0 above the diagonal; att within
+// atol 1e-6 and y within atol 1e-5, rtol 1e-5 of the double reference.
+TEST_F(CpuBackendTest, AttentionForwardIsCausalAndMatchesNaive) {
+  const int64_t B = 2, T = 7, H = 3, D = 4, C = H * D;
+  const Vec qkv = Random(B * T * 3 * C, "attn.qkv", -2.0f, 2.0f);
+  Vec att(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
+  Vec y(B * T * C, std::numeric_limits<float>::quiet_NaN());
+  be_->AttentionForward(B, T, H, D, qkv.data(), att.data(), y.data());
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    for (int64_t i = 0; i < T; ++i) {
+      const float* row = &att[(bh * T + i) * T];
+      double sum = 0.0;
+      for (int64_t j = 0; j < T; ++j) {
+        if (j > i) {
+          EXPECT_EQ(row[j], 0.0f) << "above the diagonal: bh=" << bh << " i=" << i << " j=" << j;
+        } else {
+          EXPECT_GT(row[j], 0.0f);
+        }
+        sum += row[j];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6) << "bh=" << bh << " i=" << i;
+    }
+  }
+  const AttentionRef ref = AttentionDouble(B, T, H, D, ToDouble(qkv));
+  ExpectClose(att, ref.att, 1e-6, 0.0, "Attention att");
+  ExpectClose(y, ref.y, 1e-5, 1e-5, "Attention y");
+
+  // The first position attends only to itself: its output is its own v (exact).
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(y[b * T * C + c], qkv[b * T * 3 * C + 2 * C + c]) << b << "," << c;
+    }
+  }
+
+  // Deterministic: a second call gives the same bits.
+  Vec att2(att.size()), y2(y.size());
+  be_->AttentionForward(B, T, H, D, qkv.data(), att2.data(), y2.data());
+  ExpectBitEqual(att2, att, "Attention att repeated");
+  ExpectBitEqual(y2, y, "Attention y repeated");
+}
+
+// dqkv against central finite differences of L(qkv) = sum(dy * y(qkv)) computed in double
+// (h = 1e-6): atol 2e-5, rtol 1e-4.
+TEST_F(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, T = 5, H = 2, D = 3, C = H * D;
+  const Vec qkv = Random(B * T * 3 * C, "attnb.qkv", -1.5f, 1.5f);
+  const Vec dy = Random(B * T * C, "attnb.dy");
+  Vec att(B * H * T * T), y(B * T * C), dqkv(B * T * 3 * C), scratch(T * T);
+  be_->AttentionForward(B, T, H, D, qkv.data(), att.data(), y.data());
+  be_->AttentionBackward(B, T, H, D, qkv.data(), att.data(), dy.data(), dqkv.data(),
+                         scratch.data());
+  auto loss = [&](const DVec& q) {
+    const AttentionRef ref = AttentionDouble(B, T, H, D, q);
+    double l = 0.0;
+    for (size_t i = 0; i < ref.y.size(); ++i) l += dy[i] * ref.y[i];
+    return l;
+  };
+  DVec want(qkv.size());
+  const double h = 1e-6;
+  for (size_t i = 0; i < qkv.size(); ++i) {
+    DVec p = ToDouble(qkv), m = ToDouble(qkv);
+    p[i] += h;
+    m[i] -= h;
+    want[i] = (loss(p) - loss(m)) / (2.0 * h);
+  }
+  ExpectClose(dqkv, want, 2e-5, 1e-4, "AttentionBackward dqkv");
+}
+
+// ---- Embedding ----
+
+// Exact: out = wte[token] + wpe[t] is one float addition per element; the backward pass
+// accumulates in (b, t) row-major order, reproduced here with the same float additions.
+TEST_F(CpuBackendTest, EmbeddingForwardAndBackward) {
+  const int64_t B = 3, T = 6, C = 5, V = 4;  // V < B*T: tokens repeat
+  const std::vector<int32_t> tokens = RandomTokens(B * T, V, "emb.tokens");
+  const Vec wte = Random(V * C, "emb.wte");
+  const Vec wpe = Random(T * C, "emb.wpe");
+  Vec out(B * T * C);
+  be_->EmbeddingForward(B, T, C, tokens.data(), wte.data(), wpe.data(), out.data());
+  Vec want(B * T * C);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c = 0; c < C; ++c) {
+        want[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+      }
+    }
+  }
+  ExpectBitEqual(out, want, "EmbeddingForward");
+
+  const Vec dout = Random(B * T * C, "emb.dout");
+  Vec dwte = Random(V * C, "emb.dwte0");
+  Vec dwpe = Random(T * C, "emb.dwpe0");
+  Vec want_dwte = dwte, want_dwpe = dwpe;
+  DVec want_dwte_d = ToDouble(dwte);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t c = 0; c < C; ++c) {
+        want_dwte[tokens[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+        want_dwte_d[tokens[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+        want_dwpe[t * C + c] += dout[(b * T + t) * C + c];
+      }
+    }
+  }
+  be_->EmbeddingBackward(B, T, C, tokens.data(), dout.data(), dwte.data(), dwpe.data());
+  ExpectBitEqual(dwte, want_dwte, "EmbeddingBackward dwte");
+  ExpectBitEqual(dwpe, want_dwpe, "EmbeddingBackward dwpe");
+  ExpectClose(dwte, want_dwte_d, 1e-5, 0.0, "EmbeddingBackward dwte vs double");
+}
+
+// ---- Softmax cross-entropy ----
+
+// probs within atol 1e-7, rtol 1e-5 of softmax in double, rows sum to 1 (atol 1e-6);
+// loss within atol 1e-5, rtol 1e-5 of -log softmax[target] in double, including rows with
+// large logits that overflow a naive exp.
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyForward) {
+  const int64_t rows = 6, V = 11;
+  Vec logits = Random(rows * V, "sce.logits", -4.0f, 4.0f);
+  for (int64_t v = 0; v < V; ++v) logits[3 * V + v] += 1000.0f;  // exp would overflow
+  for (int64_t v = 0; v < V; ++v) logits[4 * V + v] = 0.5f;      // uniform row
+  logits[5 * V + 2] = 30.0f;                                     // one dominant logit
+  const std::vector<int32_t> targets = {0, 10, 5, 7, 3, 2};
+  Vec probs(rows * V), losses(rows);
+  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), probs.data(),
+                                  losses.data());
+  DVec want_p(rows * V), want_l(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double{logits[r * V + v]});
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[r * V + v] - mx);
+    for (int64_t v = 0; v < V; ++v) want_p[r * V + v] = std::exp(logits[r * V + v] - mx) / sum;
+    want_l[r] = -std::log(want_p[r * V + targets[r]]);
+    double psum = 0.0;
+    for (int64_t v = 0; v < V; ++v) psum += probs[r * V + v];
+    EXPECT_NEAR(psum, 1.0, 1e-6) << r;
+  }
+  ExpectClose(probs, want_p, 1e-7, 1e-5, "softmax probs");
+  ExpectClose(losses, want_l, 1e-5, 1e-5, "cross-entropy loss");
+  EXPECT_NEAR(losses[4], std::log(static_cast<double>(V)), 1e-6);
+  // -log p for the dominant target is tiny but computed without cancellation to 0 - 0.
+  EXPECT_GE(losses[5], 0.0f);
+  EXPECT_LT(losses[5], 1e-10f);
+}
+
+// Exact: dlogits = scale * (p - onehot) is the same float expression here; may alias probs.
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyBackward) {
+  const int64_t rows = 4, V = 9;
+  const Vec probs = Random(rows * V, "sceb.p", 0.0f, 1.0f);
+  const std::vector<int32_t> targets = {8, 0, 4, 4};
+  const float scale = 1.0f / 4.0f;
+  Vec d(rows * V), want(rows * V);
+  be_->SoftmaxCrossEntropyBackward(rows, V, probs.data(), targets.data(), scale, d.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t v = 0; v < V; ++v) {
+      want[r * V + v] = scale * (probs[r * V + v] - (v == targets[r] ? 1.0f : 0.0f));
+    }
+  }
+  ExpectBitEqual(d, want, "SoftmaxCrossEntropyBackward");
+  Vec alias = probs;
+  be_->SoftmaxCrossEntropyBackward(rows, V, alias.data(), targets.data(), scale, alias.data());
+  ExpectBitEqual(alias, want, "SoftmaxCrossEntropyBackward in place");
+
+  // Forward then backward: the gradient of the mean loss sums to 0 over each row
+  // (atol 1e-7) and matches finite differences of the loss in double (atol 1e-6).
+  const Vec logits = Random(rows * V, "sceb.logits", -3.0f, 3.0f);
+  Vec p(rows * V), l(rows), g(rows * V);
+  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), p.data(), l.data());
+  be_->SoftmaxCrossEntropyBackward(rows, V, p.data(), targets.data(), scale, g.data());
+  auto row_loss = [&](int64_t r, const DVec& z) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v]);
+    double s = 0.0;
+    for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - mx);
+    return std::log(s) + mx - z[targets[r]];
+  };
+  DVec want_g(rows * V);
+  for (int64_t r = 0; r < rows; ++r) {
+    double gsum = 0.0;
+    for (int64_t v = 0; v < V; ++v) gsum += g[r * V + v];
+    EXPECT_NEAR(gsum, 0.0, 1e-7) << r;
+    const DVec z(logits.begin() + r * V, logits.begin() + (r + 1) * V);
+    for (int64_t v = 0; v < V; ++v) {
+      DVec zp = z, zm = z;
+      zp[v] += 1e-6;
+      zm[v] -= 1e-6;
+      want_g[r * V + v] = scale * (row_loss(r, zp) - row_loss(r, zm)) / 2e-6;
+    }
+  }
+  ExpectClose(g, want_g, 1e-6, 0.0, "cross-entropy gradient vs finite differences");
+}
+
+// ---- Optimizers ----
+
+// Hand-computed values; tolerance atol 1e-6.
+TEST_F(CpuBackendTest, SgdStepMomentumAndWeightDecay) {
+  // lr 0.1, momentum 0.9, weight decay 0.1.
+  // Step 1 (buf = g'):         w0 = 1:  g' = 0.5 + 0.1*1 = 0.6;   buf = 0.6;   w = 0.94
+  //                            w0 = -2: g' = -1 + 0.1*-2 = -1.2;  buf = -1.2;  w = -1.88
+  // Step 2 (buf = .9 buf + g'): g' = 0.5 + 0.094 = 0.594; buf = 0.54 + 0.594 = 1.134;
+  //                            w = 0.94 - 0.1134 = 0.8266
+  //                            g' = -1 - 0.188 = -1.188; buf = -1.08 - 1.188 = -2.268;
+  //                            w = -1.88 + 0.2268 = -1.6532
+  Vec w = {1.0f, -2.0f};
+  const Vec g = {0.5f, -1.0f};
+  Vec buf = {123.0f, -456.0f};  // ignored on the first step
+  be_->SgdStep(2, 0.1f, 0.9f, 0.1f, /*first_step=*/true, w.data(), g.data(), buf.data());
+  EXPECT_NEAR(buf[0], 0.6f, 1e-6f);
+  EXPECT_NEAR(buf[1], -1.2f, 1e-6f);
+  EXPECT_NEAR(w[0], 0.94f, 1e-6f);
+  EXPECT_NEAR(w[1], -1.88f, 1e-6f);
+  be_->SgdStep(2, 0.1f, 0.9f, 0.1f, /*first_step=*/false, w.data(), g.data(), buf.data());
+  EXPECT_NEAR(buf[0], 1.134f, 1e-6f);
+  EXPECT_NEAR(buf[1], -2.268f, 1e-6f);
+  EXPECT_NEAR(w[0], 0.8266f, 1e-6f);
+  EXPECT_NEAR(w[1], -1.6532f, 1e-6f);
+
+  // Plain SGD: momentum 0, no buffer. w = 1 - 0.1 * (0.5 + 0.01*1) = 0.949.
+  Vec w2 = {1.0f};
+  const Vec g2 = {0.5f};
+  be_->SgdStep(1, 0.1f, 0.0f, 0.01f, /*first_step=*/true, w2.data(), g2.data(), nullptr);
+  EXPECT_NEAR(w2[0], 0.949f, 1e-6f);
+  be_->SgdStep(1, 0.1f, 0.0f, 0.0f, /*first_step=*/false, w2.data(), g2.data(), nullptr);
+  EXPECT_NEAR(w2[0], 0.899f, 1e-6f);
+}
+
+// Hand-computed values for two steps; tolerance atol 1e-6 (w, m) and atol 1e-7 for v,
+// which is ~1e-3 in size and carries the float rounding of 1 - 0.999f (relative 1.3e-5).
+TEST_F(CpuBackendTest, AdamWStepMatchesHandComputedValues) {
+  const float lr = 0.1f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+  Vec w = {1.0f, -0.5f, 2.0f};
+  const Vec g = {0.5f, -2.0f, 0.0f};
+  Vec m = {0.0f, 0.0f, 0.0f}, v = {0.0f, 0.0f, 0.0f};
+  // Step 1: bc1 = 0.1, bc2 = 0.001. Decay: w *= 1 - 0.1*0.01 = 0.999.
+  //  [0]: m = 0.05, v = 0.00025, mhat = 0.5, vhat = 0.25 -> w = 0.999 - 0.1*0.5/0.5 = 0.899
+  //  [1]: m = -0.2, v = 0.004, mhat = -2, vhat = 4 -> w = -0.4995 + 0.1 = -0.3995
+  //  [2]: g = 0: m = v = 0, update 0/(0+eps) = 0 -> w = 1.998
+  be_->AdamWStep(3, lr, b1, b2, eps, wd, 1.0f - b1, 1.0f - b2, w.data(), g.data(), m.data(),
+                 v.data());
+  EXPECT_NEAR(m[0], 0.05f, 1e-6f);
+  EXPECT_NEAR(v[0], 0.00025f, 1e-7f);
+  EXPECT_NEAR(m[1], -0.2f, 1e-6f);
+  EXPECT_NEAR(v[1], 0.004f, 1e-7f);
+  EXPECT_NEAR(w[0], 0.899f, 1e-6f);
+  EXPECT_NEAR(w[1], -0.3995f, 1e-6f);
+  EXPECT_NEAR(w[2], 1.998f, 1e-6f);
+  // Step 2: bc1 = 1 - 0.81 = 0.19, bc2 = 1 - 0.998001 = 0.001999. Decay factor 0.999.
+  //  [0]: m = 0.045 + 0.05 = 0.095, v = 0.00024975 + 0.00025 = 0.00049975,
+  //       mhat = 0.5, vhat = 0.25 -> w = 0.899*0.999 - 0.1 = 0.798101
+  //  [1]: m = -0.18 - 0.2 = -0.38, v = 0.003996 + 0.004 = 0.007996,
+  //       mhat = -2, vhat = 4 -> w = -0.3995*0.999 + 0.1 = -0.2991005
+  be_->AdamWStep(3, lr, b1, b2, eps, wd, 1.0f - b1 * b1, 1.0f - b2 * b2, w.data(), g.data(),
+                 m.data(), v.data());
+  EXPECT_NEAR(m[0], 0.095f, 1e-6f);
+  EXPECT_NEAR(v[0], 0.00049975f, 1e-7f);
+  EXPECT_NEAR(w[0], 0.798101f, 1e-6f);
+  EXPECT_NEAR(w[1], -0.2991005f, 1e-6f);
+  EXPECT_NEAR(w[2], 1.998f * 0.999f, 1e-6f);
+}
+
+// Element-wise against the formula in double on random inputs; atol 1e-6, rtol 1e-5.
+TEST_F(CpuBackendTest, AdamWStepMatchesFormulaOnRandomInputs) {
+  const int64_t n = 64;
+  const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  const float bc1 = 1.0f - std::pow(b1, 3.0f), bc2 = 1.0f - std::pow(b2, 3.0f);
+  Vec w = Random(n, "adam.w"), g = Random(n, "adam.g");
+  Vec m = Random(n, "adam.m", -0.1f, 0.1f), v = Random(n, "adam.v", 0.0f, 0.01f);
+  DVec want_w(n), want_m(n), want_v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double wi = w[i] * (1.0 - double{lr} * wd);
+    want_m[i] = double{b1} * m[i] + (1.0 - b1) * g[i];
+    want_v[i] = double{b2} * v[i] + (1.0 - b2) * double{g[i]} * g[i];
+    wi -= double{lr} * (want_m[i] / bc1) / (std::sqrt(want_v[i] / bc2) + eps);
+    want_w[i] = wi;
+  }
+  be_->AdamWStep(n, lr, b1, b2, eps, wd, bc1, bc2, w.data(), g.data(), m.data(), v.data());
+  ExpectClose(m, want_m, 1e-7, 1e-5, "AdamW m");
+  ExpectClose(v, want_v, 1e-9, 1e-5, "AdamW v");
+  ExpectClose(w, want_w, 1e-6, 1e-5, "AdamW w");
+}
+
+}  // namespace
+}  // namespace baton

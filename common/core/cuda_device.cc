@@ -1,0 +1,59 @@
+// The absl::Status face of cuda_device.cu (built only when BATON_HAVE_CUDA is on).
+#include "common/core/cuda_device.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+
+namespace cuda_detail {
+// Defined in cuda_device.cu; keep in sync with the declarations there.
+int RuntimeDeviceCount();
+int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_memory_bytes,
+                      int* compute_major, int* compute_minor);
+const char* RuntimeErrorName(int error);
+const char* RuntimeErrorString(int error);
+int RuntimeSelfTest(int index, char* message, int message_capacity);
+}  // namespace cuda_detail
+
+int CudaDeviceCount() { return cuda_detail::RuntimeDeviceCount(); }
+
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
+  const int count = CudaDeviceCount();
+  if (index < 0 || index >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", index, " does not exist (", count, " devices present)"));
+  }
+  char name[256] = {};
+  CudaDeviceInfo info;
+  info.index = index;
+  const int err =
+      cuda_detail::RuntimeDeviceInfo(index, name, static_cast<int>(sizeof(name)),
+                                     &info.total_memory_bytes, &info.compute_major,
+                                     &info.compute_minor);
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cudaGetDeviceProperties(", index, "): ", cuda_detail::RuntimeErrorString(err), " (",
+        cuda_detail::RuntimeErrorName(err), ")"));
+  }
+  info.name = name;
+  return info;
+}
+
+absl::Status CudaSelfTest(int index) {
+  const int count = CudaDeviceCount();
+  if (index < 0 || index >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", index, " does not exist (", count, " devices present)"));
+  }
+  char message[512] = {};
+  const int err = cuda_detail::RuntimeSelfTest(index, message, static_cast<int>(sizeof(message)));
+  if (err != 0) {
+    return absl::InternalError(
+        absl::StrCat("CUDA self-test on device ", index, " failed: ", message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian packages baton builds with. Idempotent: when everything is already
+# installed it only runs dpkg-query and exits. Runs as root without a terminal (CI);
+# as another user it uses sudo when available.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
+  libabsl-dev libopenblas-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
+  python3
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo -n)
+  else
+    echo "setup: missing packages (${missing[*]}) and not root; install them as root" >&2
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "setup: missing ${missing[*]}"
+echo "setup: apt-get update"
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
+echo "setup: apt-get install ${missing[*]}"
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  "${missing[@]}" </dev/null
+echo "setup: done"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# End-to-end: batonctl train-local as a user runs it.
+#  - the same spec gives the same weights digest twice, and with 2 BLAS threads;
+#  - --output json is valid JSON with per-step losses and per-block digests whose
+#    combination (SHA-256 over the concatenated block digests) is the weights digest;
+#  - bad specs exit non-zero with a message naming the field, and nothing crashes.
+set -euo pipefail
+BATONCTL="$1"
+EXAMPLES="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 20 --output json >"$tmp/a.json"
+"$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 20 --output json >"$tmp/b.json"
+"$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 20 --output json \
+  --blas-threads 2 >"$tmp/c.json"
+
+python3 - "$tmp" <<'PY'
+import hashlib, json, sys
+d = sys.argv[1]
+a, b, c = (json.load(open(f"{d}/{n}.json")) for n in "abc")
+assert a["weights_digest"] == b["weights_digest"] == c["weights_digest"], "digests differ"
+assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]], "losses differ"
+assert len(a["steps"]) == 20, len(a["steps"])
+assert a["steps"][-1]["loss"] < a["steps"][0]["loss"], "loss did not fall"
+blocks = a["block_digests"]
+assert [x["block"] for x in blocks] == ["hidden.0", "hidden.1", "hidden.2", "hidden.3", "out"], blocks
+combined = hashlib.sha256(b"".join(bytes.fromhex(x["sha256"]) for x in blocks)).hexdigest()
+assert combined == a["weights_digest"], (combined, a["weights_digest"])
+print("json report ok:", a["weights_digest"])
+PY
+
+"$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 3 | grep -q "^weights digest [0-9a-f]\{64\}$" \
+  || fail "text output has no weights digest line"
+
+expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING JSON
+  printf '%s' "$3" >"$tmp/$1.json"
+  if "$BATONCTL" train-local -f "$tmp/$1.json" >"$tmp/$1.out" 2>&1; then
+    fail "$1: accepted a bad spec"
+  fi
+  grep -qF "$2" "$tmp/$1.out" || fail "$1: message does not name '$2': $(cat "$tmp/$1.out")"
+  echo "refused $1: $(head -c 200 "$tmp/$1.out")"
+}
+good='"data": {"synthetic": {}, "batchSize": 8}, "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1'
+expect_refusal zero-width "model.mlp.width" \
+  "{\"model\": {\"mlp\": {\"inputDim\": 2, \"width\": 0, \"depth\": 1, \"outputDim\": 1}}, $good}"
+expect_refusal negative-depth "model.mlp.depth" \
+  "{\"model\": {\"mlp\": {\"inputDim\": 2, \"width\": 4, \"depth\": -1, \"outputDim\": 1}}, $good}"
+expect_refusal unknown-field "widht" \
+  "{\"model\": {\"mlp\": {\"inputDim\": 2, \"widht\": 4, \"depth\": 1, \"outputDim\": 1}}, $good}"
+expect_refusal heads "model.gpt.heads" \
+  '{"model": {"gpt": {"vocabSize": 8, "context": 4, "dModel": 6, "heads": 4, "layers": 1}}, "data": {"text": {"inlineText": "abcdefgh"}, "batchSize": 2}, "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1}'
+expect_refusal empty-text "data.text" \
+  '{"model": {"gpt": {"vocabSize": 8, "context": 4, "dModel": 8, "heads": 2, "layers": 1}}, "data": {"text": {"inlineText": ""}, "batchSize": 2}, "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1}'
+expect_refusal missing-file "data.text.path" \
+  '{"model": {"gpt": {"vocabSize": 8, "context": 4, "dModel": 8, "heads": 2, "layers": 1}}, "data": {"text": {"path": "/nonexistent/corpus.txt"}, "batchSize": 2}, "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1}'
+expect_refusal malformed "invalid job spec JSON" '{"model": '
+if "$BATONCTL" train-local -f "$tmp/does-not-exist.json" >"$tmp/nf.out" 2>&1; then
+  fail "missing spec file accepted"
+fi
+grep -qF "does-not-exist.json" "$tmp/nf.out" || fail "missing spec file not named"
+echo "batonctl train-local: all checks passed"
