@@ -31,6 +31,7 @@ class Linear final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override { return stash_.size(); }
+  void Discard(int mb) override { stash_.Erase(mb); }
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -59,6 +60,7 @@ class Gelu final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override {}
   int InFlight() const override { return stash_.size(); }
+  void Discard(int mb) override { stash_.Erase(mb); }
 
  private:
   const std::string name_;
@@ -76,6 +78,7 @@ class LayerNorm final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override { return stash_.size(); }
+  void Discard(int mb) override { stash_.Erase(mb); }
 
  private:
   struct Saved {
@@ -101,6 +104,7 @@ class Embedding final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override { return stash_.size(); }
+  void Discard(int mb) override { stash_.Erase(mb); }
 
  private:
   struct Saved {

@@ -16,6 +16,16 @@ Sequential::Sequential(std::string name, std::vector<std::unique_ptr<Module>> mo
     : name_(std::move(name)), modules_(std::move(modules)) {}
 
 absl::Status Sequential::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  absl::Status s = ForwardSteps(mb, x, y);
+  if (!s.ok()) Discard(mb.index);
+  return s;
+}
+
+void Sequential::Discard(int mb) {
+  for (auto& m : modules_) m->Discard(mb);
+}
+
+absl::Status Sequential::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   Tensor cur = x;
   for (auto& m : modules_) {
     Tensor next;

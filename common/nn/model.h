@@ -44,11 +44,13 @@ class Sequential final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override;
+  void Discard(int mb) override;
 
   int size() const { return static_cast<int>(modules_.size()); }
   Module& at(int i) { return *modules_[i]; }
 
  private:
+  absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   const std::string name_;
   std::vector<std::unique_ptr<Module>> modules_;
 };

@@ -74,6 +74,10 @@ class Module {
   }
   // Micro-batches whose stash this module still holds (forward ran, weight grad not yet).
   virtual int InFlight() const = 0;
+  // Drops whatever the module holds for micro-batch `mb` (a no-op if nothing). Used when a
+  // step is abandoned. Forward guarantees the same on error: a forward that fails, for any
+  // reason, leaves nothing stashed for that micro-batch, so it may be run again.
+  virtual void Discard(int mb) = 0;
 };
 
 // Per-micro-batch saved state of one module, with errors that name the module when a
@@ -86,6 +90,7 @@ class Stash {
   absl::Status Put(int mb, T value) {
     auto [it, inserted] = map_.try_emplace(mb, std::move(value));
     if (!inserted) {
+      map_.erase(it);  // the contract: a failed forward leaves nothing for `mb`
       return absl::FailedPreconditionError(
           absl::StrCat(owner_, ": forward ran twice for micro-batch ", mb));
     }

@@ -39,6 +39,18 @@ CausalSelfAttention::CausalSelfAttention(std::string name, int64_t channels, int
       stash_(name_) {}
 
 absl::Status CausalSelfAttention::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  absl::Status s = ForwardSteps(mb, x, y);
+  if (!s.ok()) Discard(mb.index);
+  return s;
+}
+
+void CausalSelfAttention::Discard(int mb) {
+  stash_.Erase(mb);
+  qkv_.Discard(mb);
+  proj_.Discard(mb);
+}
+
+absl::Status CausalSelfAttention::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
   if (x.rank() != 3) {
     return absl::InvalidArgumentError(
@@ -99,6 +111,18 @@ TransformerBlock::TransformerBlock(std::string name, int64_t channels, int64_t h
             seed) {}
 
 absl::Status TransformerBlock::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  absl::Status s = ForwardSteps(mb, x, y);
+  if (!s.ok()) Discard(mb.index);
+  return s;
+}
+
+void TransformerBlock::Discard(int mb) {
+  for (Module* m : std::initializer_list<Module*>{&ln1_, &attn_, &ln2_, &fc_, &proj_}) {
+    m->Discard(mb);
+  }
+}
+
+absl::Status TransformerBlock::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
   Tensor h, a;
   BATON_RETURN_IF_ERROR(ln1_.Forward(mb, x, &h));
@@ -165,6 +189,18 @@ LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed)
       stash_(name_) {}
 
 absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  absl::Status s = ForwardSteps(mb, x, y);
+  if (!s.ok()) Discard(mb.index);
+  return s;
+}
+
+void LmHead::Discard(int mb) {
+  stash_.Erase(mb);
+  ln_.Discard(mb);
+  logits_.Discard(mb);
+}
+
+absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
   const int64_t rows = x.numel() / channels_;
   const Tensor* t = mb.targets;

@@ -25,8 +25,10 @@ class CausalSelfAttention final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override;
+  void Discard(int mb) override;
 
  private:
+  absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
     Tensor qkv;  // [B, T, 3C]
     Tensor att;  // [B, H, T, T] softmax probabilities
@@ -49,8 +51,10 @@ class TransformerBlock final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override;
+  void Discard(int mb) override;
 
  private:
+  absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   const std::string name_;
   const int64_t channels_;
   Backend* const be_;
@@ -73,8 +77,10 @@ class LmHead final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override;
+  void Discard(int mb) override;
 
  private:
+  absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
     Tensor probs;    // [R, V]
     Tensor targets;  // int32 [R]
@@ -98,6 +104,7 @@ class MseLoss final : public Module {
   absl::Status BackwardWeight(const MicroBatch& mb) override { return absl::OkStatus(); }
   void CollectParameters(std::vector<Parameter*>* out) override {}
   int InFlight() const override { return stash_.size(); }
+  void Discard(int mb) override { stash_.Erase(mb); }
 
  private:
   const std::string name_;

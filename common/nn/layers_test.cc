@@ -1,0 +1,306 @@
+// Independent checks of the basic layers (layers.h): forward against double-precision
+// formulas, backward against central finite differences (method: grad_check.h), and the
+// Module contract (split backward, interleaved micro-batches, stash errors, bad input).
+#include "common/nn/layers.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/nn/grad_check.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using ::baton::testing::CheckModuleGradients;
+using ::baton::testing::ExpectError;
+using ::baton::testing::ModuleCase;
+using ::baton::testing::PerturbParameters;
+using ::baton::testing::RandomIds;
+using ::baton::testing::RandomTensor;
+using ::baton::testing::Tolerance;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+// Tolerance of the layer gradient checks, with h = 1e-2 on O(1) values.
+//  - Truncation: the central difference is exact for the parts that are linear in the
+//    perturbed element (Linear without GELU, Embedding, LayerNorm's bias) and errs by
+//    h^2/6 |f'''| ~ 2e-5 |f'''| for GELU and LayerNorm's input and gain, with |f'''| = O(1)
+//    on the inputs used here (unit-variance rows, |x| <= ~5).
+//  - Rounding: each output carries a few float32 ulps (~1e-7 relative); the probe loss sums
+//    at most 30 of them with O(1) weights, so the difference quotient is off by ~1e-5.
+// Observed: worst |error| 9e-5 (on a gradient of 7), at most 5% of the bound
+// atol = 5e-4, rtol = 5e-3 (a 20x margin). Gradients are O(0.1-5), so a wrong term in a
+// backward kernel fails by far more (every mutation of backward math tried failed them).
+constexpr double kH = 1e-2;
+constexpr Tolerance kTol{5e-4, 5e-3};
+
+float GeluRef(double x) {
+  const double inner = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return static_cast<float>(0.5 * x * (1.0 + std::tanh(inner)));
+}
+
+Linear::Options LinearOptions(bool bias, bool gelu, float stddev = 0.5f) {
+  Linear::Options o;
+  o.bias = bias;
+  o.gelu = gelu;
+  o.init_stddev = stddev;
+  return o;
+}
+
+// ------------------------------------------------------------------ forward references
+
+TEST(LinearTest, ForwardMatchesDoubleReference) {
+  for (bool gelu : {false, true}) {
+    Linear lin("fc", 5, 4, LinearOptions(true, gelu), 11);
+    PerturbParameters(lin, 1, 0.3f);  // non-zero bias
+    const Tensor x = RandomTensor({2, 3, 5}, 1, "x");
+    Tensor y;
+    ASSERT_TRUE(lin.Forward({0, nullptr}, x, &y).ok());
+    ASSERT_EQ(y.shape(), Shape({2, 3, 4}));
+    const std::vector<Parameter*> p = lin.Parameters();
+    ASSERT_EQ(p.size(), 2u);
+    EXPECT_EQ(p[0]->name, "fc.weight");
+    EXPECT_EQ(p[0]->value.shape(), Shape({4, 5}));
+    EXPECT_EQ(p[1]->name, "fc.bias");
+    for (int r = 0; r < 6; ++r) {
+      for (int o = 0; o < 4; ++o) {
+        double z = p[1]->value.f32()[o];
+        for (int i = 0; i < 5; ++i) {
+          z += static_cast<double>(x.f32()[r * 5 + i]) * p[0]->value.f32()[o * 5 + i];
+        }
+        const double want = gelu ? GeluRef(z) : z;
+        EXPECT_NEAR(y.f32()[r * 4 + o], want, 1e-5) << "row " << r << " out " << o;
+      }
+    }
+  }
+}
+
+TEST(GeluTest, ForwardMatchesTanhApproximation) {
+  Gelu g("act");
+  const Tensor x = RandomTensor({3, 7}, 2, "x", 2.0f);
+  Tensor y;
+  ASSERT_TRUE(g.Forward({0, nullptr}, x, &y).ok());
+  for (int i = 0; i < 21; ++i) EXPECT_NEAR(y.f32()[i], GeluRef(x.f32()[i]), 1e-6) << i;
+}
+
+TEST(LayerNormTest, ForwardMatchesDoubleReference) {
+  LayerNorm ln("ln", 6);
+  PerturbParameters(ln, 3, 0.5f);
+  const Tensor x = RandomTensor({4, 6}, 3, "x", 2.0f, 1.0f);
+  Tensor y;
+  ASSERT_TRUE(ln.Forward({0, nullptr}, x, &y).ok());
+  const std::vector<Parameter*> p = ln.Parameters();
+  for (int r = 0; r < 4; ++r) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < 6; ++c) mean += x.f32()[r * 6 + c];
+    mean /= 6;
+    for (int c = 0; c < 6; ++c) var += std::pow(x.f32()[r * 6 + c] - mean, 2);
+    var /= 6;  // biased, as PyTorch
+    for (int c = 0; c < 6; ++c) {
+      const double want = (x.f32()[r * 6 + c] - mean) / std::sqrt(var + 1e-5) *
+                              p[0]->value.f32()[c] +
+                          p[1]->value.f32()[c];
+      EXPECT_NEAR(y.f32()[r * 6 + c], want, 1e-5);
+    }
+  }
+}
+
+TEST(EmbeddingTest, ForwardIsTokenPlusPosition) {
+  Embedding e("embed", 7, 5, 4, 42);
+  const Tensor ids = RandomIds({3, 4}, 7, 4, "ids");
+  Tensor y;
+  ASSERT_TRUE(e.Forward({0, nullptr}, ids, &y).ok());
+  ASSERT_EQ(y.shape(), Shape({3, 4, 4}));
+  const std::vector<Parameter*> p = e.Parameters();
+  EXPECT_EQ(p[0]->value.shape(), Shape({7, 4}));
+  EXPECT_EQ(p[1]->value.shape(), Shape({5, 4}));
+  for (int b = 0; b < 3; ++b) {
+    for (int t = 0; t < 4; ++t) {
+      for (int c = 0; c < 4; ++c) {
+        EXPECT_EQ(y.f32()[(b * 4 + t) * 4 + c],
+                  p[0]->value.f32()[ids.i32()[b * 4 + t] * 4 + c] + p[1]->value.f32()[t * 4 + c]);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ gradient checks
+
+TEST(LinearGradTest, AllVariantsMatchFiniteDifferences) {
+  for (bool bias : {true, false}) {
+    for (bool gelu : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("bias=", bias, " gelu=", gelu));
+      Linear lin("fc", 5, 4, LinearOptions(bias, gelu), 11);
+      PerturbParameters(lin, 5, 0.2f);
+      EXPECT_EQ(lin.Parameters().size(), bias ? 2u : 1u);
+      CheckModuleGradients(lin, RandomTensor({2, 3, 5}, 5, "x"), nullptr, 21, kH, kTol);
+    }
+  }
+}
+
+TEST(LinearGradTest, WithoutInputGradientLeavesDxUndefinedAndSameWeightGrads) {
+  Linear::Options data = LinearOptions(true, true);
+  data.compute_input_grad = false;
+  Linear a("fc", 5, 4, data, 11);
+  Linear b("fc", 5, 4, LinearOptions(true, true), 11);
+  const Tensor x = RandomTensor({6, 5}, 6, "x");
+  const Tensor dy = RandomTensor({6, 4}, 6, "dy");
+  Tensor ya, yb, dxa, dxb;
+  ASSERT_TRUE(a.Forward({0, nullptr}, x, &ya).ok());
+  ASSERT_TRUE(b.Forward({0, nullptr}, x, &yb).ok());
+  ASSERT_TRUE(a.Backward({0, nullptr}, dy, &dxa).ok());
+  ASSERT_TRUE(b.Backward({0, nullptr}, dy, &dxb).ok());
+  EXPECT_FALSE(dxa.defined());
+  EXPECT_TRUE(dxb.defined());
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(testing::BitEqual(a.Parameters()[i]->grad, b.Parameters()[i]->grad));
+  }
+}
+
+TEST(GeluGradTest, MatchesFiniteDifferences) {
+  Gelu g("act");
+  // Spread over [-5, 5]: both tails and the curved middle.
+  CheckModuleGradients(g, RandomTensor({3, 7}, 7, "x", 2.0f), nullptr, 22, kH, kTol);
+}
+
+TEST(LayerNormGradTest, MatchesFiniteDifferences) {
+  LayerNorm ln("ln", 6);
+  PerturbParameters(ln, 8, 0.5f);  // gain away from 1, bias away from 0
+  CheckModuleGradients(ln, RandomTensor({2, 2, 6}, 8, "x", 1.0f, 0.5f), nullptr, 23, kH,
+                       kTol);
+}
+
+TEST(EmbeddingGradTest, WeightsMatchFiniteDifferences) {
+  Embedding e("embed", 7, 5, 4, 42);
+  PerturbParameters(e, 9, 0.5f);
+  // T = 4 < context = 5: the last position row must get a zero gradient. 12 ids over a
+  // vocabulary of 7 repeat, so rows accumulate several positions.
+  Tensor ids = RandomIds({3, 4}, 7, 9, "ids");
+  ids.i32()[0] = 3;
+  ids.i32()[5] = 3;
+  CheckModuleGradients(e, ids, nullptr, 24, kH, kTol, /*check_dx=*/false);
+  Tensor dx;
+  Tensor y;
+  ASSERT_TRUE(e.Forward({0, nullptr}, ids, &y).ok());
+  ASSERT_TRUE(e.Backward({0, nullptr}, y, &dx).ok());
+  EXPECT_FALSE(dx.defined()) << "the embedding's input is data";
+}
+
+// ------------------------------------------------------------------ module contract
+
+std::vector<ModuleCase> LayerCases() {
+  std::vector<ModuleCase> cases;
+  const std::vector<Tensor> x5 = {RandomTensor({2, 3, 5}, 30, "x0"),
+                                  RandomTensor({2, 3, 5}, 30, "x1")};
+  for (bool bias : {true, false}) {
+    for (bool gelu : {true, false}) {
+      cases.push_back({absl::StrCat("linear bias=", bias, " gelu=", gelu),
+                       [bias, gelu] {
+                         auto m = std::make_unique<Linear>("fc", 5, 4,
+                                                           LinearOptions(bias, gelu), 1);
+                         PerturbParameters(*m, 1, 0.2f);
+                         return m;
+                       },
+                       x5, {}, false, "fc"});
+    }
+  }
+  cases.push_back({"gelu", [] { return std::make_unique<Gelu>("act"); }, x5, {}, false, "act"});
+  cases.push_back({"layernorm",
+                   [] {
+                     auto m = std::make_unique<LayerNorm>("ln", 5);
+                     PerturbParameters(*m, 2, 0.5f);
+                     return m;
+                   },
+                   x5, {}, false, "ln"});
+  cases.push_back({"embedding", [] { return std::make_unique<Embedding>("embed", 7, 5, 4, 3); },
+                   {RandomIds({2, 5}, 7, 31, "a"), RandomIds({2, 5}, 7, 31, "b")}, {}, false,
+                   "embed"});
+  return cases;
+}
+
+TEST(LayerContractTest, SplitAndInterleavedBackwardAreBitIdentical) {
+  for (const ModuleCase& c : LayerCases()) {
+    SCOPED_TRACE(c.label);
+    testing::CheckScheduleInvariance(c);
+  }
+}
+
+TEST(LayerContractTest, StashMisuseIsFailedPrecondition) {
+  for (const ModuleCase& c : LayerCases()) {
+    SCOPED_TRACE(c.label);
+    testing::CheckStashErrors(c);
+  }
+}
+
+// ------------------------------------------------------------------ bad input
+
+TEST(LinearTest, RefusesBadShapes) {
+  Linear lin("block.1.fc", 5, 4, LinearOptions(true, false), 1);
+  Tensor y, dx;
+  ExpectError(lin.Forward({0, nullptr}, RandomTensor({2, 4}, 1, "x"), &y), kInvalid,
+              "block.1.fc", "wrong input width");
+  ExpectError(lin.Forward({0, nullptr}, Tensor::Zeros({2, 5}, DType::kInt32), &y), kInvalid,
+              "block.1.fc", "int32 input");
+  ExpectError(lin.Forward({0, nullptr}, Tensor(), &y), kInvalid, "block.1.fc",
+              "undefined input");
+  EXPECT_EQ(lin.InFlight(), 0) << "a refused forward stashes nothing";
+  ASSERT_TRUE(lin.Forward({0, nullptr}, RandomTensor({2, 5}, 1, "x"), &y).ok());
+  ExpectError(lin.BackwardInput({0, nullptr}, RandomTensor({2, 5}, 1, "dy"), &dx), kInvalid,
+              "block.1.fc", "gradient of the wrong width");
+  ExpectError(lin.BackwardInput({0, nullptr}, RandomTensor({3, 4}, 1, "dy"), &dx), kInvalid,
+              "block.1.fc", "gradient with the wrong number of rows");
+  EXPECT_TRUE(lin.Backward({0, nullptr}, RandomTensor({2, 4}, 1, "dy"), &dx).ok());
+}
+
+TEST(GeluTest, RefusesBadInput) {
+  Gelu g("block.0.act");
+  Tensor y, dx;
+  ExpectError(g.Forward({0, nullptr}, Tensor::Zeros({3}, DType::kInt32), &y), kInvalid,
+              "block.0.act", "int32 input");
+  ASSERT_TRUE(g.Forward({0, nullptr}, RandomTensor({2, 3}, 1, "x"), &y).ok());
+  ExpectError(g.BackwardInput({0, nullptr}, RandomTensor({3, 2}, 1, "dy"), &dx), kInvalid,
+              "block.0.act", "gradient of another shape");
+}
+
+TEST(LayerNormTest, RefusesBadShapes) {
+  LayerNorm ln("head.ln", 6);
+  Tensor y, dx;
+  ExpectError(ln.Forward({0, nullptr}, RandomTensor({2, 5}, 1, "x"), &y), kInvalid, "head.ln",
+              "wrong width");
+  ASSERT_TRUE(ln.Forward({0, nullptr}, RandomTensor({2, 6}, 1, "x"), &y).ok());
+  ExpectError(ln.BackwardInput({0, nullptr}, RandomTensor({3, 6}, 1, "dy"), &dx), kInvalid,
+              "head.ln", "gradient of another shape");
+}
+
+TEST(EmbeddingTest, RefusesBadShapesAndOutOfVocabularyIds) {
+  Embedding e("embed", 7, 5, 4, 1);
+  Tensor y, dx;
+  ExpectError(e.Forward({0, nullptr}, RandomTensor({2, 3}, 1, "x"), &y), kInvalid, "embed",
+              "f32 input");
+  ExpectError(e.Forward({0, nullptr}, Tensor::Zeros({6}, DType::kInt32), &y), kInvalid, "embed",
+              "rank 1");
+  ExpectError(e.Forward({0, nullptr}, Tensor::Zeros({2, 3, 1}, DType::kInt32), &y), kInvalid,
+              "embed", "rank 3");
+  ExpectError(e.Forward({0, nullptr}, Tensor::Zeros({2, 6}, DType::kInt32), &y), kInvalid,
+              "embed", "longer than the context");
+  for (int32_t bad : {7, -1, 1 << 30}) {
+    Tensor ids = Tensor::Zeros({2, 3}, DType::kInt32);
+    ids.i32()[4] = bad;
+    const absl::Status s = e.Forward({0, nullptr}, ids, &y);
+    ExpectError(s, kInvalid, "embed", absl::StrCat("token id ", bad));
+    EXPECT_NE(std::string(s.message()).find("vocabulary"), std::string::npos) << s;
+  }
+  EXPECT_EQ(e.InFlight(), 0) << "a refused forward stashes nothing";
+  // The whole valid range is accepted, context-long sequences too.
+  Tensor ids = Tensor::Zeros({1, 5}, DType::kInt32);
+  for (int t = 0; t < 5; ++t) ids.i32()[t] = t == 4 ? 6 : t;
+  ASSERT_TRUE(e.Forward({0, nullptr}, ids, &y).ok());
+  ExpectError(e.BackwardInput({0, nullptr}, RandomTensor({1, 5, 3}, 1, "dy"), &dx), kInvalid,
+              "embed", "gradient of another shape");
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,208 @@
+// Optimizers against hand-computed double-precision updates.
+//
+// Tolerance: the kernels compute in float32 and the references in double from the same
+// float32 hyperparameters (lr, momentum, ... rounded to float first, as the spec stores
+// them). Each step is a handful of float32 operations on values of size O(1), each
+// rounding by at most 2^-24 relative (6e-8), so three steps stay within ~1e-6 of the double
+// result; we allow |w - ref| <= 2e-6 (an update is lr * O(1) = O(1e-2), so a wrong term or
+// a missed bias correction is off by >= 1e-4).
+#include "common/optim/optimizer.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "common/nn/module.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+constexpr double kTol = 2e-6;
+
+// The gradients of steps 1..3 for a 3-element parameter: mixed signs and magnitudes
+// (including one much smaller than the others, where Adam's normalisation shows).
+constexpr double kGrads[3][3] = {{0.5, -1.25, 1e-3}, {-0.25, 0.75, 2e-3}, {1.5, 0.125, -4e-3}};
+constexpr double kInit[3] = {1.0, -0.5, 2.0};
+
+Parameter MakeParam(const double* init, int n) {
+  Parameter p;
+  p.name = "w";
+  p.value = Tensor::Empty({n});
+  p.grad = Tensor::Zeros({n});
+  for (int i = 0; i < n; ++i) p.value.f32()[i] = static_cast<float>(init[i]);
+  return p;
+}
+
+void SetGrad(Parameter& p, const double* g) {
+  for (int64_t i = 0; i < p.grad.numel(); ++i) p.grad.f32()[i] = static_cast<float>(g[i]);
+}
+
+double F(float x) { return static_cast<double>(x); }  // a hyperparameter as stored
+
+baton::v1::OptimizerSpec SgdSpec(float lr, float momentum, float wd) {
+  baton::v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_learning_rate(lr);
+  spec.mutable_sgd()->set_momentum(momentum);
+  spec.mutable_sgd()->set_weight_decay(wd);
+  return spec;
+}
+
+struct SgdCase {
+  float lr, momentum, wd;
+};
+
+TEST(SgdTest, MatchesHandComputedUpdates) {
+  for (const SgdCase c : {SgdCase{0.1f, 0.0f, 0.0f}, SgdCase{0.1f, 0.0f, 0.05f},
+                          SgdCase{0.1f, 0.9f, 0.0f}, SgdCase{0.05f, 0.9f, 0.01f}}) {
+    SCOPED_TRACE(testing::Message() << "lr=" << c.lr << " momentum=" << c.momentum
+                                    << " wd=" << c.wd);
+    Parameter p = MakeParam(kInit, 3);
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+        MakeOptimizer(SgdSpec(c.lr, c.momentum, c.wd), {&p});
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    double w[3], buf[3] = {0, 0, 0};
+    for (int i = 0; i < 3; ++i) w[i] = kInit[i];
+    for (int step = 0; step < 3; ++step) {
+      SetGrad(p, kGrads[step]);
+      (*opt)->Step();
+      EXPECT_EQ((*opt)->steps_taken(), step + 1);
+      for (int i = 0; i < 3; ++i) {
+        // PyTorch: d = g + wd w; buf = d on the first step, momentum buf + d after; w -= lr buf.
+        double d = kGrads[step][i] + F(c.wd) * w[i];
+        if (c.momentum != 0.0f) {
+          buf[i] = step == 0 ? d : F(c.momentum) * buf[i] + d;
+          d = buf[i];
+        }
+        w[i] -= F(c.lr) * d;
+        EXPECT_NEAR(p.value.f32()[i], w[i], kTol) << "step " << step + 1 << " element " << i;
+        // The optimizer does not zero gradients.
+        EXPECT_EQ(p.grad.f32()[i], static_cast<float>(kGrads[step][i]));
+      }
+    }
+  }
+}
+
+TEST(SgdTest, FirstMomentumStepSetsBufferToGradient) {
+  // Optimizer level: step 1 moves by exactly lr * g (not lr * (1 - momentum) g, nor
+  // lr * momentum * g), and step 2 by lr * (momentum * g1 + g2).
+  Parameter p = MakeParam(kInit, 3);
+  auto opt = MakeOptimizer(SgdSpec(0.1f, 0.9f, 0.0f), {&p});
+  ASSERT_TRUE(opt.ok());
+  SetGrad(p, kGrads[0]);
+  (*opt)->Step();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(p.value.f32()[i], kInit[i] - F(0.1f) * kGrads[0][i], kTol) << i;
+  }
+  SetGrad(p, kGrads[1]);
+  (*opt)->Step();
+  for (int i = 0; i < 3; ++i) {
+    const double w1 = kInit[i] - F(0.1f) * kGrads[0][i];
+    EXPECT_NEAR(p.value.f32()[i], w1 - F(0.1f) * (F(0.9f) * kGrads[0][i] + kGrads[1][i]), kTol);
+  }
+
+  // Kernel level: on the first step the buffer is set to the (decayed) gradient whatever
+  // it held before; afterwards it is momentum * buf + gradient.
+  float w[3] = {1.0f, -0.5f, 2.0f};
+  const float g[3] = {0.5f, -1.25f, 1e-3f};
+  float buf[3] = {123.0f, -7.0f, 1e30f};  // garbage: must not leak into step 1
+  CpuBackend()->SgdStep(3, 0.1f, 0.9f, 0.01f, /*first_step=*/true, w, g, buf);
+  for (int i = 0; i < 3; ++i) {
+    const float d = g[i] + 0.01f * static_cast<float>(kInit[i]);
+    EXPECT_EQ(buf[i], d) << i;
+    EXPECT_NEAR(w[i], kInit[i] - 0.1 * d, kTol) << i;
+  }
+  float buf2[3] = {1.0f, 1.0f, 1.0f};
+  float w2[3] = {0.0f, 0.0f, 0.0f};
+  CpuBackend()->SgdStep(3, 0.1f, 0.9f, 0.0f, /*first_step=*/false, w2, g, buf2);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(buf2[i], F(0.9f) + g[i], 1e-6) << i;
+}
+
+TEST(SgdTest, MomentumBuffersArePerParameter) {
+  const double init_b[2] = {3.0, -3.0};
+  Parameter a = MakeParam(kInit, 3);
+  Parameter b = MakeParam(init_b, 2);
+  auto opt = MakeOptimizer(SgdSpec(0.1f, 0.9f, 0.0f), {&a, &b});
+  ASSERT_TRUE(opt.ok());
+  Parameter alone = MakeParam(kInit, 3);
+  auto opt_alone = MakeOptimizer(SgdSpec(0.1f, 0.9f, 0.0f), {&alone});
+  ASSERT_TRUE(opt_alone.ok());
+  for (int step = 0; step < 3; ++step) {
+    SetGrad(a, kGrads[step]);
+    SetGrad(alone, kGrads[step]);
+    const double gb[2] = {10.0 * (step + 1), -5.0};
+    SetGrad(b, gb);
+    (*opt)->Step();
+    (*opt_alone)->Step();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(a.value.f32()[i], alone.value.f32()[i]) << i;
+}
+
+baton::v1::OptimizerSpec AdamWSpec(float lr, float b1, float b2, float eps, float wd) {
+  baton::v1::OptimizerSpec spec;
+  auto* a = spec.mutable_adamw();
+  a->set_learning_rate(lr);
+  a->set_beta1(b1);
+  a->set_beta2(b2);
+  a->set_epsilon(eps);
+  a->set_weight_decay(wd);
+  return spec;
+}
+
+struct AdamCase {
+  float lr, b1, b2, eps, wd;
+};
+
+TEST(AdamWTest, MatchesHandComputedUpdates) {
+  for (const AdamCase c : {AdamCase{0.01f, 0.9f, 0.999f, 1e-8f, 0.0f},
+                           AdamCase{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f},
+                           AdamCase{0.05f, 0.8f, 0.99f, 1e-3f, 0.01f}}) {
+    SCOPED_TRACE(testing::Message() << "lr=" << c.lr << " b1=" << c.b1 << " b2=" << c.b2
+                                    << " eps=" << c.eps << " wd=" << c.wd);
+    Parameter p = MakeParam(kInit, 3);
+    auto opt = MakeOptimizer(AdamWSpec(c.lr, c.b1, c.b2, c.eps, c.wd), {&p});
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    double w[3], m[3] = {0, 0, 0}, v[3] = {0, 0, 0};
+    for (int i = 0; i < 3; ++i) w[i] = kInit[i];
+    const double lr = F(c.lr), b1 = F(c.b1), b2 = F(c.b2), eps = F(c.eps), wd = F(c.wd);
+    for (int step = 1; step <= 3; ++step) {
+      SetGrad(p, kGrads[step - 1]);
+      (*opt)->Step();
+      EXPECT_EQ((*opt)->steps_taken(), step);
+      const double bc1 = 1.0 - std::pow(b1, step);
+      const double bc2 = 1.0 - std::pow(b2, step);
+      for (int i = 0; i < 3; ++i) {
+        const double g = kGrads[step - 1][i];
+        w[i] *= 1.0 - lr * wd;  // decoupled weight decay, before the Adam update
+        m[i] = b1 * m[i] + (1.0 - b1) * g;
+        v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+        w[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps);
+        EXPECT_NEAR(p.value.f32()[i], w[i], kTol) << "step " << step << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(AdamWTest, FirstStepMovesEveryElementByAboutLr) {
+  // With bias correction, step 1 is lr * g / (|g| + eps): the sign of g times lr, even for
+  // a tiny gradient. Without it the move would be lr * 0.1 / sqrt(0.001) ~ 3.2 lr.
+  Parameter p = MakeParam(kInit, 3);
+  auto opt = MakeOptimizer(AdamWSpec(0.01f, 0.9f, 0.999f, 1e-8f, 0.0f), {&p});
+  ASSERT_TRUE(opt.ok());
+  SetGrad(p, kGrads[0]);
+  (*opt)->Step();
+  for (int i = 0; i < 3; ++i) {
+    const double sign = kGrads[0][i] > 0 ? 1.0 : -1.0;
+    EXPECT_NEAR(p.value.f32()[i], kInit[i] - F(0.01f) * sign, 1e-5) << i;
+  }
+}
+
+TEST(OptimizerTest, RefusesSpecWithoutAlgorithm) {
+  Parameter p = MakeParam(kInit, 3);
+  const absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      MakeOptimizer(baton::v1::OptimizerSpec(), {&p});
+  EXPECT_EQ(opt.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton
