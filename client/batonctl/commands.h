@@ -8,9 +8,16 @@
 
 namespace baton::cli {
 
-// batonctl train-local -f SPEC.json [--steps N] [--seed S] [--blas-threads T]
+// batonctl train-local -f SPEC.json [--pipeline [--schedule-csv FILE]] [--steps N] [--seed S]
+//                      [--blas-threads T]
 //                      [--output text|json]
 int TrainLocal(const std::vector<std::string>& argv);
+
+// batonctl plan --schedule NAME --stages S --microbatches M [--virtual V] [--costs F=1,I=1,W=1]
+//               [--output table|json|svg|csv] [--blocks N] [-f SPEC.json]
+// batonctl plan --schedule custom --csv FILE [--costs ...] [--output ...]
+// Builds (or imports), validates and simulates a pipeline schedule; no cluster needed.
+int Plan(const std::vector<std::string>& argv);
 
 }  // namespace baton::cli
 

@@ -12,6 +12,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  train-local   train a job spec in this process with the reference trainer\n"
+    "  plan          build, validate and simulate a pipeline schedule (no cluster)\n"
     "\n"
     "Run 'batonctl COMMAND --help' for a command's flags.\n";
 }  // namespace
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> rest(argv + 2, argv + argc);
   if (command == "train-local") return baton::cli::TrainLocal(rest);
+  if (command == "plan") return baton::cli::Plan(rest);
   std::fprintf(stderr, "batonctl: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

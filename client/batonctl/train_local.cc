@@ -1,14 +1,18 @@
-// batonctl train-local: the reference trainer from the command line.
+// batonctl train-local: train a job in this process, with the reference trainer or, with
+// --pipeline, as a pipeline of stage threads running the job's schedule.
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
 #include "common/core/backend.h"
+#include "common/pipeline/local_pipeline.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "google/protobuf/util/json_util.h"
@@ -22,6 +26,8 @@ const std::vector<FlagSpec>& Flags() {
       {"file", "f", false, "job spec (JSON, protobuf JSON mapping of baton.v1.JobSpec)"},
       {"steps", "", false, "override the spec's steps"},
       {"seed", "", false, "override the spec's seed"},
+      {"pipeline", "", true, "run the spec's pipeline schedule on stage threads"},
+      {"schedule-csv", "", false, "with --pipeline: run this clock (PyTorch CSV) instead"},
       {"blas-threads", "", false, "OpenBLAS threads (default 1; results do not depend on it)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
@@ -46,6 +52,26 @@ std::string Describe(const baton::v1::JobSpec& spec) {
                          p.width(), p.depth(), p.output_dim());
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError("cannot open '" + path + "'");
+  std::string out;
+  char buf[1 << 14];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// What the training loop needs from either trainer.
+struct Runner {
+  baton::v1::JobSpec spec;  // validated, with defaults
+  std::function<absl::StatusOr<StepStats>()> step;
+  std::function<std::vector<Digest>()> digests;
+  std::function<int64_t()> parameters;
+  std::string data;  // one line describing the data (reference only)
+};
+
 }  // namespace
 
 int TrainLocal(const std::vector<std::string>& argv) {
@@ -61,6 +87,8 @@ int TrainLocal(const std::vector<std::string>& argv) {
   if (output != "text" && output != "json") {
     return Fail("--output must be text or json, got '" + output + "'");
   }
+  const bool pipeline = args->Get("pipeline") == "true";
+  if (args->Has("schedule-csv") && !pipeline) return Fail("--schedule-csv needs --pipeline");
   absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args->Get("file"));
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   absl::StatusOr<int64_t> steps = args->GetInt("steps", spec->steps());
@@ -74,30 +102,75 @@ int TrainLocal(const std::vector<std::string>& argv) {
   spec->set_seed(static_cast<uint64_t>(*seed));
   SetBlasThreads(static_cast<int>(*threads));
 
-  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> trainer =
-      ReferenceTrainer::Create(*std::move(spec));
-  if (!trainer.ok()) return Fail(std::string(trainer.status().message()));
-  ReferenceTrainer& t = **trainer;
-  const baton::v1::JobSpec& s = t.spec();
-  const bool text = output == "text";
-
   baton::v1::TrainingReport report;
-  report.set_job_name(s.name());
+  Runner run;
+  std::unique_ptr<ReferenceTrainer> reference;
+  std::unique_ptr<LocalPipelineTrainer> pipe;
+  std::vector<int> peak_inflight;
+  if (pipeline) {
+    LocalPipelineOptions opts;
+    if (args->Has("schedule-csv")) {
+      absl::StatusOr<std::string> csv = ReadFile(args->Get("schedule-csv"));
+      if (!csv.ok()) return Fail(std::string(csv.status().message()));
+      absl::StatusOr<Schedule> s = FromCsv(*csv);
+      if (!s.ok()) return Fail(args->Get("schedule-csv") + ": " + std::string(s.status().message()));
+      opts.schedule = *std::move(s);
+    }
+    absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> t =
+        LocalPipelineTrainer::Create(*std::move(spec), std::move(opts));
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    pipe = *std::move(t);
+    run.spec = pipe->spec();
+    run.step = [&]() -> absl::StatusOr<StepStats> {
+      absl::StatusOr<PipelineStepStats> s = pipe->Step();
+      if (!s.ok()) return s.status();
+      peak_inflight.resize(s->peak_inflight.size(), 0);
+      for (size_t r = 0; r < s->peak_inflight.size(); ++r) {
+        peak_inflight[r] = std::max(peak_inflight[r], s->peak_inflight[r]);
+      }
+      return static_cast<StepStats>(*s);
+    };
+    run.digests = [&] { return pipe->BlockDigests(); };
+  } else {
+    absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t =
+        ReferenceTrainer::Create(*std::move(spec));
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    reference = *std::move(t);
+    run.spec = reference->spec();
+    run.step = [&] { return reference->Step(); };
+    run.digests = [&] { return reference->BlockDigests(); };
+    run.data = reference->dataset().Describe();
+  }
+  const baton::v1::JobSpec& s = run.spec;
+  const std::vector<BlockInfo> blocks = DescribeBlocks(s.model());
   int64_t num_params = 0;
-  for (Parameter* p : t.model().Parameters()) num_params += p->value.numel();
+  for (const BlockInfo& b : blocks) num_params += b.parameters;
+  report.set_job_name(s.name());
   report.set_parameters(num_params);
+  const bool text = output == "text";
   if (text) {
-    std::printf("%s: %s, %d blocks, %lld parameters\n", s.name().empty() ? "job" : s.name().c_str(),
-                Describe(s).c_str(), t.model().size(), static_cast<long long>(num_params));
-    std::printf("data: %s; batch %d in %d micro-batches; %d steps\n",
-                t.dataset().Describe().c_str(), s.data().batch_size(), s.pipeline().microbatches(),
-                s.steps());
+    std::printf("%s: %s, %zu blocks, %lld parameters\n",
+                s.name().empty() ? "job" : s.name().c_str(), Describe(s).c_str(), blocks.size(),
+                static_cast<long long>(num_params));
+    if (pipe != nullptr) {
+      const Schedule& sc = pipe->schedule();
+      std::vector<std::string> parts;
+      for (const BlockRange& b : pipe->stage_blocks()) {
+        parts.push_back(absl::StrFormat("%s..%s", blocks[b.first].name, blocks[b.last - 1].name));
+      }
+      std::printf("pipeline: %s, %d ranks x %d chunks, %d micro-batches; stages: %s\n",
+                  ScheduleKindName(sc.kind), sc.num_ranks, sc.virtual_stages,
+                  sc.num_microbatches, absl::StrJoin(parts, " | ").c_str());
+    } else {
+      std::printf("data: %s; batch %d in %d micro-batches; %d steps\n", run.data.c_str(),
+                  s.data().batch_size(), s.pipeline().microbatches(), s.steps());
+    }
     std::fflush(stdout);
   }
   const auto start = std::chrono::steady_clock::now();
   const bool is_text_data = s.data().has_text();
   for (int64_t i = 0; i < s.steps(); ++i) {
-    absl::StatusOr<StepStats> st = t.Step();
+    absl::StatusOr<StepStats> st = run.step();
     if (!st.ok()) return Fail(absl::StrFormat("step %d: %s", i + 1, st.status().message()));
     baton::v1::StepReport* r = report.add_steps();
     r->set_step(st->step);
@@ -108,7 +181,8 @@ int TrainLocal(const std::vector<std::string>& argv) {
     r->set_tokens_per_second(st->tokens / st->seconds);
     if (text) {
       std::printf("step %5lld/%d  loss %.4f  %8.0f %s/s\n", static_cast<long long>(st->step),
-                  s.steps(), st->loss, is_text_data ? r->tokens_per_second() : r->samples_per_second(),
+                  s.steps(), st->loss,
+                  is_text_data ? r->tokens_per_second() : r->samples_per_second(),
                   is_text_data ? "tok" : "samples");
       std::fflush(stdout);
     }
@@ -118,17 +192,33 @@ int TrainLocal(const std::vector<std::string>& argv) {
   *report.mutable_wall_time() =
       google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(wall * 1e9));
 
-  const std::vector<Digest> blocks = t.BlockDigests();
-  for (int i = 0; i < static_cast<int>(blocks.size()); ++i) {
+  const std::vector<Digest> digests = run.digests();
+  for (size_t i = 0; i < digests.size(); ++i) {
     baton::v1::BlockDigest* b = report.add_block_digests();
-    b->set_block(t.model().at(i).name());
-    b->set_sha256(DigestHex(blocks[i]));
+    b->set_block(blocks[i].name);
+    b->set_sha256(DigestHex(digests[i]));
   }
-  report.set_weights_digest(DigestHex(CombineBlockDigests(blocks)));
+  report.set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  if (pipe != nullptr) {
+    baton::v1::PipelineReport* p = report.mutable_pipeline();
+    const Schedule& sc = pipe->schedule();
+    p->set_schedule(ScheduleKindName(sc.kind));
+    p->set_stages(sc.num_ranks);
+    p->set_virtual_stages(sc.virtual_stages);
+    p->set_microbatches(sc.num_microbatches);
+    for (int v : peak_inflight) p->add_peak_inflight(v);
+    for (const BlockRange& b : pipe->stage_blocks()) {
+      p->add_stage_blocks(absl::StrFormat("%d-%d", b.first, b.last - 1));
+    }
+  }
 
   if (text) {
     const float final_loss = report.steps().empty() ? 0.0f : report.steps().rbegin()->loss();
     std::printf("final loss %.4f after %d steps in %.1f s\n", final_loss, s.steps(), wall);
+    if (pipe != nullptr) {
+      std::printf("peak in-flight activations per rank: %s\n",
+                  absl::StrJoin(peak_inflight, " ").c_str());
+    }
     std::printf("weights digest %s\n", report.weights_digest().c_str());
     return 0;
   }

@@ -118,7 +118,7 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
   } else if (spec.has_gpt()) {
     const auto& s = spec.gpt();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
-    out.push_back({"embed", V * C + T * C, 0});
+    out.push_back({"embed", V * C + T * C, T * C});  // one add per output element
     // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
     const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
                                  (4 * C * C + 4 * C) + (4 * C * C + C);

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# End-to-end: batonctl plan as a user runs it (registered from client/CMakeLists.txt).
+#  - --output json is valid JSON with the documented fields and the closed-form bubble;
+#  - --output csv imports back (--schedule custom --csv) to the same clock;
+#  - --output svg is well-formed XML; table output has one row per rank;
+#  - refused clocks (deadlock, missing backward, mismatched send/receive order) exit 1 with
+#    the grid and the offending action; bad sizes exit 1 with a message naming the flag.
+set -euo pipefail
+BATONCTL="$1"
+EXAMPLES="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$BATONCTL" plan --schedule zb-h1 --stages 4 --microbatches 8 --output json >"$tmp/zb.json"
+"$BATONCTL" plan --schedule 1f1b --stages 4 --microbatches 8 --output json >"$tmp/1f1b.json"
+"$BATONCTL" plan --schedule interleaved-1f1b --stages 4 --virtual 2 --microbatches 8 \
+  --costs F=1,I=1,W=1 --output json >"$tmp/il.json"
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+zb, one, il = (json.load(open(f"{d}/{n}.json")) for n in ("zb", "1f1b", "il"))
+for j in (zb, one, il):
+    for key in ("schedule", "stages", "virtual", "microbatches", "bubble_ratio", "makespan",
+                "peak_inflight", "ranks"):
+        assert key in j, key
+    assert len(j["ranks"]) == j["stages"] == 4
+    assert all(r[-1] == "STEP" for r in j["ranks"])
+assert zb["schedule"] == "zb-h1" and zb["makespan"] == 27, zb["makespan"]
+assert abs(zb["bubble_ratio"] - 3 / 27) < 1e-9, zb["bubble_ratio"]
+assert abs(one["bubble_ratio"] - 3 / 11) < 1e-9, one["bubble_ratio"]
+assert one["peak_inflight"] == [4, 3, 2, 1], one["peak_inflight"]
+assert il["virtual"] == 2 and il["peak_inflight"] == [11, 9, 7, 5], il["peak_inflight"]
+assert abs(il["bubble_ratio"] - 3 / 19) < 1e-9, il["bubble_ratio"]
+assert "1I0" in zb["ranks"][1] and "0SEND_F0" in zb["ranks"][0]
+print("json ok")
+PY
+
+# CSV export imports back to the same clock.
+for sched in "gpipe --stages 3 --microbatches 5" "1f1b --stages 4 --microbatches 8" \
+             "interleaved-1f1b --stages 2 --virtual 2 --microbatches 4" \
+             "zb-h1 --stages 4 --microbatches 6"; do
+  # shellcheck disable=SC2086
+  "$BATONCTL" plan --schedule $sched --output csv >"$tmp/export.csv"
+  # shellcheck disable=SC2086
+  "$BATONCTL" plan --schedule $sched --output json >"$tmp/a.json"
+  "$BATONCTL" plan --schedule custom --csv "$tmp/export.csv" --output json >"$tmp/b.json"
+  "$BATONCTL" plan --csv "$tmp/export.csv" --output csv >"$tmp/again.csv"
+  cmp -s "$tmp/export.csv" "$tmp/again.csv" || fail "CSV round trip changed the clock ($sched)"
+  python3 - "$tmp/a.json" "$tmp/b.json" <<'PY' || fail "imported clock differs ($sched)"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert b["schedule"] == "custom"
+for key in ("ranks", "stages", "virtual", "microbatches", "makespan", "bubble_ratio",
+            "peak_inflight", "stage_to_rank"):
+    assert a[key] == b[key], key
+PY
+done
+echo "csv round trip ok"
+
+"$BATONCTL" plan --schedule interleaved-1f1b --stages 4 --virtual 2 --microbatches 8 \
+  --output svg >"$tmp/il.svg"
+python3 -c "import sys, xml.dom.minidom as m; m.parse(sys.argv[1])" "$tmp/il.svg" \
+  || fail "svg is not well-formed"
+grep -q "interleaved-1f1b: S=4, V=2, M=8" "$tmp/il.svg" || fail "svg has no title"
+
+"$BATONCTL" plan --schedule 1f1b --stages 4 --microbatches 8 >"$tmp/table.txt"
+grep -q "^makespan 33, bubble ratio 0.2727" "$tmp/table.txt" || fail "table has no summary"
+[[ "$(grep -c '^rank [0-3] |' "$tmp/table.txt")" == 4 ]] || fail "table rows"
+
+# The spec's pipeline section gives the defaults (gpt.json: 4 stages, 4 micro-batches, 1f1b).
+"$BATONCTL" plan -f "$EXAMPLES/gpt.json" --output json >"$tmp/spec.json"
+python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert (j['schedule'], j['stages'], j['microbatches']) == ('1f1b', 4, 4), j
+" "$tmp/spec.json" || fail "spec defaults not used"
+
+expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING ARGS...
+  local name="$1" expected="$2"
+  shift 2
+  local rc=0
+  "$BATONCTL" plan "$@" >"$tmp/$name.out" 2>&1 || rc=$?
+  [[ "$rc" == 1 ]] || { cat "$tmp/$name.out" >&2; fail "$name: exit code $rc, want 1"; }
+  grep -qF -- "$expected" "$tmp/$name.out" \
+    || { cat "$tmp/$name.out" >&2; fail "$name: no '$expected' in the output"; }
+}
+
+printf '%s\n' "0F0,0SEND_F0,0RECV_B0,0B0,0F1,0SEND_F1,0RECV_B1,0B1" \
+  "1RECV_F0,1RECV_F1,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1" >"$tmp/deadlock.csv"
+expect_refusal deadlock "deadlock: no rank can progress" --schedule custom --csv "$tmp/deadlock.csv"
+grep -qF ">0RECV_B0<" "$tmp/deadlock.out" || fail "deadlock: stuck action not marked"
+grep -qF ">1RECV_F1<" "$tmp/deadlock.out" || fail "deadlock: stuck action not marked"
+
+printf '%s\n' "0F0,0F1,0B0,0B1" "1F0,1B0,1F1" >"$tmp/missing.csv"
+expect_refusal missing "1F1 has no backward" --schedule custom --csv "$tmp/missing.csv"
+grep -qF ">1F1<" "$tmp/missing.out" || fail "missing backward: forward not marked"
+
+printf '%s\n' "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1" \
+  "1RECV_F1,1RECV_F0,1F0,1B0,1SEND_B0,1F1,1B1,1SEND_B1" >"$tmp/order.csv"
+expect_refusal order "receive order differs from send order" --csv "$tmp/order.csv"
+grep -qF ">1RECV_F1<" "$tmp/order.out" || fail "order: receive not marked"
+
+expect_refusal m0 "micro-batches must be at least 1 (--microbatches" \
+  --schedule 1f1b --stages 4 --microbatches 0
+expect_refusal interleaved_m "--microbatches 6 is not a multiple of --stages 4" \
+  --schedule interleaved-1f1b --stages 4 --virtual 2 --microbatches 6
+expect_refusal blocks "8 pipeline chunks, but the model has only 6 blocks" \
+  --schedule interleaved-1f1b --stages 4 --virtual 2 --microbatches 8 --blocks 6
+# mlp-tiny.json has depth 4: 5 blocks.
+expect_refusal spec_blocks "6 pipeline chunks, but the model has only 5 blocks" \
+  -f "$EXAMPLES/mlp-tiny.json" --schedule interleaved-1f1b --stages 3 --virtual 2 \
+  --microbatches 3
+expect_refusal no_csv "--schedule custom needs --csv FILE" --schedule custom
+expect_refusal bad_csv "row 1 (rank 0), column 2" --csv <(printf '0F0,0Q0\n')
+expect_refusal no_file "cannot read" --csv "$tmp/nonexistent.csv"
+expect_refusal bad_output "--output must be table, json, svg or csv" \
+  --stages 2 --microbatches 2 --output html
+expect_refusal bad_costs "costs 'F=-1'" --stages 2 --microbatches 2 --costs F=-1
+expect_refusal no_stages "missing --stages" --microbatches 2
+echo "refusals ok"
+echo "PASS"

@@ -1,0 +1,119 @@
+#include "common/pipeline/inproc_transport.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+
+std::string TensorTag::ToString() const {
+  return absl::StrCat("job ", job, " step ", step, " microbatch ", microbatch, " stage ", stage,
+                      kind == TensorKind::kActivation ? " activation" : " gradient");
+}
+
+namespace {
+class DoneWork final : public SendWork {
+ public:
+  explicit DoneWork(absl::Status s) : status_(std::move(s)) {}
+  absl::Status Wait(absl::Time) override { return status_; }
+  bool IsCompleted() override { return true; }
+
+ private:
+  const absl::Status status_;
+};
+}  // namespace
+
+std::unique_ptr<SendWork> CompletedSend(absl::Status status) {
+  return std::make_unique<DoneWork>(std::move(status));
+}
+
+class InProcessHub::End final : public Transport {
+ public:
+  End(InProcessHub* hub, int rank) : hub_(hub), rank_(rank) {}
+  const char* backend() const override { return "inproc"; }
+  int rank() const override { return rank_; }
+  std::unique_ptr<SendWork> Send(int peer, const TensorTag& tag, const Tensor& t) override {
+    return hub_->Send(rank_, peer, tag, t);
+  }
+  absl::StatusOr<Tensor> Recv(int peer, const TensorTag& tag, absl::Time deadline) override {
+    return hub_->Recv(peer, rank_, tag, deadline);
+  }
+  void Abort(const absl::Status& reason) override { hub_->Abort(rank_, reason); }
+
+ private:
+  InProcessHub* const hub_;
+  const int rank_;
+};
+
+InProcessHub::InProcessHub(int num_ranks) {
+  for (int r = 0; r < num_ranks; ++r) ends_.push_back(std::make_unique<End>(this, r));
+}
+
+InProcessHub::~InProcessHub() = default;
+
+std::unique_ptr<SendWork> InProcessHub::Send(int src, int dst, const TensorTag& tag,
+                                             const Tensor& t) {
+  if (dst < 0 || dst >= num_ranks() || dst == src) {
+    return CompletedSend(absl::InvalidArgumentError(
+        absl::StrCat("inproc: rank ", src, " cannot send ", tag.ToString(), " to rank ", dst)));
+  }
+  Tensor copy = t.Clone();  // outside the lock: the copy is the expensive part
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_.ok()) return CompletedSend(aborted_);
+  auto [it, inserted] = mailbox_.try_emplace(Key{src, dst, tag}, std::move(copy));
+  if (!inserted) {
+    return CompletedSend(absl::AlreadyExistsError(absl::StrCat(
+        "inproc: rank ", src, " sent ", tag.ToString(), " to rank ", dst, " twice")));
+  }
+  ++counters_.tensors_sent;
+  counters_.bytes_sent += static_cast<int64_t>(t.nbytes());
+  arrived_.notify_all();
+  return CompletedSend(absl::OkStatus());
+}
+
+absl::StatusOr<Tensor> InProcessHub::Recv(int src, int dst, const TensorTag& tag,
+                                          absl::Time deadline) {
+  const Key key{src, dst, tag};
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (!aborted_.ok()) return aborted_;
+    auto it = mailbox_.find(key);
+    if (it != mailbox_.end()) {
+      Tensor t = std::move(it->second);
+      mailbox_.erase(it);
+      return t;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "inproc: rank ", dst, " timed out waiting for ", tag.ToString(), " from rank ", src));
+    }
+    arrived_.wait_for(lock, absl::ToChronoNanoseconds(left));
+  }
+}
+
+void InProcessHub::Abort(int rank, const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_.ok()) return;  // the first reason wins
+  aborted_ = absl::AbortedError(absl::StrCat("rank ", rank, " aborted: ", reason.message()));
+  arrived_.notify_all();
+}
+
+int InProcessHub::Pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(mailbox_.size());
+}
+
+TransportCounters InProcessHub::Counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+void InProcessHub::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  mailbox_.clear();
+  aborted_ = absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,73 @@
+// A whole pipeline in one process: S stage executors on S threads, connected by the
+// in-process transport. This is `batonctl train-local --pipeline`, and the harness the
+// bit-exactness tests drive; the cluster runs the same StageExecutor in worker processes.
+#ifndef BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
+#define BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/v1/job.pb.h"
+#include "common/core/digest.h"
+#include "common/pipeline/inproc_transport.h"
+#include "common/pipeline/partition.h"
+#include "common/pipeline/stage_executor.h"
+#include "common/schedule/schedule.h"
+#include "common/train/reference_trainer.h"
+
+namespace baton {
+
+struct LocalPipelineOptions {
+  absl::Duration recv_timeout = absl::Seconds(60);
+  // A custom clock (e.g. imported from CSV) instead of the spec's schedule. Its ranks,
+  // micro-batches and stage count must fit the spec.
+  std::optional<Schedule> schedule;
+};
+
+struct PipelineStepStats : StepStats {
+  std::vector<int> peak_inflight;             // per rank
+  std::vector<RankStepResult> ranks;          // per rank: timeline, losses
+};
+
+class LocalPipelineTrainer {
+ public:
+  // Validates `spec` (filling defaults), builds and validates the schedule named by
+  // spec.pipeline (or options.schedule), partitions the blocks over its stages, and builds
+  // one executor per rank.
+  static absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> Create(
+      baton::v1::JobSpec spec, LocalPipelineOptions options = {});
+
+  // Runs one step on all ranks at once. On error every rank has stopped, and the error of
+  // the rank that failed first (not the ABORTED echoes) is returned.
+  absl::StatusOr<PipelineStepStats> Step();
+
+  const baton::v1::JobSpec& spec() const { return spec_; }
+  const Schedule& schedule() const { return schedule_; }
+  const std::vector<BlockRange>& stage_blocks() const { return stage_blocks_; }
+  int64_t steps_done() const { return steps_done_; }
+  InProcessHub& hub() { return *hub_; }
+
+  // Block digests in canonical block order, gathered from the ranks.
+  std::vector<Digest> BlockDigests();
+  Digest WeightsDigest() { return CombineBlockDigests(BlockDigests()); }
+
+ private:
+  LocalPipelineTrainer() = default;
+
+  baton::v1::JobSpec spec_;
+  Schedule schedule_;
+  std::vector<BlockRange> stage_blocks_;
+  std::unique_ptr<InProcessHub> hub_;
+  std::vector<std::unique_ptr<StageExecutor>> executors_;
+  int64_t steps_done_ = 0;
+  bool failed_ = false;
+};
+
+// Maps the spec's schedule enum to the generator's kind.
+absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec& p);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_

@@ -1,0 +1,283 @@
+#include "common/pipeline/stage_executor.h"
+
+#include <chrono>
+#include <set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/core/status.h"
+
+namespace baton {
+
+// Everything one step holds, keyed by (stage, micro-batch). Tensors are dropped as soon as
+// they are sent or consumed.
+class StageExecutor::StepState {
+ public:
+  StepState(int64_t step, int num_microbatches) : step(step), M(num_microbatches) {}
+
+  static int64_t Key(int stage, int mb) { return (static_cast<int64_t>(stage) << 32) | mb; }
+
+  // Removes and returns the tensor under (stage, mb), or an error naming what is missing.
+  absl::StatusOr<Tensor> Take(absl::flat_hash_map<int64_t, Tensor>& map, int stage, int mb,
+                              const char* what, const Action& a) {
+    auto it = map.find(Key(stage, mb));
+    if (it == map.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(a.ToString(), ": no ", what, " for stage ", stage, " micro-batch ", mb,
+                       " (the clock runs it too early)"));
+    }
+    Tensor t = std::move(it->second);
+    map.erase(it);
+    return t;
+  }
+
+  const int64_t step;
+  const int M;
+  absl::flat_hash_map<int, Batch> batches;                // by micro-batch
+  absl::flat_hash_map<int64_t, Tensor> activations_in;    // received input of (s, m)
+  absl::flat_hash_map<int64_t, Tensor> activations_out;   // output of (s, m) not yet handed on
+  absl::flat_hash_map<int64_t, Tensor> gradients_in;      // received dL/d(output) of (s, m)
+  absl::flat_hash_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
+  absl::flat_hash_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
+  absl::flat_hash_map<int, int> next_w;                   // stage -> next micro-batch to W
+  std::vector<std::unique_ptr<SendWork>> sends;
+  std::vector<float> losses;  // last stage only
+  int inflight = 0;
+  int peak_inflight = 0;
+  bool stepped = false;
+};
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
+    const baton::v1::JobSpec& spec, const Schedule& schedule,
+    const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
+    const StageExecutorOptions& options) {
+  if (rank < 0 || rank >= schedule.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the schedule's ", schedule.num_ranks, " ranks"));
+  }
+  if (static_cast<int>(stage_blocks.size()) != schedule.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("the schedule has ", schedule.num_stages(),
+                                                   " stages but ", stage_blocks.size(),
+                                                   " block ranges were given"));
+  }
+  if (schedule.num_microbatches != spec.pipeline().microbatches()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule has ", schedule.num_microbatches, " micro-batches, the job ",
+        spec.pipeline().microbatches(), " (pipeline.microbatches)"));
+  }
+  std::unique_ptr<StageExecutor> ex(new StageExecutor());
+  ex->spec_ = spec;
+  ex->schedule_ = schedule;
+  ex->rank_ = rank;
+  ex->transport_ = transport;
+  ex->options_ = options;
+  BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(spec));
+  for (int s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.stage_to_rank[s] != rank) continue;
+    Chunk c;
+    c.stage = s;
+    c.blocks = stage_blocks[s];
+    BATON_ASSIGN_OR_RETURN(c.model, BuildBlocks(spec.model(), spec.seed(), c.blocks.first,
+                                                c.blocks.last));
+    c.model->CollectParameters(&ex->params_);
+    ex->chunks_.push_back(std::move(c));
+  }
+  BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), ex->params_));
+  return ex;
+}
+
+StageExecutor::Chunk* StageExecutor::ChunkFor(int stage) {
+  for (Chunk& c : chunks_) {
+    if (c.stage == stage) return &c;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
+  StepState st(step, schedule_.num_microbatches);
+  ZeroGrad(params_);
+  RankStepResult result;
+  result.rank = rank_;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ns_since_start = [&t0] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  absl::Status status;
+  for (const Action& a : schedule_.ranks[rank_]) {
+    const int64_t start = ns_since_start();
+    status = Execute(a, st);
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step, " at ",
+                                                        a.ToString(), ": ", status.message()));
+      break;
+    }
+    result.timeline.push_back({a, start, ns_since_start()});
+  }
+  // Every send must have left before the step counts as done.
+  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  for (auto& w : st.sends) {
+    if (!status.ok()) break;
+    absl::Status s = w->Wait(deadline);
+    if (!s.ok()) status = absl::Status(s.code(), absl::StrCat("rank ", rank_, ": ", s.message()));
+  }
+  if (status.ok() && !st.stepped) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": the clock has no STEP action"));
+  }
+  if (!status.ok()) {
+    transport_->Abort(status);
+    for (Chunk& c : chunks_) {
+      for (int m = 0; m < st.M; ++m) c.model->Discard(m);
+    }
+    return status;
+  }
+  result.losses = std::move(st.losses);
+  result.peak_inflight = st.peak_inflight;
+  return result;
+}
+
+absl::Status StageExecutor::Execute(const Action& a, StepState& st) {
+  const int s = a.stage;
+  const int m = a.microbatch;
+  const int last_stage = schedule_.num_stages() - 1;
+  const int64_t per_mb = spec_.data().batch_size() / st.M;
+  auto tag = [&](int stage, TensorKind kind) {
+    return TensorTag{options_.job_id, st.step, m, stage, kind};
+  };
+  auto batch = [&]() -> absl::StatusOr<const Batch*> {
+    auto it = st.batches.find(m);
+    if (it == st.batches.end()) {
+      BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(st.step, m * per_mb, per_mb));
+      it = st.batches.emplace(m, std::move(b)).first;
+    }
+    return &it->second;
+  };
+  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+
+  switch (a.kind) {
+    case ActionKind::kForward: {
+      Chunk* c = ChunkFor(s);
+      if (c == nullptr) return absl::InternalError("stage not on this rank");
+      Tensor x;
+      if (s == 0) {
+        BATON_ASSIGN_OR_RETURN(const Batch* b, batch());
+        x = b->inputs;
+      } else if (schedule_.stage_to_rank[s - 1] == rank_) {
+        BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_out, s - 1, m, "local activation", a));
+      } else {
+        BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_in, s, m, "received activation", a));
+      }
+      const Tensor* targets = nullptr;
+      if (s == last_stage) {
+        BATON_ASSIGN_OR_RETURN(const Batch* b, batch());
+        targets = &b->targets;
+      }
+      Tensor y;
+      BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets}, x, &y));
+      if (++st.inflight > st.peak_inflight) st.peak_inflight = st.inflight;
+      // The blocks stash what they need of the batch; drop it after its last use here.
+      const bool last_use = (s == last_stage) || (s == 0 && ChunkFor(last_stage) == nullptr);
+      if (last_use) st.batches.erase(m);
+      if (s == last_stage) {
+        if (static_cast<int>(st.losses.size()) <= m) st.losses.resize(m + 1, 0.0f);
+        st.losses[m] = y.f32()[0];
+      } else {
+        st.activations_out[StepState::Key(s, m)] = std::move(y);
+      }
+      return absl::OkStatus();
+    }
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput: {
+      Chunk* c = ChunkFor(s);
+      if (c == nullptr) return absl::InternalError("stage not on this rank");
+      Tensor dy;
+      if (s == last_stage) {
+        dy = Tensor::Empty({1});
+        dy.f32()[0] = 1.0f / static_cast<float>(st.M);
+      } else if (schedule_.stage_to_rank[s + 1] == rank_) {
+        BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_out, s + 1, m, "local gradient", a));
+      } else {
+        BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_in, s, m, "received gradient", a));
+      }
+      Tensor dx;
+      const Tensor* targets = nullptr;
+      BATON_RETURN_IF_ERROR(c->model->BackwardInput(MicroBatch{m, targets}, dy, &dx));
+      if (s > 0) st.gradients_out[StepState::Key(s, m)] = std::move(dx);
+      if (a.kind == ActionKind::kBackward) return RunWeightGradient(s, m, st);
+      return absl::OkStatus();
+    }
+    case ActionKind::kBackwardWeight:
+      return RunWeightGradient(s, m, st);
+    case ActionKind::kSendF: {
+      BATON_ASSIGN_OR_RETURN(Tensor y, st.Take(st.activations_out, s, m, "activation", a));
+      st.sends.push_back(transport_->Send(schedule_.stage_to_rank[s + 1],
+                                          tag(s, TensorKind::kActivation), y));
+      return absl::OkStatus();
+    }
+    case ActionKind::kRecvF: {
+      BATON_ASSIGN_OR_RETURN(Tensor x, transport_->Recv(schedule_.stage_to_rank[s - 1],
+                                                        tag(s - 1, TensorKind::kActivation),
+                                                        deadline));
+      st.activations_in[StepState::Key(s, m)] = std::move(x);
+      return absl::OkStatus();
+    }
+    case ActionKind::kSendB: {
+      BATON_ASSIGN_OR_RETURN(Tensor dx, st.Take(st.gradients_out, s, m, "gradient", a));
+      st.sends.push_back(transport_->Send(schedule_.stage_to_rank[s - 1],
+                                          tag(s, TensorKind::kGradient), dx));
+      return absl::OkStatus();
+    }
+    case ActionKind::kRecvB: {
+      BATON_ASSIGN_OR_RETURN(Tensor dy, transport_->Recv(schedule_.stage_to_rank[s + 1],
+                                                         tag(s + 1, TensorKind::kGradient),
+                                                         deadline));
+      st.gradients_in[StepState::Key(s, m)] = std::move(dy);
+      return absl::OkStatus();
+    }
+    case ActionKind::kStep: {
+      for (const Chunk& c : chunks_) {
+        const int done = st.next_w[c.stage];
+        if (done != st.M) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("optimizer step before every weight gradient of stage ", c.stage,
+                           " ran (", done, " of ", st.M, ")"));
+        }
+      }
+      optimizer_->Step();
+      st.stepped = true;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown action kind");
+}
+
+absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepState& st) {
+  Chunk* c = ChunkFor(stage);
+  if (c == nullptr) return absl::InternalError("stage not on this rank");
+  std::set<int>& waiting = st.deferred_w[stage];
+  waiting.insert(microbatch);
+  int& next = st.next_w[stage];
+  // Weight gradients accumulate in micro-batch order, whatever order the clock asks.
+  while (!waiting.empty() && *waiting.begin() == next) {
+    BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr}));
+    waiting.erase(waiting.begin());
+    ++next;
+    --st.inflight;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<int, Digest>> StageExecutor::BlockDigests() {
+  std::vector<std::pair<int, Digest>> out;
+  for (Chunk& c : chunks_) {
+    for (int i = 0; i < c.model->size(); ++i) {
+      out.emplace_back(c.blocks.first + i, BlockDigest(c.model->at(i)));
+    }
+  }
+  return out;
+}
+
+}  // namespace baton

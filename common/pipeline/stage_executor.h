@@ -1,0 +1,110 @@
+// The stage executor: runs one rank's clock, step after step.
+//
+// A rank owns one or more pipeline stages (chunks of contiguous blocks; several under
+// interleaved schedules). Each step it walks its clock (common/schedule) action by action:
+// forward and backward halves on its chunks, tagged sends and receives through a Transport,
+// and the optimizer update. The first stage regenerates its micro-batch inputs and the
+// last stage its targets from the dataset's seed, so no data moves between ranks.
+//
+// Bit-exactness with the reference trainer (common/train/reference_trainer.h) rests on:
+//  - each micro-batch is computed by the same block code in the same order;
+//  - each stage's weight gradients accumulate in micro-batch order. The executor enforces
+//    this whatever the clock says: a W (or the W half of a B) that arrives before an
+//    earlier micro-batch's W of the same stage waits, stashed, until that one has run;
+//  - the last stage's step loss is the double sum of micro-batch losses in order, over M.
+//
+// In-flight accounting: a (stage, micro-batch) is in flight from its forward until its
+// weight gradient has run; the executor records the peak over the step.
+//
+// Errors: any failure (a deadline, a bad tensor, an aborted peer) aborts the transport so
+// the other ranks stop too, drops everything stashed for the step, and is returned. Weights
+// are unchanged unless the failure came after the STEP action (only the final send waits
+// follow it). Not thread-safe: one thread runs a rank.
+#ifndef BATON_COMMON_PIPELINE_STAGE_EXECUTOR_H_
+#define BATON_COMMON_PIPELINE_STAGE_EXECUTOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/job.pb.h"
+#include "common/core/digest.h"
+#include "common/data/dataset.h"
+#include "common/nn/model.h"
+#include "common/optim/optimizer.h"
+#include "common/pipeline/partition.h"
+#include "common/pipeline/transport.h"
+#include "common/schedule/schedule.h"
+
+namespace baton {
+
+struct StageExecutorOptions {
+  uint64_t job_id = 0;                              // goes into every tensor tag
+  absl::Duration recv_timeout = absl::Seconds(60);  // deadline of every receive and send wait
+};
+
+// One executed action, times in nanoseconds since the step started on this rank.
+struct ActionTiming {
+  Action action;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+struct RankStepResult {
+  int rank = 0;
+  // Per micro-batch losses, in micro-batch order; only on the rank owning the last stage.
+  std::vector<float> losses;
+  int peak_inflight = 0;
+  std::vector<ActionTiming> timeline;
+};
+
+class StageExecutor {
+ public:
+  // `spec` must be validated (common/spec); `schedule` lowered and validated; `stage_blocks`
+  // gives the block range of every global stage (size schedule.num_stages()). Builds this
+  // rank's chunks, its optimizer, and the dataset. `transport` is not owned.
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
+      const baton::v1::JobSpec& spec, const Schedule& schedule,
+      const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
+      const StageExecutorOptions& options);
+
+  // Runs the clock once for training step `step` (0-based).
+  absl::StatusOr<RankStepResult> RunStep(int64_t step);
+
+  int rank() const { return rank_; }
+  // Digests of the blocks this rank owns, by global block index.
+  std::vector<std::pair<int, Digest>> BlockDigests();
+  // Parameters of this rank's chunks, in stage then block order.
+  const std::vector<Parameter*>& parameters() const { return params_; }
+
+ private:
+  struct Chunk {
+    int stage = 0;
+    BlockRange blocks;
+    std::unique_ptr<Sequential> model;
+  };
+  class StepState;
+
+  StageExecutor() = default;
+  absl::Status Execute(const Action& a, StepState& st);
+  absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
+  Chunk* ChunkFor(int stage);
+
+  baton::v1::JobSpec spec_;
+  Schedule schedule_;
+  int rank_ = 0;
+  Transport* transport_ = nullptr;
+  StageExecutorOptions options_;
+  std::unique_ptr<Dataset> dataset_;
+  std::vector<Chunk> chunks_;  // ascending stage order
+  std::vector<Parameter*> params_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_PIPELINE_STAGE_EXECUTOR_H_

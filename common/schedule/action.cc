@@ -1,0 +1,102 @@
+#include "common/schedule/action.h"
+
+#include <cctype>
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+struct KindText {
+  ActionKind kind;
+  const char* text;
+};
+
+// Longest names first is not needed: the kind is matched against the whole text between
+// the two numbers.
+constexpr KindText kKinds[] = {
+    {ActionKind::kForward, "F"},       {ActionKind::kBackward, "B"},
+    {ActionKind::kBackwardInput, "I"}, {ActionKind::kBackwardWeight, "W"},
+    {ActionKind::kSendF, "SEND_F"},    {ActionKind::kRecvF, "RECV_F"},
+    {ActionKind::kSendB, "SEND_B"},    {ActionKind::kRecvB, "RECV_B"},
+};
+
+// Largest stage or micro-batch index the text form accepts (fits int32 with room).
+constexpr int64_t kMaxIndex = 1'000'000'000;
+
+bool IsSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+}  // namespace
+
+const char* ActionKindName(ActionKind k) {
+  if (k == ActionKind::kStep) return "STEP";
+  for (const KindText& kt : kKinds) {
+    if (kt.kind == k) return kt.text;
+  }
+  return "?";
+}
+
+bool IsCompute(ActionKind k) {
+  return k == ActionKind::kForward || k == ActionKind::kBackward ||
+         k == ActionKind::kBackwardInput || k == ActionKind::kBackwardWeight;
+}
+
+bool IsComm(ActionKind k) {
+  return k == ActionKind::kSendF || k == ActionKind::kRecvF || k == ActionKind::kSendB ||
+         k == ActionKind::kRecvB;
+}
+
+std::string Action::ToString() const {
+  if (kind == ActionKind::kStep) return "STEP";
+  return absl::StrCat(stage, ActionKindName(kind), microbatch);
+}
+
+absl::StatusOr<Action> Action::Parse(const std::string& text) {
+  size_t begin = 0;
+  size_t end = text.size();
+  while (begin < end && IsSpace(text[begin])) ++begin;
+  while (end > begin && IsSpace(text[end - 1])) --end;
+  const std::string t = text.substr(begin, end - begin);
+  auto error = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1 or STEP)"));
+  };
+  if (t.empty()) return error("empty");
+  if (t == "STEP") return Action{ActionKind::kStep, 0, 0};
+
+  size_t i = 0;
+  int64_t stage = 0;
+  while (i < t.size() && IsDigit(t[i])) {
+    stage = stage * 10 + (t[i] - '0');
+    if (stage > kMaxIndex) return error("stage index out of range");
+    ++i;
+  }
+  if (i == 0) return error("does not start with a stage index");
+  const size_t kind_begin = i;
+  while (i < t.size() && !IsDigit(t[i])) ++i;
+  const std::string kind_text = t.substr(kind_begin, i - kind_begin);
+  const KindText* kind = nullptr;
+  for (const KindText& kt : kKinds) {
+    if (kind_text == kt.text) kind = &kt;
+  }
+  if (kind == nullptr) {
+    return error(absl::StrCat("unknown action kind '", kind_text,
+                              "' (known: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B)"));
+  }
+  if (i == t.size()) return error("missing micro-batch index");
+  int64_t mb = 0;
+  const size_t mb_begin = i;
+  while (i < t.size() && IsDigit(t[i])) {
+    mb = mb * 10 + (t[i] - '0');
+    if (mb > kMaxIndex) return error("micro-batch index out of range");
+    ++i;
+  }
+  if (i != t.size() || i == mb_begin) return error("trailing characters after micro-batch index");
+  return Action{kind->kind, static_cast<int32_t>(stage), static_cast<int32_t>(mb)};
+}
+
+}  // namespace baton

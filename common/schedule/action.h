@@ -1,0 +1,62 @@
+// The action IR: a pipeline schedule is data, an ordered list of actions per rank.
+//
+// Text form (the one PyTorch's torch.distributed.pipelining uses, so schedules drawn
+// there import here and ours export there): "{stage}{kind}{microbatch}", e.g.
+//   2F0       forward of stage 2 on micro-batch 0
+//   1B3       full backward (input then weight gradient) of stage 1, micro-batch 3
+//   1I3, 1W3  the input-gradient and weight-gradient halves of that backward
+//   0SEND_F1  stage 0 sends its output activation for micro-batch 1 to stage 1's rank
+//   1RECV_F1  stage 1 receives that activation from stage 0's rank
+//   1SEND_B1  stage 1 sends the gradient of its input for micro-batch 1 to stage 0's rank
+//   0RECV_B1  stage 0 receives the gradient of its output from stage 1's rank
+// "Stage" is the global stage (model chunk) index in [0, S*V); which rank runs it is the
+// schedule's stage-to-rank map (schedule.h). The peer of a communication action follows
+// from that map: SEND_F/RECV_B talk to the rank of stage+1, RECV_F/SEND_B to stage-1.
+//
+// One action has no PyTorch text form: the optimizer step, written "STEP" (no stage, no
+// micro-batch). Every lowered clock ends with it on every rank; CSV files omit it and
+// import appends it (see schedule.h).
+#ifndef BATON_COMMON_SCHEDULE_ACTION_H_
+#define BATON_COMMON_SCHEDULE_ACTION_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+enum class ActionKind : uint8_t {
+  kForward,         // F
+  kBackward,        // B = I then W
+  kBackwardInput,   // I
+  kBackwardWeight,  // W
+  kSendF,           // SEND_F
+  kRecvF,           // RECV_F
+  kSendB,           // SEND_B
+  kRecvB,           // RECV_B
+  kStep,            // STEP: the optimizer update, once per rank per step
+};
+
+const char* ActionKindName(ActionKind k);  // "F", "SEND_F", "STEP", ...
+bool IsCompute(ActionKind k);               // F, B, I, W
+bool IsComm(ActionKind k);                  // SEND_*, RECV_*
+
+struct Action {
+  ActionKind kind = ActionKind::kForward;
+  int32_t stage = 0;       // global stage index; 0 for STEP
+  int32_t microbatch = 0;  // 0 for STEP
+
+  std::string ToString() const;  // "2F0", "0SEND_F1", "STEP"
+  // Parses the text form; surrounding spaces are ignored. Errors name the text.
+  static absl::StatusOr<Action> Parse(const std::string& text);
+
+  friend bool operator==(const Action& a, const Action& b) {
+    return a.kind == b.kind && a.stage == b.stage && a.microbatch == b.microbatch;
+  }
+  friend bool operator!=(const Action& a, const Action& b) { return !(a == b); }
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_SCHEDULE_ACTION_H_

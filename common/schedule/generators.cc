@@ -1,0 +1,244 @@
+#include "common/schedule/generators.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/core/status.h"
+#include "common/schedule/internal.h"
+#include "common/schedule/validate.h"
+
+namespace baton {
+namespace {
+
+using schedule_internal::kMaxCells;
+using schedule_internal::kMaxRanks;
+
+Schedule Empty(ScheduleKind kind, int num_ranks, int virtual_stages, int num_microbatches) {
+  Schedule s;
+  s.kind = kind;
+  s.num_ranks = num_ranks;
+  s.virtual_stages = virtual_stages;
+  s.num_microbatches = num_microbatches;
+  s.stage_to_rank = LoopedStageToRank(num_ranks, virtual_stages);
+  s.ranks.resize(num_ranks);
+  return s;
+}
+
+Action F(int stage, int mb) { return Action{ActionKind::kForward, stage, mb}; }
+Action B(int stage, int mb) { return Action{ActionKind::kBackward, stage, mb}; }
+Action I(int stage, int mb) { return Action{ActionKind::kBackwardInput, stage, mb}; }
+Action W(int stage, int mb) { return Action{ActionKind::kBackwardWeight, stage, mb}; }
+
+}  // namespace
+
+absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
+  const char* name = ScheduleKindName(o.kind);
+  if (o.kind == ScheduleKind::kCustom) {
+    return absl::InvalidArgumentError(
+        "schedule custom has no generator: custom schedules are imported from CSV");
+  }
+  if (o.num_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages must be at least 1 (--stages, pipeline.stages), got ", o.num_ranks));
+  }
+  if (o.virtual_stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("virtual stages must be at least 1 (--virtual, pipeline.virtual_stages), got ",
+                     o.virtual_stages));
+  }
+  if (o.num_microbatches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batches must be at least 1 (--microbatches, pipeline.microbatches), got ",
+        o.num_microbatches));
+  }
+  if (o.num_ranks > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages (--stages) must be at most ", kMaxRanks, ", got ", o.num_ranks));
+  }
+  const int64_t chunks = static_cast<int64_t>(o.num_ranks) * o.virtual_stages;
+  if (chunks * o.num_microbatches > kMaxCells) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages x virtual stages x micro-batches = ", chunks * o.num_microbatches,
+                     " is more than this planner handles (", kMaxCells, ")"));
+  }
+  if (o.kind == ScheduleKind::kInterleaved1F1B) {
+    if (o.virtual_stages < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("interleaved-1f1b needs at least 2 virtual stages per rank (--virtual, "
+                       "pipeline.virtual_stages), got ",
+                       o.virtual_stages, "; with one chunk per rank use 1f1b"));
+    }
+    if (o.num_microbatches % o.num_ranks != 0) {
+      const int lo = o.num_microbatches / o.num_ranks * o.num_ranks;
+      const int hi = lo + o.num_ranks;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "interleaved-1f1b needs the micro-batch count to be a multiple of the stage count "
+          "(Megatron's interleaved order runs the chunks S micro-batches at a time): "
+          "--microbatches ",
+          o.num_microbatches, " is not a multiple of --stages ", o.num_ranks, "; use ",
+          lo > 0 ? absl::StrCat(lo, " or ") : "", hi));
+    }
+  } else if (o.virtual_stages != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        " runs one stage per rank: virtual stages (--virtual, pipeline.virtual_stages) "
+        "must be 1, got ",
+        o.virtual_stages, "; only interleaved-1f1b takes more"));
+  }
+  if (o.num_blocks > 0 && chunks > o.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages x virtual stages = ", o.num_ranks, " x ", o.virtual_stages, " = ",
+                     chunks, " pipeline chunks, but the model has only ", o.num_blocks,
+                     " blocks; every chunk needs at least one block"));
+  }
+  return absl::OkStatus();
+}
+
+OneFOneBPhases OneFOneBPhasesFor(int num_ranks, int rank, int num_microbatches) {
+  OneFOneBPhases p;
+  p.warmup = std::min(num_ranks - rank - 1, num_microbatches);
+  p.steady = num_microbatches - p.warmup;
+  p.cooldown = p.warmup;
+  return p;
+}
+
+// Megatron's interleaved order. A rank's forwards are numbered k = 0 .. V*M-1; they run in
+// groups of S*V: within a group, chunk 0 for S consecutive micro-batches, then chunk 1 for
+// the same S micro-batches, and so on; the next group takes the next S micro-batches.
+// Backwards use the same numbering with the chunks reversed (the last chunk's gradient is
+// ready first). For S = 2, V = 2, M = 4:
+//
+//     k          0  1  2  3  4  5  6  7
+//     chunk (F)  0  0  1  1  0  0  1  1     stage = chunk*S + rank
+//     chunk (B)  1  1  0  0  1  1  0  0
+//     mb         0  1  0  1  2  3  2  3
+//
+// Because a group covers S micro-batches, M must be a multiple of S: otherwise the last
+// group would be short and the ranks' orders would no longer line up.
+InterleavedSlot InterleavedForwardSlot(int k, int num_ranks, int virtual_stages) {
+  const int group_size = num_ranks * virtual_stages;
+  const int group = k / group_size;
+  const int within = k % group_size;
+  return InterleavedSlot{within / num_ranks, group * num_ranks + within % num_ranks};
+}
+
+InterleavedSlot InterleavedBackwardSlot(int k, int num_ranks, int virtual_stages) {
+  InterleavedSlot s = InterleavedForwardSlot(k, num_ranks, virtual_stages);
+  s.chunk = virtual_stages - 1 - s.chunk;
+  return s;
+}
+
+int InterleavedWarmup(int num_ranks, int rank, int virtual_stages, int num_microbatches) {
+  const int64_t total = static_cast<int64_t>(virtual_stages) * num_microbatches;
+  const int64_t warm = static_cast<int64_t>(num_ranks - rank - 1) * 2 +
+                       static_cast<int64_t>(virtual_stages - 1) * num_ranks;
+  return static_cast<int>(std::min(warm, total));
+}
+
+Schedule GenerateGpipe(int num_ranks, int num_microbatches) {
+  Schedule s = Empty(ScheduleKind::kGpipe, num_ranks, 1, num_microbatches);
+  for (int r = 0; r < num_ranks; ++r) {
+    auto& clock = s.ranks[r];
+    clock.reserve(2 * num_microbatches);
+    for (int m = 0; m < num_microbatches; ++m) clock.push_back(F(r, m));
+    for (int m = 0; m < num_microbatches; ++m) clock.push_back(B(r, m));
+  }
+  return s;
+}
+
+Schedule Generate1F1B(int num_ranks, int num_microbatches) {
+  Schedule s = Empty(ScheduleKind::k1F1B, num_ranks, 1, num_microbatches);
+  for (int r = 0; r < num_ranks; ++r) {
+    const OneFOneBPhases p = OneFOneBPhasesFor(num_ranks, r, num_microbatches);
+    auto& clock = s.ranks[r];
+    clock.reserve(2 * num_microbatches);
+    int f = 0;
+    int b = 0;
+    for (int i = 0; i < p.warmup; ++i) clock.push_back(F(r, f++));
+    for (int i = 0; i < p.steady; ++i) {
+      clock.push_back(F(r, f++));
+      clock.push_back(B(r, b++));
+    }
+    for (int i = 0; i < p.cooldown; ++i) clock.push_back(B(r, b++));
+  }
+  return s;
+}
+
+Schedule GenerateInterleaved1F1B(int num_ranks, int virtual_stages, int num_microbatches) {
+  Schedule s = Empty(ScheduleKind::kInterleaved1F1B, num_ranks, virtual_stages, num_microbatches);
+  const int total = virtual_stages * num_microbatches;
+  for (int r = 0; r < num_ranks; ++r) {
+    auto fwd = [&](int k) {
+      const InterleavedSlot slot = InterleavedForwardSlot(k, num_ranks, virtual_stages);
+      return F(slot.chunk * num_ranks + r, slot.microbatch);
+    };
+    auto bwd = [&](int k) {
+      const InterleavedSlot slot = InterleavedBackwardSlot(k, num_ranks, virtual_stages);
+      return B(slot.chunk * num_ranks + r, slot.microbatch);
+    };
+    const int warmup = InterleavedWarmup(num_ranks, r, virtual_stages, num_microbatches);
+    const int steady = total - warmup;
+    auto& clock = s.ranks[r];
+    clock.reserve(2 * total);
+    for (int k = 0; k < warmup; ++k) clock.push_back(fwd(k));
+    for (int i = 0; i < steady; ++i) {
+      clock.push_back(fwd(warmup + i));
+      clock.push_back(bwd(i));
+    }
+    for (int i = steady; i < total; ++i) clock.push_back(bwd(i));
+  }
+  return s;
+}
+
+// ZB-H1: 1F1B's warm-up and steady state with the backward split into I and W. Rank r
+// starts issuing Ws after its (r+1)-th I, one W after each I, which keeps at most S
+// micro-batches awaiting W; the Ws left over fill the cool-down, where 1F1B idles.
+Schedule GenerateZbH1(int num_ranks, int num_microbatches) {
+  Schedule s = Empty(ScheduleKind::kZbH1, num_ranks, 1, num_microbatches);
+  const int m = num_microbatches;
+  for (int r = 0; r < num_ranks; ++r) {
+    auto& clock = s.ranks[r];
+    clock.reserve(3 * m);
+    const int warmup = std::min(num_ranks - r - 1, m);
+    int f = 0;
+    int i = 0;
+    int w = 0;
+    while (f < warmup) clock.push_back(F(r, f++));
+    while (i < m) {
+      if (f < m) clock.push_back(F(r, f++));
+      clock.push_back(I(r, i++));
+      if (i > r && w < i) clock.push_back(W(r, w++));
+    }
+    while (w < m) clock.push_back(W(r, w++));
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> GenerateComputeSchedule(const ScheduleOptions& o) {
+  BATON_RETURN_IF_ERROR(CheckScheduleOptions(o));
+  switch (o.kind) {
+    case ScheduleKind::kGpipe:
+      return GenerateGpipe(o.num_ranks, o.num_microbatches);
+    case ScheduleKind::k1F1B:
+      return Generate1F1B(o.num_ranks, o.num_microbatches);
+    case ScheduleKind::kInterleaved1F1B:
+      return GenerateInterleaved1F1B(o.num_ranks, o.virtual_stages, o.num_microbatches);
+    case ScheduleKind::kZbH1:
+      return GenerateZbH1(o.num_ranks, o.num_microbatches);
+    case ScheduleKind::kCustom:
+      break;
+  }
+  return absl::InvalidArgumentError("no generator for this schedule kind");
+}
+
+absl::StatusOr<Schedule> BuildSchedule(const ScheduleOptions& o) {
+  BATON_ASSIGN_OR_RETURN(Schedule compute, GenerateComputeSchedule(o));
+  BATON_ASSIGN_OR_RETURN(Schedule lowered, Lower(compute));
+  BATON_RETURN_IF_ERROR(Validate(lowered));
+  return lowered;
+}
+
+}  // namespace baton

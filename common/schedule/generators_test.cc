@@ -1,0 +1,296 @@
+#include "common/schedule/generators.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/schedule/schedule.h"
+#include "common/schedule/validate.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+constexpr double kTol = 1e-9;
+
+std::string Name(const ScheduleOptions& o) {
+  return absl::StrCat(ScheduleKindName(o.kind), " S=", o.num_ranks, " V=", o.virtual_stages,
+                      " M=", o.num_microbatches);
+}
+
+// Every valid combination of S in {1..4}, M in {1, 2, 3, 4, 8}, and V in {2, 3} for
+// interleaved-1f1b (where M is a multiple of S) or V = 1 for the others.
+std::vector<ScheduleOptions> Sweep() {
+  std::vector<ScheduleOptions> out;
+  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+                         ScheduleKind::kZbH1}) {
+    for (int s = 1; s <= 4; ++s) {
+      for (int m : {1, 2, 3, 4, 8}) {
+        if (k != ScheduleKind::kInterleaved1F1B) {
+          out.push_back({k, s, 1, m});
+          continue;
+        }
+        if (m % s != 0) continue;
+        for (int v : {2, 3}) out.push_back({k, s, v, m});
+      }
+    }
+  }
+  return out;
+}
+
+SimResult MustSimulate(const ScheduleOptions& o, const Costs& c = Costs()) {
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  EXPECT_TRUE(s.ok()) << Name(o) << ": " << s.status();
+  if (!s.ok()) return SimResult();
+  absl::StatusOr<SimResult> r = Simulate(*s, c);
+  EXPECT_TRUE(r.ok()) << Name(o) << ": " << r.status();
+  return r.ok() ? *r : SimResult();
+}
+
+TEST(GeneratorsTest, EverySweptScheduleValidatesAndSimulates) {
+  for (const ScheduleOptions& o : Sweep()) {
+    SCOPED_TRACE(Name(o));
+    absl::StatusOr<Schedule> compute = GenerateComputeSchedule(o);
+    ASSERT_TRUE(compute.ok()) << compute.status();
+    EXPECT_FALSE(compute->lowered());
+    EXPECT_EQ(compute->kind, o.kind);
+    EXPECT_EQ(compute->num_stages(), o.num_ranks * o.virtual_stages);
+    const bool split = o.kind == ScheduleKind::kZbH1;
+    for (int r = 0; r < o.num_ranks; ++r) {
+      // Compute actions only, each (stage, micro-batch) once per kind; backward halves in
+      // ascending micro-batch order per stage (bit-exact gradient accumulation).
+      std::vector<int> next_b(compute->num_stages(), 0);
+      std::vector<int> next_i(compute->num_stages(), 0);
+      for (const Action& a : compute->ranks[r]) {
+        ASSERT_TRUE(IsCompute(a.kind)) << a.ToString();
+        EXPECT_EQ(compute->stage_to_rank[a.stage], r);
+        if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) {
+          EXPECT_EQ(a.microbatch, next_b[a.stage]++) << a.ToString();
+        }
+        if (a.kind == ActionKind::kBackwardInput) {
+          EXPECT_EQ(a.microbatch, next_i[a.stage]++) << a.ToString();
+        }
+        if (a.kind != ActionKind::kForward) {
+          EXPECT_EQ(split, a.kind != ActionKind::kBackward) << a.ToString();
+        }
+      }
+      EXPECT_EQ(compute->ranks[r].size(),
+                static_cast<size_t>(o.virtual_stages * o.num_microbatches * (split ? 3 : 2)));
+    }
+    // After lowering, every receive sits immediately before the action that consumes it
+    // (Lower never has to receive early for the built-in generators).
+    absl::StatusOr<Schedule> lowered = BuildSchedule(o);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    for (const auto& clock : lowered->ranks) {
+      for (size_t j = 0; j < clock.size(); ++j) {
+        const Action& a = clock[j];
+        if (a.kind != ActionKind::kRecvF && a.kind != ActionKind::kRecvB) continue;
+        ASSERT_LT(j + 1, clock.size());
+        const Action& next = clock[j + 1];
+        EXPECT_EQ(next.stage, a.stage) << a.ToString() << " then " << next.ToString();
+        EXPECT_EQ(next.microbatch, a.microbatch) << a.ToString() << " then " << next.ToString();
+        if (a.kind == ActionKind::kRecvF) {
+          EXPECT_EQ(next.kind, ActionKind::kForward) << a.ToString();
+        } else {
+          EXPECT_TRUE(next.kind == ActionKind::kBackward || next.kind == ActionKind::kBackwardInput)
+              << a.ToString() << " then " << next.ToString();
+        }
+      }
+    }
+    const SimResult r = MustSimulate(o);
+    EXPECT_GT(r.makespan, 0);
+    EXPECT_EQ(r.peak_inflight.size(), static_cast<size_t>(o.num_ranks));
+  }
+}
+
+// The closed forms with unit costs (F = I = W = 1, B = 2).
+TEST(GeneratorsTest, BubbleRatiosMatchClosedForms) {
+  for (const ScheduleOptions& o : Sweep()) {
+    SCOPED_TRACE(Name(o));
+    const double s = o.num_ranks;
+    const double m = o.num_microbatches;
+    const double v = o.virtual_stages;
+    const SimResult r = MustSimulate(o);
+    switch (o.kind) {
+      case ScheduleKind::kGpipe:
+      case ScheduleKind::k1F1B:
+        EXPECT_NEAR(r.bubble_ratio, (s - 1) / (m + s - 1), kTol);
+        EXPECT_NEAR(r.makespan, 3 * (m + s - 1), kTol);
+        break;
+      case ScheduleKind::kInterleaved1F1B:
+        EXPECT_NEAR(r.bubble_ratio, (s - 1) / (v * m + s - 1), kTol);
+        break;
+      case ScheduleKind::kZbH1:
+        if (m >= s) {
+          // The Zero Bubble paper's bound: idle (S-1)*(F+I-W) = S-1 on every rank.
+          EXPECT_NEAR(r.makespan, 3 * m + s - 1, kTol);
+          EXPECT_NEAR(r.bubble_ratio, (s - 1) / (3 * m + s - 1), kTol);
+          for (int rank = 0; rank < o.num_ranks; ++rank) {
+            EXPECT_NEAR(r.makespan - r.busy[rank], s - 1, kTol) << "rank " << rank;
+          }
+        } else {
+          // Fewer micro-batches than stages: never worse than 1F1B.
+          EXPECT_LE(r.bubble_ratio, (s - 1) / (m + s - 1) + kTol);
+        }
+        break;
+      case ScheduleKind::kCustom:
+        break;
+    }
+  }
+}
+
+TEST(GeneratorsTest, ZeroBubbleIsAThirdOf1F1BForFourStagesEightMicrobatches) {
+  const SimResult one = MustSimulate({ScheduleKind::k1F1B, 4, 1, 8});
+  const SimResult zb = MustSimulate({ScheduleKind::kZbH1, 4, 1, 8});
+  const SimResult gp = MustSimulate({ScheduleKind::kGpipe, 4, 1, 8});
+  const SimResult il = MustSimulate({ScheduleKind::kInterleaved1F1B, 4, 2, 8});
+  EXPECT_NEAR(one.bubble_ratio, 3.0 / 11.0, kTol);  // 0.273
+  EXPECT_NEAR(gp.bubble_ratio, 3.0 / 11.0, kTol);
+  EXPECT_NEAR(zb.bubble_ratio, 3.0 / 27.0, kTol);  // 0.111
+  EXPECT_NEAR(il.bubble_ratio, 3.0 / 19.0, kTol);
+  EXPECT_NEAR(one.makespan, 33, kTol);
+  EXPECT_NEAR(zb.makespan, 27, kTol);
+  // Idle time per rank: 1F1B (S-1)*(F+B) = 9, ZB-H1 (S-1)*(F+I-W) = 3.
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(one.makespan - one.busy[r], 9, kTol);
+    EXPECT_NEAR(zb.makespan - zb.busy[r], 3, kTol);
+  }
+}
+
+TEST(GeneratorsTest, PeakInflightMatchesTheory) {
+  for (const ScheduleOptions& o : Sweep()) {
+    SCOPED_TRACE(Name(o));
+    const int s = o.num_ranks;
+    const int m = o.num_microbatches;
+    const int v = o.virtual_stages;
+    const SimResult r = MustSimulate(o);
+    for (int rank = 0; rank < s; ++rank) {
+      const int peak = r.peak_inflight[rank];
+      switch (o.kind) {
+        case ScheduleKind::kGpipe:
+          EXPECT_EQ(peak, m) << "rank " << rank;
+          break;
+        case ScheduleKind::k1F1B:
+          EXPECT_EQ(peak, std::min(s - rank, m)) << "rank " << rank;
+          break;
+        case ScheduleKind::kInterleaved1F1B:
+          // (S-r-1)*2 + (V-1)*S + 1 chunks, capped at all V*M chunks when M*V is smaller
+          // (e.g. M = S = 4, V = 2: ranks 0 and 1 run every forward before any backward).
+          EXPECT_EQ(peak, std::min((s - rank - 1) * 2 + (v - 1) * s + 1, v * m)) << "rank " << rank;
+          break;
+        case ScheduleKind::kZbH1:
+          // Micro-batches awaiting W: at most S+1 (the paper's bound); this generator keeps S.
+          EXPECT_LE(peak, s + 1) << "rank " << rank;
+          EXPECT_EQ(peak, std::min(s, m)) << "rank " << rank;
+          break;
+        case ScheduleKind::kCustom:
+          break;
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, InterleavedPeaksForFourStagesTwoChunks) {
+  EXPECT_EQ(MustSimulate({ScheduleKind::kInterleaved1F1B, 4, 2, 8}).peak_inflight,
+            (std::vector<int>{11, 9, 7, 5}));
+  EXPECT_EQ(MustSimulate({ScheduleKind::kInterleaved1F1B, 4, 2, 16}).peak_inflight,
+            (std::vector<int>{11, 9, 7, 5}));
+  // M = S = 4, V = 2: only V*M = 8 chunks exist, so ranks 0 and 1 are capped at 8.
+  EXPECT_EQ(MustSimulate({ScheduleKind::kInterleaved1F1B, 4, 2, 4}).peak_inflight,
+            (std::vector<int>{8, 8, 7, 5}));
+}
+
+TEST(GeneratorsTest, OneFOneBPhases) {
+  const OneFOneBPhases p0 = OneFOneBPhasesFor(4, 0, 8);
+  EXPECT_EQ(p0.warmup, 3);
+  EXPECT_EQ(p0.steady, 5);
+  EXPECT_EQ(p0.cooldown, 3);
+  const OneFOneBPhases p3 = OneFOneBPhasesFor(4, 3, 8);
+  EXPECT_EQ(p3.warmup, 0);
+  EXPECT_EQ(p3.steady, 8);
+  const OneFOneBPhases few = OneFOneBPhasesFor(4, 0, 2);
+  EXPECT_EQ(few.warmup, 2);
+  EXPECT_EQ(few.steady, 0);
+  EXPECT_EQ(few.cooldown, 2);
+}
+
+TEST(GeneratorsTest, InterleavedOrderTable) {
+  // The table in generators.cc: S = 2, V = 2, M = 4.
+  const int fwd_chunk[] = {0, 0, 1, 1, 0, 0, 1, 1};
+  const int bwd_chunk[] = {1, 1, 0, 0, 1, 1, 0, 0};
+  const int mb[] = {0, 1, 0, 1, 2, 3, 2, 3};
+  for (int k = 0; k < 8; ++k) {
+    EXPECT_EQ(InterleavedForwardSlot(k, 2, 2).chunk, fwd_chunk[k]) << k;
+    EXPECT_EQ(InterleavedBackwardSlot(k, 2, 2).chunk, bwd_chunk[k]) << k;
+    EXPECT_EQ(InterleavedForwardSlot(k, 2, 2).microbatch, mb[k]) << k;
+    EXPECT_EQ(InterleavedBackwardSlot(k, 2, 2).microbatch, mb[k]) << k;
+  }
+  EXPECT_EQ(InterleavedWarmup(4, 0, 2, 8), 10);
+  EXPECT_EQ(InterleavedWarmup(4, 3, 2, 8), 4);
+  EXPECT_EQ(InterleavedWarmup(4, 0, 2, 4), 8);
+}
+
+TEST(GeneratorsTest, CsvRoundTripForEveryGenerator) {
+  for (const ScheduleOptions& o : Sweep()) {
+    SCOPED_TRACE(Name(o));
+    absl::StatusOr<Schedule> s = BuildSchedule(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<Schedule> back = FromCsv(ToCsv(*s));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->ranks, s->ranks);
+    EXPECT_EQ(back->stage_to_rank, s->stage_to_rank);
+    EXPECT_EQ(back->num_ranks, s->num_ranks);
+    EXPECT_EQ(back->virtual_stages, s->virtual_stages);
+    EXPECT_EQ(back->num_microbatches, s->num_microbatches);
+    EXPECT_TRUE(Validate(*back).ok());
+    // The compute-only form imports to the same clock too (import lowers it).
+    absl::StatusOr<Schedule> compute = GenerateComputeSchedule(o);
+    ASSERT_TRUE(compute.ok());
+    absl::StatusOr<Schedule> lowered_back = FromCsv(ToCsv(*compute));
+    ASSERT_TRUE(lowered_back.ok()) << lowered_back.status();
+    EXPECT_EQ(lowered_back->ranks, s->ranks);
+  }
+}
+
+void ExpectRefused(const ScheduleOptions& o, const std::string& expect) {
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  ASSERT_FALSE(s.ok()) << Name(o);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(expect), std::string::npos)
+      << "got: " << s.status().message() << "\nexpected: " << expect;
+}
+
+TEST(GeneratorsTest, RefusalsAreClear) {
+  ExpectRefused({ScheduleKind::k1F1B, 4, 1, 0},
+                "micro-batches must be at least 1 (--microbatches, pipeline.microbatches), got 0");
+  ExpectRefused({ScheduleKind::kGpipe, 0, 1, 4},
+                "stages must be at least 1 (--stages, pipeline.stages), got 0");
+  ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 0, 4},
+                "virtual stages must be at least 1 (--virtual, pipeline.virtual_stages), got 0");
+  ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 2, 6},
+                "--microbatches 6 is not a multiple of --stages 4; use 4 or 8");
+  ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 2, 3}, "use 4");
+  ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 1, 8}, "at least 2 virtual stages");
+  ExpectRefused({ScheduleKind::k1F1B, 4, 2, 8}, "1f1b runs one stage per rank");
+  ExpectRefused({ScheduleKind::kZbH1, 4, 2, 8}, "zb-h1 runs one stage per rank");
+  ExpectRefused({ScheduleKind::kCustom, 4, 1, 8}, "imported from CSV");
+  ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 2, 8, /*num_blocks=*/6},
+                "4 x 2 = 8 pipeline chunks, but the model has only 6 blocks");
+  ExpectRefused({ScheduleKind::k1F1B, 8, 1, 8, /*num_blocks=*/5},
+                "8 x 1 = 8 pipeline chunks, but the model has only 5 blocks");
+  ExpectRefused({ScheduleKind::k1F1B, 64, 1, 1 << 20}, "more than this planner handles");
+  EXPECT_TRUE(BuildSchedule({ScheduleKind::kInterleaved1F1B, 4, 2, 8, 8}).ok());
+}
+
+TEST(GeneratorsTest, LargePipelineBuilds) {
+  // S=64, V=2, M=512: ~131k compute actions (timed in bench/plan_bench.cc).
+  absl::StatusOr<Schedule> s = BuildSchedule({ScheduleKind::kInterleaved1F1B, 64, 2, 512});
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<SimResult> r = Simulate(*s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->bubble_ratio, 63.0 / (2 * 512 + 63), kTol);
+}
+
+}  // namespace
+}  // namespace baton

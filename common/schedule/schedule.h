@@ -1,0 +1,74 @@
+// Schedules ("clocks"): per rank, the ordered actions of one training step.
+//
+// A Schedule is plain data. Generators (generators.h) write compute actions only (F, B,
+// I, W); Lower() inserts the communication (SEND_*/RECV_*) and the final STEP, so no
+// generator hand-writes a send. Validate() (validate.h) proves a lowered schedule safe
+// before anyone runs it; Simulate() predicts its timeline.
+#ifndef BATON_COMMON_SCHEDULE_SCHEDULE_H_
+#define BATON_COMMON_SCHEDULE_SCHEDULE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/action.h"
+
+namespace baton {
+
+enum class ScheduleKind : uint8_t {
+  kGpipe,
+  k1F1B,
+  kInterleaved1F1B,
+  kZbH1,
+  kCustom,  // imported from CSV
+};
+
+const char* ScheduleKindName(ScheduleKind k);  // "gpipe", "1f1b", "interleaved-1f1b", ...
+absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& name);
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::kCustom;
+  int num_ranks = 0;           // S
+  int virtual_stages = 1;      // V: stages (chunks) per rank
+  int num_microbatches = 0;    // M
+  // stage_to_rank[s] is the rank that runs global stage s; size S*V.
+  std::vector<int> stage_to_rank;
+  // ranks[r] is rank r's clock, in execution order.
+  std::vector<std::vector<Action>> ranks;
+
+  int num_stages() const { return static_cast<int>(stage_to_rank.size()); }
+  bool lowered() const;  // has any communication or STEP action
+};
+
+// The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
+// interleaved placement, and the identity for V = 1).
+std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages);
+
+// Inserts communication and the final STEP into a compute-only schedule:
+//  - after F(s, m), if stage s+1 lives on another rank: SEND_F(s, m) on this rank, and
+//    RECV_F(s+1, m) on that rank immediately before its F(s+1, m);
+//  - after the input-gradient action (B or I) of (s, m), if stage s-1 lives on another
+//    rank: SEND_B(s, m) here, and RECV_B(s-1, m) there immediately before its B or I of
+//    (s-1, m);
+//  - receives keep each peer's send order (NCCL matches point-to-point messages in order):
+//    if a rank consumes two messages from one peer in the opposite order to the one they
+//    were sent in, it receives the earlier-sent one early, just before the receive it needs;
+//  - STEP at the end of every rank.
+// Stages on the same rank hand tensors over locally, without actions.
+// Errors if the schedule is already lowered or malformed (stage out of range).
+absl::StatusOr<Schedule> Lower(const Schedule& compute_only);
+
+// PyTorch's CSV form: one row per rank, one action string per cell, in order. STEP is not
+// written. Import of a compute-only CSV lowers it; import of a lowered CSV keeps its
+// communication as written and appends STEP. The header-less CSV carries no S/V/M: they
+// are inferred (ranks = rows; stages = max stage + 1; M = max micro-batch + 1) and the
+// stage-to-rank map is read off the rows (each stage must appear on exactly one rank).
+// Every rank must hold the same number of stages (V = stages / ranks). Empty cells and
+// "None" (PyTorch's idle slots) are skipped.
+std::string ToCsv(const Schedule& s);
+absl::StatusOr<Schedule> FromCsv(const std::string& csv);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_SCHEDULE_SCHEDULE_H_
