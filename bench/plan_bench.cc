@@ -1,0 +1,127 @@
+// Planning speed: generate + lower + validate (BuildSchedule), and simulate, for large
+// pipelines. The bar: S=64, V=2, M=512 (131072 compute actions, ~390k after
+// lowering) well under a second, with cost about linear in the number of actions (the
+// *_Scaling runs fit O(N) over N = lowered actions).
+//
+//   ninja -C build plan_bench && build/bin/plan_bench
+#include <cstdint>
+#include <string>
+
+#include "benchmark/benchmark.h"
+#include "common/schedule/generators.h"
+#include "common/schedule/schedule.h"
+#include "common/schedule/validate.h"
+
+namespace baton {
+namespace {
+
+int64_t CountActions(const Schedule& s) {
+  int64_t n = 0;
+  for (const auto& clock : s.ranks) n += static_cast<int64_t>(clock.size());
+  return n;
+}
+
+ScheduleOptions Options(const benchmark::State& state) {
+  ScheduleOptions o;
+  o.kind = static_cast<ScheduleKind>(state.range(0));
+  o.num_ranks = static_cast<int>(state.range(1));
+  o.virtual_stages = static_cast<int>(state.range(2));
+  o.num_microbatches = static_cast<int>(state.range(3));
+  return o;
+}
+
+// Generate + Lower + Validate (with its deadlock simulation).
+void BM_BuildSchedule(benchmark::State& state) {
+  const ScheduleOptions o = Options(state);
+  int64_t actions = 0;
+  for (auto _ : state) {
+    absl::StatusOr<Schedule> s = BuildSchedule(o);
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.status().message()).c_str());
+      return;
+    }
+    actions = CountActions(*s);
+    benchmark::DoNotOptimize(s);
+  }
+  state.counters["actions"] = static_cast<double>(actions);
+  state.SetItemsProcessed(state.iterations() * actions);
+  state.SetComplexityN(actions);
+}
+
+// What `batonctl plan` does before rendering: build, then Simulate (validates again and
+// records the timeline).
+void BM_PlanAndSimulate(benchmark::State& state) {
+  const ScheduleOptions o = Options(state);
+  int64_t actions = 0;
+  for (auto _ : state) {
+    absl::StatusOr<Schedule> s = BuildSchedule(o);
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.status().message()).c_str());
+      return;
+    }
+    absl::StatusOr<SimResult> r = Simulate(*s);
+    if (!r.ok()) {
+      state.SkipWithError(std::string(r.status().message()).c_str());
+      return;
+    }
+    actions = CountActions(*s);
+    benchmark::DoNotOptimize(r);
+  }
+  state.counters["actions"] = static_cast<double>(actions);
+  state.SetItemsProcessed(state.iterations() * actions);
+}
+
+// Validate alone on a prebuilt clock.
+void BM_Validate(benchmark::State& state) {
+  absl::StatusOr<Schedule> s = BuildSchedule(Options(state));
+  if (!s.ok()) {
+    state.SkipWithError(std::string(s.status().message()).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(Validate(*s));
+  state.SetItemsProcessed(state.iterations() * CountActions(*s));
+  state.SetComplexityN(CountActions(*s));
+}
+
+constexpr int64_t kInterleaved = static_cast<int64_t>(ScheduleKind::kInterleaved1F1B);
+constexpr int64_t kZbH1 = static_cast<int64_t>(ScheduleKind::kZbH1);
+constexpr int64_t k1F1B = static_cast<int64_t>(ScheduleKind::k1F1B);
+
+// The size, per generator.
+BENCHMARK(BM_BuildSchedule)
+    ->ArgNames({"kind", "S", "V", "M"})
+    ->Args({kInterleaved, 64, 2, 512})
+    ->Args({k1F1B, 64, 1, 512})
+    ->Args({kZbH1, 64, 1, 512})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanAndSimulate)
+    ->ArgNames({"kind", "S", "V", "M"})
+    ->Args({kInterleaved, 64, 2, 512})
+    ->Unit(benchmark::kMillisecond);
+
+// Scaling in M (and so in actions) at S=64, V=2: expect O(N).
+BENCHMARK(BM_BuildSchedule)
+    ->Name("BM_BuildSchedule_Scaling")
+    ->ArgNames({"kind", "S", "V", "M"})
+    ->Args({kInterleaved, 64, 2, 64})
+    ->Args({kInterleaved, 64, 2, 128})
+    ->Args({kInterleaved, 64, 2, 256})
+    ->Args({kInterleaved, 64, 2, 512})
+    ->Args({kInterleaved, 64, 2, 1024})
+    ->Complexity(benchmark::oN)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Validate)
+    ->Name("BM_Validate_Scaling")
+    ->ArgNames({"kind", "S", "V", "M"})
+    ->Args({kInterleaved, 64, 2, 64})
+    ->Args({kInterleaved, 64, 2, 128})
+    ->Args({kInterleaved, 64, 2, 256})
+    ->Args({kInterleaved, 64, 2, 512})
+    ->Args({kInterleaved, 64, 2, 1024})
+    ->Complexity(benchmark::oN)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace baton
+
+BENCHMARK_MAIN();
