@@ -1,10 +1,207 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and trains the example GPT locally. Extra arguments go
-# to `batonctl train-local`.
+# The cluster demo. Installs what is missing and builds (as before), then, on loopback:
+# starts a coordinator and 4 workers on free ports, submits the example GPT job
+# (client/examples/gpt.json, 4 stages, 1F1B), watches it to the end, and checks that the
+# job's weights digest equals the single-process reference trainer's. Everything it started
+# is stopped on exit, also on Ctrl-C. Exits 0 only if the job succeeded and the digests
+# match.
+#
+#   scripts/demo.sh [--steps N] [--seed S]    the cluster demo (overrides go to the job and
+#                                             to the reference run alike)
+#   scripts/demo.sh --local [ARGS...]         the reference trainer only (the old demo);
+#                                             ARGS go to `batonctl train-local`
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+section() { printf '\n==== %s ====\n' "$*"; }
+die() { echo "demo: $*" >&2; exit 1; }
+
+SPEC=client/examples/gpt.json
+NUM_WORKERS=4
+SCHEDULE=1f1b
+BIN=build/bin
+
+local_only=0
+overrides=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --local) local_only=1; shift; break ;;
+    --steps | --seed)
+      [[ $# -ge 2 ]] || die "$1 needs a value"
+      overrides+=("$1" "$2"); shift 2 ;;
+    -h | --help)
+      sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
+  esac
+done
+
+section "setup"
 scripts/setup.sh
+section "build"
 scripts/build.sh
 
-exec build/bin/batonctl train-local -f client/examples/gpt.json "$@"
+if [[ $local_only -eq 1 ]]; then
+  section "reference trainer: $SPEC"
+  exec "$BIN/batonctl" train-local -f "$SPEC" "$@"
+fi
+
+for b in coordinator worker batonctl; do
+  [[ -x "$BIN/$b" ]] || die "$BIN/$b was not built"
+done
+
+tmp="$(mktemp -d -t baton-demo.XXXXXX)"
+pids=()
+names=()
+fg_pid=""
+ok=0
+interrupted=0
+
+# Stops every process this script started (SIGTERM, then SIGKILL after 10 s), waits for
+# them, and removes the temp dir; on failure first shows the tail of each service log.
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  set +e
+  if [[ -n "$fg_pid" ]]; then
+    kill -TERM "$fg_pid" 2>/dev/null
+    wait "$fg_pid" 2>/dev/null
+  fi
+  if [[ ${#pids[@]} -gt 0 ]]; then
+    section "shutting down"
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for _ in $(seq 100); do
+      local alive=0
+      for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      [[ $alive -eq 0 ]] && break
+      sleep 0.1
+    done
+    for i in "${!pids[@]}"; do
+      if kill -0 "${pids[$i]}" 2>/dev/null; then
+        echo "${names[$i]} did not stop on SIGTERM; killing it"
+        kill -KILL "${pids[$i]}" 2>/dev/null
+      fi
+      wait "${pids[$i]}" 2>/dev/null
+    done
+    echo "stopped the coordinator and ${NUM_WORKERS} workers"
+  fi
+  if [[ $ok -ne 1 && $interrupted -ne 1 ]]; then
+    for log in "$tmp"/*.log; do
+      [[ -f "$log" ]] || continue
+      echo "--- last lines of $(basename "$log") ---"
+      tail -n 15 "$log"
+    done
+  fi
+  rm -rf "$tmp"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: interrupted"; interrupted=1; exit 130' INT
+trap 'echo; echo "demo: terminated"; interrupted=1; exit 143' TERM
+
+# start NAME COMMAND...: runs a service in the background, logging to $tmp/NAME.log.
+start() {
+  local name="$1"; shift
+  "$@" >"$tmp/$name.log" 2>&1 &
+  pids+=("$!")
+  names+=("$name")
+}
+
+# run COMMAND...: runs it as if in the foreground, but in the background and waited for,
+# so that a signal to this script (Ctrl-C, kill) is handled at once, not when it ends.
+run() {
+  "$@" &
+  fg_pid=$!
+  local rc=0
+  wait "$fg_pid" || rc=$?
+  fg_pid=""
+  return "$rc"
+}
+
+# wait_port_file NAME FILE: waits (at most 30 s) until the service wrote its address.
+wait_port_file() {
+  local name="$1" file="$2" pid="${pids[-1]}"
+  for _ in $(seq 300); do
+    if [[ -s "$file" ]]; then
+      cat "$file"
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || die "$name exited before listening"
+    sleep 0.1
+  done
+  die "$name did not write $file within 30 s"
+}
+
+section "cluster: a coordinator and ${NUM_WORKERS} workers on loopback"
+start coordinator "$BIN/coordinator" --listen 127.0.0.1:0 --db "$tmp/baton.db" \
+  --port_file "$tmp/coordinator.port"
+coordinator="$(wait_port_file coordinator "$tmp/coordinator.port")"
+echo "coordinator listening on $coordinator"
+export BATON_COORDINATOR="$coordinator"
+
+for i in $(seq "$NUM_WORKERS"); do
+  start "worker-$i" "$BIN/worker" --coordinator "$coordinator" --listen 127.0.0.1:0 \
+    --worker_id "w-$i" --port_file "$tmp/worker-$i.port"
+  worker_addr="$(wait_port_file "worker w-$i" "$tmp/worker-$i.port")"
+  echo "worker w-$i listening on $worker_addr"
+done
+
+# Registration is asynchronous: wait (at most 30 s) until every worker is IDLE.
+idle=0
+for _ in $(seq 300); do
+  idle="$("$BIN/batonctl" workers --output json 2>/dev/null | python3 -c '
+import json, sys
+print(sum(w.get("state") == "WORKER_STATE_IDLE" for w in json.load(sys.stdin).get("workers", [])))
+' 2>/dev/null || echo 0)"
+  [[ "$idle" -ge "$NUM_WORKERS" ]] && break
+  sleep 0.1
+done
+[[ "$idle" -ge "$NUM_WORKERS" ]] || die "only $idle of $NUM_WORKERS workers registered within 30 s"
+"$BIN/batonctl" workers
+
+section "job: $SPEC, schedule $SCHEDULE, ${NUM_WORKERS} stages${overrides[*]:+ (${overrides[*]})}"
+job="$("$BIN/batonctl" submit -f "$SPEC" --schedule "$SCHEDULE" --stages "$NUM_WORKERS" \
+  ${overrides[@]+"${overrides[@]}"})"
+echo "submitted $job"
+job_start=$SECONDS
+watch_rc=0
+run "$BIN/batonctl" watch "$job" || watch_rc=$?
+job_seconds=$((SECONDS - job_start))
+"$BIN/batonctl" get "$job" --output json >"$tmp/job.json"
+
+# The reference runs after the cluster job, not beside it: the machine may have only a
+# couple of cores, and running both at once would slow the job and hide its real timing.
+section "reference: batonctl train-local on the same spec"
+echo "training the same job in this process (about as long as the cluster took)..."
+ref_start=$SECONDS
+run "$BIN/batonctl" train-local -f "$SPEC" ${overrides[@]+"${overrides[@]}"} --output json \
+  >"$tmp/reference.json"
+ref_seconds=$((SECONDS - ref_start))
+
+section "result"
+verdict=0
+python3 - "$tmp/job.json" "$tmp/reference.json" "$job_seconds" "$ref_seconds" <<'PY' || verdict=$?
+import json, sys
+job = json.load(open(sys.argv[1]))
+ref = json.load(open(sys.argv[2]))
+state = job["state"].removeprefix("JOB_STATE_")
+reason = job["history"][-1]["reason"] if job.get("history") else ""
+ref_loss = ref["steps"][-1]["loss"] if ref.get("steps") else float("nan")
+print(f"job {job['id']}: {state}{': ' + reason if reason and state != 'SUCCEEDED' else ''}"
+      f" after {job.get('steps_done', 0)}/{job['spec'].get('steps')} steps"
+      f" in {sys.argv[3]} s on workers {' '.join(job.get('workers', []))}")
+print(f"final loss:        job {job.get('last_loss', 0):.4f}   reference {ref_loss:.4f}"
+      f" (reference took {sys.argv[4]} s)")
+print(f"job digest:        {job.get('weights_digest') or '(none)'}")
+print(f"reference digest:  {ref['weights_digest']}")
+if state != "SUCCEEDED":
+    print("RESULT: the job did not succeed")
+    sys.exit(1)
+if job.get("weights_digest") != ref["weights_digest"]:
+    print("RESULT: MISMATCH: the pipeline's weights differ from the reference trainer's")
+    sys.exit(1)
+print("RESULT: the job succeeded and its weights equal the reference trainer's, bit for bit")
+PY
+if [[ $watch_rc -ne 0 || $verdict -ne 0 ]]; then
+  exit 1
+fi
+ok=1

@@ -19,6 +19,31 @@ int TrainLocal(const std::vector<std::string>& argv);
 // Builds (or imports), validates and simulates a pipeline schedule; no cluster needed.
 int Plan(const std::vector<std::string>& argv);
 
+// Cluster commands: they talk to the coordinator's JobService (proto/baton/v1/jobs.proto).
+// Common flags: --coordinator HOST:PORT (default $BATON_COORDINATOR, else 127.0.0.1:7070),
+// --timeout DURATION (each RPC's deadline: 10s; watch's stream 24h), --output text|json.
+// See cluster_client.h.
+
+// batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule gpipe|1f1b|...]
+//                 [--stages N] [--virtual N] [--microbatches N] [--name X]
+//                 [--submission-id ID] [--watch]
+int Submit(const std::vector<std::string>& argv);
+
+// batonctl get JOB
+int Get(const std::vector<std::string>& argv);
+
+// batonctl list [--page-size N] [--page-token T] [--all]
+int List(const std::vector<std::string>& argv);
+
+// batonctl watch JOB: follows the job to its end; exit 0 only if it SUCCEEDED.
+int Watch(const std::vector<std::string>& argv);
+
+// batonctl cancel JOB [--reason R]
+int Cancel(const std::vector<std::string>& argv);
+
+// batonctl workers
+int Workers(const std::vector<std::string>& argv);
+
 }  // namespace baton::cli
 
 #endif  // BATON_CLIENT_BATONCTL_COMMANDS_H_

@@ -14,6 +14,15 @@ constexpr char kUsage[] =
     "  train-local   train a job spec in this process with the reference trainer\n"
     "  plan          build, validate and simulate a pipeline schedule (no cluster)\n"
     "\n"
+    "cluster commands (--coordinator HOST:PORT, default $BATON_COORDINATOR or 127.0.0.1:7070;\n"
+    "--output json for scripts):\n"
+    "  submit        submit a job spec (-f SPEC.json; flags override its fields)\n"
+    "  get           show a job: state and history, progress, workers, digest\n"
+    "  list          list jobs, newest first\n"
+    "  watch         follow a job to its end (exit 0 only if it succeeded)\n"
+    "  cancel        cancel a queued or running job\n"
+    "  workers       list the workers and what they run\n"
+    "\n"
     "Run 'batonctl COMMAND --help' for a command's flags.\n";
 }  // namespace
 
@@ -26,6 +35,12 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rest(argv + 2, argv + argc);
   if (command == "train-local") return baton::cli::TrainLocal(rest);
   if (command == "plan") return baton::cli::Plan(rest);
+  if (command == "submit") return baton::cli::Submit(rest);
+  if (command == "get") return baton::cli::Get(rest);
+  if (command == "list") return baton::cli::List(rest);
+  if (command == "watch") return baton::cli::Watch(rest);
+  if (command == "cancel") return baton::cli::Cancel(rest);
+  if (command == "workers") return baton::cli::Workers(rest);
   std::fprintf(stderr, "batonctl: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,200 @@
+#include "client/batonctl/cluster_client.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/rpc/rpc.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace baton::cli {
+
+std::vector<FlagSpec> WithClusterFlags(std::vector<FlagSpec> own) {
+  own.push_back({"coordinator", "", false,
+                 absl::StrCat("coordinator host:port (default $", kCoordinatorEnv, ", else ",
+                              kDefaultCoordinator, ")")});
+  own.push_back({"timeout", "", false,
+                 "RPC deadline, e.g. 10s, 2m, 24h (default 10s; watch: 24h)"});
+  own.push_back({"output", "o", false, "text (default) or json"});
+  own.push_back({"help", "h", true, "show this help"});
+  return own;
+}
+
+int CommandFail(const std::string& command, const std::string& message, int code) {
+  std::fprintf(stderr, "batonctl %s: %s\n", command.c_str(), message.c_str());
+  return code;
+}
+
+absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(text, &d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout wants a duration such as 10s, 2m or 24h, got '", text, "'"));
+  }
+  if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout must be positive and finite, got '", text, "'"));
+  }
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
+    const std::string& command, const Args& args, absl::Duration default_timeout) {
+  auto c = std::unique_ptr<ClusterClient>(new ClusterClient());
+  c->command_ = command;
+  const char* env = std::getenv(kCoordinatorEnv);
+  c->address_ = args.Get("coordinator", env != nullptr && *env != '\0' ? env : kDefaultCoordinator);
+  if (c->address_.empty() || c->address_.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator wants host:port, got '", c->address_, "'"));
+  }
+  const std::string output = args.Get("output", "text");
+  if (output != "text" && output != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output must be text or json, got '", output, "'"));
+  }
+  c->json_ = output == "json";
+  c->timeout_ = default_timeout;
+  if (args.Has("timeout")) {
+    absl::StatusOr<absl::Duration> t = ParseTimeout(args.Get("timeout"));
+    if (!t.ok()) return t.status();
+    c->timeout_ = *t;
+  }
+  c->channel_ = MakeChannel(c->address_);
+  c->stub_ = baton::v1::JobService::NewStub(c->channel_);
+  return c;
+}
+
+std::unique_ptr<grpc::ClientContext> ClusterClient::Context() const {
+  return ContextWithTimeout(timeout_);
+}
+
+std::unique_ptr<grpc::ClientContext> ClusterClient::Context(absl::Duration timeout) const {
+  return ContextWithTimeout(timeout);
+}
+
+int ClusterClient::Fail(const grpc::Status& status, bool was_connected) const {
+  const absl::Status s = FromGrpcStatus(status);
+  const std::string what = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+  const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/false);
+  const bool unreachable =
+      (s.code() == absl::StatusCode::kUnavailable ||
+       s.code() == absl::StatusCode::kDeadlineExceeded) &&
+      state != GRPC_CHANNEL_READY;
+  if (unreachable && was_connected) {
+    return CommandFail(command_, absl::StrCat("lost the connection to the coordinator at ",
+                                              address_, ": ", what));
+  }
+  if (unreachable) {
+    return CommandFail(command_,
+                       absl::StrCat("cannot reach the coordinator at ", address_, ": ", what,
+                                    " (is it running? set --coordinator or $",
+                                    kCoordinatorEnv, ")"));
+  }
+  return CommandFail(command_, what);
+}
+
+int ClusterClient::Fail(const absl::Status& status) const {
+  return CommandFail(command_,
+                     absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = pretty;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  std::string out;
+  const auto st = google::protobuf::util::MessageToJsonString(message, &out, opts);
+  if (!st.ok()) {
+    // Only reachable with invalid UTF-8 in a string field; keep the output parseable.
+    return absl::StrCat("{\"error\": \"cannot print ", message.GetTypeName(), " as JSON\"}",
+                        pretty ? "\n" : "");
+  }
+  if (pretty && (out.empty() || out.back() != '\n')) out.push_back('\n');
+  while (!pretty && !out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+std::string JobStateName(baton::v1::JobState state) {
+  std::string name = baton::v1::JobState_Name(state);
+  constexpr char kPrefix[] = "JOB_STATE_";
+  if (name.rfind(kPrefix, 0) == 0) name = name.substr(sizeof(kPrefix) - 1);
+  return name.empty() ? absl::StrCat("STATE_", static_cast<int>(state)) : name;
+}
+
+std::string WorkerStateName(baton::v1::WorkerState state) {
+  std::string name = baton::v1::WorkerState_Name(state);
+  constexpr char kPrefix[] = "WORKER_STATE_";
+  if (name.rfind(kPrefix, 0) == 0) name = name.substr(sizeof(kPrefix) - 1);
+  return name.empty() ? absl::StrCat("STATE_", static_cast<int>(state)) : name;
+}
+
+bool IsTerminal(baton::v1::JobState state) {
+  return state == baton::v1::JOB_STATE_SUCCEEDED || state == baton::v1::JOB_STATE_FAILED ||
+         state == baton::v1::JOB_STATE_CANCELLED;
+}
+
+namespace {
+const char* ScheduleName(baton::v1::Schedule s) {
+  switch (s) {
+    case baton::v1::SCHEDULE_GPIPE:
+      return "gpipe";
+    case baton::v1::SCHEDULE_1F1B:
+      return "1f1b";
+    case baton::v1::SCHEDULE_INTERLEAVED_1F1B:
+      return "interleaved-1f1b";
+    case baton::v1::SCHEDULE_ZB_H1:
+      return "zb-h1";
+    default:
+      return "1f1b (default)";
+  }
+}
+}  // namespace
+
+std::string DescribeSpec(const baton::v1::JobSpec& spec) {
+  std::string model = "no model";
+  if (spec.model().has_gpt()) {
+    const auto& g = spec.model().gpt();
+    model = absl::StrFormat("gpt (vocab %d, context %d, d_model %d, heads %d, layers %d)",
+                            g.vocab_size(), g.context(), g.d_model(), g.heads(), g.layers());
+  } else if (spec.model().has_mlp()) {
+    const auto& m = spec.model().mlp();
+    model = absl::StrFormat("mlp (input %d, width %d, depth %d, output %d)", m.input_dim(),
+                            m.width(), m.depth(), m.output_dim());
+  }
+  const auto& p = spec.pipeline();
+  const int stages = std::max(1, p.stages());
+  const int chunks = std::max(1, p.virtual_stages());
+  const int micro = std::max(1, p.microbatches());
+  return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s, %d micro-batch%s, batch %d, %d steps, "
+                         "seed %d",
+                         model, ScheduleName(p.schedule()), stages, stages == 1 ? "" : "s",
+                         chunks, chunks == 1 ? "" : "s", micro, micro == 1 ? "" : "es",
+                         spec.data().batch_size(), spec.steps(), spec.seed());
+}
+
+std::string FormatClock(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%H:%M:%S", FromProtoTime(t), absl::LocalTimeZone());
+}
+
+std::string FormatDateTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", FromProtoTime(t), absl::LocalTimeZone());
+}
+
+std::string FormatEta(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e8) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+}  // namespace baton::cli

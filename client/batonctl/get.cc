@@ -1,0 +1,79 @@
+// batonctl get: one job: its spec, state and history, progress, workers and digest.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "baton/v1/jobs.pb.h"
+#include "client/batonctl/args.h"
+#include "client/batonctl/cluster_client.h"
+#include "client/batonctl/commands.h"
+
+namespace baton::cli {
+namespace {
+
+constexpr char kCommand[] = "get";
+
+const std::vector<FlagSpec>& Flags() {
+  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({}));
+  return *flags;
+}
+
+void PrintJob(const baton::v1::Job& job) {
+  std::printf("%s  %s\n", job.id().c_str(), JobStateName(job.state()).c_str());
+  if (!job.spec().name().empty()) std::printf("  name:       %s\n", job.spec().name().c_str());
+  if (!job.submission_id().empty()) {
+    std::printf("  submission: %s\n", job.submission_id().c_str());
+  }
+  std::printf("  spec:       %s\n", DescribeSpec(job.spec()).c_str());
+  std::printf("  created:    %s\n", FormatDateTime(job.create_time()).c_str());
+  std::printf("  progress:   step %lld/%d", static_cast<long long>(job.steps_done()),
+              job.spec().steps());
+  if (job.steps_done() > 0) std::printf(", loss %.4f", job.last_loss());
+  std::printf("\n");
+  if (!job.workers().empty()) {
+    std::printf("  workers:    %s\n", absl::StrJoin(job.workers(), " ").c_str());
+  }
+  if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
+    std::printf("  stages:     %s (blocks per stage)\n",
+                absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());
+  }
+  if (!job.weights_digest().empty()) {
+    std::printf("  digest:     %s\n", job.weights_digest().c_str());
+  }
+  std::printf("  history:\n");
+  for (const baton::v1::StateChange& c : job.history()) {
+    std::printf("    %s  %-10s %s\n", FormatDateTime(c.time()).c_str(),
+                JobStateName(c.state()).c_str(), c.reason().c_str());
+  }
+}
+
+}  // namespace
+
+int Get(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
+  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
+  if (args->Has("help")) {
+    std::printf("usage: batonctl get JOB [--output text|json]\n\n%s", FlagHelp(Flags()).c_str());
+    return 0;
+  }
+  if (args->positional().size() != 1) return CommandFail(kCommand, "wants one JOB id", 2);
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
+  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
+  const ClusterClient& c = **client;
+
+  baton::v1::GetJobRequest req;
+  req.set_job_id(args->positional()[0]);
+  baton::v1::Job job;
+  std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+  if (const grpc::Status st = c.stub().GetJob(ctx.get(), req, &job); !st.ok()) return c.Fail(st);
+  if (c.json()) {
+    std::fputs(ToJson(job, /*pretty=*/true).c_str(), stdout);
+  } else {
+    PrintJob(job);
+  }
+  return 0;
+}
+
+}  // namespace baton::cli

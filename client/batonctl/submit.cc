@@ -1,0 +1,157 @@
+// batonctl submit: send a job spec to the coordinator; prints the job id (or the Job as
+// JSON) and, with --watch, watches it to the end.
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "baton/v1/jobs.pb.h"
+#include "client/batonctl/args.h"
+#include "client/batonctl/cluster_client.h"
+#include "client/batonctl/commands.h"
+#include "common/spec/spec.h"
+
+namespace baton::cli {
+namespace {
+
+constexpr char kCommand[] = "submit";
+
+const std::vector<FlagSpec>& Flags() {
+  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({
+      {"file", "f", false, "job spec (JSON, protobuf JSON mapping of baton.v1.JobSpec)"},
+      {"name", "", false, "override the spec's name"},
+      {"steps", "", false, "override the spec's steps"},
+      {"seed", "", false, "override the spec's seed"},
+      {"schedule", "s", false, "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1"},
+      {"stages", "", false, "override pipeline.stages"},
+      {"virtual", "", false, "override pipeline.virtual_stages"},
+      {"microbatches", "m", false, "override pipeline.microbatches"},
+      {"submission-id", "", false,
+       "idempotency key: submitting again with it returns the first job"},
+      {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
+  }));
+  return *flags;
+}
+
+constexpr char kUsage[] =
+    "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
+    "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
+    "                       [--submission-id ID] [--watch] [--output text|json]\n"
+    "\n"
+    "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
+    "defaults and validates the spec: a bad spec is refused with INVALID_ARGUMENT naming\n"
+    "the field.\n\n";
+
+absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
+  const std::string s = absl::AsciiStrToLower(text);
+  if (s == "gpipe") return baton::v1::SCHEDULE_GPIPE;
+  if (s == "1f1b") return baton::v1::SCHEDULE_1F1B;
+  if (s == "interleaved-1f1b" || s == "interleaved") return baton::v1::SCHEDULE_INTERLEAVED_1F1B;
+  if (s == "zb-h1" || s == "zbh1") return baton::v1::SCHEDULE_ZB_H1;
+  baton::v1::Schedule e;
+  if (baton::v1::Schedule_Parse(absl::AsciiStrToUpper(text), &e) &&
+      e != baton::v1::SCHEDULE_UNSPECIFIED) {
+    return e;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--schedule must be gpipe, 1f1b, interleaved-1f1b or zb-h1, got '", text, "'"));
+}
+
+// Reads an int32 override; semantic checks (>= 1, ...) are the coordinator's.
+absl::Status Int32Flag(const Args& args, const std::string& name, int32_t* out) {
+  if (!args.Has(name)) return absl::OkStatus();
+  absl::StatusOr<int64_t> v = args.GetInt(name, 0);
+  if (!v.ok()) return v.status();
+  if (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " is out of range: ", *v));
+  }
+  *out = static_cast<int32_t>(*v);
+  return absl::OkStatus();
+}
+
+// Applies the command-line overrides to `spec`.
+absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
+  if (args.Has("name")) spec->set_name(args.Get("name"));
+  if (args.Has("seed")) {
+    absl::StatusOr<int64_t> seed = args.GetInt("seed", 0);
+    if (!seed.ok()) return seed.status();
+    if (*seed < 0) return absl::InvalidArgumentError("--seed must be >= 0");
+    spec->set_seed(static_cast<uint64_t>(*seed));
+  }
+  int32_t v = 0;
+  if (args.Has("steps")) {
+    if (absl::Status s = Int32Flag(args, "steps", &v); !s.ok()) return s;
+    spec->set_steps(v);
+  }
+  baton::v1::PipelineSpec* p = spec->mutable_pipeline();
+  if (args.Has("schedule")) {
+    absl::StatusOr<baton::v1::Schedule> s = ParseSchedule(args.Get("schedule"));
+    if (!s.ok()) return s.status();
+    p->set_schedule(*s);
+  }
+  if (args.Has("stages")) {
+    if (absl::Status s = Int32Flag(args, "stages", &v); !s.ok()) return s;
+    p->set_stages(v);
+  }
+  if (args.Has("virtual")) {
+    if (absl::Status s = Int32Flag(args, "virtual", &v); !s.ok()) return s;
+    p->set_virtual_stages(v);
+  }
+  if (args.Has("microbatches")) {
+    if (absl::Status s = Int32Flag(args, "microbatches", &v); !s.ok()) return s;
+    p->set_microbatches(v);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int Submit(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
+  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
+  if (args->Has("help")) {
+    std::printf("%s%s", kUsage, FlagHelp(Flags()).c_str());
+    return 0;
+  }
+  if (!args->positional().empty()) {
+    return CommandFail(kCommand, "unexpected argument '" + args->positional()[0] + "'", 2);
+  }
+  if (!args->Has("file")) return CommandFail(kCommand, "missing -f SPEC.json", 2);
+  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
+      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
+  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
+  const ClusterClient& c = **client;
+
+  absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args->Get("file"));
+  if (!spec.ok()) return c.Fail(spec.status());
+  if (absl::Status s = ApplyOverrides(*args, &*spec); !s.ok()) {
+    return CommandFail(kCommand, std::string(s.message()), 2);
+  }
+
+  baton::v1::SubmitJobRequest req;
+  req.set_submission_id(args->Get("submission-id"));
+  *req.mutable_spec() = *std::move(spec);
+  baton::v1::Job job;
+  const bool watch = args->Get("watch") == "true";
+  {
+    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+    const grpc::Status st = c.stub().SubmitJob(ctx.get(), req, &job);
+    if (!st.ok()) return c.Fail(st);
+  }
+  if (c.json()) {
+    // With --watch the output is JSON lines: the Job, then one JobEvent per line.
+    std::fputs(ToJson(job, /*pretty=*/!watch).c_str(), stdout);
+    if (watch) std::fputc('\n', stdout);
+  } else {
+    std::printf("%s\n", job.id().c_str());
+  }
+  std::fflush(stdout);
+  if (!watch) return 0;
+  // --timeout bounds each RPC; the watch stream gets 24h unless --timeout is longer.
+  return WatchUntilDone(c, job.id(), std::max(c.timeout(), absl::Hours(24)));
+}
+
+}  // namespace baton::cli

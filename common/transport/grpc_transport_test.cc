@@ -1,0 +1,742 @@
+// The gRPC tensor transport, with every rank's server, inbox and transport in one process.
+#include "common/transport/grpc_transport.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "baton/v1/tensor.grpc.pb.h"
+#include "common/pipeline/partition.h"
+#include "common/pipeline/stage_executor.h"
+#include "common/rpc/rpc.h"
+#include "common/schedule/generators.h"
+#include "common/spec/spec.h"
+#include "common/train/reference_trainer.h"
+#include "common/transport/frames.h"
+#include "common/transport/tensor_inbox.h"
+#include "common/transport/tensor_service.h"
+#include "gmock/gmock.h"
+#include "grpc/grpc.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+// Keep gRPC initialised for the whole binary: otherwise the last server of a test going
+// away runs grpc_shutdown, which can spend seconds joining gRPC's executor threads before
+// the next test initialises it all again.
+const bool kGrpcKeptAlive = [] {
+  grpc_init();
+  return true;
+}();
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kJob = 7;
+
+TensorTag Tag(int microbatch, int stage = 0, TensorKind kind = TensorKind::kActivation,
+              int64_t step = 0, uint64_t job = kJob) {
+  return TensorTag{job, step, microbatch, stage, kind};
+}
+
+// A tensor whose bytes depend on `seed`, so that mix-ups show.
+Tensor Pattern(const Shape& shape, DType dtype, uint32_t seed) {
+  Tensor t = Tensor::Empty(shape, dtype);
+  auto* p = static_cast<uint32_t*>(t.raw());
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    p[i] = x;
+  }
+  return t;
+}
+
+bool SameTensor(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// One rank's receiving side: inbox, service, server.
+struct Node {
+  TensorInbox inbox;
+  std::unique_ptr<TensorServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(int n, int64_t capacity = int64_t{256} << 20,
+                   TensorServiceImpl::Options so = {}) {
+    for (int r = 0; r < n; ++r) {
+      auto node = std::make_unique<Node>();
+      node->inbox.Open(kJob, capacity);
+      node->service = std::make_unique<TensorServiceImpl>(&node->inbox, so);
+      ServerOptions opts;
+      opts.services = {node->service.get()};
+      auto server = StartServer(opts, &node->address);
+      EXPECT_TRUE(server.ok()) << server.status();
+      node->server = *std::move(server);
+      nodes_.push_back(std::move(node));
+    }
+  }
+  ~Cluster() {
+    transports_.clear();
+    for (auto& n : nodes_) {
+      n->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      n->inbox.Close();
+    }
+  }
+
+  std::vector<std::string> addresses() const {
+    std::vector<std::string> out;
+    for (auto& n : nodes_) out.push_back(n->address);
+    return out;
+  }
+  Node& node(int r) { return *nodes_[r]; }
+
+  GrpcTransport::Options Options(int rank) const {
+    GrpcTransport::Options o;
+    o.rank = rank;
+    o.job_key = kJob;
+    o.peer_addresses = addresses();
+    o.send_timeout = absl::Seconds(20);
+    o.shutdown_timeout = absl::Seconds(5);
+    return o;
+  }
+  GrpcTransport* Add(GrpcTransport::Options o) {
+    const int r = o.rank;
+    transports_.push_back(std::make_unique<GrpcTransport>(std::move(o), &nodes_[r]->inbox));
+    return transports_.back().get();
+  }
+  GrpcTransport* Add(int rank) { return Add(Options(rank)); }
+  void Drop(GrpcTransport* t) {
+    std::erase_if(transports_, [t](const auto& p) { return p.get() == t; });
+  }
+
+ private:
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<GrpcTransport>> transports_;
+};
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+TEST(GrpcTransportTest, RoundTripIsBitExactForEverySize) {
+  Cluster c(2);
+  GrpcTransport::Options o0 = c.Options(0);
+  o0.chunk_bytes = 64 << 10;  // several chunks, and a last one that is not full
+  GrpcTransport* t0 = c.Add(o0);
+  GrpcTransport* t1 = c.Add(1);
+  const std::vector<std::pair<Shape, DType>> cases = {
+      {{0}, DType::kFloat32},          // 0 bytes
+      {{1}, DType::kFloat32},          // one element
+      {{3, 0, 5}, DType::kInt32},      // 0 bytes, with a shape
+      {{3, 33331}, DType::kFloat32},   // not a multiple of the chunk size
+      {{5, 7}, DType::kInt32},
+      {{2 << 20}, DType::kFloat32},    // 8 MiB
+      {{1024, 1024}, DType::kInt32},   // 4 MiB: exactly 64 chunks
+  };
+  int64_t bytes = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Tensor sent = Pattern(cases[i].first, cases[i].second, static_cast<uint32_t>(i));
+    bytes += static_cast<int64_t>(sent.nbytes());
+    std::unique_ptr<SendWork> w = t0->Send(1, Tag(static_cast<int>(i)), sent);
+    absl::StatusOr<Tensor> got = t1->Recv(0, Tag(static_cast<int>(i)), In(absl::Seconds(20)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(SameTensor(sent, *got)) << "case " << i << " " << sent.DebugString() << " vs "
+                                        << got->DebugString();
+    if (sent.nbytes() > 0) {
+      EXPECT_NE(got->raw(), sent.raw());
+    }
+    ASSERT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+    EXPECT_TRUE(w->IsCompleted());
+  }
+  EXPECT_EQ(t0->Counters(1).tensors_sent, static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(t0->Counters(1).bytes_sent, bytes);
+  EXPECT_EQ(t1->Counters(0).tensors_received, static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(t1->Counters(0).bytes_received, bytes);
+  EXPECT_EQ(c.node(1).inbox.Stats().tensors_filed, 0);
+  EXPECT_EQ(c.node(1).inbox.Stats().bytes_in_use, 0);
+}
+
+TEST(GrpcTransportTest, ThreeRanksBothDirectionsAnyOrder) {
+  Cluster c(3);
+  std::vector<GrpcTransport*> t = {c.Add(0), c.Add(1), c.Add(2)};
+  std::vector<std::unique_ptr<SendWork>> works;
+  // Every rank sends 3 tensors to every other rank.
+  for (int src = 0; src < 3; ++src) {
+    for (int dst = 0; dst < 3; ++dst) {
+      if (src == dst) continue;
+      for (int m = 0; m < 3; ++m) {
+        works.push_back(t[src]->Send(dst, Tag(m, src),
+                                     Pattern({100 + m, 17}, DType::kFloat32, src * 100 + dst * 10 + m)));
+      }
+    }
+  }
+  // ... and takes them in reverse order.
+  for (int dst = 0; dst < 3; ++dst) {
+    for (int src = 2; src >= 0; --src) {
+      if (src == dst) continue;
+      for (int m = 2; m >= 0; --m) {
+        absl::StatusOr<Tensor> got = t[dst]->Recv(src, Tag(m, src), In(absl::Seconds(20)));
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(SameTensor(*got, Pattern({100 + m, 17}, DType::kFloat32,
+                                             src * 100 + dst * 10 + m)));
+      }
+    }
+  }
+  for (auto& w : works) EXPECT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+}
+
+TEST(GrpcTransportTest, ReceiveDeadlineNamesPeerAndTag) {
+  Cluster c(2);
+  GrpcTransport* t1 = c.Add(1);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> got = t1->Recv(0, Tag(3, 0, TensorKind::kGradient), In(absl::Milliseconds(200)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr("rank 1"), HasSubstr("from rank 0"),
+                    HasSubstr(Tag(3, 0, TensorKind::kGradient).ToString())));
+}
+
+TEST(GrpcTransportTest, BackpressureBoundsTheInbox) {
+  constexpr int64_t kTensor = 512 << 10;  // bytes
+  constexpr int64_t kCapacity = 1 << 20;  // two tensors
+  Cluster c(2, kCapacity);
+  GrpcTransport::Options o0 = c.Options(0);
+  o0.chunk_bytes = 64 << 10;
+  GrpcTransport* t0 = c.Add(o0);
+  GrpcTransport* t1 = c.Add(1);
+  constexpr int kCount = 48;  // 24 MiB: more than gRPC and the sockets buffer (~7 MiB)
+  std::vector<std::unique_ptr<SendWork>> works;
+  for (int m = 0; m < kCount; ++m) {
+    works.push_back(t0->Send(1, Tag(m), Pattern({kTensor / 4}, DType::kFloat32, m)));
+  }
+  // Nobody receives yet: the inbox fills up to its capacity and the rest waits upstream.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  TensorInboxStats s = c.node(1).inbox.Stats();
+  EXPECT_LE(s.bytes_in_use, kCapacity + kTensor);
+  EXPECT_GE(s.tensors_filed, 1);
+  EXPECT_LT(s.tensors_filed, kCount);
+  EXPECT_FALSE(works.back()->IsCompleted()) << "the last send completed with the inbox full";
+  // Receiving lets the rest through, in order, nothing lost.
+  for (int m = 0; m < kCount; ++m) {
+    absl::StatusOr<Tensor> got = t1->Recv(0, Tag(m), In(absl::Seconds(20)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(SameTensor(*got, Pattern({kTensor / 4}, DType::kFloat32, m))) << m;
+  }
+  for (auto& w : works) EXPECT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+  s = c.node(1).inbox.Stats();
+  EXPECT_LE(s.peak_bytes_in_use, kCapacity + kTensor);
+  EXPECT_GT(s.delivery_waits, 0);
+  EXPECT_EQ(s.bytes_in_use, 0);
+}
+
+TEST(GrpcTransportTest, TensorLargerThanTheCapacityStillPasses) {
+  Cluster c(2, /*capacity=*/64 << 10);
+  GrpcTransport* t0 = c.Add(0);
+  GrpcTransport* t1 = c.Add(1);
+  const Tensor big = Pattern({1 << 20}, DType::kFloat32, 1);  // 4 MiB
+  auto w = t0->Send(1, Tag(0), big);
+  absl::StatusOr<Tensor> got = t1->Recv(0, Tag(0), In(absl::Seconds(20)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SameTensor(big, *got));
+  EXPECT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+}
+
+// Drives the service with hand-made frames, through the generated (protobuf) stub: this
+// also checks that the raw-frame service reads what any protobuf sender writes.
+class RawPush {
+ public:
+  explicit RawPush(const std::string& address)
+      : stub_(baton::v1::TensorService::NewStub(MakeChannel(address))) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    writer_ = stub_->Push(&ctx_, &summary_);
+  }
+  RawPush& Header(int source_rank, const TensorTag& tag, baton::v1::DType dtype,
+                  std::vector<int64_t> shape, int64_t byte_length) {
+    baton::v1::TensorFrame f;
+    baton::v1::TensorHeader* h = f.mutable_header();
+    h->set_job_key(tag.job);
+    h->set_step(tag.step);
+    h->set_microbatch(tag.microbatch);
+    h->set_stage(tag.stage);
+    h->set_kind(transport_internal::ToProtoKind(tag.kind));
+    h->set_dtype(dtype);
+    for (int64_t d : shape) h->add_shape(d);
+    h->set_byte_length(byte_length);
+    h->set_source_rank(source_rank);
+    writer_->Write(f);
+    return *this;
+  }
+  RawPush& Chunk(const std::string& bytes) {
+    baton::v1::TensorFrame f;
+    f.set_chunk(bytes);
+    writer_->Write(f);
+    return *this;
+  }
+  grpc::Status Finish() {
+    writer_->WritesDone();
+    return writer_->Finish();
+  }
+  const baton::v1::PushSummary& summary() const { return summary_; }
+
+ private:
+  std::unique_ptr<baton::v1::TensorService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  baton::v1::PushSummary summary_;
+  std::unique_ptr<grpc::ClientWriter<baton::v1::TensorFrame>> writer_;
+};
+
+TEST(TensorServiceTest, ProtobufFramesAreAccepted) {
+  Cluster c(1);
+  std::string bytes(16, '\0');
+  for (int i = 0; i < 16; ++i) bytes[i] = static_cast<char>(i * 7);
+  grpc::Status s = RawPush(c.node(0).address)
+                       .Header(3, Tag(1), baton::v1::DTYPE_INT32, {2, 2}, 16)
+                       .Chunk(bytes.substr(0, 5))
+                       .Chunk("")
+                       .Chunk(bytes.substr(5))
+                       .Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<Tensor> got = c.node(0).inbox.Take(3, Tag(1), In(absl::Seconds(5)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->dtype(), DType::kInt32);
+  EXPECT_EQ(got->shape(), (Shape{2, 2}));
+  EXPECT_EQ(std::memcmp(got->raw(), bytes.data(), 16), 0);
+}
+
+TEST(TensorServiceTest, MalformedStreamsAreRefusedNamingRankAndTag) {
+  Cluster c(1);
+  const std::string tag = Tag(4, 2, TensorKind::kGradient).ToString();
+  auto push = [&] { return RawPush(c.node(0).address); };
+  struct Case {
+    std::string name;
+    grpc::Status status;
+    std::string expect;
+  };
+  std::vector<Case> cases;
+  {
+    RawPush p = push();
+    cases.push_back({"wrong size",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
+                              {4}, 12)
+                         .Finish(),
+                     "is 16 bytes but the header says 12"});
+  }
+  {
+    RawPush p = push();
+    cases.push_back({"too many bytes",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
+                              {4}, 16)
+                         .Chunk(std::string(10, 'a'))
+                         .Chunk(std::string(10, 'b'))
+                         .Finish(),
+                     "more than the header's 16 bytes"});
+  }
+  {
+    RawPush p = push();
+    cases.push_back({"too few bytes",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
+                              {4}, 16)
+                         .Chunk(std::string(8, 'a'))
+                         .Finish(),
+                     "ended after 8 of 16 bytes"});
+  }
+  {
+    RawPush p = push();
+    cases.push_back({"unknown dtype",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DType(9), {4}, 16)
+                         .Finish(),
+                     "unknown dtype 9"});
+  }
+  {
+    RawPush p = push();
+    cases.push_back({"header inside a tensor",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
+                              {4}, 16)
+                         .Chunk(std::string(4, 'a'))
+                         .Header(3, Tag(5, 2), baton::v1::DTYPE_FLOAT32, {1}, 4)
+                         .Finish(),
+                     "came after 4 of 16 bytes"});
+  }
+  for (const Case& k : cases) {
+    EXPECT_EQ(k.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.name;
+    EXPECT_THAT(k.status.error_message(),
+                AllOf(HasSubstr("from rank 3"), HasSubstr(tag), HasSubstr(k.expect)))
+        << k.name;
+  }
+  {
+    grpc::Status s = push().Chunk("abc").Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("without a tensor header"));
+  }
+  EXPECT_EQ(c.node(0).inbox.Stats().tensors_filed, 0);
+  EXPECT_EQ(c.node(0).inbox.Stats().bytes_in_use, 0);  // reservations were released
+}
+
+TEST(TensorServiceTest, TagOfAnotherJobIsRefused) {
+  Cluster c(1);
+  const TensorTag other = Tag(0, 1, TensorKind::kActivation, 0, /*job=*/99);
+  grpc::Status s = RawPush(c.node(0).address)
+                       .Header(2, other, baton::v1::DTYPE_FLOAT32, {1}, 4)
+                       .Chunk("abcd")
+                       .Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("unexpected tag"), HasSubstr(other.ToString()),
+                                       HasSubstr("from rank 2"), HasSubstr("job 7")));
+}
+
+TEST(TensorServiceTest, DuplicateTagIsRefused) {
+  Cluster c(1);
+  auto once = [&] {
+    return RawPush(c.node(0).address)
+        .Header(2, Tag(0), baton::v1::DTYPE_FLOAT32, {1}, 4)
+        .Chunk("abcd")
+        .Finish();
+  };
+  ASSERT_TRUE(once().ok());
+  grpc::Status s = once();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("duplicate"), HasSubstr(Tag(0).ToString()),
+                                       HasSubstr("from rank 2")));
+}
+
+TEST(GrpcTransportTest, SendToAJobTheReceiverDoesNotRunFailsTheJobNamingPeer) {
+  Cluster c(2);
+  GrpcTransport::Options o = c.Options(0);
+  o.job_key = 99;
+  GrpcTransport* t0 = c.Add(o);
+  const TensorTag tag = Tag(0, 0, TensorKind::kActivation, 0, 99);
+  // The receiver refuses the tensor. Whether the refusal comes back before the tensor
+  // left (the send fails) or after (the stream's end is noticed and the transport aborts),
+  // the sender's job fails with the receiver's reason.
+  absl::Status s = t0->Send(1, tag, Pattern({4}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20)));
+  const absl::Time until = In(absl::Seconds(10));
+  for (int m = 1; s.ok() && absl::Now() < until; ++m) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = t0->Send(1, Tag(m, 0, TensorKind::kActivation, 0, 99), Pattern({4}, DType::kFloat32, 0))
+            ->Wait(In(absl::Seconds(20)));
+  }
+  EXPECT_THAT(s.code(), ::testing::AnyOf(absl::StatusCode::kFailedPrecondition,
+                                         absl::StatusCode::kAborted))
+      << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("to rank 1 at " + c.addresses()[1]), HasSubstr("unexpected tag"),
+                    HasSubstr(tag.ToString())));
+  // The transport refuses a tag of another job itself.
+  GrpcTransport* t1 = c.Add(1);
+  s = t1->Send(0, Tag(0, 0, TensorKind::kActivation, 0, 98), Pattern({4}, DType::kFloat32, 0))
+          ->Wait(In(absl::Seconds(1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+TEST(GrpcTransportTest, PeerThatVanishesFailsTheJobNamingIt) {
+  // Rank 1's worker (server) goes away after a tensor went through: rank 0 notices at
+  // once (not at a receive deadline), and every pending receive fails naming rank 1.
+  auto node = std::make_unique<Node>();
+  node->inbox.Open(kJob, 1 << 20);
+  node->service = std::make_unique<TensorServiceImpl>(&node->inbox);
+  ServerOptions so;
+  so.services = {node->service.get()};
+  auto server = StartServer(so, &node->address);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Cluster c(1);
+  GrpcTransport::Options o = c.Options(0);
+  o.peer_addresses.push_back(node->address);
+  GrpcTransport* t0 = c.Add(o);
+  ASSERT_TRUE(t0->Send(1, Tag(0), Pattern({16}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
+  ASSERT_TRUE(node->inbox.Take(0, Tag(0), In(absl::Seconds(20))).ok());
+  auto pending = std::async(std::launch::async, [&] {
+    return t0->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(30)));
+  });
+  const absl::Time start = absl::Now();
+  (*server)->Shutdown(std::chrono::system_clock::now());  // cancels the open stream
+  absl::StatusOr<Tensor> got = pending.get();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr("rank 0 aborted"), HasSubstr("to rank 1 at " + node->address),
+                    HasSubstr(Tag(0).ToString())));
+  c.Drop(t0);
+}
+
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);  // nothing listens there now
+  return ntohs(addr.sin_port);
+}
+
+TEST(GrpcTransportTest, PeerThatIsDownFailsWithinTheSendTimeout) {
+  Cluster c(1);
+  const std::string dead = absl::StrCat("127.0.0.1:", UnusedPort());
+  GrpcTransport::Options o = c.Options(0);
+  o.peer_addresses.push_back(dead);
+  o.send_timeout = absl::Seconds(1);
+  GrpcTransport* t0 = c.Add(o);
+  const absl::Time start = absl::Now();
+  absl::Status s = t0->Send(1, Tag(2), Pattern({8}, DType::kFloat32, 0))->Wait(In(absl::Seconds(30)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(s.ok());
+  EXPECT_GE(took, absl::Milliseconds(900));  // it waited for the peer to come up
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 0: sending " + Tag(2).ToString() + " to rank 1 at " + dead));
+  // Later sends to that peer fail at once with the same reason.
+  const absl::Status again =
+      t0->Send(1, Tag(3), Pattern({8}, DType::kFloat32, 0))->Wait(In(absl::Seconds(30)));
+  EXPECT_EQ(again, s);
+}
+
+TEST(GrpcTransportTest, PeerThatStartsLateIsWaitedFor) {
+  // Rank 1's server comes up 300 ms after rank 0 sends to it.
+  const int port = UnusedPort();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  Cluster c(1);
+  GrpcTransport::Options o = c.Options(0);
+  o.peer_addresses.push_back(address);
+  o.send_timeout = absl::Seconds(20);
+  GrpcTransport* t0 = c.Add(o);
+  auto w = t0->Send(1, Tag(0), Pattern({1000}, DType::kFloat32, 5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  TensorInbox inbox;
+  inbox.Open(kJob, 1 << 20);
+  TensorServiceImpl service(&inbox);
+  ServerOptions so;
+  so.address = address;
+  so.services = {&service};
+  std::string bound;
+  auto server = StartServer(so, &bound);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<Tensor> got = inbox.Take(0, Tag(0), In(absl::Seconds(20)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(SameTensor(*got, Pattern({1000}, DType::kFloat32, 5)));
+  EXPECT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+  c.Drop(t0);
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+TEST(GrpcTransportTest, AbortWakesBlockedReceivesHereAndOnThePeer) {
+  Cluster c(2);
+  GrpcTransport* t0 = c.Add(0);
+  GrpcTransport* t1 = c.Add(1);
+  // Rank 0 has a stream open to rank 1 already.
+  auto w = t0->Send(1, Tag(0), Pattern({10}, DType::kFloat32, 0));
+  ASSERT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
+  auto here = std::async(std::launch::async,
+                         [&] { return t0->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(30))); });
+  auto there = std::async(std::launch::async,
+                          [&] { return t1->Recv(0, Tag(1), In(absl::Seconds(30))); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const absl::Time start = absl::Now();
+  t0->Abort(absl::InternalError("stage 0 blew up"));
+  absl::StatusOr<Tensor> a = here.get();
+  absl::StatusOr<Tensor> b = there.get();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(a.status().message()), HasSubstr("rank 0 aborted: stage 0 blew up"));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("rank 0 aborted: stage 0 blew up"));
+  // Later operations fail with the reason too.
+  absl::Status s = t0->Send(1, Tag(5), Pattern({1}, DType::kFloat32, 0))->Wait(In(absl::Seconds(1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+}
+
+TEST(GrpcTransportTest, AbortFailsAPendingSendBlockedByBackpressure) {
+  Cluster c(2, /*capacity=*/64 << 10);
+  GrpcTransport::Options o = c.Options(0);
+  o.chunk_bytes = 16 << 10;
+  GrpcTransport* t0 = c.Add(o);
+  std::vector<std::unique_ptr<SendWork>> works;
+  for (int m = 0; m < 16; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({256 << 10}, DType::kFloat32, m)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(works.back()->IsCompleted());
+  const absl::Time start = absl::Now();
+  t0->Abort(absl::CancelledError("stop"));
+  absl::Status s = works.back()->Wait(In(absl::Seconds(10)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  c.Drop(t0);  // and the destructor does not hang on the stuck stream
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(GrpcTransportTest, ShutdownWithStreamsOpenAndAStuckSendDoesNotHang) {
+  Cluster c(2, /*capacity=*/64 << 10);
+  GrpcTransport::Options o = c.Options(0);
+  o.shutdown_timeout = absl::Seconds(1);
+  GrpcTransport* t0 = c.Add(o);
+  GrpcTransport* t1 = c.Add(1);
+  // A stream from 1 to 0 that is idle, and from 0 to 1 one that is stuck: rank 1 never
+  // receives, its inbox is full.
+  ASSERT_TRUE(t1->Send(0, Tag(0, 1), Pattern({4}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
+  std::vector<std::unique_ptr<SendWork>> works;
+  for (int m = 0; m < 8; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const absl::Time start = absl::Now();
+  c.Drop(t0);
+  c.Drop(t1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  absl::Status last = works.back()->Wait(In(absl::Seconds(1)));
+  EXPECT_FALSE(last.ok());
+}
+
+TEST(GrpcTransportTest, SendTimeoutCancelsAStuckStream) {
+  Cluster c(2, /*capacity=*/64 << 10);
+  GrpcTransport::Options o = c.Options(0);
+  o.send_timeout = absl::Milliseconds(500);
+  GrpcTransport* t0 = c.Add(o);
+  std::vector<std::unique_ptr<SendWork>> works;
+  for (int m = 0; m < 8; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
+  const absl::Time start = absl::Now();
+  absl::Status s = works.back()->Wait(In(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("to rank 1 at " + c.addresses()[1]), HasSubstr("send timeout")));
+  // The peer stays failed: later sends fail at once.
+  s = t0->Send(1, Tag(100), Pattern({1}, DType::kFloat32, 0))->Wait(In(absl::Seconds(1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+TEST(TensorInboxTest, RefusesWhenClosedAndAfterAbort) {
+  TensorInbox inbox;
+  absl::Status s = inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0), In(absl::Seconds(1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("from rank 0"));
+  inbox.Open(kJob, 1 << 20);
+  ASSERT_TRUE(inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0)).ok());
+  s = inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  inbox.Abort(absl::AbortedError("rank 3 aborted: boom"));
+  EXPECT_EQ(inbox.Take(0, Tag(0), In(absl::Seconds(1))).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(inbox.Deliver(0, Tag(1), Pattern({1}, DType::kFloat32, 0)).code(),
+            absl::StatusCode::kAborted);
+  // A new job starts clean.
+  inbox.Open(kJob + 1, 1 << 20);
+  TensorTag t = Tag(0);
+  t.job = kJob + 1;
+  ASSERT_TRUE(inbox.Deliver(0, t, Pattern({1}, DType::kFloat32, 0)).ok());
+  EXPECT_TRUE(inbox.Take(0, t, In(absl::Seconds(1))).ok());
+  inbox.Close();
+  EXPECT_EQ(inbox.Take(0, t, In(absl::Seconds(1))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(TensorInboxTest, DeliveryWaitsForSpaceAndCloseWakesIt) {
+  TensorInbox inbox;
+  inbox.Open(kJob, 1000);
+  ASSERT_TRUE(inbox.Deliver(0, Tag(0), Tensor::Zeros({200})).ok());  // 800 bytes
+  // A second tensor from the same source does not fit beside it: it waits...
+  auto pending = std::async(std::launch::async, [&] {
+    return inbox.Deliver(0, Tag(1), Tensor::Zeros({100}), In(absl::Seconds(20)));
+  });
+  EXPECT_EQ(pending.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  // ... while one from a source with nothing in is admitted even over capacity (so that
+  // the tensor a receiver waits for from another peer can never be blocked) ...
+  ASSERT_TRUE(inbox.Deliver(1, Tag(0, 1), Tensor::Zeros({100}), In(absl::Seconds(1))).ok());
+  EXPECT_EQ(inbox.Stats().bytes_in_use, 1200);
+  // ... and the first one gets in once the inbox has room again.
+  ASSERT_TRUE(inbox.Take(0, Tag(0), In(absl::Seconds(1))).ok());
+  EXPECT_TRUE(pending.get().ok());
+  EXPECT_EQ(inbox.Stats().delivery_waits, 1);
+  // Over capacity until the deadline: RESOURCE_EXHAUSTED naming the tag.
+  absl::Status s = inbox.Deliver(0, Tag(2), Tensor::Zeros({200}), In(absl::Milliseconds(100)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr(Tag(2).ToString()), HasSubstr("from rank 0")));
+  // Close wakes a waiting delivery.
+  auto closing = std::async(std::launch::async, [&] {
+    return inbox.Deliver(0, Tag(3), Tensor::Zeros({200}), In(absl::Seconds(20)));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  inbox.Close();
+  EXPECT_EQ(closing.get().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The headline property holds across the gRPC transport: a 2-rank pipeline with one
+// GrpcTransport per rank trains to the same weights, bit for bit, as the reference.
+TEST(GrpcTransportPipelineTest, TwoRanksMatchTheReferenceTrainer) {
+  absl::StatusOr<baton::v1::JobSpec> parsed = ParseJobSpecJson(R"({
+    "model": {"mlp": {"inputDim": 5, "width": 12, "depth": 7, "outputDim": 3}},
+    "data": {"synthetic": {"teacherWidth": 6}, "batchSize": 24},
+    "optimizer": {"sgd": {"learningRate": 0.05, "momentum": 0.9}},
+    "pipeline": {"schedule": "SCHEDULE_1F1B", "stages": 2, "microbatches": 4},
+    "steps": 2, "seed": 5})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  baton::v1::JobSpec spec = *parsed;
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+
+  auto ref = ReferenceTrainer::Create(spec);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::vector<float> ref_losses;
+  for (int i = 0; i < spec.steps(); ++i) {
+    auto s = (*ref)->Step();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ref_losses.push_back(s->loss);
+  }
+
+  ScheduleOptions so;
+  so.kind = ScheduleKind::k1F1B;
+  so.num_ranks = 2;
+  so.num_microbatches = 4;
+  absl::StatusOr<Schedule> schedule = BuildSchedule(so);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  absl::StatusOr<std::vector<BlockRange>> blocks =
+      PartitionBlocks(DescribeBlocks(spec.model()), schedule->num_stages());
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+
+  Cluster c(2);
+  StageExecutorOptions eo;
+  eo.job_id = kJob;
+  eo.recv_timeout = absl::Seconds(30);
+  std::vector<std::unique_ptr<StageExecutor>> ex;
+  for (int r = 0; r < 2; ++r) {
+    auto e = StageExecutor::Create(spec, *schedule, *blocks, r, c.Add(r), eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ex.push_back(*std::move(e));
+  }
+  std::vector<float> losses;
+  for (int64_t step = 0; step < spec.steps(); ++step) {
+    std::vector<absl::StatusOr<RankStepResult>> results(2, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] { results[r] = ex[r]->RunStep(step); });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+    double sum = 0.0;
+    for (float l : results[1]->losses) sum += l;  // rank 1 owns the last stage
+    losses.push_back(static_cast<float>(sum / 4.0));
+  }
+  std::vector<Digest> digests(blocks->back().last);
+  for (auto& e : ex) {
+    for (auto& [block, digest] : e->BlockDigests()) digests[block] = digest;
+  }
+  EXPECT_EQ(losses, ref_losses);
+  EXPECT_EQ(DigestHex(CombineBlockDigests(digests)), DigestHex((*ref)->WeightsDigest()));
+  EXPECT_EQ(c.node(0).inbox.Stats().tensors_filed, 0);
+  EXPECT_EQ(c.node(1).inbox.Stats().tensors_filed, 0);
+}
+
+}  // namespace
+}  // namespace baton

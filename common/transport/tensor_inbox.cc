@@ -1,0 +1,249 @@
+#include "common/transport/tensor_inbox.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+// condition_variable::wait_for adds the duration to now(): keep it finite.
+std::chrono::nanoseconds WaitFor(absl::Duration d) {
+  return absl::ToChronoNanoseconds(std::min(d, absl::Hours(1)));
+}
+}  // namespace
+
+TensorInbox::Reservation& TensorInbox::Reservation::operator=(Reservation&& o) noexcept {
+  if (this != &o) {
+    Release();
+    inbox_ = o.inbox_;
+    generation_ = o.generation_;
+    source_rank_ = o.source_rank_;
+    tag_ = o.tag_;
+    bytes_ = o.bytes_;
+    o.inbox_ = nullptr;
+  }
+  return *this;
+}
+
+void TensorInbox::Reservation::Release() {
+  if (inbox_ == nullptr) return;
+  TensorInbox* inbox = inbox_;
+  inbox_ = nullptr;
+  std::lock_guard<std::mutex> lock(inbox->mu_);
+  if (inbox->generation_ != generation_) return;  // Open/Close dropped it already
+  const Key key{source_rank_, tag_};
+  auto it = inbox->entries_.find(key);
+  if (it == inbox->entries_.end() || it->second.filed) return;
+  inbox->entries_.erase(it);
+  inbox->ReleaseLocked(key, bytes_);
+}
+
+absl::Status TensorInbox::Reservation::Commit(Tensor t) {
+  if (inbox_ == nullptr) return absl::FailedPreconditionError("commit of an empty reservation");
+  const std::string where = absl::StrCat(tag_.ToString(), " from rank ", source_rank_);
+  if (static_cast<int64_t>(t.nbytes()) != bytes_) {
+    Release();
+    return absl::InternalError(absl::StrCat("inbox: ", where, " has ", t.nbytes(),
+                                            " bytes but ", bytes_, " were reserved"));
+  }
+  TensorInbox* inbox = inbox_;
+  inbox_ = nullptr;
+  std::lock_guard<std::mutex> lock(inbox->mu_);
+  if (inbox->generation_ != generation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("inbox: ", where, " arrived after its job was closed"));
+  }
+  const Key key{source_rank_, tag_};
+  auto it = inbox->entries_.find(key);
+  if (it == inbox->entries_.end() || it->second.filed) {
+    return absl::InternalError(absl::StrCat("inbox: lost the reservation of ", where));
+  }
+  if (!inbox->aborted_.ok()) {
+    inbox->entries_.erase(it);
+    inbox->ReleaseLocked(key, bytes_);
+    return inbox->aborted_;
+  }
+  it->second.filed = true;
+  it->second.tensor = std::move(t);
+  ++inbox->stats_.tensors_filed;
+  ++inbox->stats_.tensors_delivered;
+  inbox->changed_.notify_all();
+  return absl::OkStatus();
+}
+
+void TensorInbox::Open(uint64_t job_key, int64_t capacity_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = true;
+  job_key_ = job_key;
+  ++generation_;
+  capacity_ = std::max<int64_t>(capacity_bytes, 0);
+  aborted_ = absl::OkStatus();
+  entries_.clear();
+  bytes_by_source_.clear();
+  stats_ = TensorInboxStats{};
+  stats_.open = true;
+  stats_.job_key = job_key;
+  stats_.capacity_bytes = capacity_;
+  changed_.notify_all();
+}
+
+void TensorInbox::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = false;
+  ++generation_;
+  entries_.clear();
+  bytes_by_source_.clear();
+  stats_.open = false;
+  stats_.bytes_in_use = 0;
+  stats_.tensors_filed = 0;
+  changed_.notify_all();
+}
+
+void TensorInbox::Abort(const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  AbortLocked(reason);
+}
+
+bool TensorInbox::AbortJob(uint64_t job_key, const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_ || job_key_ != job_key) return false;
+  AbortLocked(reason);
+  return true;
+}
+
+void TensorInbox::AbortLocked(const absl::Status& reason) {
+  if (!aborted_.ok()) return;  // the first reason wins
+  aborted_ = absl::AbortedError(reason.message().empty() ? "aborted" : reason.message());
+  changed_.notify_all();
+}
+
+absl::Status TensorInbox::CheckAcceptsLocked(int source_rank, const TensorTag& tag) const {
+  if (!open_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unexpected tag ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
+  }
+  if (tag.job != job_key_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unexpected tag ", tag.ToString(), " from rank ", source_rank,
+                     ": the inbox is open for job ", job_key_));
+  }
+  if (!aborted_.ok()) return aborted_;
+  return absl::OkStatus();
+}
+
+void TensorInbox::ReleaseLocked(const Key& key, int64_t bytes) {
+  stats_.bytes_in_use -= bytes;
+  auto it = bytes_by_source_.find(key.source_rank);
+  if (it != bytes_by_source_.end()) {
+    it->second -= bytes;
+    if (it->second <= 0) bytes_by_source_.erase(it);
+  }
+  changed_.notify_all();
+}
+
+absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
+    int source_rank, const TensorTag& tag, int64_t bytes, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative size ", bytes, " for ",
+                                                   tag.ToString(), " from rank ", source_rank));
+  }
+  const Key key{source_rank, tag};
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t generation = generation_;
+  bool waited = false;
+  while (true) {
+    if (generation_ != generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("unexpected tag ", tag.ToString(), " from rank ", source_rank,
+                       ": its job was closed while it waited for space"));
+    }
+    if (absl::Status s = CheckAcceptsLocked(source_rank, tag); !s.ok()) return s;
+    if (entries_.contains(key)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("duplicate tag ", tag.ToString(), " from rank ", source_rank));
+    }
+    const bool source_empty = !bytes_by_source_.contains(source_rank);
+    if (source_empty || stats_.bytes_in_use + bytes <= capacity_) break;
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("cancelled while ", tag.ToString(),
+                                               " from rank ", source_rank,
+                                               " waited for space in the inbox"));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the inbox stayed full (", stats_.bytes_in_use, " of ", capacity_,
+          " bytes) until the deadline: no room for ", tag.ToString(), " (", bytes,
+          " bytes) from rank ", source_rank));
+    }
+    waited = true;
+    absl::Duration wait = deadline - now;
+    if (cancelled) wait = std::min(wait, absl::Milliseconds(50));
+    changed_.wait_for(lock, WaitFor(wait));
+  }
+  if (waited) ++stats_.delivery_waits;
+  entries_.emplace(key, Entry{false, Tensor(), bytes});
+  bytes_by_source_[source_rank] += bytes;
+  stats_.bytes_in_use += bytes;
+  stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+  Reservation r;
+  r.inbox_ = this;
+  r.generation_ = generation_;
+  r.source_rank_ = source_rank;
+  r.tag_ = tag;
+  r.bytes_ = bytes;
+  return r;
+}
+
+absl::Status TensorInbox::Deliver(int source_rank, const TensorTag& tag, Tensor t,
+                                  absl::Time deadline) {
+  absl::StatusOr<Reservation> r =
+      Reserve(source_rank, tag, static_cast<int64_t>(t.nbytes()), deadline);
+  if (!r.ok()) return r.status();
+  return r->Commit(std::move(t));
+}
+
+absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
+                                         absl::Time deadline) {
+  const Key key{source_rank, tag};
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t generation = generation_;
+  while (true) {
+    if (!aborted_.ok()) return aborted_;
+    if (!open_ || generation_ != generation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot receive ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
+    }
+    if (tag.job != job_key_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot receive ", tag.ToString(), " from rank ", source_rank,
+                       ": the inbox is open for job ", job_key_));
+    }
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.filed) {
+      Tensor t = std::move(it->second.tensor);
+      const int64_t bytes = it->second.bytes;
+      entries_.erase(it);
+      --stats_.tensors_filed;
+      ReleaseLocked(key, bytes);
+      return t;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out waiting for ", tag.ToString(), " from rank ", source_rank,
+                       it == entries_.end() ? "" : " (it is still arriving)"));
+    }
+    changed_.wait_for(lock, WaitFor(deadline - now));
+  }
+}
+
+TensorInboxStats TensorInbox::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace baton

@@ -1,0 +1,991 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/core/digest.h"
+#include "common/core/status.h"
+#include "common/data/dataset.h"
+#include "common/rpc/rpc.h"
+#include "common/spec/spec.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace baton {
+
+using baton::v1::Job;
+using baton::v1::JobEvent;
+using baton::v1::JobState;
+
+namespace {
+
+constexpr size_t kMaxBufferedEvents = 4096;
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxPageSize = 1000;
+constexpr size_t kMaxSubmissionIdChars = 128;
+constexpr size_t kMaxReasonChars = 1024;
+constexpr int64_t kKeptStepTimings = 8;
+
+bool IsTerminal(JobState s) {
+  return s == baton::v1::JOB_STATE_SUCCEEDED || s == baton::v1::JOB_STATE_FAILED ||
+         s == baton::v1::JOB_STATE_CANCELLED;
+}
+
+bool IsPlaced(JobState s) {
+  return s == baton::v1::JOB_STATE_PLACING || s == baton::v1::JOB_STATE_RUNNING;
+}
+
+std::string Truncate(std::string s) {
+  if (s.size() > kMaxReasonChars) {
+    s.resize(kMaxReasonChars);
+    s += "...";
+  }
+  return s;
+}
+
+// "1 rank", "all 4 ranks".
+std::string Ranks(size_t n) { return n == 1 ? "1 rank" : absl::StrCat("all ", n, " ranks"); }
+
+std::string WorkerName(const PlacedWorker& w) {
+  return absl::StrCat("worker ", w.worker_id, " (", w.address, ")");
+}
+
+std::optional<Digest> ParseDigestHex(const std::string& hex) {
+  if (hex.size() != 64) return std::nullopt;
+  Digest d{};
+  for (size_t i = 0; i < 32; ++i) {
+    int v = 0;
+    for (int k = 0; k < 2; ++k) {
+      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(hex[2 * i + k])));
+      int nib;
+      if (c >= '0' && c <= '9') {
+        nib = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        nib = c - 'a' + 10;
+      } else {
+        return std::nullopt;
+      }
+      v = v * 16 + nib;
+    }
+    d[i] = static_cast<uint8_t>(v);
+  }
+  return d;
+}
+
+std::chrono::nanoseconds ToChrono(absl::Duration d) {
+  return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// JobWatch
+
+struct JobWatch::EventLog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<JobEvent> events ABSL_GUARDED_BY(mu);
+  int64_t first ABSL_GUARDED_BY(mu) = 0;     // index of events.front() in the job's history
+  bool closed ABSL_GUARDED_BY(mu) = false;   // the terminal event is in (or was)
+  bool stopped ABSL_GUARDED_BY(mu) = false;  // the coordinator stopped
+};
+
+JobWatch::JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, JobEvent first)
+    : log_(std::move(log)), cursor_(cursor) {
+  pending_.push_back(std::move(first));
+}
+
+JobWatch::~JobWatch() = default;
+
+absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, bool* done) {
+  std::vector<JobEvent> out;
+  auto note_terminal = [this](const std::vector<JobEvent>& events) {
+    for (const JobEvent& e : events) {
+      if (e.has_state_change() && IsTerminal(e.state_change().state())) done_ = true;
+    }
+  };
+  if (done_) {
+    *done = true;
+    return out;
+  }
+  if (!pending_.empty()) {
+    out.swap(pending_);
+    note_terminal(out);
+    *done = done_;
+    return out;
+  }
+  std::unique_lock<std::mutex> lock(log_->mu);
+  log_->cv.wait_for(lock, ToChrono(timeout), [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return log_->first + static_cast<int64_t>(log_->events.size()) > cursor_ || log_->closed ||
+           log_->stopped;
+  });
+  if (cursor_ < log_->first) cursor_ = log_->first;  // too slow: the oldest were dropped
+  const int64_t end = log_->first + static_cast<int64_t>(log_->events.size());
+  for (int64_t i = cursor_; i < end; ++i) out.push_back(log_->events[i - log_->first]);
+  cursor_ = end;
+  note_terminal(out);
+  if (log_->closed) done_ = true;  // everything up to the terminal event has been returned
+  if (!done_ && out.empty() && log_->stopped) {
+    return absl::UnavailableError("the coordinator is shutting down");
+  }
+  *done = done_;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Construction, the loop, threads
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)), registry_(options_.lease_ttl, options_.clock) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
+  if (options.heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_interval: must be positive, got ",
+                     absl::FormatDuration(options.heartbeat_interval)));
+  }
+  if (options.lease_ttl <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lease_ttl: must be longer than --heartbeat_interval (",
+                     absl::FormatDuration(options.heartbeat_interval), "), got ",
+                     absl::FormatDuration(options.lease_ttl)));
+  }
+  if (options.recv_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--recv_timeout: must be positive, got ",
+                                                   absl::FormatDuration(options.recv_timeout)));
+  }
+  if (options.start_timeout <= absl::ZeroDuration() ||
+      options.abort_timeout <= absl::ZeroDuration() || options.busy_retry < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "start_timeout and abort_timeout must be positive, busy_retry not negative");
+  }
+  if (!options.clock) options.clock = [] { return absl::Now(); };
+  if (options.worker_client == nullptr)
+    options.worker_client = std::make_shared<GrpcWorkerClient>();
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options)));
+  BATON_ASSIGN_OR_RETURN(c->store_, JobStore::Open(c->options_.db_path));
+  BATON_RETURN_IF_ERROR(c->Recover());
+  if (c->options_.background) c->loop_ = std::thread([p = c.get()] { p->LoopMain(); });
+  return c;
+}
+
+absl::Status Coordinator::Recover() {
+  BATON_ASSIGN_OR_RETURN(
+      auto jobs, store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
+                                       baton::v1::JOB_STATE_RUNNING}));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [seq, job] : jobs) {
+    auto active = std::make_unique<ActiveJob>();
+    active->seq = seq;
+    active->job = std::move(job);
+    active->log = std::make_shared<JobWatch::EventLog>();
+    const std::string id = active->job.id();
+    ActiveJob* j = active.get();
+    active_[id] = std::move(active);
+    if (j->job.state() == baton::v1::JOB_STATE_QUEUED) {
+      queue_.push_back(id);
+    } else {
+      Effects none;
+      // Its workers are not known any more (the registry is empty); their heartbeats will
+      // be told to abort it.
+      EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
+                   "coordinator restarted while the job was running", &none);
+    }
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::~Coordinator() { Stop(); }
+
+void Coordinator::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  loop_cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    threads_closed_ = true;
+  }
+  ReapThreads(/*all=*/true);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, job] : active_) {
+    std::lock_guard<std::mutex> log_lock(job->log->mu);
+    job->log->stopped = true;
+    job->log->cv.notify_all();
+  }
+  stopped_ = true;
+}
+
+void Coordinator::LoopMain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    Tick();
+    ReapThreads(/*all=*/false);
+    lock.lock();
+    loop_cv_.wait_for(lock, ToChrono(options_.heartbeat_interval / 2),
+                      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
+    wake_ = false;
+  }
+}
+
+void Coordinator::WakeLoop() {
+  // mu_ is held (the flag is read by the loop under mu_).
+  wake_ = true;
+  loop_cv_.notify_all();
+}
+
+void Coordinator::ReapThreads(bool all) {
+  std::vector<std::thread> to_join;
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (all || *it->done) {
+        to_join.push_back(std::move(it->thread));
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (std::thread& t : to_join) t.join();
+}
+
+void Coordinator::LogWarning(const std::string& message) {
+  if (!options_.log) return;
+  std::fprintf(stderr, "coordinator: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+void Coordinator::FanOut(int n, const std::function<void(int)>& fn) {
+  if (!options_.background || n <= 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (std::thread& t : threads) t.join();
+}
+
+void Coordinator::Run(Effects effects, bool wait) {
+  if (effects.empty()) return;
+  if (wait || !options_.background) {
+    RunNow(std::move(effects));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(threads_mu_);
+  if (threads_closed_) {
+    // Stopping: no new threads; the calls still happen (they have deadlines).
+    lock.unlock();
+    RunNow(std::move(effects));
+    return;
+  }
+  auto done = std::make_shared<bool>(false);
+  Background bg;
+  bg.done = done;
+  bg.thread = std::thread([this, done, e = std::move(effects)]() mutable {
+    RunNow(std::move(e));
+    std::lock_guard<std::mutex> l(threads_mu_);
+    *done = true;
+  });
+  threads_.push_back(std::move(bg));
+}
+
+void Coordinator::RunNow(Effects effects) {
+  WorkerClient& client = *options_.worker_client;
+  for (const AbortCall& a : effects.aborts) {
+    std::vector<char> reached(a.workers.size(), 0);
+    FanOut(static_cast<int>(a.workers.size()), [&](int i) {
+      const PlacedWorker& w = a.workers[i];
+      const absl::Status s = client.AbortJob(w.address, a.job_id, a.reason, options_.abort_timeout);
+      // Any answer but "unreachable" means the worker is there and has the message.
+      reached[i] = s.code() != absl::StatusCode::kUnavailable &&
+                   s.code() != absl::StatusCode::kDeadlineExceeded;
+      if (!s.ok()) {
+        LogWarning(absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w), ": ", s.ToString()));
+      }
+    });
+    if (a.free_after) {
+      // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
+      // saying it runs nothing frees it if it is not (see Heartbeat).
+      std::vector<PlacedWorker> to_free;
+      for (size_t i = 0; i < a.workers.size(); ++i) {
+        if (reached[i]) to_free.push_back(a.workers[i]);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      FreeWorkersLocked(a.job_id, to_free);
+    }
+  }
+  for (const StartCall& s : effects.starts) {
+    // Ranks 1..S-1 first (in parallel), rank 0 last: every tensor of a step originates in
+    // rank 0's first forward, so no rank receives anything before it accepted its plan.
+    const int n = static_cast<int>(s.workers.size());
+    std::vector<absl::Status> results(n);
+    FanOut(n - 1,
+           [&](int i) { results[i + 1] = StartOne(s.job_id, s.workers[i + 1], s.plans[i + 1]); });
+    const bool others_ok = std::all_of(results.begin() + 1, results.end(),
+                                       [](const absl::Status& r) { return r.ok(); });
+    results[0] = others_ok ? StartOne(s.job_id, s.workers[0], s.plans[0])
+                           : absl::CancelledError("not started: another rank's StartJob failed");
+    FinishStart(s.job_id, s.workers, results);
+  }
+}
+
+absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker& worker,
+                                   const baton::v1::JobPlan& plan) {
+  const absl::Time give_up = absl::Now() + options_.busy_retry;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    const absl::Status s =
+        options_.worker_client->StartJob(worker.address, plan, options_.start_timeout);
+    if (s.code() != absl::StatusCode::kFailedPrecondition || absl::Now() + backoff > give_up) {
+      return s;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ActiveJob* j = FindActiveLocked(job_id);
+      if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) return s;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+}
+
+void Coordinator::FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
+                              const std::vector<absl::Status>& results) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    starting_.erase(job_id);
+    ActiveJob* j = FindActiveLocked(job_id);
+    if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) {
+      // The job ended while its plans were on the way (cancelled, a worker died): an abort
+      // may have reached a worker before its plan did. Abort again, then free them all.
+      AbortCall again;
+      again.job_id = job_id;
+      again.reason = "the job ended while it was being started";
+      again.workers = workers;
+      effects.aborts.push_back(std::move(again));
+    } else {
+      int failed = -1;
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (!results[i].ok() && results[i].code() != absl::StatusCode::kCancelled) {
+          failed = static_cast<int>(i);
+          break;
+        }
+      }
+      if (failed < 0) {
+        for (size_t i = 0; i < results.size() && failed < 0; ++i) {
+          if (!results[i].ok()) failed = static_cast<int>(i);
+        }
+      }
+      if (failed < 0) {
+        j->last_step_at = Now();
+        AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
+                          absl::StrCat(Ranks(workers.size()), " started"));
+      } else {
+        const absl::Status& s = results[failed];
+        EndJobLocked(
+            job_id, baton::v1::JOB_STATE_FAILED,
+            absl::StrCat("StartJob on ", WorkerName(workers[failed]), " for rank ", failed,
+                         " failed: ", absl::StatusCodeToString(s.code()), ": ", s.message()),
+            &effects);
+      }
+    }
+  }
+  RunNow(std::move(effects));
+}
+
+// ---------------------------------------------------------------------------------------
+// Job bookkeeping (mu_ held)
+
+Coordinator::ActiveJob* Coordinator::FindActiveLocked(const std::string& job_id) {
+  auto it = active_.find(job_id);
+  return it == active_.end() ? nullptr : it->second.get();
+}
+
+void Coordinator::PersistLocked(ActiveJob* job) {
+  job->last_persist = Now();
+  const absl::Status s = store_->Put(job->job);
+  if (!s.ok()) LogWarning(absl::StrCat("cannot save ", job->job.id(), ": ", s.ToString()));
+}
+
+void Coordinator::EmitLocked(ActiveJob* job, JobEvent event) {
+  event.set_job_id(job->job.id());
+  *event.mutable_time() = ToProtoTime(Now());
+  JobWatch::EventLog& log = *job->log;
+  std::lock_guard<std::mutex> lock(log.mu);
+  log.events.push_back(std::move(event));
+  while (log.events.size() > kMaxBufferedEvents) {
+    log.events.pop_front();
+    ++log.first;
+  }
+  log.cv.notify_all();
+}
+
+void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::string& reason) {
+  baton::v1::StateChange change;
+  change.set_state(state);
+  *change.mutable_time() = ToProtoTime(Now());
+  change.set_reason(Truncate(reason));
+  *job->job.add_history() = change;
+  job->job.set_state(state);
+  std::string name = baton::v1::JobState_Name(state);
+  if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
+  LogWarning(absl::StrCat(job->job.id(), " ", name, ": ", change.reason()));
+  PersistLocked(job);
+  JobEvent event;
+  *event.mutable_state_change() = std::move(change);
+  EmitLocked(job, std::move(event));
+}
+
+Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
+                              const std::string& reason, Effects* effects) {
+  const std::string job_id = job_id_ref;  // the reference may point into the job itself
+  ActiveJob* j = FindActiveLocked(job_id);
+  if (j == nullptr) return Job();
+  AppendStateLocked(j, state, reason);
+  AbortCall abort;
+  abort.job_id = job_id;
+  abort.reason = Truncate(reason);
+  for (RankSlot& slot : j->ranks) {
+    if (!slot.held) continue;
+    slot.held = false;
+    abort.workers.push_back(slot.worker);
+  }
+  if (!abort.workers.empty()) effects->aborts.push_back(std::move(abort));
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
+  {
+    std::lock_guard<std::mutex> lock(j->log->mu);
+    j->log->closed = true;
+    j->log->cv.notify_all();
+  }
+  Job final_job = std::move(j->job);
+  active_.erase(job_id);
+  WakeLoop();  // the queue head may have changed
+  return final_job;
+}
+
+void Coordinator::FreeWorkersLocked(const std::string& job_id,
+                                    const std::vector<PlacedWorker>& workers) {
+  // While its StartJob calls are in flight, FinishStart frees the job's workers.
+  if (starting_.count(job_id) > 0) return;
+  for (const PlacedWorker& w : workers) registry_.MarkIdle(w.worker_id, job_id);
+  WakeLoop();
+}
+
+absl::StatusOr<Coordinator::RankSlot*> Coordinator::RankLocked(ActiveJob* job, int rank,
+                                                               const std::string& worker_id) {
+  if (rank < 0 || rank >= static_cast<int>(job->ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", rank, " is out of range; ", job->job.id(), " has ", job->ranks.size(), " ranks"));
+  }
+  RankSlot* slot = &job->ranks[rank];
+  if (slot->worker.worker_id != worker_id) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of ", job->job.id(),
+                                                      " runs on ", slot->worker.worker_id, ", not ",
+                                                      worker_id));
+  }
+  return slot;
+}
+
+void Coordinator::ExpireLeasesLocked(Effects* effects) {
+  for (const baton::v1::WorkerInfo& w : registry_.ExpireLeases()) {
+    LogWarning(absl::StrCat("worker ", w.worker_id(), " (", w.address(), ") lease expired"));
+    if (w.state() != baton::v1::WORKER_STATE_BUSY || w.job_id().empty()) continue;
+    ActiveJob* j = FindActiveLocked(w.job_id());
+    if (j == nullptr) continue;
+    for (RankSlot& slot : j->ranks) {
+      if (slot.worker.worker_id == w.worker_id()) slot.held = false;  // dead: not contacted
+    }
+    EndJobLocked(w.job_id(), baton::v1::JOB_STATE_FAILED,
+                 absl::StrCat("worker ", w.worker_id(), " (", w.address(),
+                              ") lease expired (no heartbeat for ",
+                              absl::FormatDuration(registry_.lease_ttl()), ")"),
+                 effects);
+  }
+}
+
+void Coordinator::PlaceQueuedLocked(Effects* effects) {
+  const std::vector<baton::v1::WorkerInfo> idle = registry_.IdleWorkers();
+  size_t next = 0;
+  while (!queue_.empty()) {
+    const std::string id = queue_.front();
+    ActiveJob* j = FindActiveLocked(id);
+    if (j == nullptr) {
+      queue_.pop_front();
+      continue;
+    }
+    const size_t need = static_cast<size_t>(j->job.spec().pipeline().stages());
+    if (idle.size() - next < need) break;
+    queue_.pop_front();
+    std::vector<PlacedWorker> placed;
+    for (size_t i = 0; i < need; ++i) {
+      const baton::v1::WorkerInfo& w = idle[next + i];
+      placed.push_back({w.worker_id(), w.address()});
+      const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
+      if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
+    }
+    next += need;
+    absl::StatusOr<Placement> placement =
+        PlaceJob(j->job.spec(), id, static_cast<uint64_t>(j->seq), placed, options_.recv_timeout);
+    if (!placement.ok()) {
+      for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
+      EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
+                   absl::StrCat("placement failed: ", placement.status().message()), effects);
+      continue;
+    }
+    j->layout = std::move(placement->layout);
+    j->ranks.clear();
+    std::vector<std::string> names;
+    for (const PlacedWorker& w : placed) {
+      j->ranks.push_back(RankSlot{w});
+      j->job.add_workers(w.worker_id);
+      names.push_back(w.worker_id);
+    }
+    *j->job.mutable_pipeline() = placement->report;
+    j->peak_inflight.assign(need, 0);
+    AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
+                      absl::StrCat("placing on ", absl::StrJoin(names, ", ")));
+    starting_.insert(id);
+    effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
+  }
+  // Say why the others wait.
+  const size_t available = idle.size() - next;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    ActiveJob* j = FindActiveLocked(queue_[i]);
+    if (j == nullptr) continue;
+    const int need = j->job.spec().pipeline().stages();
+    const std::string reason =
+        i == 0 ? absl::StrCat("waiting for ", need,
+                              need == 1 ? " idle worker (" : " idle workers (", available, " idle)")
+               : absl::StrCat("waiting behind ", queue_[0], " (first in the queue)");
+    const auto& history = j->job.history();
+    if (history.empty() || history.rbegin()->reason() != reason) {
+      AppendStateLocked(j, baton::v1::JOB_STATE_QUEUED, reason);
+    }
+  }
+}
+
+void Coordinator::Tick() {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked(&effects);
+    // Jobs whose only error so far is an ABORTED echo: no root cause came in time.
+    std::vector<std::string> echoed;
+    for (const auto& [id, j] : active_) {
+      if (!j->echo_failure.empty() && Now() - j->echo_since >= options_.root_cause_wait) {
+        echoed.push_back(id);
+      }
+    }
+    for (const std::string& id : echoed) {
+      ActiveJob* j = FindActiveLocked(id);
+      EndJobLocked(id, baton::v1::JOB_STATE_FAILED, std::string(j->echo_failure), &effects);
+    }
+    PlaceQueuedLocked(&effects);
+  }
+  Run(std::move(effects), /*wait=*/false);
+}
+
+// ---------------------------------------------------------------------------------------
+// JobService
+
+absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& request) {
+  if (request.submission_id().size() > kMaxSubmissionIdChars) {
+    return absl::InvalidArgumentError(absl::StrCat("submission_id: at most ", kMaxSubmissionIdChars,
+                                                   " characters, got ",
+                                                   request.submission_id().size()));
+  }
+  if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
+  baton::v1::JobSpec spec = request.spec();
+  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
+  // Data the coordinator can see is checked now (inline text against the vocabulary and
+  // context, the synthetic teacher); a text file lives on the workers and is read there.
+  if (!spec.data().has_text() || spec.data().text().has_inline_text()) {
+    BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!request.submission_id().empty()) {
+    BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
+                           store_->FindBySubmission(request.submission_id()));
+    if (existing.has_value()) {
+      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), spec)) {
+        return absl::AlreadyExistsError(absl::StrCat("submission_id: \"", request.submission_id(),
+                                                     "\" was already used for ", existing->id(),
+                                                     " with a different spec"));
+      }
+      if (ActiveJob* j = FindActiveLocked(existing->id())) return j->job;
+      return *existing;
+    }
+  }
+  auto active = std::make_unique<ActiveJob>();
+  active->seq = store_->NextSequence();
+  Job& job = active->job;
+  job.set_id(absl::StrFormat("job-%06d", active->seq));
+  job.set_submission_id(request.submission_id());
+  *job.mutable_spec() = std::move(spec);
+  job.set_state(baton::v1::JOB_STATE_QUEUED);
+  const absl::Time now = Now();
+  *job.mutable_create_time() = ToProtoTime(now);
+  baton::v1::StateChange* change = job.add_history();
+  change->set_state(baton::v1::JOB_STATE_QUEUED);
+  *change->mutable_time() = ToProtoTime(now);
+  change->set_reason("submitted");
+  BATON_RETURN_IF_ERROR(store_->Insert(active->seq, job));
+  active->last_persist = now;
+  active->log = std::make_shared<JobWatch::EventLog>();
+  const std::string id = job.id();
+  Job copy = job;
+  queue_.push_back(id);
+  active_[id] = std::move(active);
+  LogWarning(absl::StrCat(id, " QUEUED: submitted", copy.spec().name().empty() ? "" : " as ",
+                          copy.spec().name()));
+  WakeLoop();
+  return copy;
+}
+
+absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ActiveJob* j = FindActiveLocked(job_id)) return j->job;
+  return store_->Get(job_id);
+}
+
+absl::StatusOr<baton::v1::ListJobsResponse> Coordinator::ListJobs(
+    const baton::v1::ListJobsRequest& request) {
+  int page_size = request.page_size();
+  if (page_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must not be negative, got ", page_size));
+  }
+  if (page_size == 0) page_size = kDefaultPageSize;
+  page_size = std::min(page_size, kMaxPageSize);
+  BATON_ASSIGN_OR_RETURN(JobStore::Page page, store_->List(page_size, request.page_token()));
+  baton::v1::ListJobsResponse response;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Job& job : page.jobs) {
+    // Running jobs are fresher in memory (steps are written to the store now and then).
+    if (ActiveJob* j = FindActiveLocked(job.id())) job = j->job;
+    *response.add_jobs() = std::move(job);
+  }
+  response.set_next_page_token(page.next_page_token);
+  return response;
+}
+
+absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& request) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
+  Effects effects;
+  Job result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ActiveJob* j = FindActiveLocked(request.job_id());
+    if (j == nullptr) return store_->Get(request.job_id());  // terminal: unchanged
+    const std::string reason = request.reason().empty()
+                                   ? "cancelled by request"
+                                   : absl::StrCat("cancelled: ", request.reason());
+    result = EndJobLocked(request.job_id(), baton::v1::JOB_STATE_CANCELLED, reason, &effects);
+  }
+  Run(std::move(effects), /*wait=*/true);  // the workers are stopped (and idle) on return
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEvent first;
+  first.set_job_id(job_id);
+  *first.mutable_time() = ToProtoTime(Now());
+  if (ActiveJob* j = FindActiveLocked(job_id)) {
+    if (!j->job.history().empty()) *first.mutable_state_change() = *j->job.history().rbegin();
+    std::lock_guard<std::mutex> log_lock(j->log->mu);
+    const int64_t cursor = j->log->first + static_cast<int64_t>(j->log->events.size());
+    return std::make_unique<JobWatch>(j->log, cursor, std::move(first));
+  }
+  BATON_ASSIGN_OR_RETURN(Job job, store_->Get(job_id));
+  if (!job.history().empty()) *first.mutable_state_change() = *job.history().rbegin();
+  auto log = std::make_shared<JobWatch::EventLog>();
+  {
+    std::lock_guard<std::mutex> log_lock(log->mu);
+    log->closed = true;
+  }
+  return std::make_unique<JobWatch>(std::move(log), 0, std::move(first));
+}
+
+baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  baton::v1::ListWorkersResponse response;
+  for (baton::v1::WorkerInfo& w : registry_.List()) *response.add_workers() = std::move(w);
+  return response;
+}
+
+// ---------------------------------------------------------------------------------------
+// ClusterService
+
+absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const baton::v1::RegisterWorkerRequest& request) {
+  Effects effects;
+  baton::v1::RegisterWorkerResponse response;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeasesLocked(&effects);  // an expired lease is reported as such, not as "replaced"
+    absl::StatusOr<WorkerRegistry::Registration> reg = registry_.Register(request);
+    if (!reg.ok()) {
+      status = reg.status();
+    } else {
+      for (const baton::v1::WorkerInfo& old : reg->replaced) {
+        LogWarning(absl::StrCat("worker ", old.worker_id(), " (", old.address(),
+                                ") replaced by a new registration as ", reg->worker.worker_id()));
+        if (old.state() != baton::v1::WORKER_STATE_BUSY || old.job_id().empty()) continue;
+        ActiveJob* j = FindActiveLocked(old.job_id());
+        if (j == nullptr) continue;
+        int rank = -1;
+        for (size_t r = 0; r < j->ranks.size(); ++r) {
+          if (j->ranks[r].worker.worker_id == old.worker_id()) {
+            j->ranks[r].held = false;  // gone; the new process runs nothing
+            rank = static_cast<int>(r);
+          }
+        }
+        EndJobLocked(old.job_id(), baton::v1::JOB_STATE_FAILED,
+                     absl::StrCat("worker ", old.worker_id(), " (", old.address(),
+                                  ") registered again while running rank ", rank),
+                     &effects);
+      }
+      LogWarning(absl::StrCat("worker ", reg->worker.worker_id(), " registered from ",
+                              reg->worker.address()));
+      response.set_worker_id(reg->worker.worker_id());
+      *response.mutable_heartbeat_interval() = ToProtoDuration(options_.heartbeat_interval);
+      *response.mutable_lease_ttl() = ToProtoDuration(options_.lease_ttl);
+      WakeLoop();
+    }
+  }
+  Run(std::move(effects), /*wait=*/false);
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
+    const baton::v1::HeartbeatRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
+  std::lock_guard<std::mutex> lock(mu_);
+  baton::v1::HeartbeatResponse response;
+  const bool known = registry_.Heartbeat(request.worker_id(), request.job_id());
+  response.set_known(known);
+  if (!known) return response;
+  if (request.job_id().empty()) {
+    // Busy with a job that no longer holds it (its AbortJob did not get through), and the
+    // worker says it runs nothing: free it.
+    const std::optional<baton::v1::WorkerInfo> info = registry_.Get(request.worker_id());
+    if (info.has_value() && info->state() == baton::v1::WORKER_STATE_BUSY &&
+        starting_.count(info->job_id()) == 0) {
+      bool held = false;
+      if (ActiveJob* j = FindActiveLocked(info->job_id())) {
+        for (const RankSlot& slot : j->ranks) {
+          held |= slot.worker.worker_id == request.worker_id() && slot.held;
+        }
+      }
+      if (!held && registry_.MarkIdle(request.worker_id(), info->job_id())) WakeLoop();
+    }
+    return response;
+  }
+  bool wanted = false;
+  if (ActiveJob* j = FindActiveLocked(request.job_id()); j != nullptr && IsPlaced(j->job.state())) {
+    for (const RankSlot& slot : j->ranks) {
+      if (slot.worker.worker_id == request.worker_id() && slot.held && !slot.finished) {
+        wanted = true;
+      }
+    }
+  }
+  if (!wanted) response.add_abort_job_ids(request.job_id());
+  return response;
+}
+
+absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
+    const baton::v1::ReportProgressRequest& request) {
+  baton::v1::ReportProgressResponse response;
+  std::lock_guard<std::mutex> lock(mu_);
+  ActiveJob* j = FindActiveLocked(request.job_id());
+  if (j == nullptr || !IsPlaced(j->job.state())) {
+    response.set_keep_running(false);
+    return response;
+  }
+  if (request.step() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: must be at least 1 (1-based), got ", request.step()));
+  }
+  absl::StatusOr<RankSlot*> slot = RankLocked(j, request.rank(), request.worker_id());
+  if (!slot.ok()) {
+    if (slot.status().code() == absl::StatusCode::kFailedPrecondition) {
+      response.set_keep_running(false);  // not this worker's rank (any more)
+      return response;
+    }
+    return slot.status();
+  }
+  if (!(*slot)->held || !j->echo_failure.empty()) {
+    response.set_keep_running(false);
+    return response;
+  }
+  j->timings[request.step()][request.rank()] = request.timing();
+  int& peak = j->peak_inflight[request.rank()];
+  peak = std::max(peak, request.timing().peak_inflight());
+  if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);
+  response.set_keep_running(true);
+  return response;
+}
+
+void Coordinator::OnLastRankStepLocked(ActiveJob* j,
+                                       const baton::v1::ReportProgressRequest& request) {
+  const int64_t k = request.step();
+  if (k <= j->job.steps_done()) return;  // a repeat
+  const absl::Time now = Now();
+  absl::Duration d = FromProtoDuration(request.timing().step());
+  if (d <= absl::ZeroDuration()) d = now - j->last_step_at;
+  const double seconds = absl::ToDoubleSeconds(d);
+  const baton::v1::JobSpec& spec = j->job.spec();
+  baton::v1::StepProgress step;
+  step.set_step(k);
+  step.set_total_steps(spec.steps());
+  if (request.has_loss()) step.set_loss(request.loss());
+  if (seconds > 0) {
+    const double samples = spec.data().batch_size() / seconds;
+    step.set_samples_per_second(samples);
+    step.set_tokens_per_second(spec.model().has_gpt() ? samples * spec.model().gpt().context()
+                                                      : samples);
+  }
+  *step.mutable_duration() = ToProtoDuration(d);
+  for (const auto& [rank, t] : j->timings[k]) {
+    baton::v1::StageTiming* st = step.add_stages();
+    st->set_rank(rank);
+    st->set_worker_id(j->ranks[rank].worker.worker_id);
+    *st->mutable_forward() = t.forward();
+    *st->mutable_backward() = t.backward();
+    *st->mutable_weight() = t.weight();
+    *st->mutable_send() = t.send();
+    *st->mutable_recv_wait() = t.recv_wait();
+    *st->mutable_step() = t.step();
+    st->set_peak_inflight(t.peak_inflight());
+  }
+  j->job.set_steps_done(k);
+  if (request.has_loss()) j->job.set_last_loss(request.loss());
+  j->last_step_at = now;
+  JobEvent event;
+  *event.mutable_step() = std::move(step);
+  EmitLocked(j, std::move(event));
+  if (now - j->last_persist >= options_.progress_persist_interval) PersistLocked(j);
+  j->timings.erase(j->timings.begin(), j->timings.lower_bound(k - kKeptStepTimings));
+}
+
+absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
+    const baton::v1::ReportResultRequest& request) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ActiveJob* j = FindActiveLocked(request.job_id());
+    if (j == nullptr || !IsPlaced(j->job.state())) {
+      // Already ended (an abort echo from a rank, say): nothing to do, unless the id is not
+      // a job at all.
+      if (j == nullptr) BATON_RETURN_IF_ERROR(store_->Get(request.job_id()).status());
+      return baton::v1::ReportResultResponse();
+    }
+    BATON_ASSIGN_OR_RETURN(RankSlot * slot, RankLocked(j, request.rank(), request.worker_id()));
+    if (slot->finished || !slot->held) return baton::v1::ReportResultResponse();
+    const std::string who =
+        absl::StrCat("rank ", request.rank(), " on worker ", request.worker_id());
+    // The reporting rank has stopped either way.
+    slot->held = false;
+    registry_.MarkIdle(request.worker_id(), request.job_id());
+    std::string failure;
+    if (!request.error().empty()) {
+      failure = absl::StrCat(who, ": ", request.error());
+    } else {
+      const std::vector<int>& expected = j->layout.rank_blocks[request.rank()];
+      std::map<int, std::string> got;
+      for (const baton::v1::IndexedBlockDigest& d : request.block_digests()) {
+        if (!std::binary_search(expected.begin(), expected.end(), d.index())) {
+          failure = absl::StrCat(who, " reported a digest for block ", d.index(),
+                                 ", which it does not own");
+          break;
+        }
+        std::optional<Digest> parsed = ParseDigestHex(d.digest().sha256());
+        if (!parsed.has_value()) {
+          failure = absl::StrCat(who, " reported a malformed digest for block ", d.index(), ": \"",
+                                 d.digest().sha256(), "\"");
+          break;
+        }
+        got[d.index()] = DigestHex(*parsed);
+      }
+      if (failure.empty()) {
+        for (int b : expected) {
+          if (got.count(b) == 0) {
+            failure = absl::StrCat(who, " finished without a digest for block ", b, " (",
+                                   j->layout.blocks[b].name, ")");
+            break;
+          }
+        }
+      }
+      if (failure.empty()) {
+        slot->finished = true;
+        j->digests.insert(got.begin(), got.end());
+      }
+    }
+    const bool echo = absl::StartsWith(request.error(), "ABORTED");
+    const bool all_reported =
+        std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
+    if (!failure.empty() && echo && !all_reported) {
+      // Most likely another rank's failure echoed through the transport: wait a moment for
+      // the root cause (the first error that is not ABORTED), as LocalPipelineTrainer does.
+      if (j->echo_failure.empty()) {
+        j->echo_failure = failure;
+        j->echo_since = Now();
+      }
+    } else if (!failure.empty()) {
+      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, failure, &effects);
+    } else if (!j->echo_failure.empty() && all_reported) {
+      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, j->echo_failure, &effects);
+    } else if (std::all_of(j->ranks.begin(), j->ranks.end(),
+                           [](const RankSlot& s) { return s.finished; })) {
+      SucceedLocked(j, &effects);
+    }
+    WakeLoop();
+  }
+  Run(std::move(effects), /*wait=*/false);
+  return baton::v1::ReportResultResponse();
+}
+
+void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
+  std::vector<Digest> digests;
+  Job& job = j->job;
+  job.clear_block_digests();
+  for (size_t b = 0; b < j->layout.blocks.size(); ++b) {
+    const std::string& hex = j->digests[static_cast<int>(b)];
+    digests.push_back(*ParseDigestHex(hex));
+    baton::v1::BlockDigest* d = job.add_block_digests();
+    d->set_block(j->layout.blocks[b].name);
+    d->set_sha256(hex);
+  }
+  job.set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  job.set_steps_done(job.spec().steps());
+  job.mutable_pipeline()->clear_peak_inflight();
+  for (int p : j->peak_inflight) job.mutable_pipeline()->add_peak_inflight(p);
+  EndJobLocked(job.id(), baton::v1::JOB_STATE_SUCCEEDED,
+               absl::StrCat(Ranks(j->ranks.size()), " finished ", job.spec().steps(),
+                            job.spec().steps() == 1 ? " step" : " steps"),
+               effects);
+}
+
+}  // namespace baton

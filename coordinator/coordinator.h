@@ -1,0 +1,331 @@
+// The coordinator's core: jobs, workers, placement and progress, behind methods that mirror
+// the JobService and ClusterService RPCs (coordinator/service.h only converts statuses).
+//
+// JOB STATES
+//
+//   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
+//     │           │           ├──────> FAILED
+//     │           ├───────────┴──────> CANCELLED
+//     └──────────────────────────────> CANCELLED
+//               PLACING ─────────────> FAILED
+//
+// Every change appends a StateChange (time, reason) to Job.history, is written to the job
+// store (SQLite) before anyone can observe it, and is sent to watchers. Reasons:
+//   QUEUED     "submitted"; then, while it waits, "waiting for 4 idle workers (2 idle)" or
+//              "waiting behind job-000003 (first in the queue)" (a new entry each time the
+//              reason changes).
+//   PLACING    "placing on w-1, w-2": workers chosen and marked busy, plans being sent.
+//   RUNNING    "all 2 ranks started": every worker accepted StartJob.
+//   SUCCEEDED  "all 2 ranks finished 200 steps": every rank reported a result without an
+//              error; Job.weights_digest = CombineBlockDigests(block digests in block order),
+//              Job.block_digests named by DescribeBlocks.
+//   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
+//              an error starting "ABORTED" is taken for an echo of another rank's failure,
+//              and the job waits up to root_cause_wait for a different one to report)
+//              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
+//              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
+//              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"
+//              "coordinator restarted while the job was running"   (found PLACING/RUNNING
+//              in the store at start-up)
+//   CANCELLED  "cancelled: <client's reason>" or "cancelled by request".
+//
+// Queue: strictly FIFO. Only the oldest QUEUED job is placed, when at least
+// pipeline.stages workers are idle; it takes the idle workers that registered first (rank
+// r = r-th of them). A job never starts ahead of an older one, even if it would fit (a job
+// needing more workers than will ever register blocks the queue until it is cancelled).
+// QUEUED jobs found in the store at start-up stay QUEUED, in their original order.
+//
+// Failure handling: when a job fails or is cancelled while placed, every worker still
+// holding one of its ranks is sent AbortJob (deadline abort_timeout) and is marked idle once
+// that call returned: a worker is never handed a new job while the coordinator still expects
+// it to be stopping the old one. A worker the call cannot reach (UNAVAILABLE,
+// DEADLINE_EXCEEDED) stays busy until its lease expires (it is dead) or a heartbeat says it
+// runs no job (it was not). A worker known dead is not contacted. CancelJob
+// waits for these aborts, so when it returns the workers are idle (unless the job was still
+// PLACING: then they are freed when their StartJob calls come back). Other paths (lease
+// expiry, a rank's error, a failed StartJob) abort in the background. A worker whose
+// Heartbeat reports a job that is not placed on it gets the job in abort_job_ids.
+//
+// Progress: each rank calls ReportProgress after each step. When the rank owning the last
+// stage reports step k (with the loss), watchers get a StepProgress: the loss; the step
+// duration (that rank's timing.step, or the time since its previous report when absent);
+// samples/s = batch_size / duration (tokens/s = samples/s * context for gpt, = samples/s
+// otherwise); and the timings of the ranks that had reported step k by then. steps_done and
+// last_loss are written to the store at most every progress_persist_interval, and at every
+// state change.
+//
+// WORKER CONTRACT (what the core relies on):
+//  - RegisterWorker with the host:port its WorkerService and TensorService listen on
+//    (reachable from the coordinator and the peers; re-registering from the same address or
+//    under the same worker_id replaces the old entry, failing a job it ran). Then Heartbeat
+//    at least every heartbeat_interval with job_id = the job it runs ("" when none), from
+//    StartJob until the job has stopped.
+//  - known=false: the coordinator forgot it (restart, expired lease): abort any job it runs
+//    (that job has been failed) and register again. abort_job_ids: abort those jobs.
+//  - StartJob returns at once (FAILED_PRECONDITION while busy: retried for busy_retry),
+//    having made the worker ready to accept the job's tensors: the coordinator starts ranks
+//    1..S-1 (in parallel) and rank 0 only after all of them accepted, and every tensor of a
+//    step originates in rank 0's first forward.
+//    AbortJob stops the job and is idempotent; the worker is handed its next job as soon as
+//    AbortJob returned, so it should not return long before the job let go of the worker.
+//  - ReportProgress after every step (1-based), with the loss on the rank owning the last
+//    stage (stage_to_rank.back()); keep_running=false means stop.
+//  - ReportResult once at the end: error "" with a digest (lower-case hex SHA-256) for every
+//    block of every stage the rank owns, or the error. The worker is idle again as soon as
+//    it is accepted. After the job ended, further results are accepted and ignored.
+//
+// PLACEMENT COST MODEL (coordinator/placement.h): blocks are split into S*V contiguous
+// chunks minimising the largest chunk's forward FLOPs per sample (DescribeBlocks); not
+// parameter counts.
+//
+// LOCKING: one mutex (mu_) guards the registry, the active jobs and the queue, and is held
+// while writing to the store (SQLite has its own lock inside JobStore). No RPC to a worker
+// is ever made under mu_: methods decide under the lock, collect the calls to make
+// (Effects), release the lock and then make them; results come back under the lock, and a
+// job whose state changed meanwhile (cancelled while its plans were being sent) is
+// re-checked then. Watchers wait on a per-job event log with its own mutex (lock order:
+// mu_ before a log's mutex), never on mu_. A background loop, woken by events and at least
+// every heartbeat_interval/2, expires leases and places queued jobs; worker calls it
+// triggers run on short-lived threads that Stop() joins.
+#ifndef BATON_COORDINATOR_COORDINATOR_H_
+#define BATON_COORDINATOR_COORDINATOR_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/cluster.pb.h"
+#include "baton/v1/jobs.pb.h"
+#include "baton/v1/worker.pb.h"
+#include "coordinator/job_store.h"
+#include "coordinator/placement.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_registry.h"
+
+namespace baton {
+
+struct CoordinatorOptions {
+  // The SQLite job store; ":memory:" for a throw-away one.
+  std::string db_path = "baton-coordinator.db";
+  // Workers heartbeat at least this often ...
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // ... and are dead when a lease is not renewed for this long. Must exceed the interval.
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // Deadline of every receive on the workers (JobPlan.recv_timeout).
+  absl::Duration recv_timeout = absl::Seconds(60);
+  // Deadlines of the StartJob and AbortJob calls to workers.
+  absl::Duration start_timeout = absl::Seconds(5);
+  absl::Duration abort_timeout = absl::Seconds(2);
+  // A worker still winding down its previous job (it reported its result, or returned from
+  // AbortJob, but has not quite let go) answers StartJob with FAILED_PRECONDITION; the call
+  // is retried, with backoff, for this long before the job fails.
+  absl::Duration busy_retry = absl::Seconds(3);
+  // A rank whose error is ABORTED usually echoes another rank's failure; the job waits this
+  // long for a root-cause error (any other code) before failing with the echo.
+  absl::Duration root_cause_wait = absl::Milliseconds(500);
+  // steps_done/last_loss reach the store at most this often (and at every state change).
+  absl::Duration progress_persist_interval = absl::Seconds(1);
+  // Time for leases and time stamps; null means absl::Now. Tests pass a fake.
+  ClockFn clock;
+  // null: a GrpcWorkerClient.
+  std::shared_ptr<WorkerClient> worker_client;
+  // Log job state changes and worker events to stderr ("coordinator: job-000001 RUNNING:
+  // all 2 ranks started").
+  bool log = true;
+  // false (tests): no background loop and no threads: the test calls Tick(), and every call
+  // to a worker runs on the calling thread (after the lock is released).
+  bool background = true;
+};
+
+// A WatchJob subscription. Not thread-safe (one stream handler owns it).
+class JobWatch {
+ public:
+  struct EventLog;
+  JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, baton::v1::JobEvent first);
+  ~JobWatch();
+
+  // The next events: first the job's current state (as a StateChange), then every state
+  // change and step as it happens. Waits up to `timeout` when there is nothing new
+  // (returning an empty list then). *done is set once the terminal state change has been
+  // returned: nothing follows. UNAVAILABLE when the coordinator stops first. A watcher too
+  // slow to keep up with a job's steps skips the oldest steps it missed (state changes
+  // are never dropped between watch and terminal state unless thousands of steps pass).
+  absl::StatusOr<std::vector<baton::v1::JobEvent>> Next(absl::Duration timeout, bool* done);
+
+ private:
+  std::shared_ptr<EventLog> log_;
+  int64_t cursor_;
+  std::vector<baton::v1::JobEvent> pending_;
+  bool done_ = false;
+};
+
+class Coordinator {
+ public:
+  // Opens the store, recovers it (QUEUED jobs are queued again; PLACING/RUNNING ones become
+  // FAILED "coordinator restarted while the job was running"), and starts the background
+  // loop (options.background). INVALID_ARGUMENT for bad durations, naming the flag.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options);
+  ~Coordinator();  // Stop()
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Stops the loop, waits for in-flight worker calls, ends every watch (UNAVAILABLE).
+  // Jobs stay as they are in the store. Idempotent.
+  void Stop();
+
+  // ---- JobService ----
+  // Validates (ValidateAndDefaultJobSpec, then the pipeline as placement will build it):
+  // INVALID_ARGUMENT whose message starts with the field path. A non-empty submission_id
+  // makes it idempotent: the same id with the same (defaulted) spec returns the first job;
+  // with a different spec, ALREADY_EXISTS.
+  absl::StatusOr<baton::v1::Job> SubmitJob(const baton::v1::SubmitJobRequest& request);
+  // NOT_FOUND for unknown ids.
+  absl::StatusOr<baton::v1::Job> GetJob(const std::string& job_id);
+  // Newest first; page_size 0 means 50, at most 1000.
+  absl::StatusOr<baton::v1::ListJobsResponse> ListJobs(const baton::v1::ListJobsRequest& request);
+  // QUEUED: CANCELLED at once. RUNNING: CANCELLED; every worker still running a rank is
+  // sent AbortJob (in parallel, abort_timeout each) and is idle when this returns (one that
+  // could not be reached stays busy until its lease or a heartbeat decides). PLACING:
+  // the same, except that the workers are freed only once their StartJob calls returned
+  // (and were answered with another AbortJob). A job already in a terminal state is
+  // returned unchanged, not an error: cancelling is idempotent and the result tells how the
+  // job ended. NOT_FOUND if unknown.
+  absl::StatusOr<baton::v1::Job> CancelJob(const baton::v1::CancelJobRequest& request);
+  // NOT_FOUND if unknown.
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job_id);
+  baton::v1::ListWorkersResponse ListWorkers();
+
+  // ---- ClusterService ----
+  absl::StatusOr<baton::v1::RegisterWorkerResponse> RegisterWorker(
+      const baton::v1::RegisterWorkerRequest& request);
+  absl::StatusOr<baton::v1::HeartbeatResponse> Heartbeat(
+      const baton::v1::HeartbeatRequest& request);
+  absl::StatusOr<baton::v1::ReportProgressResponse> ReportProgress(
+      const baton::v1::ReportProgressRequest& request);
+  absl::StatusOr<baton::v1::ReportResultResponse> ReportResult(
+      const baton::v1::ReportResultRequest& request);
+
+  // One round of the background loop: expire leases (failing their jobs), place queued jobs.
+  // Tests without the background loop call it themselves.
+  void Tick();
+
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  struct RankSlot {
+    PlacedWorker worker;
+    bool held = true;       // the worker is still busy with this job
+    bool finished = false;  // reported a result without error
+  };
+  struct ActiveJob {
+    int64_t seq = 0;  // the store's sequence number; the job key in tensor tags
+    baton::v1::Job job;
+    std::shared_ptr<JobWatch::EventLog> log;
+    // Set from PLACING on.
+    std::vector<RankSlot> ranks;
+    PipelineLayout layout;
+    std::map<int, std::string> digests;                               // block index -> hex
+    std::map<int64_t, std::map<int, baton::v1::RankTiming>> timings;  // step -> rank ->
+    std::vector<int> peak_inflight;
+    absl::Time last_step_at;
+    absl::Time last_persist;
+    // The first error a rank reported when it was an ABORTED echo; the job fails with it
+    // unless a root cause arrives within root_cause_wait.
+    std::string echo_failure;
+    absl::Time echo_since;
+  };
+  struct StartCall {
+    std::string job_id;
+    std::vector<PlacedWorker> workers;
+    std::vector<baton::v1::JobPlan> plans;
+  };
+  struct AbortCall {
+    std::string job_id;
+    std::string reason;
+    std::vector<PlacedWorker> workers;
+    bool free_after = true;
+  };
+  struct Effects {
+    std::vector<StartCall> starts;
+    std::vector<AbortCall> aborts;
+    bool empty() const { return starts.empty() && aborts.empty(); }
+  };
+
+  explicit Coordinator(CoordinatorOptions options);
+  absl::Status Recover();
+  absl::Time Now() const { return options_.clock(); }
+
+  // Runs effects now on this thread (wait) or on a tracked background thread.
+  void Run(Effects effects, bool wait);
+  void RunNow(Effects effects);
+  void FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
+                   const std::vector<absl::Status>& results);
+  void FanOut(int n, const std::function<void(int)>& fn);
+  absl::Status StartOne(const std::string& job_id, const PlacedWorker& worker,
+                        const baton::v1::JobPlan& plan);
+  void WakeLoop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoopMain();
+  void ReapThreads(bool all);
+  void LogWarning(const std::string& message);
+
+  ActiveJob* FindActiveLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendStateLocked(ActiveJob* job, baton::v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a job to a terminal state: aborts (and later frees) every worker whose slot is
+  // still `held` (callers clear it first for dead or already stopped workers), closes its
+  // event log and drops it from the active set and the queue.
+  // Returns the job's final record.
+  baton::v1::Job EndJobLocked(const std::string& job_id, baton::v1::JobState state,
+                              const std::string& reason, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitLocked(ActiveJob* job, baton::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeasesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceQueuedLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CoordinatorOptions options_;
+  std::unique_ptr<JobStore> store_;
+
+  std::mutex mu_;
+  std::condition_variable loop_cv_;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<ActiveJob>> active_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // QUEUED job ids, oldest first
+  // Jobs whose StartJob calls are in flight: their workers are freed when those return.
+  std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
+
+  std::thread loop_;
+  std::mutex threads_mu_;
+  struct Background {
+    std::thread thread;
+    std::shared_ptr<bool> done;  // guarded by threads_mu_
+  };
+  std::vector<Background> threads_ ABSL_GUARDED_BY(threads_mu_);
+  bool threads_closed_ ABSL_GUARDED_BY(threads_mu_) = false;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,771 @@
+#include "coordinator/coordinator.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/digest.h"
+#include "common/nn/model.h"
+#include "common/rpc/rpc.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::Job;
+using baton::v1::JobState;
+
+class FakeClock {
+ public:
+  ClockFn fn() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return now_;
+    };
+  }
+  void Advance(absl::Duration d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ += d;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+};
+
+// Records every call; StartJob fails for addresses in fail_start.
+class FakeWorkerClient final : public WorkerClient {
+ public:
+  struct Call {
+    std::string kind;  // "start" or "abort"
+    std::string address;
+    std::string job_id;
+    int rank = -1;
+  };
+  absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+                        absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({"start", address, plan.job_id(), plan.rank()});
+    plans_.push_back(plan);
+    if (fail_start_.count(address) > 0) return absl::UnavailableError("connection refused");
+    if (busy_[address] > 0) {
+      --busy_[address];
+      return absl::FailedPreconditionError("worker already runs job job-old");
+    }
+    return absl::OkStatus();
+  }
+  // The next `n` StartJob calls to `address` find the worker still busy.
+  void BusyFor(const std::string& address, int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_[address] = n;
+  }
+  absl::Status AbortJob(const std::string& address, const std::string& job_id, const std::string&,
+                        absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({"abort", address, job_id, -1});
+    if (unreachable_.count(address) > 0) return absl::UnavailableError("connection refused");
+    return absl::OkStatus();
+  }
+  void Unreachable(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unreachable_.insert(address);
+  }
+  void FailStart(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_start_.insert(address);
+  }
+  std::vector<Call> Calls(const std::string& kind, const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Call> out;
+    for (const Call& c : calls_) {
+      if (c.kind == kind && c.job_id == job_id) out.push_back(c);
+    }
+    return out;
+  }
+  std::vector<baton::v1::JobPlan> Plans(const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<baton::v1::JobPlan> out;
+    for (const auto& p : plans_) {
+      if (p.job_id() == job_id) out.push_back(p);
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Call> calls_;
+  std::vector<baton::v1::JobPlan> plans_;
+  std::set<std::string> fail_start_;
+  std::set<std::string> unreachable_;
+  std::map<std::string, int> busy_;
+};
+
+baton::v1::JobSpec Spec(int stages, int steps = 2) {
+  baton::v1::JobSpec spec;
+  spec.set_name("test");
+  baton::v1::MlpSpec* mlp = spec.mutable_model()->mutable_mlp();
+  mlp->set_input_dim(4);
+  mlp->set_width(8);
+  mlp->set_depth(3);  // 4 blocks
+  mlp->set_output_dim(2);
+  spec.mutable_data()->mutable_synthetic();
+  spec.mutable_data()->set_batch_size(8);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_microbatches(2);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(steps);
+  spec.set_seed(3);
+  return spec;
+}
+
+std::string Address(int i) { return absl::StrCat("10.0.0.", i, ":7000"); }
+
+Digest FakeBlockDigest(int block) {
+  Sha256 h;
+  h.Update(&block, sizeof(block));
+  return h.Finish();
+}
+
+class CoordinatorTest : public testing::Test {
+ protected:
+  void SetUp() override { Start(":memory:"); }
+
+  void Start(const std::string& db) {
+    CoordinatorOptions o;
+    o.db_path = db;
+    o.clock = clock_.fn();
+    o.worker_client = client_;
+    o.background = false;
+    o.busy_retry = absl::Milliseconds(500);
+    o.log = false;
+    auto c = Coordinator::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    core_ = *std::move(c);
+  }
+
+  std::string Register(int i) {
+    baton::v1::RegisterWorkerRequest r;
+    r.set_address(Address(i));
+    auto resp = core_->RegisterWorker(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(FromProtoDuration(resp->lease_ttl()), absl::Seconds(5));
+    EXPECT_EQ(FromProtoDuration(resp->heartbeat_interval()), absl::Seconds(1));
+    return resp->worker_id();
+  }
+
+  baton::v1::HeartbeatResponse Beat(const std::string& worker, const std::string& job = "") {
+    baton::v1::HeartbeatRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    auto resp = core_->Heartbeat(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return *resp;
+  }
+
+  Job Submit(const baton::v1::JobSpec& spec, const std::string& submission = "") {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = spec;
+    r.set_submission_id(submission);
+    auto job = core_->SubmitJob(r);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : Job();
+  }
+
+  Job Get(const std::string& id) {
+    auto job = core_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : Job();
+  }
+
+  std::string Reason(const Job& job) {
+    return job.history().empty() ? "" : job.history().rbegin()->reason();
+  }
+
+  baton::v1::WorkerState WorkerState(const std::string& id) {
+    const baton::v1::ListWorkersResponse workers = core_->ListWorkers();
+    for (const auto& w : workers.workers()) {
+      if (w.worker_id() == id) return w.state();
+    }
+    return baton::v1::WORKER_STATE_UNSPECIFIED;
+  }
+
+  // Reports a successful result for every rank of `job`, with each block's fake digest.
+  void FinishAllRanks(const Job& job) {
+    const auto plans = client_->Plans(job.id());
+    ASSERT_EQ(plans.size(), static_cast<size_t>(job.workers_size()));
+    for (const auto& plan : plans) {
+      baton::v1::ReportResultRequest r;
+      r.set_job_id(job.id());
+      r.set_rank(plan.rank());
+      r.set_worker_id(job.workers(plan.rank()));
+      for (const auto& stage : plan.stages()) {
+        if (plan.stage_to_rank(stage.stage()) != plan.rank()) continue;
+        for (int b = stage.first_block(); b < stage.last_block(); ++b) {
+          auto* d = r.add_block_digests();
+          d->set_index(b);
+          d->mutable_digest()->set_sha256(DigestHex(FakeBlockDigest(b)));
+        }
+      }
+      ASSERT_TRUE(core_->ReportResult(r).ok());
+    }
+  }
+
+  FakeClock clock_;
+  std::shared_ptr<FakeWorkerClient> client_ = std::make_shared<FakeWorkerClient>();
+  std::unique_ptr<Coordinator> core_;
+};
+
+TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
+  const std::string w1 = Register(1);
+  Job job = Submit(Spec(2));
+  EXPECT_EQ(job.id(), "job-000001");
+  EXPECT_EQ(job.state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Reason(job), "submitted");
+  core_->Tick();
+  job = Get(job.id());
+  EXPECT_EQ(job.state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Reason(job), "waiting for 2 idle workers (1 idle)");
+  core_->Tick();  // nothing changed: no new history entry
+  EXPECT_EQ(Get(job.id()).history_size(), job.history_size());
+  EXPECT_TRUE(client_->Calls("start", job.id()).empty());
+
+  const std::string w2 = Register(2);
+  core_->Tick();
+  job = Get(job.id());
+  EXPECT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING) << Reason(job);
+  ASSERT_EQ(job.workers_size(), 2);
+  EXPECT_EQ(job.workers(0), w1);
+  EXPECT_EQ(job.workers(1), w2);
+  std::vector<JobState> states;
+  for (const auto& h : job.history()) states.push_back(h.state());
+  EXPECT_EQ(states.back(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(states[states.size() - 2], baton::v1::JOB_STATE_PLACING);
+  auto starts = client_->Calls("start", job.id());
+  ASSERT_EQ(starts.size(), 2u);
+  // Rank 0 last: the other ranks are ready before the first activation is sent.
+  EXPECT_EQ(starts[0].address, Address(2));
+  EXPECT_EQ(starts[0].rank, 1);
+  EXPECT_EQ(starts[1].address, Address(1));
+  EXPECT_EQ(starts[1].rank, 0);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(job.pipeline().schedule(), "1f1b");
+  EXPECT_EQ(job.pipeline().stage_blocks_size(), 2);
+  // Heartbeats carrying the job are fine; the job is wanted.
+  EXPECT_TRUE(Beat(w1, job.id()).abort_job_ids().empty());
+}
+
+TEST_F(CoordinatorTest, QueueIsStrictlyFifo) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  const Job a = Submit(Spec(2));
+  const Job b = Submit(Spec(2));
+  const Job c = Submit(Spec(1));
+  core_->Tick();
+  EXPECT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(b.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Reason(Get(b.id())), "waiting for 2 idle workers (1 idle)");
+  // c would fit on w-3, but b is older.
+  EXPECT_EQ(Get(c.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Reason(Get(c.id())), absl::StrCat("waiting behind ", b.id(), " (first in the queue)"));
+
+  FinishAllRanks(Get(a.id()));
+  EXPECT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+  core_->Tick();
+  const Job b2 = Get(b.id()), c2 = Get(c.id());
+  EXPECT_EQ(b2.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c2.state(), baton::v1::JOB_STATE_RUNNING);
+  // Idle workers go out in registration order.
+  EXPECT_EQ(b2.workers(0), w1);
+  EXPECT_EQ(b2.workers(1), w2);
+  EXPECT_EQ(c2.workers(0), w3);
+}
+
+TEST_F(CoordinatorTest, CancelQueuedJobAtOnce) {
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  baton::v1::CancelJobRequest r;
+  r.set_job_id(job.id());
+  r.set_reason("changed my mind");
+  auto cancelled = core_->CancelJob(r);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), baton::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(Reason(*cancelled), "cancelled: changed my mind");
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_CANCELLED);
+  Register(1);
+  Register(2);
+  core_->Tick();
+  EXPECT_TRUE(client_->Calls("start", job.id()).empty());
+}
+
+TEST_F(CoordinatorTest, CancelRunningJobAbortsAndFreesEveryWorker) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2));
+  const Job next = Submit(Spec(2));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  baton::v1::CancelJobRequest r;
+  r.set_job_id(job.id());
+  auto cancelled = core_->CancelJob(r);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), baton::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(Reason(*cancelled), "cancelled by request");
+  auto aborts = client_->Calls("abort", job.id());
+  ASSERT_EQ(aborts.size(), 2u);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
+  // Cancelling again returns the job unchanged.
+  auto again = core_->CancelJob(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->history_size(), cancelled->history_size());
+  EXPECT_EQ(client_->Calls("abort", job.id()).size(), 2u);
+  // A worker still heartbeating the cancelled job is told to abort it.
+  auto beat = Beat(w1, job.id());
+  ASSERT_EQ(beat.abort_job_ids_size(), 1);
+  EXPECT_EQ(beat.abort_job_ids(0), job.id());
+  Beat(w1);
+  // The freed workers take the next job.
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, ExpiredLeaseFailsTheJobNamingTheWorkerAndFreesTheOthers) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(3));
+  Beat(w1, job.id());
+  Beat(w3);
+  core_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(3));  // w-2: 6 s without a heartbeat
+  Beat(w1, job.id());
+  Beat(w3);
+  core_->Tick();
+  const Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed),
+            absl::StrCat("worker ", w2, " (", Address(2), ") lease expired (no heartbeat for 5s)"));
+  auto aborts = client_->Calls("abort", job.id());
+  ASSERT_EQ(aborts.size(), 1u);  // the dead worker is not contacted
+  EXPECT_EQ(aborts[0].address, Address(1));
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_DEAD);
+  EXPECT_FALSE(Beat(w2).known());
+  // The survivors run the next job.
+  const Job next = Submit(Spec(2));
+  Beat(w1);
+  core_->Tick();
+  const Job n = Get(next.id());
+  EXPECT_EQ(n.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(n.workers(0), w1);
+  EXPECT_EQ(n.workers(1), w3);
+}
+
+TEST_F(CoordinatorTest, ResultsFromEveryRankSucceedWithTheCombinedDigest) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2, /*steps=*/2));
+  auto watch = core_->WatchJob(job.id());
+  ASSERT_TRUE(watch.ok());
+  core_->Tick();
+  Job running = Get(job.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+
+  // Step 1: rank 0 first (no loss), then the last rank with the loss.
+  baton::v1::ReportProgressRequest p;
+  p.set_job_id(job.id());
+  p.set_worker_id(w1);
+  p.set_rank(0);
+  p.set_step(1);
+  *p.mutable_timing()->mutable_forward() = ToProtoDuration(absl::Milliseconds(30));
+  *p.mutable_timing()->mutable_step() = ToProtoDuration(absl::Milliseconds(100));
+  p.mutable_timing()->set_peak_inflight(2);
+  auto keep = core_->ReportProgress(p);
+  ASSERT_TRUE(keep.ok());
+  EXPECT_TRUE(keep->keep_running());
+  p.set_worker_id(w2);
+  p.set_rank(1);
+  p.set_loss(1.5f);
+  p.mutable_timing()->set_peak_inflight(1);
+  *p.mutable_timing()->mutable_step() = ToProtoDuration(absl::Milliseconds(200));
+  ASSERT_TRUE(core_->ReportProgress(p).ok());
+  running = Get(job.id());
+  EXPECT_EQ(running.steps_done(), 1);
+  EXPECT_FLOAT_EQ(running.last_loss(), 1.5f);
+  // A worker reporting a rank it does not run is told to stop.
+  p.set_worker_id(w1);
+  EXPECT_FALSE(core_->ReportProgress(p)->keep_running());
+
+  FinishAllRanks(running);
+  const Job done = Get(job.id());
+  ASSERT_EQ(done.state(), baton::v1::JOB_STATE_SUCCEEDED) << Reason(done);
+  EXPECT_EQ(Reason(done), "all 2 ranks finished 2 steps");
+  const auto blocks = DescribeBlocks(done.spec().model());
+  ASSERT_EQ(done.block_digests_size(), static_cast<int>(blocks.size()));
+  std::vector<Digest> digests;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    EXPECT_EQ(done.block_digests(b).block(), blocks[b].name);
+    EXPECT_EQ(done.block_digests(b).sha256(), DigestHex(FakeBlockDigest(static_cast<int>(b))));
+    digests.push_back(FakeBlockDigest(static_cast<int>(b)));
+  }
+  EXPECT_EQ(done.weights_digest(), DigestHex(CombineBlockDigests(digests)));
+  EXPECT_EQ(done.steps_done(), 2);
+  ASSERT_EQ(done.pipeline().peak_inflight_size(), 2);
+  EXPECT_EQ(done.pipeline().peak_inflight(0), 2);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_TRUE(client_->Calls("abort", job.id()).empty());
+
+  // The watch saw: QUEUED (current at subscription), PLACING, RUNNING, step 1, SUCCEEDED.
+  std::vector<baton::v1::JobEvent> events;
+  bool done_flag = false;
+  for (int i = 0; i < 10 && !done_flag; ++i) {
+    auto batch = (*watch)->Next(absl::ZeroDuration(), &done_flag);
+    ASSERT_TRUE(batch.ok());
+    events.insert(events.end(), batch->begin(), batch->end());
+  }
+  ASSERT_TRUE(done_flag);
+  std::vector<std::string> kinds;
+  for (const auto& e : events) {
+    EXPECT_EQ(e.job_id(), job.id());
+    kinds.push_back(e.has_step() ? absl::StrCat("step", e.step().step())
+                                 : baton::v1::JobState_Name(e.state_change().state()));
+  }
+  // The queue reason update between QUEUED and PLACING is absent: two workers were idle.
+  EXPECT_EQ(kinds, (std::vector<std::string>{"JOB_STATE_QUEUED", "JOB_STATE_PLACING",
+                                             "JOB_STATE_RUNNING", "step1", "JOB_STATE_SUCCEEDED"}));
+  const baton::v1::StepProgress& step = events[3].step();
+  EXPECT_FLOAT_EQ(step.loss(), 1.5f);
+  EXPECT_EQ(step.total_steps(), 2);
+  EXPECT_DOUBLE_EQ(step.samples_per_second(), 8 / 0.2);
+  ASSERT_EQ(step.stages_size(), 2);
+  EXPECT_EQ(step.stages(0).rank(), 0);
+  EXPECT_EQ(step.stages(0).worker_id(), w1);
+  EXPECT_EQ(FromProtoDuration(step.stages(0).forward()), absl::Milliseconds(30));
+}
+
+TEST_F(CoordinatorTest, RankErrorFailsTheJobAndAbortsTheOthers) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  baton::v1::ReportResultRequest r;
+  r.set_job_id(job.id());
+  r.set_worker_id(w2);
+  r.set_rank(1);
+  r.set_error("RECV_F timed out after 60s");
+  ASSERT_TRUE(core_->ReportResult(r).ok());
+  const Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed), absl::StrCat("rank 1 on worker ", w2, ": RECV_F timed out after 60s"));
+  auto aborts = client_->Calls("abort", job.id());
+  ASSERT_EQ(aborts.size(), 1u);
+  EXPECT_EQ(aborts[0].address, Address(1));
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
+  // The other rank's echo is accepted and ignored.
+  r.set_worker_id(w1);
+  r.set_rank(0);
+  r.set_error("aborted");
+  EXPECT_TRUE(core_->ReportResult(r).ok());
+  EXPECT_EQ(Get(job.id()).history_size(), failed.history_size());
+}
+
+TEST_F(CoordinatorTest, UnreachableWorkerIsNotFreedUntilItsLeaseDecides) {
+  // Rank 0 fails because its neighbour died; the dead neighbour cannot be told to abort.
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  client_->Unreachable(Address(2));
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  baton::v1::ReportResultRequest r;
+  r.set_job_id(job.id());
+  r.set_worker_id(w1);
+  r.set_rank(0);
+  r.set_error("RECV_B from rank 1 (" + Address(2) + "): connection refused");
+  ASSERT_TRUE(core_->ReportResult(r).ok());
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_BUSY);  // not offered to the next job
+  // The next job needing two workers waits rather than landing on the dead one.
+  const Job next = Submit(Spec(2));
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(next.id()).workers(1), w3);
+  // Its lease runs out: DEAD.
+  clock_.Advance(absl::Seconds(3));
+  Beat(w1, next.id());
+  Beat(w3, next.id());
+  clock_.Advance(absl::Seconds(3));
+  Beat(w1, next.id());
+  Beat(w3, next.id());
+  core_->Tick();
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_DEAD);
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, UnreachableButAliveWorkerIsFreedByItsHeartbeat) {
+  const std::string w1 = Register(1);
+  client_->Unreachable(Address(1));
+  const Job job = Submit(Spec(1));
+  core_->Tick();
+  baton::v1::CancelJobRequest c;
+  c.set_job_id(job.id());
+  ASSERT_TRUE(core_->CancelJob(c).ok());
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_BUSY);
+  Beat(w1, job.id());  // still running it: told to abort, still busy
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_BUSY);
+  Beat(w1);  // runs nothing now
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  const Job job = Submit(Spec(3));
+  core_->Tick();
+  auto report = [&](int rank, const std::string& worker, const std::string& error) {
+    baton::v1::ReportResultRequest r;
+    r.set_job_id(job.id());
+    r.set_worker_id(worker);
+    r.set_rank(rank);
+    r.set_error(error);
+    ASSERT_TRUE(core_->ReportResult(r).ok());
+  };
+  report(2, w3, "ABORTED: rank 2 at 2RECV_F0: rank 1 aborted");
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(WorkerState(w3), baton::v1::WORKER_STATE_IDLE);
+  report(1, w2, "UNAVAILABLE: the stream to rank 0 failed");
+  Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed),
+            absl::StrCat("rank 1 on worker ", w2, ": UNAVAILABLE: the stream to rank 0 failed"));
+  EXPECT_EQ(client_->Calls("abort", job.id()).size(), 1u);  // rank 0's worker
+
+  // With only echoes, the first one stands after root_cause_wait.
+  const Job other = Submit(Spec(3));
+  core_->Tick();
+  ASSERT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  baton::v1::ReportResultRequest r;
+  r.set_job_id(other.id());
+  r.set_worker_id(Get(other.id()).workers(2));
+  r.set_rank(2);
+  r.set_error("ABORTED: first echo");
+  ASSERT_TRUE(core_->ReportResult(r).ok());
+  core_->Tick();
+  EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(600));
+  core_->Tick();
+  failed = Get(other.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_NE(Reason(failed).find("ABORTED: first echo"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, FailedStartJobFailsTheJobNamingTheWorker) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  client_->FailStart(Address(2));
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  const Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed), absl::StrCat("StartJob on worker ", w2, " (", Address(2),
+                                         ") for rank 1 failed: UNAVAILABLE: connection refused"));
+  EXPECT_EQ(client_->Calls("start", job.id()).size(), 1u);  // rank 0 was never started
+  EXPECT_EQ(client_->Calls("abort", job.id()).size(), 2u);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, StartJobIsRetriedWhileAWorkerWindsDownItsLastJob) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  client_->BusyFor(Address(2), 2);
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING) << Reason(Get(job.id()));
+  EXPECT_EQ(client_->Calls("start", job.id()).size(), 4u);  // w-2 three times, then w-1
+
+  // A worker that stays busy fails the job once busy_retry (500 ms here) has passed.
+  client_->BusyFor(Address(3), 1000);
+  Register(3);
+  const Job stuck = Submit(Spec(1));
+  const absl::Time start = absl::Now();
+  core_->Tick();
+  const Job failed = Get(stuck.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_NE(Reason(failed).find("FAILED_PRECONDITION"), std::string::npos) << Reason(failed);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinatorTest, BadSpecsAreInvalidArgumentNamingTheField) {
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = Spec(2);
+  r.mutable_spec()->mutable_model()->mutable_mlp()->set_width(0);
+  auto job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message().rfind("model.mlp.width", 0), 0u) << job.status();
+
+  *r.mutable_spec() = Spec(2);
+  r.mutable_spec()->mutable_data()->set_batch_size(7);
+  job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message().rfind("data.batch_size", 0), 0u) << job.status();
+
+  *r.mutable_spec() = Spec(5);  // 5 stages, 4 blocks
+  job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("pipeline.stages"), std::string::npos) << job.status();
+
+  *r.mutable_spec() = Spec(2);
+  r.mutable_spec()->mutable_pipeline()->set_virtual_stages(2);  // 1F1B runs one chunk per rank
+  job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("pipeline.virtual_stages"), std::string::npos)
+      << job.status();
+
+  // Inline text with more distinct characters than the vocabulary holds.
+  baton::v1::JobSpec gpt;
+  gpt.mutable_model()->mutable_gpt()->set_vocab_size(4);
+  gpt.mutable_model()->mutable_gpt()->set_context(4);
+  gpt.mutable_model()->mutable_gpt()->set_d_model(8);
+  gpt.mutable_model()->mutable_gpt()->set_heads(2);
+  gpt.mutable_model()->mutable_gpt()->set_layers(1);
+  gpt.mutable_data()->mutable_text()->set_inline_text("abcdefghijklmnop");
+  gpt.mutable_data()->set_batch_size(2);
+  gpt.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  gpt.set_steps(1);
+  *r.mutable_spec() = gpt;
+  job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("vocab_size"), std::string::npos) << job.status();
+  r.mutable_spec()->mutable_model()->mutable_gpt()->set_vocab_size(16);
+  EXPECT_TRUE(core_->SubmitJob(r).ok());
+
+  r.clear_spec();
+  EXPECT_EQ(core_->SubmitJob(r).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Nothing was stored; the coordinator keeps serving.
+  auto list = core_->ListJobs({});
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 1);  // the good gpt job
+  EXPECT_EQ(Submit(Spec(2)).id(), "job-000002");
+}
+
+TEST_F(CoordinatorTest, UnknownJobIdsAreNotFound) {
+  EXPECT_EQ(core_->GetJob("job-404").status().code(), absl::StatusCode::kNotFound);
+  baton::v1::CancelJobRequest c;
+  c.set_job_id("job-404");
+  EXPECT_EQ(core_->CancelJob(c).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->WatchJob("job-404").status().code(), absl::StatusCode::kNotFound);
+  baton::v1::ReportResultRequest r;
+  r.set_job_id("job-404");
+  EXPECT_EQ(core_->ReportResult(r).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->GetJob("").status().code(), absl::StatusCode::kInvalidArgument);
+  // Unknown workers must register again.
+  EXPECT_FALSE(Beat("w-404").known());
+}
+
+TEST_F(CoordinatorTest, SubmissionIdMakesSubmitIdempotent) {
+  const Job first = Submit(Spec(2), "client-42");
+  const Job again = Submit(Spec(2), "client-42");
+  EXPECT_EQ(again.id(), first.id());
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = Spec(2, /*steps=*/99);
+  r.set_submission_id("client-42");
+  auto other = core_->SubmitJob(r);
+  ASSERT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(other.status().message().find("submission_id"), std::string::npos);
+  EXPECT_NE(Submit(Spec(2), "client-43").id(), first.id());
+  EXPECT_NE(Submit(Spec(2)).id(), first.id());
+  EXPECT_EQ(core_->ListJobs({})->jobs_size(), 3);
+}
+
+TEST_F(CoordinatorTest, ListJobsPagesNewestFirst) {
+  for (int i = 0; i < 5; ++i) Submit(Spec(1));
+  baton::v1::ListJobsRequest r;
+  r.set_page_size(2);
+  std::vector<std::string> ids;
+  for (int page = 0; page < 5; ++page) {
+    auto resp = core_->ListJobs(r);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    for (const auto& j : resp->jobs()) ids.push_back(j.id());
+    if (resp->next_page_token().empty()) break;
+    r.set_page_token(resp->next_page_token());
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-000005", "job-000004", "job-000003", "job-000002",
+                                           "job-000001"}));
+  r.set_page_size(-1);
+  EXPECT_EQ(core_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ReRegisteringBusyWorkerFailsItsJob) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  // The process at Address(2) restarted and registers afresh.
+  const std::string w2b = Register(2);
+  EXPECT_NE(w2b, w2);
+  const Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed), absl::StrCat("worker ", w2, " (", Address(2),
+                                         ") registered again while running rank 1"));
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2b), baton::v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
+  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string db = tmpl + "/jobs.db";
+  Start(db);
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job running = Submit(Spec(2));
+  const Job queued = Submit(Spec(2));
+  const Job cancelled = Submit(Spec(1));
+  core_->Tick();
+  baton::v1::CancelJobRequest c;
+  c.set_job_id(cancelled.id());
+  ASSERT_TRUE(core_->CancelJob(c).ok());
+  ASSERT_EQ(Get(running.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(Get(queued.id()).state(), baton::v1::JOB_STATE_QUEUED);
+
+  core_.reset();  // the coordinator goes away
+  Start(db);
+  auto list = core_->ListJobs({});
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->jobs_size(), 3);
+  const Job was_running = Get(running.id());
+  EXPECT_EQ(was_running.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(was_running), "coordinator restarted while the job was running");
+  EXPECT_EQ(Get(cancelled.id()).state(), baton::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(Get(queued.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  // The workers come back: unknown, they register again, and the old job is aborted.
+  EXPECT_FALSE(Beat(w1, running.id()).known());
+  const std::string n1 = Register(1), n2 = Register(2);
+  auto beat = Beat(n1, running.id());
+  ASSERT_EQ(beat.abort_job_ids_size(), 1);
+  EXPECT_EQ(beat.abort_job_ids(0), running.id());
+  Beat(n1);
+  core_->Tick();
+  EXPECT_EQ(Get(queued.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  // New ids continue after the old ones.
+  EXPECT_EQ(Submit(Spec(1)).id(), "job-000004");
+  core_.reset();
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(CoordinatorOptionsTest, BadDurationsNameTheFlag) {
+  CoordinatorOptions o;
+  o.db_path = ":memory:";
+  o.background = false;
+  o.lease_ttl = absl::Milliseconds(500);
+  auto c = Coordinator::Create(o);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("--lease_ttl"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace baton

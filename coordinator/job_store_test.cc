@@ -1,0 +1,164 @@
+#include "coordinator/job_store.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::Job;
+
+std::string MakeTempDir() {
+  std::string tmpl = testing::TempDir() + "/job_store_test.XXXXXX";
+  char* dir = mkdtemp(tmpl.data());
+  EXPECT_NE(dir, nullptr);
+  return tmpl;
+}
+
+Job MakeJob(int64_t seq, baton::v1::JobState state = baton::v1::JOB_STATE_QUEUED,
+            const std::string& submission = "") {
+  Job job;
+  job.set_id(absl::StrFormat("job-%06d", seq));
+  job.set_submission_id(submission);
+  job.set_state(state);
+  job.mutable_spec()->set_name(absl::StrFormat("spec %d", seq));
+  job.mutable_spec()->set_steps(static_cast<int>(seq));
+  return job;
+}
+
+TEST(JobStoreTest, InsertGetPutRoundTrip) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int64_t seq = (*store)->NextSequence();
+  EXPECT_EQ(seq, 1);
+  Job job = MakeJob(seq, baton::v1::JOB_STATE_QUEUED, "sub-1");
+  ASSERT_TRUE((*store)->Insert(seq, job).ok());
+
+  auto got = (*store)->Get(job.id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->SerializeAsString(), job.SerializeAsString());
+
+  job.set_state(baton::v1::JOB_STATE_RUNNING);
+  job.set_steps_done(7);
+  ASSERT_TRUE((*store)->Put(job).ok());
+  got = (*store)->Get(job.id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(got->steps_done(), 7);
+
+  auto found = (*store)->FindBySubmission("sub-1");
+  ASSERT_TRUE(found.ok());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->id(), job.id());
+  found = (*store)->FindBySubmission("other");
+  ASSERT_TRUE(found.ok());
+  EXPECT_FALSE(found->has_value());
+  found = (*store)->FindBySubmission("");
+  ASSERT_TRUE(found.ok());
+  EXPECT_FALSE(found->has_value());
+}
+
+TEST(JobStoreTest, UnknownAndDuplicateIds) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Get("job-000404").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Put(MakeJob(404)).code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE((*store)->Insert(1, MakeJob(1, baton::v1::JOB_STATE_QUEUED, "same")).ok());
+  // Same id, same sequence, same submission id: each refused.
+  EXPECT_EQ((*store)->Insert(2, MakeJob(1)).code(), absl::StatusCode::kAlreadyExists);
+  Job other = MakeJob(3);
+  EXPECT_EQ((*store)->Insert(1, other).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*store)->Insert(4, MakeJob(4, baton::v1::JOB_STATE_QUEUED, "same")).code(),
+            absl::StatusCode::kAlreadyExists);
+  // Jobs without a submission id do not collide with each other.
+  EXPECT_TRUE((*store)->Insert(5, MakeJob(5)).ok());
+  EXPECT_TRUE((*store)->Insert(6, MakeJob(6)).ok());
+  EXPECT_EQ(*(*store)->Count(), 3);
+  EXPECT_EQ((*store)->NextSequence(), 7);
+}
+
+TEST(JobStoreTest, ListPagesNewestFirst) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 7; ++i) {
+    const int64_t seq = (*store)->NextSequence();
+    ASSERT_TRUE((*store)->Insert(seq, MakeJob(seq)).ok());
+  }
+  std::vector<std::string> ids;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = (*store)->List(3, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs.size(), 3u);
+    for (const Job& j : page->jobs) ids.push_back(j.id());
+    token = page->next_page_token;
+    ++pages;
+    if (pages == 1) {
+      // A job inserted after the first page does not shift the later ones.
+      const int64_t seq = (*store)->NextSequence();
+      ASSERT_TRUE((*store)->Insert(seq, MakeJob(seq)).ok());
+    }
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-000007", "job-000006", "job-000005", "job-000004",
+                                           "job-000003", "job-000002", "job-000001"}));
+
+  auto all = (*store)->List(100, "");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->jobs.size(), 8u);
+  EXPECT_EQ(all->jobs[0].id(), "job-000008");
+  EXPECT_TRUE(all->next_page_token.empty());
+
+  auto bad = (*store)->List(3, "not-a-token");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("page_token"), std::string::npos);
+  EXPECT_EQ((*store)->List(0, "").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobStoreTest, ReopenedFileKeepsEveryJob) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/jobs.db";
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 3; ++i) {
+      const int64_t seq = (*store)->NextSequence();
+      ASSERT_TRUE((*store)
+                      ->Insert(seq, MakeJob(seq, i == 1 ? baton::v1::JOB_STATE_RUNNING
+                                                        : baton::v1::JOB_STATE_SUCCEEDED))
+                      .ok());
+    }
+  }
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ(*(*store)->Count(), 3);
+    auto job = (*store)->Get("job-000002");
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->spec().name(), "spec 2");
+    EXPECT_EQ((*store)->NextSequence(), 4);  // never reuses a number
+    auto running = (*store)->ListInStates({baton::v1::JOB_STATE_RUNNING});
+    ASSERT_TRUE(running.ok());
+    ASSERT_EQ(running->size(), 1u);
+    EXPECT_EQ((*running)[0].first, 2);
+    EXPECT_EQ((*running)[0].second.id(), "job-000002");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, OpenErrorsNameTheFile) {
+  auto store = JobStore::Open("/nonexistent-dir/for/sure/jobs.db");
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("/nonexistent-dir/for/sure/jobs.db"), std::string::npos)
+      << store.status();
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,102 @@
+// The baton coordinator: serves JobService (clients) and ClusterService (workers) on one
+// port, keeps job records in SQLite. Wiring only; the logic is in coordinator.h.
+//
+//   coordinator --listen=127.0.0.1:7070 --db=baton-coordinator.db
+//               --heartbeat_interval=1s --lease_ttl=5s --recv_timeout=60s [--port_file=F]
+//
+// Prints "coordinator listening on HOST:PORT" (the bound port, also with --listen
+// HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/rpc/rpc.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "host:port to serve JobService and ClusterService on (port 0 picks a free one)");
+ABSL_FLAG(std::string, db, "baton-coordinator.db", "SQLite file holding the job records");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "how often workers are told to heartbeat");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(5),
+          "a worker whose lease is not renewed for this long is dead (its job fails)");
+ABSL_FLAG(absl::Duration, recv_timeout, absl::Seconds(60),
+          "deadline of every tensor receive on the workers");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound host:port is also written to this file once serving");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "coordinator: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("baton coordinator: jobs, workers, placement (see coordinator.h)");
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the shutdown signals in every thread (the ones started below inherit the mask);
+  // the main thread waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  baton::CoordinatorOptions options;
+  options.db_path = absl::GetFlag(FLAGS_db);
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
+  absl::StatusOr<std::unique_ptr<baton::Coordinator>> core =
+      baton::Coordinator::Create(std::move(options));
+  if (!core.ok()) return Fail(core.status().ToString());
+
+  baton::JobServiceImpl jobs(core->get());
+  baton::ClusterServiceImpl cluster(core->get());
+  baton::ServerOptions server_options;
+  server_options.address = absl::GetFlag(FLAGS_listen);
+  server_options.services = {&jobs, &cluster};
+  std::string bound;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = baton::StartServer(server_options, &bound);
+  if (!server.ok()) return Fail(server.status().ToString());
+
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << bound << "\n";
+      if (!out) return Fail(absl::StrCat("cannot write --port_file ", tmp));
+    }
+    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      return Fail(absl::StrCat("cannot write --port_file ", port_file));
+    }
+  }
+  std::printf("coordinator listening on %s\n", bound.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "coordinator: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  // End watches and the loop first, so streaming handlers return promptly; then let the
+  // server finish what is in flight.
+  (*core)->Stop();
+  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  (*server)->Wait();
+  core->reset();  // closes the job store
+  return 0;
+}

@@ -1,0 +1,107 @@
+#include "coordinator/placement.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/core/status.h"
+#include "common/nn/model.h"
+#include "common/pipeline/local_pipeline.h"
+#include "common/rpc/rpc.h"
+#include "common/schedule/generators.h"
+#include "common/spec/spec.h"
+
+namespace baton {
+namespace {
+
+absl::Status PipelineError(const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("pipeline: ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spec) {
+  const baton::v1::PipelineSpec& p = spec.pipeline();
+  ScheduleOptions o;
+  absl::StatusOr<ScheduleKind> kind = ScheduleKindFromSpec(p);
+  if (!kind.ok()) return kind.status();  // already names pipeline.schedule
+  o.kind = *kind;
+  o.num_ranks = p.stages();
+  o.virtual_stages = p.virtual_stages();
+  o.num_microbatches = p.microbatches();
+  o.num_blocks = ModelBlockCount(spec.model());
+  PipelineLayout layout;
+  absl::StatusOr<Schedule> schedule = BuildSchedule(o);
+  if (!schedule.ok()) return PipelineError(schedule.status());
+  layout.schedule = *std::move(schedule);
+  layout.blocks = DescribeBlocks(spec.model());
+  absl::StatusOr<std::vector<BlockRange>> ranges =
+      PartitionBlocks(layout.blocks, layout.schedule.num_stages());
+  if (!ranges.ok()) return PipelineError(ranges.status());
+  layout.stage_blocks = *std::move(ranges);
+  layout.rank_blocks.assign(layout.schedule.num_ranks, {});
+  for (int s = 0; s < layout.schedule.num_stages(); ++s) {
+    const int r = layout.schedule.stage_to_rank[s];
+    for (int b = layout.stage_blocks[s].first; b < layout.stage_blocks[s].last; ++b) {
+      layout.rank_blocks[r].push_back(b);
+    }
+  }
+  for (auto& v : layout.rank_blocks) std::sort(v.begin(), v.end());
+  layout.last_rank = layout.schedule.stage_to_rank.back();
+  return layout;
+}
+
+absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
+                                   uint64_t job_key, const std::vector<PlacedWorker>& workers,
+                                   absl::Duration recv_timeout) {
+  Placement out;
+  BATON_ASSIGN_OR_RETURN(out.layout, BuildPipelineLayout(spec));
+  const Schedule& sc = out.layout.schedule;
+  if (static_cast<int>(workers.size()) != sc.num_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages: the job needs ", sc.num_ranks,
+                                                   " workers, ", workers.size(), " given"));
+  }
+  out.report.set_schedule(ScheduleKindName(sc.kind));
+  out.report.set_stages(sc.num_ranks);
+  out.report.set_virtual_stages(sc.virtual_stages);
+  out.report.set_microbatches(sc.num_microbatches);
+  for (const BlockRange& b : out.layout.stage_blocks) {
+    out.report.add_stage_blocks(absl::StrFormat("%d-%d", b.first, b.last - 1));
+  }
+
+  baton::v1::JobPlan common;
+  common.set_job_id(job_id);
+  common.set_job_key(job_key);
+  *common.mutable_spec() = spec;
+  common.set_num_ranks(sc.num_ranks);
+  common.set_schedule(ScheduleKindName(sc.kind));
+  common.set_virtual_stages(sc.virtual_stages);
+  common.set_microbatches(sc.num_microbatches);
+  for (int r : sc.stage_to_rank) common.add_stage_to_rank(r);
+  for (int s = 0; s < sc.num_stages(); ++s) {
+    baton::v1::StagePlan* sp = common.add_stages();
+    sp->set_stage(s);
+    sp->set_first_block(out.layout.stage_blocks[s].first);
+    sp->set_last_block(out.layout.stage_blocks[s].last);
+  }
+  for (int r = 0; r < sc.num_ranks; ++r) {
+    baton::v1::Peer* peer = common.add_peers();
+    peer->set_rank(r);
+    peer->set_worker_id(workers[r].worker_id);
+    peer->set_address(workers[r].address);
+  }
+  *common.mutable_recv_timeout() = ToProtoDuration(recv_timeout);
+
+  out.plans.reserve(sc.num_ranks);
+  for (int r = 0; r < sc.num_ranks; ++r) {
+    baton::v1::JobPlan plan = common;
+    plan.set_rank(r);
+    for (const Action& a : sc.ranks[r]) plan.add_actions(a.ToString());
+    out.plans.push_back(std::move(plan));
+  }
+  return out;
+}
+
+}  // namespace baton

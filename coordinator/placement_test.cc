@@ -1,0 +1,197 @@
+#include "coordinator/placement.h"
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/nn/model.h"
+#include "common/rpc/rpc.h"
+#include "common/schedule/generators.h"
+#include "common/spec/spec.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+baton::v1::JobSpec MlpSpec(baton::v1::Schedule schedule, int stages, int virtual_stages,
+                           int microbatches, int depth = 7) {
+  baton::v1::JobSpec spec;
+  spec.set_name("placement");
+  baton::v1::MlpSpec* mlp = spec.mutable_model()->mutable_mlp();
+  mlp->set_input_dim(8);
+  mlp->set_width(16);
+  mlp->set_depth(depth);
+  mlp->set_output_dim(4);
+  spec.mutable_data()->mutable_synthetic();
+  spec.mutable_data()->set_batch_size(microbatches * 2);
+  spec.mutable_pipeline()->set_schedule(schedule);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_virtual_stages(virtual_stages);
+  spec.mutable_pipeline()->set_microbatches(microbatches);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(3);
+  spec.set_seed(5);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  return spec;
+}
+
+std::vector<PlacedWorker> Workers(int n) {
+  std::vector<PlacedWorker> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back({absl::StrCat("w-", i + 1), absl::StrCat("127.0.0.1:", 6000 + i)});
+  }
+  return out;
+}
+
+struct Case {
+  baton::v1::Schedule schedule;
+  ScheduleKind kind;
+  int stages, virtual_stages, microbatches;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << ScheduleKindName(c.kind) << " S=" << c.stages << " V=" << c.virtual_stages
+      << " M=" << c.microbatches;
+}
+
+class PlacementTest : public testing::TestWithParam<Case> {};
+
+TEST_P(PlacementTest, EveryRankGetsTheValidatedClockAndItsBlocks) {
+  const Case c = GetParam();
+  const baton::v1::JobSpec spec = MlpSpec(c.schedule, c.stages, c.virtual_stages, c.microbatches);
+  auto placement = PlaceJob(spec, "job-000007", 7, Workers(c.stages), absl::Seconds(42));
+  ASSERT_TRUE(placement.ok()) << placement.status();
+
+  ScheduleOptions o;
+  o.kind = c.kind;
+  o.num_ranks = c.stages;
+  o.virtual_stages = c.virtual_stages;
+  o.num_microbatches = c.microbatches;
+  o.num_blocks = ModelBlockCount(spec.model());
+  auto expected = BuildSchedule(o);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  auto ranges = PartitionBlocks(DescribeBlocks(spec.model()), c.stages * c.virtual_stages);
+  ASSERT_TRUE(ranges.ok());
+
+  ASSERT_EQ(placement->plans.size(), static_cast<size_t>(c.stages));
+  for (int r = 0; r < c.stages; ++r) {
+    const baton::v1::JobPlan& plan = placement->plans[r];
+    EXPECT_EQ(plan.job_id(), "job-000007");
+    EXPECT_EQ(plan.job_key(), 7u);
+    EXPECT_EQ(plan.rank(), r);
+    EXPECT_EQ(plan.num_ranks(), c.stages);
+    EXPECT_EQ(plan.schedule(), ScheduleKindName(c.kind));
+    EXPECT_EQ(plan.virtual_stages(), c.virtual_stages);
+    EXPECT_EQ(plan.microbatches(), c.microbatches);
+    EXPECT_EQ(plan.spec().SerializeAsString(), spec.SerializeAsString());
+    EXPECT_EQ(FromProtoDuration(plan.recv_timeout()), absl::Seconds(42));
+    // The clock parses back to exactly BuildSchedule's.
+    std::vector<Action> clock;
+    for (const std::string& text : plan.actions()) {
+      auto a = Action::Parse(text);
+      ASSERT_TRUE(a.ok()) << a.status();
+      clock.push_back(*a);
+    }
+    EXPECT_EQ(clock, expected->ranks[r]) << "rank " << r;
+    EXPECT_EQ(clock.back().kind, ActionKind::kStep);
+    ASSERT_EQ(plan.stage_to_rank_size(), c.stages * c.virtual_stages);
+    for (int s = 0; s < plan.stage_to_rank_size(); ++s) {
+      EXPECT_EQ(plan.stage_to_rank(s), expected->stage_to_rank[s]);
+    }
+    // Stages: contiguous, non-empty, covering every block, as PartitionBlocks splits them.
+    ASSERT_EQ(plan.stages_size(), c.stages * c.virtual_stages);
+    int next = 0;
+    for (int s = 0; s < plan.stages_size(); ++s) {
+      EXPECT_EQ(plan.stages(s).stage(), s);
+      EXPECT_EQ(plan.stages(s).first_block(), next);
+      EXPECT_GT(plan.stages(s).last_block(), plan.stages(s).first_block());
+      EXPECT_EQ(plan.stages(s).first_block(), (*ranges)[s].first);
+      EXPECT_EQ(plan.stages(s).last_block(), (*ranges)[s].last);
+      next = plan.stages(s).last_block();
+    }
+    EXPECT_EQ(next, ModelBlockCount(spec.model()));
+    ASSERT_EQ(plan.peers_size(), c.stages);
+    for (int p = 0; p < c.stages; ++p) {
+      EXPECT_EQ(plan.peers(p).rank(), p);
+      EXPECT_EQ(plan.peers(p).worker_id(), absl::StrCat("w-", p + 1));
+      EXPECT_EQ(plan.peers(p).address(), absl::StrCat("127.0.0.1:", 6000 + p));
+    }
+  }
+  const PipelineLayout& layout = placement->layout;
+  EXPECT_EQ(layout.last_rank, expected->stage_to_rank.back());
+  int owned = 0;
+  for (const auto& blocks : layout.rank_blocks) owned += static_cast<int>(blocks.size());
+  EXPECT_EQ(owned, ModelBlockCount(spec.model()));
+  EXPECT_EQ(placement->report.schedule(), ScheduleKindName(c.kind));
+  EXPECT_EQ(placement->report.stage_blocks_size(), c.stages * c.virtual_stages);
+  EXPECT_EQ(placement->report.stage_blocks(0), absl::StrCat("0-", (*ranges)[0].last - 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PlacementTest,
+    testing::Values(Case{baton::v1::SCHEDULE_GPIPE, ScheduleKind::kGpipe, 2, 1, 4},
+                    Case{baton::v1::SCHEDULE_1F1B, ScheduleKind::k1F1B, 4, 1, 8},
+                    Case{baton::v1::SCHEDULE_1F1B, ScheduleKind::k1F1B, 1, 1, 2},
+                    Case{baton::v1::SCHEDULE_INTERLEAVED_1F1B, ScheduleKind::kInterleaved1F1B, 2, 2,
+                         4},
+                    Case{baton::v1::SCHEDULE_ZB_H1, ScheduleKind::kZbH1, 3, 1, 6}),
+    [](const testing::TestParamInfo<Case>& info) {
+      std::string name = ScheduleKindName(info.param.kind);
+      for (char& ch : name) {
+        if (ch == '-') ch = '_';
+      }
+      return absl::StrCat(name, "_S", info.param.stages, "_V", info.param.virtual_stages, "_M",
+                          info.param.microbatches);
+    });
+
+TEST(PlacementErrors, ImpossiblePipelinesNameTheField) {
+  // 1F1B with two chunks per rank.
+  auto spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 4);
+  spec.mutable_pipeline()->set_virtual_stages(2);
+  auto layout = BuildPipelineLayout(spec);
+  ASSERT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.status().message().rfind("pipeline: ", 0), 0u) << layout.status();
+  EXPECT_NE(layout.status().message().find("pipeline.virtual_stages"), std::string::npos);
+
+  // Interleaved with M not a multiple of S.
+  spec = MlpSpec(baton::v1::SCHEDULE_INTERLEAVED_1F1B, 2, 2, 4);
+  spec.mutable_pipeline()->set_microbatches(3);
+  layout = BuildPipelineLayout(spec);
+  ASSERT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(layout.status().message().find("microbatches"), std::string::npos);
+
+  // The wrong number of workers.
+  spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 4);
+  auto placement = PlaceJob(spec, "job-1", 1, Workers(3), absl::Seconds(1));
+  ASSERT_EQ(placement.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(placement.status().message().find("pipeline.stages"), std::string::npos);
+}
+
+TEST(PlacementCost, SplitsByForwardFlopsAsPartitionBlocksDoes) {
+  // GPT: the embedding has many parameters but few FLOPs; the split follows FLOPs.
+  baton::v1::JobSpec spec;
+  baton::v1::GptSpec* gpt = spec.mutable_model()->mutable_gpt();
+  gpt->set_vocab_size(512);
+  gpt->set_context(16);
+  gpt->set_d_model(32);
+  gpt->set_heads(4);
+  gpt->set_layers(4);
+  spec.mutable_data()->mutable_text()->set_inline_text("hello world");
+  spec.mutable_data()->set_batch_size(4);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->set_microbatches(2);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(1);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  auto layout = BuildPipelineLayout(spec);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const auto blocks = DescribeBlocks(spec.model());
+  auto by_flops = PartitionBlocks(blocks, 2);
+  ASSERT_TRUE(by_flops.ok());
+  ASSERT_EQ(layout->stage_blocks.size(), 2u);
+  EXPECT_EQ(layout->stage_blocks[0].last, (*by_flops)[0].last);
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,60 @@
+// The coordinator's gRPC services: thin adapters over the Coordinator core. Each handler
+// calls the core and converts its status with ToGrpcStatus; nothing else happens here.
+#ifndef BATON_COORDINATOR_SERVICE_H_
+#define BATON_COORDINATOR_SERVICE_H_
+
+#include "baton/v1/cluster.grpc.pb.h"
+#include "baton/v1/jobs.grpc.pb.h"
+#include "coordinator/coordinator.h"
+
+namespace baton {
+
+// baton.v1.JobService (clients). `core` is not owned and must outlive the service.
+class JobServiceImpl final : public baton::v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(Coordinator* core) : core_(core) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const baton::v1::SubmitJobRequest* request,
+                         baton::v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const baton::v1::GetJobRequest* request,
+                      baton::v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const baton::v1::ListJobsRequest* request,
+                        baton::v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const baton::v1::CancelJobRequest* request,
+                         baton::v1::Job* response) override;
+  // Streams until the job's terminal state has been sent, the client goes away, or the
+  // coordinator stops (UNAVAILABLE).
+  grpc::Status WatchJob(grpc::ServerContext* context, const baton::v1::WatchJobRequest* request,
+                        grpc::ServerWriter<baton::v1::JobEvent>* writer) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const baton::v1::ListWorkersRequest* request,
+                           baton::v1::ListWorkersResponse* response) override;
+
+ private:
+  Coordinator* const core_;
+};
+
+// baton.v1.ClusterService (workers). `core` is not owned and must outlive the service.
+class ClusterServiceImpl final : public baton::v1::ClusterService::Service {
+ public:
+  explicit ClusterServiceImpl(Coordinator* core) : core_(core) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const baton::v1::RegisterWorkerRequest* request,
+                              baton::v1::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const baton::v1::HeartbeatRequest* request,
+                         baton::v1::HeartbeatResponse* response) override;
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const baton::v1::ReportProgressRequest* request,
+                              baton::v1::ReportProgressResponse* response) override;
+  grpc::Status ReportResult(grpc::ServerContext* context,
+                            const baton::v1::ReportResultRequest* request,
+                            baton::v1::ReportResultResponse* response) override;
+
+ private:
+  Coordinator* const core_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_SERVICE_H_

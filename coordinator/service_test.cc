@@ -1,0 +1,498 @@
+// The coordinator through its real gRPC services: a server on a free port, stub clients.
+#include "coordinator/service.h"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/core/check.h"
+#include "common/core/digest.h"
+#include "common/rpc/rpc.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+class NullWorkerClient final : public WorkerClient {
+ public:
+  absl::Status StartJob(const std::string&, const baton::v1::JobPlan&, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status AbortJob(const std::string&, const std::string&, const std::string&,
+                        absl::Duration) override {
+    return absl::OkStatus();
+  }
+};
+
+baton::v1::JobSpec Spec(int stages) {
+  baton::v1::JobSpec spec;
+  baton::v1::MlpSpec* mlp = spec.mutable_model()->mutable_mlp();
+  mlp->set_input_dim(4);
+  mlp->set_width(8);
+  mlp->set_depth(3);
+  mlp->set_output_dim(2);
+  spec.mutable_data()->mutable_synthetic();
+  spec.mutable_data()->set_batch_size(4);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(1);
+  return spec;
+}
+
+class ServiceTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.db_path = ":memory:";
+    o.heartbeat_interval = absl::Milliseconds(50);
+    o.lease_ttl = absl::Seconds(2);
+    o.worker_client = std::make_shared<NullWorkerClient>();
+    auto core = Coordinator::Create(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get());
+    cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
+    ServerOptions so;
+    so.services = {jobs_service_.get(), cluster_service_.get()};
+    std::string address;
+    auto server = StartServer(so, &address);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto channel = MakeChannel(address);
+    jobs_ = baton::v1::JobService::NewStub(channel);
+    cluster_ = baton::v1::ClusterService::NewStub(channel);
+  }
+
+  void TearDown() override {
+    core_->Stop();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    server_.reset();
+    core_.reset();
+  }
+
+  grpc::Status Submit(const baton::v1::JobSpec& spec, baton::v1::Job* job) {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = spec;
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    return jobs_->SubmitJob(ctx.get(), r, job);
+  }
+
+  grpc::Status Get(const std::string& id, baton::v1::Job* job) {
+    baton::v1::GetJobRequest r;
+    r.set_job_id(id);
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    return jobs_->GetJob(ctx.get(), r, job);
+  }
+
+  std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<JobServiceImpl> jobs_service_;
+  std::unique_ptr<ClusterServiceImpl> cluster_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
+  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+};
+
+TEST_F(ServiceTest, SubmitGetAndErrorsOverGrpc) {
+  baton::v1::Job job;
+  grpc::Status s = Submit(Spec(1), &job);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(job.id(), "job-000001");
+  EXPECT_EQ(job.spec().pipeline().microbatches(), 1);  // defaulted
+
+  baton::v1::Job got;
+  s = Get(job.id(), &got);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(got.id(), job.id());
+
+  s = Get("job-999999", &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+
+  baton::v1::JobSpec bad = Spec(1);
+  bad.mutable_optimizer()->mutable_sgd()->set_learning_rate(-1);
+  s = Submit(bad, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("optimizer.sgd.learning_rate", 0), 0u) << s.error_message();
+
+  // Still serving.
+  s = Get(job.id(), &got);
+  EXPECT_TRUE(s.ok());
+}
+
+TEST_F(ServiceTest, ListJobsPagesOverGrpc) {
+  for (int i = 0; i < 5; ++i) {
+    baton::v1::Job job;
+    ASSERT_TRUE(Submit(Spec(1), &job).ok());
+  }
+  baton::v1::ListJobsRequest r;
+  r.set_page_size(2);
+  std::vector<std::string> ids;
+  for (int page = 0; page < 5; ++page) {
+    baton::v1::ListJobsResponse resp;
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    grpc::Status s = jobs_->ListJobs(ctx.get(), r, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    for (const auto& j : resp.jobs()) ids.push_back(j.id());
+    if (resp.next_page_token().empty()) break;
+    r.set_page_token(resp.next_page_token());
+  }
+  EXPECT_EQ(ids.size(), 5u);
+  EXPECT_EQ(ids.front(), "job-000005");
+  EXPECT_EQ(ids.back(), "job-000001");
+
+  r.set_page_token("garbage");
+  baton::v1::ListJobsResponse resp;
+  auto ctx = ContextWithTimeout(absl::Seconds(10));
+  EXPECT_EQ(jobs_->ListJobs(ctx.get(), r, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1), &job).ok());
+
+  std::vector<baton::v1::JobEvent> events;
+  grpc::Status watch_status;
+  std::promise<void> subscribed;
+  std::thread watcher([&] {
+    baton::v1::WatchJobRequest r;
+    r.set_job_id(job.id());
+    auto ctx = ContextWithTimeout(absl::Seconds(30));
+    auto reader = jobs_->WatchJob(ctx.get(), r);
+    baton::v1::JobEvent e;
+    bool first = true;
+    while (reader->Read(&e)) {
+      events.push_back(e);
+      if (first) subscribed.set_value();
+      first = false;
+    }
+    if (first) subscribed.set_value();
+    watch_status = reader->Finish();
+  });
+  // Only once the watch has its first event (the job is QUEUED: no worker yet) ...
+  subscribed.get_future().wait();
+
+  // A worker registers; the job is placed on it and runs.
+  baton::v1::RegisterWorkerRequest reg;
+  reg.set_address("127.0.0.1:1");
+  baton::v1::RegisterWorkerResponse reg_resp;
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ASSERT_TRUE(cluster_->RegisterWorker(ctx.get(), reg, &reg_resp).ok());
+  }
+  baton::v1::Job got;
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(Get(job.id(), &got).ok());
+    if (got.state() == baton::v1::JOB_STATE_RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(got.state(), baton::v1::JOB_STATE_RUNNING);
+
+  baton::v1::ReportProgressRequest p;
+  p.set_worker_id(reg_resp.worker_id());
+  p.set_job_id(job.id());
+  p.set_rank(0);
+  p.set_step(1);
+  p.set_loss(0.25f);
+  {
+    baton::v1::ReportProgressResponse resp;
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ASSERT_TRUE(cluster_->ReportProgress(ctx.get(), p, &resp).ok());
+    EXPECT_TRUE(resp.keep_running());
+  }
+  baton::v1::ReportResultRequest result;
+  result.set_worker_id(reg_resp.worker_id());
+  result.set_job_id(job.id());
+  result.set_rank(0);
+  for (int b = 0; b < 4; ++b) {
+    auto* d = result.add_block_digests();
+    d->set_index(b);
+    Sha256 h;
+    h.Update(&b, sizeof(b));
+    d->mutable_digest()->set_sha256(DigestHex(h.Finish()));
+  }
+  {
+    baton::v1::ReportResultResponse resp;
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    grpc::Status s = cluster_->ReportResult(ctx.get(), result, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.front().state_change().state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(events.back().state_change().state(), baton::v1::JOB_STATE_SUCCEEDED);
+  bool saw_step = false;
+  for (const auto& e : events) {
+    if (e.has_step()) {
+      saw_step = true;
+      EXPECT_FLOAT_EQ(e.step().loss(), 0.25f);
+    }
+  }
+  EXPECT_TRUE(saw_step);
+
+  ASSERT_TRUE(Get(job.id(), &got).ok());
+  EXPECT_EQ(got.state(), baton::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(got.weights_digest().size(), 64u);
+
+  // Watching a finished job sends its final state and ends.
+  baton::v1::WatchJobRequest r;
+  r.set_job_id(job.id());
+  auto ctx = ContextWithTimeout(absl::Seconds(10));
+  auto reader = jobs_->WatchJob(ctx.get(), r);
+  std::vector<baton::v1::JobEvent> after;
+  baton::v1::JobEvent e;
+  while (reader->Read(&e)) after.push_back(e);
+  EXPECT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].state_change().state(), baton::v1::JOB_STATE_SUCCEEDED);
+
+  // Unknown jobs: NOT_FOUND on the stream.
+  r.set_job_id("job-404");
+  auto ctx2 = ContextWithTimeout(absl::Seconds(10));
+  auto reader2 = jobs_->WatchJob(ctx2.get(), r);
+  while (reader2->Read(&e)) {
+  }
+  EXPECT_EQ(reader2->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  baton::v1::ListWorkersResponse workers;
+  auto ctx3 = ContextWithTimeout(absl::Seconds(10));
+  ASSERT_TRUE(jobs_->ListWorkers(ctx3.get(), {}, &workers).ok());
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).state(), baton::v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(ServiceTest, CancelRunningJobOverGrpc) {
+  baton::v1::RegisterWorkerRequest reg;
+  reg.set_address("127.0.0.1:2");
+  baton::v1::RegisterWorkerResponse reg_resp;
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ASSERT_TRUE(cluster_->RegisterWorker(ctx.get(), reg, &reg_resp).ok());
+  }
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1), &job).ok());
+  baton::v1::Job got;
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(Get(job.id(), &got).ok());
+    if (got.state() == baton::v1::JOB_STATE_RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(got.state(), baton::v1::JOB_STATE_RUNNING);
+  baton::v1::CancelJobRequest c;
+  c.set_job_id(job.id());
+  auto ctx = ContextWithTimeout(absl::Seconds(10));
+  baton::v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(ctx.get(), c, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), baton::v1::JOB_STATE_CANCELLED);
+  baton::v1::ListWorkersResponse workers;
+  auto ctx2 = ContextWithTimeout(absl::Seconds(10));
+  ASSERT_TRUE(jobs_->ListWorkers(ctx2.get(), {}, &workers).ok());
+  EXPECT_EQ(workers.workers(0).state(), baton::v1::WORKER_STATE_IDLE);
+}
+
+// A stand-in worker: a real WorkerService server that records what it is asked.
+class RecordingWorker final : public baton::v1::WorkerService::Service {
+ public:
+  grpc::Status StartJob(grpc::ServerContext*, const baton::v1::StartJobRequest* request,
+                        baton::v1::StartJobResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_.push_back(request->plan());
+    job_id_ = request->plan().job_id();
+    return grpc::Status::OK;
+  }
+  grpc::Status AbortJob(grpc::ServerContext*, const baton::v1::AbortJobRequest* request,
+                        baton::v1::AbortJobResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_.push_back(request->job_id());
+    if (job_id_ == request->job_id()) job_id_.clear();
+    return grpc::Status::OK;
+  }
+  std::vector<baton::v1::JobPlan> started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_;
+  }
+  std::vector<std::string> aborted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_;
+  }
+  std::string job_id() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return job_id_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<baton::v1::JobPlan> started_;
+  std::vector<std::string> aborted_;
+  std::string job_id_;
+};
+
+// Registers a RecordingWorker with the coordinator and heartbeats until stopped.
+class WorkerProcess {
+ public:
+  WorkerProcess(baton::v1::ClusterService::Stub* cluster, absl::Duration interval)
+      : cluster_(cluster) {
+    ServerOptions so;
+    so.services = {&service_};
+    auto server = StartServer(so, &address_);
+    BATON_CHECK(server.ok());
+    server_ = *std::move(server);
+    baton::v1::RegisterWorkerRequest reg;
+    reg.set_address(address_);
+    baton::v1::RegisterWorkerResponse resp;
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    BATON_CHECK(cluster_->RegisterWorker(ctx.get(), reg, &resp).ok());
+    id_ = resp.worker_id();
+    beating_ = std::thread([this, interval] {
+      while (!stop_.load()) {
+        baton::v1::HeartbeatRequest hb;
+        hb.set_worker_id(id_);
+        hb.set_job_id(service_.job_id());
+        baton::v1::HeartbeatResponse r;
+        auto c = ContextWithTimeout(absl::Seconds(1));
+        cluster_->Heartbeat(c.get(), hb, &r);
+        std::this_thread::sleep_for(absl::ToChronoNanoseconds(interval));
+      }
+    });
+  }
+  ~WorkerProcess() {
+    Kill();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+  // Stops heartbeating, as a killed process would.
+  void Kill() {
+    stop_ = true;
+    if (beating_.joinable()) beating_.join();
+  }
+  const std::string& id() const { return id_; }
+  const std::string& address() const { return address_; }
+  RecordingWorker& service() { return service_; }
+
+ private:
+  baton::v1::ClusterService::Stub* cluster_;
+  RecordingWorker service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::string id_;
+  std::atomic<bool> stop_{false};
+  std::thread beating_;
+};
+
+class ClusterTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.db_path = ":memory:";
+    o.heartbeat_interval = absl::Milliseconds(50);
+    o.lease_ttl = absl::Milliseconds(500);
+    // The real gRPC worker client.
+    auto core = Coordinator::Create(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get());
+    cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
+    ServerOptions so;
+    so.services = {jobs_service_.get(), cluster_service_.get()};
+    std::string address;
+    auto server = StartServer(so, &address);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto channel = MakeChannel(address);
+    jobs_ = baton::v1::JobService::NewStub(channel);
+    cluster_ = baton::v1::ClusterService::NewStub(channel);
+  }
+  void TearDown() override {
+    core_->Stop();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  }
+
+  baton::v1::Job WaitFor(const std::string& id, baton::v1::JobState state, absl::Duration limit) {
+    baton::v1::Job job;
+    const absl::Time deadline = absl::Now() + limit;
+    while (absl::Now() < deadline) {
+      baton::v1::GetJobRequest r;
+      r.set_job_id(id);
+      auto ctx = ContextWithTimeout(absl::Seconds(5));
+      EXPECT_TRUE(jobs_->GetJob(ctx.get(), r, &job).ok());
+      if (job.state() == state) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return job;
+  }
+
+  std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<JobServiceImpl> jobs_service_;
+  std::unique_ptr<ClusterServiceImpl> cluster_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
+  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+};
+
+TEST_F(ClusterTest, KilledWorkerFailsTheJobWithinTheLeaseAndFreesTheOther) {
+  WorkerProcess a(cluster_.get(), absl::Milliseconds(50));
+  WorkerProcess b(cluster_.get(), absl::Milliseconds(50));
+  baton::v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = Spec(2);
+  baton::v1::Job job;
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ASSERT_TRUE(jobs_->SubmitJob(ctx.get(), submit, &job).ok());
+  }
+  job = WaitFor(job.id(), baton::v1::JOB_STATE_RUNNING, absl::Seconds(10));
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(a.service().started().size(), 1u);
+  ASSERT_EQ(b.service().started().size(), 1u);
+  EXPECT_EQ(a.service().started()[0].rank(), 0);
+  EXPECT_EQ(b.service().started()[0].rank(), 1);
+  EXPECT_EQ(a.service().started()[0].peers(1).address(), b.address());
+
+  const absl::Time killed = absl::Now();
+  b.Kill();
+  job = WaitFor(job.id(), baton::v1::JOB_STATE_FAILED, absl::Seconds(10));
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_LT(absl::Now() - killed, absl::Milliseconds(500) + absl::Seconds(1));
+  const std::string reason = job.history().rbegin()->reason();
+  EXPECT_NE(reason.find(absl::StrCat("worker ", b.id(), " (", b.address(), ") lease expired")),
+            std::string::npos)
+      << reason;
+  // The survivor was told to abort, and is idle again.
+  for (int i = 0; i < 200 && a.service().aborted().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(a.service().aborted().size(), 1u);
+  EXPECT_EQ(a.service().aborted()[0], job.id());
+  baton::v1::ListWorkersResponse workers;
+  for (int i = 0; i < 200; ++i) {
+    auto ctx = ContextWithTimeout(absl::Seconds(5));
+    ASSERT_TRUE(jobs_->ListWorkers(ctx.get(), {}, &workers).ok());
+    if (workers.workers(0).state() == baton::v1::WORKER_STATE_IDLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(workers.workers_size(), 2);
+  EXPECT_EQ(workers.workers(0).worker_id(), a.id());
+  EXPECT_EQ(workers.workers(0).state(), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(workers.workers(1).state(), baton::v1::WORKER_STATE_DEAD);
+
+  // The next job needing one worker runs on the survivor.
+  *submit.mutable_spec() = Spec(1);
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ASSERT_TRUE(jobs_->SubmitJob(ctx.get(), submit, &job).ok());
+  }
+  job = WaitFor(job.id(), baton::v1::JOB_STATE_RUNNING, absl::Seconds(10));
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.workers(0), a.id());
+
+  // Cancelling it reaches the worker before CancelJob returns.
+  baton::v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  auto ctx = ContextWithTimeout(absl::Seconds(10));
+  ASSERT_TRUE(jobs_->CancelJob(ctx.get(), cancel, &job).ok());
+  EXPECT_EQ(a.service().aborted().back(), job.id());
+}
+
+}  // namespace
+}  // namespace baton

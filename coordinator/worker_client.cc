@@ -1,0 +1,34 @@
+#include "coordinator/worker_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/rpc.h"
+
+namespace baton {
+
+baton::v1::WorkerService::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<baton::v1::WorkerService::Stub>& stub = stubs_[address];
+  if (stub == nullptr) stub = baton::v1::WorkerService::NewStub(MakeChannel(address));
+  return stub.get();
+}
+
+absl::Status GrpcWorkerClient::StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+                                        absl::Duration timeout) {
+  baton::v1::StartJobRequest request;
+  *request.mutable_plan() = plan;
+  baton::v1::StartJobResponse response;
+  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
+  return FromGrpcStatus(StubFor(address)->StartJob(ctx.get(), request, &response));
+}
+
+absl::Status GrpcWorkerClient::AbortJob(const std::string& address, const std::string& job_id,
+                                        const std::string& reason, absl::Duration timeout) {
+  baton::v1::AbortJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  baton::v1::AbortJobResponse response;
+  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
+  return FromGrpcStatus(StubFor(address)->AbortJob(ctx.get(), request, &response));
+}
+
+}  // namespace baton

@@ -1,0 +1,50 @@
+// How the coordinator talks to workers: the client side of baton.v1.WorkerService, behind
+// an interface so the core can be tested with a fake.
+#ifndef BATON_COORDINATOR_WORKER_CLIENT_H_
+#define BATON_COORDINATOR_WORKER_CLIENT_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "baton/v1/worker.pb.h"
+
+namespace baton {
+
+// Thread-safe: the coordinator calls it from several threads at once.
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+  // WorkerService.StartJob on the worker at `address` ("host:port").
+  virtual absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+                                absl::Duration timeout) = 0;
+  // WorkerService.AbortJob; idempotent on the worker side.
+  virtual absl::Status AbortJob(const std::string& address, const std::string& job_id,
+                                const std::string& reason, absl::Duration timeout) = 0;
+};
+
+// The gRPC implementation: one channel and stub per address, created on first use and
+// kept (gRPC channels reconnect by themselves).
+class GrpcWorkerClient final : public WorkerClient {
+ public:
+  absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+                        absl::Duration timeout) override;
+  absl::Status AbortJob(const std::string& address, const std::string& job_id,
+                        const std::string& reason, absl::Duration timeout) override;
+
+ private:
+  baton::v1::WorkerService::Stub* StubFor(const std::string& address);
+
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<baton::v1::WorkerService::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_WORKER_CLIENT_H_

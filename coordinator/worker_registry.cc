@@ -1,0 +1,205 @@
+#include "coordinator/worker_registry.h"
+
+#include <algorithm>
+#include <charconv>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc/rpc.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::WorkerInfo;
+
+bool ValidWorkerId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status CheckAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        "address: required (host:port of the worker's WorkerService and TensorService)");
+  }
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("address: \"", address, "\" is not host:port"));
+  }
+  int port = 0;
+  const char* first = address.data() + colon + 1;
+  const char* last = address.data() + address.size();
+  const auto [ptr, ec] = std::from_chars(first, last, port);
+  if (ec != std::errc() || ptr != last || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: \"", address, "\" has no valid port (1-65535)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(absl::Duration lease_ttl, ClockFn clock,
+                               absl::Duration dead_retention)
+    : lease_ttl_(lease_ttl),
+      dead_retention_(dead_retention),
+      clock_(clock ? std::move(clock) : ClockFn([] { return absl::Now(); })) {}
+
+absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
+    const baton::v1::RegisterWorkerRequest& request) {
+  if (absl::Status s = CheckAddress(request.address()); !s.ok()) return s;
+  if (!request.worker_id().empty() && !ValidWorkerId(request.worker_id())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_id: \"", request.worker_id(),
+                     "\" must be 1 to 64 characters of letters, digits, '-', '_' and '.'"));
+  }
+  Registration out;
+  std::string id = request.worker_id();
+  // Replace live entries with this id or this address.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const WorkerInfo& w = it->second.info;
+    const bool same_id = it->first == id;
+    const bool same_address = w.address() == request.address();
+    if ((same_id || same_address) && w.state() != baton::v1::WORKER_STATE_DEAD) {
+      out.replaced.push_back(w);
+      it = workers_.erase(it);
+    } else if (same_id) {
+      it = workers_.erase(it);  // a dead entry of this id: registering revives the name
+    } else {
+      ++it;
+    }
+  }
+  if (id.empty()) {
+    do {
+      id = absl::StrCat("w-", next_id_++);
+    } while (workers_.count(id) > 0);
+  }
+  const absl::Time now = Now();
+  Entry e;
+  e.info.set_worker_id(id);
+  e.info.set_address(request.address());
+  *e.info.mutable_device() = request.device();
+  *e.info.mutable_capabilities() = request.capabilities();
+  e.info.set_state(baton::v1::WORKER_STATE_IDLE);
+  *e.info.mutable_registered() = ToProtoTime(now);
+  *e.info.mutable_last_heartbeat() = ToProtoTime(now);
+  e.order = next_order_++;
+  e.lease_expiry = now + lease_ttl_;
+  out.worker = e.info;
+  workers_[id] = std::move(e);
+  return out;
+}
+
+bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& reported_job_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
+    return false;
+  }
+  const absl::Time now = Now();
+  // A lease that ran out but has not been collected yet is still dead: the worker may have
+  // been declared dead by a concurrent ExpireLeases, and must not come back silently.
+  if (now >= it->second.lease_expiry) return false;
+  it->second.lease_expiry = now + lease_ttl_;
+  *it->second.info.mutable_last_heartbeat() = ToProtoTime(now);
+  it->second.reported_job_id = reported_job_id;
+  return true;
+}
+
+std::vector<WorkerInfo> WorkerRegistry::ExpireLeases() {
+  std::vector<WorkerInfo> dead;
+  const absl::Time now = Now();
+  std::vector<const Entry*> sorted = Sorted();
+  for (const Entry* c : sorted) {
+    Entry& e = workers_[c->info.worker_id()];
+    if (e.info.state() == baton::v1::WORKER_STATE_DEAD || now < e.lease_expiry) continue;
+    dead.push_back(e.info);
+    e.info.set_state(baton::v1::WORKER_STATE_DEAD);
+    e.info.clear_job_id();
+    e.died = now;
+  }
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.info.state() == baton::v1::WORKER_STATE_DEAD &&
+        now - it->second.died > dead_retention_) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dead;
+}
+
+std::vector<WorkerInfo> WorkerRegistry::IdleWorkers() const {
+  std::vector<WorkerInfo> out;
+  for (const Entry* e : Sorted()) {
+    if (e->info.state() == baton::v1::WORKER_STATE_IDLE && e->reported_job_id.empty()) {
+      out.push_back(e->info);
+    }
+  }
+  return out;
+}
+
+int WorkerRegistry::LiveCount() const {
+  int n = 0;
+  for (const auto& [id, e] : workers_) {
+    if (e.info.state() != baton::v1::WORKER_STATE_DEAD) ++n;
+  }
+  return n;
+}
+
+absl::Status WorkerRegistry::MarkBusy(const std::string& worker_id, const std::string& job_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() != baton::v1::WORKER_STATE_IDLE) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not idle"));
+  }
+  it->second.info.set_state(baton::v1::WORKER_STATE_BUSY);
+  it->second.info.set_job_id(job_id);
+  return absl::OkStatus();
+}
+
+bool WorkerRegistry::MarkIdle(const std::string& worker_id, const std::string& job_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() != baton::v1::WORKER_STATE_BUSY ||
+      it->second.info.job_id() != job_id) {
+    return false;
+  }
+  it->second.info.set_state(baton::v1::WORKER_STATE_IDLE);
+  it->second.info.clear_job_id();
+  // The worker reported the job in its heartbeats; it is done with it now.
+  if (it->second.reported_job_id == job_id) it->second.reported_job_id.clear();
+  return true;
+}
+
+std::optional<WorkerInfo> WorkerRegistry::Get(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+std::vector<WorkerInfo> WorkerRegistry::List() const {
+  std::vector<WorkerInfo> out;
+  std::vector<const Entry*> sorted = Sorted();
+  for (const Entry* e : sorted) {
+    if (e->info.state() != baton::v1::WORKER_STATE_DEAD) out.push_back(e->info);
+  }
+  for (const Entry* e : sorted) {
+    if (e->info.state() == baton::v1::WORKER_STATE_DEAD) out.push_back(e->info);
+  }
+  return out;
+}
+
+std::vector<const WorkerRegistry::Entry*> WorkerRegistry::Sorted() const {
+  std::vector<const Entry*> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, e] : workers_) out.push_back(&e);
+  std::sort(out.begin(), out.end(),
+            [](const Entry* a, const Entry* b) { return a->order < b->order; });
+  return out;
+}
+
+}  // namespace baton

@@ -1,0 +1,96 @@
+// WorkerRegistry: the workers the coordinator knows, with leases.
+//
+// A worker registers (getting an id "w-N" unless it names itself) and then renews its lease
+// by heartbeats. A lease not renewed within `lease_ttl` expires at the next ExpireLeases():
+// the worker is DEAD and must register again (its Heartbeat answers known=false). Dead
+// workers stay listed for a while (ListWorkers shows them) and are then forgotten.
+//
+// Idle workers are handed out in registration order (a re-registration moves a worker to
+// the back). A worker whose last heartbeat reported a job the coordinator did not give it
+// (say, one from before a coordinator restart, not yet aborted) is not handed out until a
+// heartbeat reports it free.
+//
+// Time comes from an injectable clock so tests can move it. Not thread-safe: the
+// Coordinator owns one and calls it under its own lock.
+#ifndef BATON_COORDINATOR_WORKER_REGISTRY_H_
+#define BATON_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/cluster.pb.h"
+
+namespace baton {
+
+using ClockFn = std::function<absl::Time()>;
+
+class WorkerRegistry {
+ public:
+  // `clock` null means absl::Now. Dead workers are forgotten `dead_retention` after they
+  // died.
+  WorkerRegistry(absl::Duration lease_ttl, ClockFn clock,
+                 absl::Duration dead_retention = absl::Minutes(10));
+
+  struct Registration {
+    baton::v1::WorkerInfo worker;  // the new entry, IDLE
+    // Live entries this registration replaced: the same worker id, or another id at the
+    // same address (a worker process restarted under a new name). They are gone from the
+    // registry; if one was BUSY its job lost a rank.
+    std::vector<baton::v1::WorkerInfo> replaced;
+  };
+  // INVALID_ARGUMENT naming the field for an empty or malformed address or worker id.
+  absl::StatusOr<Registration> Register(const baton::v1::RegisterWorkerRequest& request);
+
+  // Renews the lease and records the job the worker says it runs ("" for none). False when
+  // the worker is unknown or dead: it must register again.
+  bool Heartbeat(const std::string& worker_id, const std::string& reported_job_id);
+
+  // Workers whose lease ran out since the last call, now DEAD (as they were just before:
+  // state and job_id tell what they were doing). Also forgets long-dead workers.
+  std::vector<baton::v1::WorkerInfo> ExpireLeases();
+
+  // Live IDLE workers free to take a job, in registration order.
+  std::vector<baton::v1::WorkerInfo> IdleWorkers() const;
+  // Number of live workers (idle or busy).
+  int LiveCount() const;
+
+  // IDLE -> BUSY running `job_id`. FAILED_PRECONDITION unless the worker is live and idle.
+  absl::Status MarkBusy(const std::string& worker_id, const std::string& job_id);
+  // BUSY -> IDLE, only if the worker still runs `job_id` (a late release of an old job does
+  // not free a worker that has moved on). Returns whether it changed anything.
+  bool MarkIdle(const std::string& worker_id, const std::string& job_id);
+
+  std::optional<baton::v1::WorkerInfo> Get(const std::string& worker_id) const;
+  // Every worker, live ones in registration order, then the dead.
+  std::vector<baton::v1::WorkerInfo> List() const;
+
+  absl::Duration lease_ttl() const { return lease_ttl_; }
+
+ private:
+  struct Entry {
+    baton::v1::WorkerInfo info;
+    int64_t order = 0;  // registration order
+    absl::Time lease_expiry;
+    absl::Time died;              // when DEAD
+    std::string reported_job_id;  // from the last heartbeat
+  };
+  absl::Time Now() const { return clock_(); }
+  std::vector<const Entry*> Sorted() const;
+
+  const absl::Duration lease_ttl_;
+  const absl::Duration dead_retention_;
+  const ClockFn clock_;
+  std::map<std::string, Entry> workers_;
+  int64_t next_order_ = 0;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_WORKER_REGISTRY_H_

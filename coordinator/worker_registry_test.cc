@@ -1,0 +1,135 @@
+#include "coordinator/worker_registry.h"
+
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::RegisterWorkerRequest;
+
+struct FakeClock {
+  absl::Time now = absl::FromUnixSeconds(1700000000);
+  ClockFn fn() {
+    return [this] { return now; };
+  }
+};
+
+RegisterWorkerRequest Req(const std::string& address, const std::string& id = "") {
+  RegisterWorkerRequest r;
+  r.set_address(address);
+  r.set_worker_id(id);
+  return r;
+}
+
+TEST(WorkerRegistryTest, AssignsIdsAndHandsOutIdleWorkersInOrder) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  auto a = reg.Register(Req("127.0.0.1:5001"));
+  auto b = reg.Register(Req("127.0.0.1:5002"));
+  auto c = reg.Register(Req("127.0.0.1:5003", "gpu-box"));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->worker.worker_id(), "w-1");
+  EXPECT_EQ(b->worker.worker_id(), "w-2");
+  EXPECT_EQ(c->worker.worker_id(), "gpu-box");
+  auto idle = reg.IdleWorkers();
+  ASSERT_EQ(idle.size(), 3u);
+  EXPECT_EQ(idle[0].worker_id(), "w-1");
+  EXPECT_EQ(idle[2].worker_id(), "gpu-box");
+
+  ASSERT_TRUE(reg.MarkBusy("w-1", "job-1").ok());
+  EXPECT_FALSE(reg.MarkBusy("w-1", "job-2").ok());
+  idle = reg.IdleWorkers();
+  ASSERT_EQ(idle.size(), 2u);
+  EXPECT_EQ(idle[0].worker_id(), "w-2");
+  EXPECT_FALSE(reg.MarkIdle("w-1", "job-other"));  // a stale release changes nothing
+  EXPECT_TRUE(reg.MarkIdle("w-1", "job-1"));
+  EXPECT_EQ(reg.IdleWorkers().size(), 3u);
+}
+
+TEST(WorkerRegistryTest, RefusesBadAddressesAndIds) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  for (const char* bad : {"", "localhost", "host:", "host:0", "host:70000", "host:12ab"}) {
+    auto r = reg.Register(Req(bad));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("address"), std::string::npos) << r.status();
+  }
+  auto r = reg.Register(Req("host:1", "bad id!"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("worker_id"), std::string::npos);
+  EXPECT_TRUE(reg.Register(Req("[::1]:8080")).ok());
+}
+
+TEST(WorkerRegistryTest, LeasesExpireWithoutHeartbeats) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn(), absl::Minutes(1));
+  ASSERT_TRUE(reg.Register(Req("h:1")).ok());
+  ASSERT_TRUE(reg.Register(Req("h:2")).ok());
+  ASSERT_TRUE(reg.MarkBusy("w-2", "job-9").ok());
+
+  clock.now += absl::Seconds(4);
+  EXPECT_TRUE(reg.Heartbeat("w-1", ""));
+  EXPECT_TRUE(reg.ExpireLeases().empty());
+  clock.now += absl::Seconds(2);  // w-2: 6s without a heartbeat; w-1: 2s
+  auto dead = reg.ExpireLeases();
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].worker_id(), "w-2");
+  EXPECT_EQ(dead[0].state(), baton::v1::WORKER_STATE_BUSY);  // as it was
+  EXPECT_EQ(dead[0].job_id(), "job-9");
+  EXPECT_TRUE(reg.ExpireLeases().empty());  // reported once
+  EXPECT_FALSE(reg.Heartbeat("w-2", ""));   // must register again
+  EXPECT_FALSE(reg.Heartbeat("w-404", ""));
+  EXPECT_EQ(reg.Get("w-2")->state(), baton::v1::WORKER_STATE_DEAD);
+  EXPECT_EQ(reg.LiveCount(), 1);
+  auto all = reg.List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[1].worker_id(), "w-2");  // the dead last
+
+  // A lease that ran out is dead even before ExpireLeases collects it.
+  clock.now += absl::Seconds(6);
+  EXPECT_FALSE(reg.Heartbeat("w-1", ""));
+
+  // Re-registering under the dead name revives it; long-dead workers are forgotten.
+  ASSERT_TRUE(reg.Register(Req("h:2", "w-2")).ok());
+  EXPECT_EQ(reg.Get("w-2")->state(), baton::v1::WORKER_STATE_IDLE);
+  reg.ExpireLeases();  // w-1 dies now
+  clock.now += absl::Minutes(2);
+  EXPECT_TRUE(reg.Heartbeat("w-2", "") == false);  // expired too by now
+  reg.ExpireLeases();
+  clock.now += absl::Minutes(2);
+  reg.ExpireLeases();
+  EXPECT_FALSE(reg.Get("w-1").has_value());
+}
+
+TEST(WorkerRegistryTest, ReRegistrationReplacesTheOldEntry) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  ASSERT_TRUE(reg.Register(Req("h:1")).ok());
+  ASSERT_TRUE(reg.MarkBusy("w-1", "job-1").ok());
+  // The same process address under a new (empty) name: the old entry goes.
+  auto again = reg.Register(Req("h:1"));
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->replaced.size(), 1u);
+  EXPECT_EQ(again->replaced[0].worker_id(), "w-1");
+  EXPECT_EQ(again->replaced[0].job_id(), "job-1");
+  EXPECT_FALSE(reg.Get("w-1").has_value());
+  EXPECT_EQ(again->worker.worker_id(), "w-2");
+  // The same name at a new address.
+  auto moved = reg.Register(Req("h:9", "w-2"));
+  ASSERT_TRUE(moved.ok());
+  ASSERT_EQ(moved->replaced.size(), 1u);
+  EXPECT_EQ(reg.Get("w-2")->address(), "h:9");
+}
+
+TEST(WorkerRegistryTest, AWorkerReportingAForeignJobIsNotHandedOut) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  ASSERT_TRUE(reg.Register(Req("h:1")).ok());
+  EXPECT_TRUE(reg.Heartbeat("w-1", "job-old"));
+  EXPECT_TRUE(reg.IdleWorkers().empty());
+  EXPECT_TRUE(reg.Heartbeat("w-1", ""));
+  EXPECT_EQ(reg.IdleWorkers().size(), 1u);
+}
+
+}  // namespace
+}  // namespace baton

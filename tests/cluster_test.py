@@ -1,0 +1,639 @@
+#!/usr/bin/env python3
+"""End to end: a coordinator and workers on loopback, driven through `batonctl`.
+
+Real processes on free ports (each service writes its address to a --port_file), every
+wait bounded, every process stopped at the end (and killed with this script if it dies:
+PR_SET_PDEATHSIG). Jobs are tiny so the whole test runs in a few minutes on 2 cores.
+
+Cases (the issue's "done means"):
+  1. GPipe, 1F1B, interleaved 1F1B (2 stages x 2 chunks) and ZB-H1 jobs end with the
+     same weights digest as `batonctl train-local` on the same spec; submit --watch and
+     watch in text and JSON.
+  2. A job needing more workers than are idle stays QUEUED, with a reason, and runs and
+     succeeds once enough workers register.
+  3. Cancelling a running job: CANCELLED within a couple of seconds, its workers IDLE
+     again, and the next job runs.
+  4. Malformed or impossible specs are refused with INVALID_ARGUMENT naming the field; an
+     unknown job id gives NOT_FOUND; the coordinator serves on afterwards.
+  6. Restarting the coordinator (SIGTERM, start again on the same --db) keeps the job
+     history; the workers register again.
+  5. SIGKILL of a worker mid-job fails the job within the lease TTL (2 s, heartbeats every
+     0.5 s) with a reason naming the worker; the other workers are IDLE again.
+
+usage: cluster_test.py --bin-dir build/bin --examples client/examples [--keep]
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+LEASE_TTL_S = 2.0
+HEARTBEAT_S = 0.5
+# Slack on top of the lease TTL for the failure to be noticed and recorded on a busy
+# 2-core machine.
+LEASE_SLACK_S = 3.0
+
+TEXT = ("the quick brown fox jumps over the lazy dog, and then the dog sleeps. " * 12)
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, message):
+    if not cond:
+        raise Failure(message)
+
+
+def wait_for(predicate, timeout, what, interval=0.1):
+    """Polls predicate() until it returns a true value; Failure after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise Failure(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _die_with_parent():
+    # Children get SIGKILL if this process dies (e.g. killed by ctest's timeout).
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def tiny_gpt(name, steps=40, microbatches=4, heads=2, **pipeline):
+    spec = {
+        "name": name,
+        "model": {"gpt": {"vocabSize": 40, "context": 16, "dModel": 32, "heads": heads,
+                          "layers": 3}},
+        "data": {"text": {"inlineText": TEXT}, "batchSize": 8},
+        "pipeline": {"microbatches": microbatches, **pipeline},
+        "optimizer": {"adamw": {"learningRate": 0.003}},
+        "steps": steps,
+        "seed": 7,
+    }
+    return spec
+
+
+class Cluster:
+    def __init__(self, bin_dir, examples, tmp):
+        self.bin_dir = bin_dir
+        self.examples = examples
+        self.tmp = tmp
+        self.batonctl = os.path.join(bin_dir, "batonctl")
+        self.procs = {}  # name -> Popen
+        self.logs = {}  # name -> path
+        self.address = None  # coordinator host:port
+        self.db = os.path.join(tmp, "baton.db")
+        self.reference_cache = {}
+        self.worker_addresses = {}  # worker id -> host:port
+        self.spec_count = 0
+
+    # ---- processes -----------------------------------------------------------------
+
+    def _start(self, name, argv, port_file, what):
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        log = os.path.join(self.tmp, f"{name}.log")
+        self.logs[name] = log
+        with open(log, "ab") as out:
+            out.write(f"==== {' '.join(argv)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.procs[name] = proc
+
+        def ready():
+            if proc.poll() is not None:
+                raise Failure(f"{name} exited with status {proc.returncode} before "
+                              f"listening:\n{self.tail(name)}")
+            try:
+                with open(port_file) as f:
+                    text = f.read().strip()
+            except FileNotFoundError:
+                return None
+            return text if text.count(":") >= 1 and text.rsplit(":", 1)[1].isdigit() else None
+
+        address = wait_for(ready, 30, f"{what} to write {port_file}")
+        return address
+
+    def start_coordinator(self, listen="127.0.0.1:0"):
+        argv = [os.path.join(self.bin_dir, "coordinator"), "--listen", listen, "--db", self.db,
+                "--port_file", os.path.join(self.tmp, "coordinator.port"),
+                "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s"]
+        self.address = self._start("coordinator", argv,
+                                   os.path.join(self.tmp, "coordinator.port"), "the coordinator")
+        print(f"  coordinator listening on {self.address}")
+        return self.address
+
+    def start_worker(self, worker_id):
+        port_file = os.path.join(self.tmp, f"{worker_id}.port")
+        argv = [os.path.join(self.bin_dir, "worker"), "--coordinator", self.address,
+                "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file]
+        address = self._start(worker_id, argv, port_file, f"worker {worker_id}")
+        self.worker_addresses[worker_id] = address
+        print(f"  worker {worker_id} listening on {address}")
+        return address
+
+    def stop(self, name, sig=signal.SIGTERM, timeout=15):
+        """Sends `sig` and waits (bounded) for the process; returns its exit status."""
+        proc = self.procs.get(name)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+                raise Failure(f"{name} did not exit within {timeout} s of {sig.name}")
+        del self.procs[name]
+        return proc.returncode
+
+    def stop_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name, proc in list(self.procs.items()):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"  {name} ignored SIGTERM; killing it")
+                proc.kill()
+                proc.wait(timeout=10)
+        self.procs.clear()
+
+    def tail(self, name, lines=20):
+        try:
+            with open(self.logs[name], errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except (KeyError, OSError):
+            return "(no log)"
+
+    # ---- batonctl ------------------------------------------------------------------
+
+    def ctl(self, *args, timeout=30):
+        """Runs batonctl with BATON_COORDINATOR set; returns the CompletedProcess."""
+        env = dict(os.environ, BATON_COORDINATOR=self.address or "")
+        try:
+            return subprocess.run([self.batonctl, *args], env=env, capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"batonctl {' '.join(args)} did not finish within {timeout} s")
+
+    def ctl_ok(self, *args, timeout=30):
+        r = self.ctl(*args, timeout=timeout)
+        check(r.returncode == 0, f"batonctl {' '.join(args)} exited {r.returncode}: "
+                                 f"{r.stderr.strip()}")
+        return r
+
+    def ctl_json(self, *args, timeout=30):
+        r = self.ctl_ok(*args, "--output", "json", timeout=timeout)
+        try:
+            return json.loads(r.stdout)
+        except json.JSONDecodeError as e:
+            raise Failure(f"batonctl {' '.join(args)} --output json printed no JSON ({e}): "
+                          f"{r.stdout[:500]}")
+
+    def get(self, job_id):
+        return self.ctl_json("get", job_id)
+
+    def workers(self):
+        return self.ctl_json("workers").get("workers", [])
+
+    def idle_workers(self):
+        return sorted(w["worker_id"] for w in self.workers()
+                      if w.get("state") == "WORKER_STATE_IDLE")
+
+    def wait_idle(self, count, timeout=20, ids=None):
+        """Waits until `count` workers (or all of `ids`) are IDLE; returns the idle ids."""
+        def enough():
+            idle = self.idle_workers()
+            if ids is not None:
+                return idle if set(ids) <= set(idle) else None
+            return idle if len(idle) >= count else None
+        try:
+            return wait_for(enough, timeout, f"{sorted(ids) if ids else count} idle workers",
+                            interval=0.2)
+        except Failure as e:
+            raise Failure(f"{e} (workers now: {self.describe_workers()})")
+
+    def ensure_workers(self, count):
+        """Starts (again) any of w-1 .. w-count that is not running; waits for them IDLE."""
+        ids = [f"w-{i}" for i in range(1, count + 1)]
+        for w in ids:
+            proc = self.procs.get(w)
+            if proc is None or proc.poll() is not None:
+                self.procs.pop(w, None)
+                self.start_worker(w)
+        return self.wait_idle(count, ids=ids)
+
+    def describe_workers(self):
+        return ", ".join(f"{w['worker_id']}={w.get('state', '?').removeprefix('WORKER_STATE_')}"
+                         for w in self.workers())
+
+    def write_spec(self, spec):
+        self.spec_count += 1
+        path = os.path.join(self.tmp, f"spec-{self.spec_count}-{spec.get('name', 'job')}.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        return path
+
+    def submit(self, spec_path, *flags):
+        job = self.ctl_json("submit", "-f", spec_path, *flags)
+        check(job.get("id"), f"submit returned no job id: {job}")
+        return job
+
+    def wait_state(self, job_id, states, timeout):
+        states = set(states)
+
+        def reached():
+            job = self.get(job_id)
+            return job if job["state"] in states else None
+        return wait_for(reached, timeout, f"{job_id} to reach {sorted(states)}", interval=0.1)
+
+    def wait_steps(self, job_id, steps, timeout=60):
+        """Waits until a running job has done `steps` steps; Failure if it ended first."""
+        def done():
+            job = self.get(job_id)
+            check(job["state"] not in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                       "JOB_STATE_CANCELLED"),
+                  f"{job_id} ended before {steps} steps: {job['state']}: {last_reason(job)}")
+            return job if int(job.get("steps_done", 0)) >= steps else None
+        try:
+            return wait_for(done, timeout, f"{job_id} to run {steps} steps")
+        except Failure as e:
+            job = self.get(job_id)
+            raise Failure(f"{e}; it is {job['state']} ({last_reason(job)}), "
+                          f"{job.get('steps_done')} steps done")
+
+    def reference_digest(self, spec_path, steps=None):
+        key = (open(spec_path).read(), steps)
+        if key not in self.reference_cache:
+            args = ["train-local", "-f", spec_path, "--output", "json"]
+            if steps is not None:
+                args += ["--steps", str(steps)]
+            report = json.loads(self.ctl_ok(*args, timeout=300).stdout)
+            self.reference_cache[key] = report["weights_digest"]
+        return self.reference_cache[key]
+
+
+def last_reason(job):
+    history = job.get("history") or []
+    return history[-1].get("reason", "") if history else ""
+
+
+def states_of(job):
+    return [h["state"].removeprefix("JOB_STATE_") for h in job.get("history", [])]
+
+
+# ---- cases -----------------------------------------------------------------------------
+
+
+def case_invalid_specs(c):
+    """4. bad specs -> INVALID_ARGUMENT naming the field; unknown id -> NOT_FOUND."""
+    def refused(name, expect_code, expect_text, *args):
+        r = c.ctl(*args)
+        out = r.stderr.strip()
+        check(r.returncode == 1, f"{name}: exit status {r.returncode}, want 1 ({out or r.stdout})")
+        check(expect_code in out, f"{name}: no {expect_code} in: {out}")
+        check(expect_text in out, f"{name}: message does not name '{expect_text}': {out}")
+        print(f"  refused {name}: {out}")
+
+    good = c.write_spec(tiny_gpt("good"))
+    refused("heads not dividing d_model", "INVALID_ARGUMENT", "model.gpt.heads",
+            "submit", "-f", c.write_spec(tiny_gpt("bad-heads", heads=3)))
+    refused("batch not divisible by micro-batches", "INVALID_ARGUMENT", "data.batch_size",
+            "submit", "-f", good, "--microbatches", "3")
+    refused("more pipeline chunks than blocks", "INVALID_ARGUMENT", "pipeline.",
+            "submit", "-f", good, "--stages", "4", "--virtual", "2",
+            "--schedule", "interleaved-1f1b")
+    refused("zero steps", "INVALID_ARGUMENT", "steps", "submit", "-f", good, "--steps", "0")
+    bad_mlp = {"model": {"mlp": {"inputDim": 2, "width": 0, "depth": 1, "outputDim": 1}},
+               "data": {"synthetic": {}, "batchSize": 8},
+               "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1}
+    refused("zero mlp width", "INVALID_ARGUMENT", "model.mlp.width",
+            "submit", "-f", c.write_spec(bad_mlp))
+    malformed = os.path.join(c.tmp, "malformed.json")
+    with open(malformed, "w") as f:
+        f.write('{"model": ')
+    refused("malformed JSON (refused by batonctl)", "INVALID_ARGUMENT", "malformed.json",
+            "submit", "-f", malformed)
+    refused("get of an unknown job", "NOT_FOUND", "job-does-not-exist",
+            "get", "job-does-not-exist")
+    refused("cancel of an unknown job", "NOT_FOUND", "job-does-not-exist",
+            "cancel", "job-does-not-exist")
+    refused("watch of an unknown job", "NOT_FOUND", "job-does-not-exist",
+            "watch", "job-does-not-exist", "--timeout", "20s")
+    # Still serving.
+    jobs = c.ctl_json("list", "--all").get("jobs", [])
+    check(not jobs, f"refused specs left jobs behind: {[j['id'] for j in jobs]}")
+    c.ctl_ok("workers")
+    r = c.ctl("list", "--coordinator", "127.0.0.1:1")
+    check(r.returncode == 1 and "127.0.0.1:1" in r.stderr,
+          f"an unreachable coordinator is not named: {r.stderr.strip()}")
+    print(f"  unreachable coordinator: {r.stderr.strip()[:160]}")
+    print("  the coordinator still serves (list, workers)")
+
+
+def case_queued_until_workers(c):
+    """2. too few workers -> QUEUED with a reason; runs when more workers register."""
+    c.wait_idle(2)
+    spec = c.write_spec(json.load(open(os.path.join(c.examples, "mlp-tiny.json"))))
+    job = c.submit(spec, "--steps", "3", "--stages", "4", "--name", "queued-mlp")
+    time.sleep(1.0)  # the coordinator had every chance to place it
+    job = c.get(job["id"])
+    reason = last_reason(job)
+    print(f"  {job['id']} with 2 idle workers: {job['state']} ({reason})")
+    check(job["state"] == "JOB_STATE_QUEUED", f"want QUEUED, got {job['state']}")
+    check("worker" in reason and "4" in reason,
+          f"the QUEUED reason does not say it waits for 4 workers: '{reason}'")
+    c.start_worker("w-3")
+    c.start_worker("w-4")
+    job = c.wait_state(job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                   "JOB_STATE_CANCELLED"], 120)
+    print(f"  after 2 more workers registered: {job['state']}; history {states_of(job)}")
+    check(job["state"] == "JOB_STATE_SUCCEEDED", f"want SUCCEEDED: {last_reason(job)}")
+    check("RUNNING" in states_of(job), f"history has no RUNNING: {states_of(job)}")
+    want = c.reference_digest(spec, steps=3)
+    check(job["weights_digest"] == want,
+          f"digest {job['weights_digest']} != train-local's {want}")
+    print(f"  digest equals train-local's: {want[:16]}...")
+
+
+def case_schedules(c):
+    """1. every schedule: job digest == train-local's."""
+    c.ensure_workers(4)
+    runs = [
+        ("gpipe", tiny_gpt("gpt-gpipe"), ["--schedule", "gpipe", "--stages", "4"]),
+        ("1f1b", tiny_gpt("gpt-1f1b"), ["--schedule", "1f1b", "--stages", "4"]),
+        ("interleaved-1f1b", tiny_gpt("gpt-interleaved"),
+         ["--schedule", "interleaved-1f1b", "--stages", "2", "--virtual", "2"]),
+        ("zb-h1", tiny_gpt("gpt-zbh1"), ["--schedule", "zb-h1", "--stages", "4"]),
+    ]
+    for i, (schedule, spec, flags) in enumerate(runs):
+        path = c.write_spec(spec)
+        want = c.reference_digest(path)
+        start = time.monotonic()
+        if i == 0:
+            # submit --watch --output json: the Job, then one JobEvent per line.
+            r = c.ctl("submit", "-f", path, *flags, "--watch", "--output", "json", timeout=180)
+            lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            check(lines and lines[0].get("id"), f"submit --watch printed no Job first: "
+                                                f"{r.stdout[:300]}")
+            job_id = lines[0]["id"]
+            events = lines[1:]
+            check(all(e.get("job_id") == job_id for e in events),
+                  f"watch events of another job: {events[:3]}")
+            last_state = [e["state_change"]["state"] for e in events if "state_change" in e]
+            steps = [e["step"] for e in events if "step" in e]
+            check(last_state and last_state[-1] == "JOB_STATE_SUCCEEDED",
+                  f"the last state event is not SUCCEEDED: {last_state} ({r.stderr.strip()})")
+            total = spec["steps"]
+            check(steps and int(steps[-1]["step"]) == total
+                  and int(steps[-1]["total_steps"]) == total,
+                  f"step events do not reach {total}/{total}: {steps[-1:]}")
+            check(r.returncode == 0, f"submit --watch exited {r.returncode}")
+            print(f"  submit --watch --output json: {len(events)} events, "
+                  f"{len(steps)} step events, exit 0")
+        elif i == 1:
+            # submit --watch in text mode, stdout not a terminal: the id, then plain lines
+            # (one per step, no carriage returns), the final state and the digest.
+            r = c.ctl("submit", "-f", path, *flags, "--watch", timeout=180)
+            check(r.returncode == 0, f"submit --watch exited {r.returncode}: "
+                                     f"{r.stdout[-500:]} {r.stderr.strip()}")
+            job_id = r.stdout.split("\n", 1)[0].strip()
+            total = spec["steps"]
+            check(f"step {total}/{total}  loss " in r.stdout and "samples/s" in r.stdout
+                  and "ETA" in r.stdout, f"watch printed no progress lines: {r.stdout}")
+            check("\r" not in r.stdout, "watch rewrote lines although stdout is a pipe")
+            check(f"weights digest {want}" in r.stdout,
+                  f"watch did not end with the digest: {r.stdout[-300:]}")
+            print(f"  submit --watch (text, not a terminal): the id, "
+                  f"{r.stdout.count(chr(10))} plain lines, the final digest")
+        else:
+            job_id = c.submit(path, *flags)["id"]
+            r = c.ctl("watch", job_id, timeout=180)
+            check(r.returncode == 0, f"watch {job_id} exited {r.returncode}: "
+                                     f"{r.stdout[-500:]} {r.stderr.strip()}")
+            check(f"weights digest {want}" in r.stdout,
+                  f"watch did not end with the digest: {r.stdout[-300:]}")
+        job = c.get(job_id)
+        seconds = time.monotonic() - start
+        check(job["state"] == "JOB_STATE_SUCCEEDED",
+              f"{schedule}: {job['state']}: {last_reason(job)}")
+        pipeline = job.get("spec", {}).get("pipeline", {})
+        print(f"  {schedule:17s} {job_id}: SUCCEEDED in {seconds:4.1f} s on "
+              f"{' '.join(job.get('workers', []))} (stages {pipeline.get('stages')}, virtual "
+              f"{pipeline.get('virtual_stages')}), digest {job['weights_digest'][:16]}...")
+        check(job["weights_digest"] == want,
+              f"{schedule}: job digest {job['weights_digest']} != train-local's {want}")
+    print("  all four digests equal train-local's")
+
+
+def case_cancel(c):
+    """3. cancel a running job -> CANCELLED quickly, workers IDLE, next job runs."""
+    ids = c.ensure_workers(4)
+    spec = c.write_spec(tiny_gpt("long-gpt", steps=1000000))
+    job_id = c.submit(spec, "--schedule", "1f1b", "--stages", "4")["id"]
+    c.wait_steps(job_id, 2)
+    start = time.monotonic()
+    r = c.ctl_ok("cancel", job_id, "--reason", "cluster test")
+    print(f"  batonctl cancel: {r.stdout.strip()}")
+    job = c.wait_state(job_id, ["JOB_STATE_CANCELLED", "JOB_STATE_FAILED",
+                                "JOB_STATE_SUCCEEDED"], 10)
+    seconds = time.monotonic() - start
+    print(f"  {job_id}: {job['state']} after {seconds:.1f} s ({last_reason(job)}), "
+          f"{job.get('steps_done')} steps done")
+    check(job["state"] == "JOB_STATE_CANCELLED", f"want CANCELLED, got {job['state']}")
+    check(seconds <= 3.0, f"CANCELLED only after {seconds:.1f} s")
+    c.wait_idle(4, timeout=10, ids=ids)
+    print(f"  workers IDLE again: {c.describe_workers()}")
+    r = c.ctl("watch", job_id, timeout=30)
+    check(r.returncode == 1, f"watch of a cancelled job exited {r.returncode}, want 1")
+    nxt = c.write_spec(tiny_gpt("after-cancel", steps=3))
+    job_id2 = c.submit(nxt, "--schedule", "1f1b", "--stages", "4",
+                       "--submission-id", "after-cancel-1")["id"]
+    again = c.submit(nxt, "--schedule", "1f1b", "--stages", "4",
+                     "--submission-id", "after-cancel-1")["id"]
+    check(again == job_id2, f"the same --submission-id gave {again}, then {job_id2}")
+    print(f"  submitting again with the same --submission-id returns {job_id2}")
+    job2 = c.wait_state(job_id2, ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                  "JOB_STATE_CANCELLED"], 120)
+    check(job2["state"] == "JOB_STATE_SUCCEEDED", f"the next job: {job2['state']}: "
+                                                  f"{last_reason(job2)}")
+    check(job2["weights_digest"] == c.reference_digest(nxt), "the next job's digest differs")
+    print(f"  the next job {job_id2}: SUCCEEDED, digest equals train-local's")
+
+
+def case_restart(c):
+    """6. coordinator restart on the same --db keeps the job history."""
+    c.ensure_workers(4)
+    before = {j["id"]: j for j in c.ctl_json("list", "--all").get("jobs", [])}
+    check(len(before) >= 1, f"want the earlier jobs in the list, got {len(before)}")
+    port = c.address.rsplit(":", 1)[1]
+    status = c.stop("coordinator", signal.SIGTERM)
+    print(f"  coordinator stopped on SIGTERM with status {status}; {len(before)} jobs before")
+    check(status == 0, f"the coordinator exited with status {status} on SIGTERM")
+    # Same port, so the running workers find it again.
+    c.start_coordinator(listen=f"127.0.0.1:{port}")
+    after = {j["id"]: j for j in c.ctl_json("list", "--all").get("jobs", [])}
+    missing = sorted(set(before) - set(after))
+    check(not missing, f"jobs lost in the restart: {missing}")
+    for job_id, old in before.items():
+        new = after[job_id]
+        check(new["state"] == old["state"],
+              f"{job_id}: {old['state']} before the restart, {new['state']} after")
+        check(new.get("weights_digest") == old.get("weights_digest"),
+              f"{job_id}: digest changed in the restart")
+    paged = [j["id"] for j in c.ctl_json("list", "--all", "--page-size", "2").get("jobs", [])]
+    check(paged == list(after), f"list --all --page-size 2 gives {paged}, not {list(after)}")
+    r = c.ctl_ok("list")
+    print("  batonctl list after the restart:")
+    for line in r.stdout.splitlines()[:12]:
+        print(f"    {line}")
+    ids = c.wait_idle(4, timeout=20)
+    print(f"  workers registered again: {' '.join(ids)}")
+    some = next(iter(before))
+    r = c.ctl_ok("get", some)
+    check(some in r.stdout and "history:" in r.stdout, f"batonctl get {some}: {r.stdout}")
+    r = c.ctl_ok("workers")
+    check(all(w in r.stdout for w in ids), f"batonctl workers: {r.stdout}")
+
+
+def case_worker_killed(c):
+    """5. SIGKILL of a worker mid-job fails the job within the lease TTL."""
+    c.ensure_workers(4)
+    known = {j["id"] for j in c.ctl_json("list", "--all").get("jobs", [])}
+    spec = c.write_spec(tiny_gpt("doomed-gpt", steps=1000000))
+    job_id = c.submit(spec, "--schedule", "1f1b", "--stages", "4")["id"]
+    check(job_id not in known, f"the restarted coordinator reused the id {job_id}")
+    job = c.wait_steps(job_id, 2)
+    victim = job["workers"][1]
+    check(victim in c.procs, f"rank 1 runs on {victim}, which this test did not start")
+    start = time.monotonic()
+    c.stop(victim, signal.SIGKILL)
+    print(f"  killed {victim} (rank 1 of {' '.join(job['workers'])}) with SIGKILL")
+    job = c.wait_state(job_id, ["JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                                "JOB_STATE_SUCCEEDED"], LEASE_TTL_S + 20)
+    seconds = time.monotonic() - start
+    reason = last_reason(job)
+    print(f"  {job_id}: {job['state']} after {seconds:.1f} s: {reason}")
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    check(seconds <= LEASE_TTL_S + LEASE_SLACK_S,
+          f"FAILED only after {seconds:.1f} s (lease TTL {LEASE_TTL_S} s)")
+    victim_address = c.worker_addresses.get(victim, victim)
+    check(victim in reason or victim_address in reason,
+          f"the reason names neither {victim} nor {victim_address}: '{reason}'")
+    others = [w for w in job["workers"] if w != victim]
+    c.wait_idle(3, timeout=LEASE_TTL_S + 10, ids=others)
+    # The job may fail first through a neighbour's transport error, before the lease ran
+    # out; by the end of the lease the dead worker must no longer be offered as IDLE.
+    left = max(1.0, start + LEASE_TTL_S + LEASE_SLACK_S - time.monotonic())
+
+    def victim_gone():
+        states = {w["worker_id"]: w.get("state") for w in c.workers()}
+        return states.get(victim, "absent") != "WORKER_STATE_IDLE"
+    wait_for(victim_gone, left, f"{victim} to be no longer IDLE (lease TTL {LEASE_TTL_S:g} s)",
+             interval=0.2)
+    print(f"  {time.monotonic() - start:.1f} s after the kill: {c.describe_workers()}")
+
+
+CASES = [
+    ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
+          "NOT_FOUND; the coordinator serves on", case_invalid_specs),
+    ("2", "a job needing 4 workers with 2 idle stays QUEUED with a reason, then runs when 2 "
+          "more register", case_queued_until_workers),
+    ("1", "GPipe, 1F1B, interleaved 1F1B (2x2) and ZB-H1 on 4 workers: digest == train-local",
+     case_schedules),
+    ("3", "cancelling a running job: CANCELLED within seconds, workers IDLE, the next job runs",
+     case_cancel),
+    ("6", "restarting the coordinator on the same --db keeps the job history", case_restart),
+    ("5", f"SIGKILL of a worker mid-job: FAILED within the lease TTL ({LEASE_TTL_S:g} s) naming"
+          " the worker; the others IDLE", case_worker_killed),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin-dir", required=True, help="where batonctl, coordinator, worker are")
+    parser.add_argument("--examples", required=True, help="client/examples")
+    parser.add_argument("--only", default="", help="comma-separated case numbers to run")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, db)")
+    args = parser.parse_args()
+
+    for binary in ("batonctl", "coordinator", "worker"):
+        path = os.path.join(args.bin_dir, binary)
+        if not os.access(path, os.X_OK):
+            print(f"cluster_test: {path} is missing (not built?)", file=sys.stderr)
+            print("0 passed, 1 failed")
+            return 1
+
+    # ctest's timeout or Ctrl-C: leave through `finally`, stopping every process.
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+
+    tmp = tempfile.mkdtemp(prefix="baton-cluster-test.")
+    c = Cluster(args.bin_dir, args.examples, tmp)
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    passed, failed = [], []
+    try:
+        print("starting a coordinator and 2 workers")
+        c.start_coordinator()
+        c.start_worker("w-1")
+        c.start_worker("w-2")
+        for number, title, fn in CASES:
+            if only and number not in only:
+                continue
+            print(f"\n[case {number}] {title}")
+            start = time.monotonic()
+            try:
+                fn(c)
+                passed.append(number)
+                print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
+            except Failure as e:
+                failed.append(number)
+                print(f"[case {number}] FAIL: {e}")
+                for name in list(c.procs):
+                    if name == "coordinator" or c.procs[name].poll() is not None:
+                        print(f"  --- last lines of {name}'s log ---")
+                        print("  " + c.tail(name, 15).replace("\n", "\n  "))
+            except Exception:  # a bug in the test or an unexpected output
+                failed.append(number)
+                print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+    except Failure as e:
+        print(f"cluster_test: {e}")
+        failed.append("setup")
+    except KeyboardInterrupt as e:
+        print(f"cluster_test: interrupted ({e})")
+        failed.append("interrupted")
+    finally:
+        c.stop_all()
+        if args.keep or failed:
+            print(f"\nlogs and db kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{len(passed)} passed, {len(failed)} failed"
+          + (f" (failed: {', '.join(failed)})" if failed else ""))
+    return 0 if not failed and passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

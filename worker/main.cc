@@ -1,0 +1,93 @@
+// The baton worker: serves WorkerService and TensorService, registers with the
+// coordinator, and runs the jobs it is given. Only wiring here; see worker_agent.h.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc/rpc.h"
+#include "common/transport/tensor_inbox.h"
+#include "common/transport/tensor_service.h"
+#include "worker/service.h"
+#include "worker/worker_agent.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: any free port)");
+ABSL_FLAG(std::string, advertise, "",
+          "host:port the coordinator and peers reach this worker on (default: --listen with "
+          "the bound port)");
+ABSL_FLAG(std::string, worker_id, "", "stable worker name (default: assigned)");
+ABSL_FLAG(std::string, port_file, "", "write the bound host:port to this file once serving");
+ABSL_FLAG(int64_t, inbox_mb, 512, "bound on received tensors not yet consumed, in MiB");
+
+namespace {
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "cpu";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // Block the stop signals in every thread; main waits for them with sigwait.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  baton::TensorInbox inbox;
+  baton::TensorServiceImpl tensors(&inbox);
+  baton::WorkerOptions options;
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.worker_id = absl::GetFlag(FLAGS_worker_id);
+  options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
+  options.device.set_kind("cpu");
+  options.device.set_name(CpuModel());
+  options.device.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                  sysconf(_SC_PAGE_SIZE));
+
+  options.advertise_address = absl::GetFlag(FLAGS_advertise);
+  baton::WorkerAgent agent(options, &inbox);
+  baton::WorkerServiceImpl service(&agent);
+  baton::ServerOptions so;
+  so.address = absl::GetFlag(FLAGS_listen);
+  so.services = {&service, &tensors};
+  std::string bound;
+  auto server = baton::StartServer(so, &bound);
+  if (!server.ok()) {
+    std::fprintf(stderr, "worker: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  // With port 0 the address to advertise is known only now.
+  if (options.advertise_address.empty()) agent.SetAdvertiseAddress(bound);
+  std::printf("worker listening on %s\n", bound.c_str());
+  std::fflush(stdout);
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    std::ofstream(pf + ".tmp") << bound << "\n";
+    std::rename((pf + ".tmp").c_str(), pf.c_str());
+  }
+  agent.Start();
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "worker: signal %d, shutting down\n", sig);
+  agent.Stop();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  inbox.Close();
+  return 0;
+}

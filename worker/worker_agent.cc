@@ -1,0 +1,415 @@
+#include "worker/worker_agent.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/status.h"
+#include "common/nn/model.h"
+#include "common/pipeline/stage_executor.h"
+#include "common/rpc/rpc.h"
+#include "common/schedule/schedule.h"
+#include "common/spec/spec.h"
+#include "common/transport/grpc_transport.h"
+
+namespace baton {
+
+struct WorkerAgent::Job {
+  explicit Job(baton::v1::JobPlan p) : plan(std::move(p)) {}
+  const baton::v1::JobPlan plan;
+  std::atomic<bool> aborted{false};
+  std::atomic<int64_t> steps_done{0};
+  std::mutex mu;  // guards the three below
+  std::string abort_reason;
+  Transport* transport = nullptr;  // while the job thread has one
+  baton::v1::ReportResultRequest result;  // block digests, once every step ran
+};
+
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "worker: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
+  Schedule s;
+  absl::StatusOr<ScheduleKind> kind = ParseScheduleKind(plan.schedule());
+  s.kind = kind.ok() ? *kind : ScheduleKind::kCustom;
+  s.num_ranks = plan.num_ranks();
+  s.virtual_stages = plan.virtual_stages();
+  s.num_microbatches = plan.microbatches();
+  s.stage_to_rank.assign(plan.stage_to_rank().begin(), plan.stage_to_rank().end());
+  if (plan.rank() < 0 || plan.rank() >= s.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: rank ", plan.rank(), " outside ", s.num_ranks, " ranks"));
+  }
+  for (int r : s.stage_to_rank) {
+    if (r < 0 || r >= s.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: stage_to_rank names rank ", r));
+    }
+  }
+  s.ranks.resize(s.num_ranks);  // only this rank's clock travels; the others stay empty
+  for (const std::string& text : plan.actions()) {
+    BATON_ASSIGN_OR_RETURN(Action a, Action::Parse(text));
+    if (a.kind != ActionKind::kStep &&
+        (a.stage < 0 || a.stage >= s.num_stages() || s.stage_to_rank[a.stage] != plan.rank())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: action ", text, " is not for rank ", plan.rank()));
+    }
+    s.ranks[plan.rank()].push_back(a);
+  }
+  return s;
+}
+
+baton::v1::RankTiming Timing(const RankStepResult& r) {
+  int64_t f = 0, b = 0, w = 0, send = 0, recv = 0, total = 0;
+  for (const ActionTiming& t : r.timeline) {
+    const int64_t d = t.end_ns - t.start_ns;
+    switch (t.action.kind) {
+      case ActionKind::kForward: f += d; break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: b += d; break;
+      case ActionKind::kBackwardWeight: w += d; break;
+      case ActionKind::kSendF:
+      case ActionKind::kSendB: send += d; break;
+      case ActionKind::kRecvF:
+      case ActionKind::kRecvB: recv += d; break;
+      case ActionKind::kStep: break;
+    }
+    total = std::max(total, t.end_ns);
+  }
+  baton::v1::RankTiming out;
+  *out.mutable_forward() = ToProtoDuration(absl::Nanoseconds(f));
+  *out.mutable_backward() = ToProtoDuration(absl::Nanoseconds(b));
+  *out.mutable_weight() = ToProtoDuration(absl::Nanoseconds(w));
+  *out.mutable_send() = ToProtoDuration(absl::Nanoseconds(send));
+  *out.mutable_recv_wait() = ToProtoDuration(absl::Nanoseconds(recv));
+  *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(total));
+  out.set_peak_inflight(r.peak_inflight);
+  return out;
+}
+
+}  // namespace
+
+WorkerAgent::WorkerAgent(WorkerOptions options, TensorInbox* inbox)
+    : options_(std::move(options)),
+      inbox_(inbox),
+      cluster_(baton::v1::ClusterService::NewStub(MakeChannel(options_.coordinator_address))) {
+  worker_id_ = options_.worker_id;
+}
+
+WorkerAgent::~WorkerAgent() { Stop(); }
+
+void WorkerAgent::SetAdvertiseAddress(const std::string& address) {
+  options_.advertise_address = address;
+}
+
+void WorkerAgent::Start() {
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void WorkerAgent::Stop() {
+  std::shared_ptr<Job> job;
+  std::thread job_thread;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !heartbeat_thread_.joinable() && !job_thread_.joinable()) return;
+    stopping_ = true;
+    job = job_;
+    job_thread = std::move(job_thread_);
+    wake_.notify_all();
+  }
+  if (job != nullptr) AbortJob(job->plan.job_id(), "the worker is shutting down").IgnoreError();
+  if (job_thread.joinable()) job_thread.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+std::string WorkerAgent::worker_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_id_;
+}
+
+absl::Status WorkerAgent::Register() {
+  baton::v1::RegisterWorkerRequest req;
+  req.set_address(options_.advertise_address);
+  *req.mutable_device() = options_.device;
+  req.add_capabilities("transport/grpc");
+  req.set_worker_id(worker_id());
+  baton::v1::RegisterWorkerResponse resp;
+  auto ctx = ContextWithTimeout(options_.rpc_timeout);
+  BATON_RETURN_IF_ERROR(FromGrpcStatus(cluster_->RegisterWorker(ctx.get(), req, &resp)));
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_id_ = resp.worker_id();
+  registered_ = true;
+  const absl::Duration interval = FromProtoDuration(resp.heartbeat_interval());
+  heartbeat_interval_ = interval > absl::ZeroDuration() ? interval : absl::Seconds(1);
+  Log(absl::StrCat("registered as ", worker_id_, " with ", options_.coordinator_address,
+                   " (heartbeat every ", absl::FormatDuration(heartbeat_interval_), ")"));
+  return absl::OkStatus();
+}
+
+void WorkerAgent::HeartbeatLoop() {
+  int failures = 0;
+  while (true) {
+    absl::Duration wait;
+    bool registered;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      registered = registered_;
+      wait = heartbeat_interval_;
+    }
+    if (!registered) {
+      absl::Status s = Register();
+      if (!s.ok()) {
+        if (failures++ % 20 == 0) {
+          Log(absl::StrCat("cannot register with ", options_.coordinator_address, ": ",
+                           s.ToString(), " (retrying)"));
+        }
+        wait = options_.register_retry;
+      } else {
+        failures = 0;
+        continue;  // heartbeat right away
+      }
+    } else {
+      baton::v1::HeartbeatRequest req;
+      baton::v1::HeartbeatResponse resp;
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        req.set_worker_id(worker_id_);
+        job = job_;
+      }
+      if (job != nullptr) req.set_job_id(job->plan.job_id());
+      auto ctx = ContextWithTimeout(options_.rpc_timeout);
+      absl::Status s = FromGrpcStatus(cluster_->Heartbeat(ctx.get(), req, &resp));
+      if (!s.ok()) {
+        if (failures++ % 20 == 0) Log(absl::StrCat("heartbeat failed: ", s.ToString()));
+      } else {
+        failures = 0;
+        if (!resp.known()) {
+          // It restarted or let the lease expire: any job it gave us has been failed.
+          Log("the coordinator does not know this worker; registering again");
+          if (job != nullptr) {
+            AbortJob(job->plan.job_id(), "the coordinator no longer knows this worker")
+                .IgnoreError();
+          }
+          std::lock_guard<std::mutex> lock(mu_);
+          registered_ = false;
+          continue;
+        }
+        for (const std::string& id : resp.abort_job_ids()) {
+          AbortJob(id, "the coordinator no longer runs this job").IgnoreError();
+        }
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] { return stopping_; });
+  }
+}
+
+absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
+  std::thread previous;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the worker is shutting down");
+    if (job_ != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", worker_id_, " already runs job ", job_->plan.job_id()));
+    }
+    previous = std::move(job_thread_);
+  }
+  if (previous.joinable()) previous.join();  // a finished job's thread
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_ != nullptr || stopping_) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id_, " is busy"));
+  }
+  job_ = std::make_shared<Job>(plan);
+  // Accept the job's tensors before answering: once every rank has answered StartJob, any
+  // peer may send to this one (the coordinator starts rank 0, the first sender, last).
+  inbox_->Open(plan.job_key(), options_.inbox_bytes);
+  Log(absl::StrCat("starting job ", plan.job_id(), " as rank ", plan.rank(), " of ",
+                   plan.num_ranks()));
+  job_thread_ = std::thread([this, job = job_] { RunJob(job); });
+  return absl::OkStatus();
+}
+
+absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string& reason) {
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = job_;
+  }
+  if (job == nullptr || job->plan.job_id() != job_id) return absl::OkStatus();  // idempotent
+  std::lock_guard<std::mutex> lock(job->mu);
+  if (!job->aborted.exchange(true)) {
+    job->abort_reason = reason;
+    Log(absl::StrCat("aborting job ", job_id, ": ", reason));
+  }
+  if (job->transport != nullptr) job->transport->Abort(absl::AbortedError(reason));
+  return absl::OkStatus();
+}
+
+baton::v1::WorkerStatus WorkerAgent::Status() const {
+  baton::v1::WorkerStatus s;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.set_worker_id(worker_id_);
+  if (job_ != nullptr) {
+    s.set_state(baton::v1::WORKER_STATE_BUSY);
+    s.set_job_id(job_->plan.job_id());
+    s.set_rank(job_->plan.rank());
+    s.set_steps_done(job_->steps_done.load());
+  } else {
+    s.set_state(baton::v1::WORKER_STATE_IDLE);
+  }
+  return s;
+}
+
+void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
+  absl::Status status = RunSteps(*job);
+  inbox_->Close();  // also when RunSteps failed before it had a transport
+  if (!status.ok() && job->aborted.load()) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    status = absl::AbortedError(absl::StrCat("aborted: ", job->abort_reason));
+  }
+  FinishJob(*job, status);
+  std::lock_guard<std::mutex> lock(mu_);
+  job_.reset();
+  wake_.notify_all();
+}
+
+absl::Status WorkerAgent::RunSteps(Job& job) {
+  const baton::v1::JobPlan& plan = job.plan;
+  baton::v1::JobSpec spec = plan.spec();
+  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_ASSIGN_OR_RETURN(Schedule schedule, ScheduleFromPlan(plan));
+  std::vector<BlockRange> blocks(plan.stages_size());
+  for (const baton::v1::StagePlan& sp : plan.stages()) {
+    if (sp.stage() < 0 || sp.stage() >= plan.stages_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: stage ", sp.stage(), " out of range"));
+    }
+    blocks[sp.stage()] = BlockRange{sp.first_block(), sp.last_block()};
+  }
+  GrpcTransport::Options topts;
+  topts.rank = plan.rank();
+  topts.job_key = plan.job_key();
+  topts.peer_addresses.resize(plan.num_ranks());
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (p.rank() >= 0 && p.rank() < plan.num_ranks()) topts.peer_addresses[p.rank()] = p.address();
+  }
+  const absl::Duration recv_timeout =
+      plan.has_recv_timeout() ? FromProtoDuration(plan.recv_timeout()) : absl::Seconds(60);
+  topts.send_timeout = recv_timeout;
+  topts.make_channel = [this](const std::string& address) {
+    std::lock_guard<std::mutex> lock(channels_mu_);
+    std::shared_ptr<grpc::Channel>& ch = channels_[address];
+    if (ch == nullptr) ch = MakeTensorChannel(address);
+    return ch;
+  };
+  auto transport = std::make_unique<GrpcTransport>(topts, inbox_);
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.transport = transport.get();
+    if (job.aborted.load()) transport->Abort(absl::AbortedError(job.abort_reason));
+  }
+  auto cleanup = [&] {
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.transport = nullptr;
+    }
+    transport.reset();
+    inbox_->Close();
+  };
+  StageExecutorOptions eo;
+  eo.job_id = plan.job_key();
+  eo.recv_timeout = recv_timeout;
+  absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
+      StageExecutor::Create(spec, schedule, blocks, plan.rank(), transport.get(), eo);
+  if (!ex.ok()) {
+    cleanup();
+    return ex.status();
+  }
+  const bool owns_last = schedule.stage_to_rank.back() == plan.rank();
+  absl::Status status;
+  for (int64_t step = 0; step < spec.steps() && status.ok(); ++step) {
+    if (job.aborted.load()) {
+      status = absl::AbortedError("aborted");
+      break;
+    }
+    absl::StatusOr<RankStepResult> r = (*ex)->RunStep(step);
+    if (!r.ok()) {
+      status = r.status();
+      break;
+    }
+    job.steps_done.store(step + 1);
+    baton::v1::ReportProgressRequest req;
+    req.set_worker_id(worker_id());
+    req.set_job_id(plan.job_id());
+    req.set_rank(plan.rank());
+    req.set_step(step + 1);
+    if (owns_last) {
+      double sum = 0.0;
+      for (float l : r->losses) sum += l;  // micro-batch order, as the reference trainer
+      req.set_loss(static_cast<float>(sum / static_cast<double>(schedule.num_microbatches)));
+    }
+    *req.mutable_timing() = Timing(*r);
+    baton::v1::ReportProgressResponse resp;
+    auto ctx = ContextWithTimeout(options_.rpc_timeout);
+    absl::Status s = FromGrpcStatus(cluster_->ReportProgress(ctx.get(), req, &resp));
+    if (s.ok() && !resp.keep_running()) {
+      AbortJob(plan.job_id(), "the coordinator stopped the job").IgnoreError();
+    } else if (!s.ok()) {
+      Log(absl::StrCat("progress report for step ", step + 1, " failed: ", s.ToString()));
+    }
+  }
+  if (status.ok()) {
+    const std::vector<BlockInfo> infos = DescribeBlocks(spec.model());
+    baton::v1::ReportResultRequest req;
+    for (auto& [index, digest] : (*ex)->BlockDigests()) {
+      baton::v1::IndexedBlockDigest* d = req.add_block_digests();
+      d->set_index(index);
+      d->mutable_digest()->set_block(index < static_cast<int>(infos.size()) ? infos[index].name
+                                                                            : "");
+      d->mutable_digest()->set_sha256(DigestHex(digest));
+    }
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.result = std::move(req);
+  }
+  cleanup();
+  return status;
+}
+
+void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {
+  baton::v1::ReportResultRequest req;
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (status.ok()) req = job.result;
+  }
+  req.set_worker_id(worker_id());
+  req.set_job_id(job.plan.job_id());
+  req.set_rank(job.plan.rank());
+  if (!status.ok()) req.set_error(status.ToString());
+  Log(absl::StrCat("job ", job.plan.job_id(), " rank ", job.plan.rank(), " ended: ",
+                   status.ok() ? std::string("ok") : status.ToString()));
+  // The coordinator may be restarting: retry for a while, then give up (the lease logic
+  // settles the job).
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    baton::v1::ReportResultResponse resp;
+    auto ctx = ContextWithTimeout(options_.rpc_timeout);
+    absl::Status s = FromGrpcStatus(cluster_->ReportResult(ctx.get(), req, &resp));
+    if (s.ok() || s.code() != absl::StatusCode::kUnavailable) {
+      if (!s.ok()) Log(absl::StrCat("result report refused: ", s.ToString()));
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
+      return;
+    }
+  }
+  Log("could not report the result: coordinator unreachable");
+}
+
+}  // namespace baton

@@ -1,0 +1,97 @@
+// The worker's core: registration and heartbeats with the coordinator, and running one job
+// at a time from the plan the coordinator sends.
+//
+// Life of a job on a worker:
+//   StartJob(plan)  -> a job thread builds the rank's chunks, opens the tensor inbox for the
+//                      job, connects a GrpcTransport to the peers, and runs the clock step
+//                      after step through a StageExecutor, reporting progress each step;
+//   at the end      -> ReportResult with the block digests (or the error);
+//   AbortJob(id)    -> aborts the transport, so the running step ends within a receive's
+//                      wake-up, and the job thread reports the abort.
+// The heartbeat thread renews the lease every heartbeat_interval, re-registers when the
+// coordinator has forgotten the worker, and aborts jobs the coordinator lists as unwanted.
+//
+// Thread safety: all public methods may be called from any thread (gRPC handlers, the
+// heartbeat thread); state is guarded by mu_.
+#ifndef BATON_WORKER_WORKER_AGENT_H_
+#define BATON_WORKER_WORKER_AGENT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "baton/v1/cluster.grpc.pb.h"
+#include "baton/v1/worker.pb.h"
+#include "common/pipeline/transport.h"
+#include "common/transport/tensor_inbox.h"
+
+namespace baton {
+
+struct WorkerOptions {
+  std::string coordinator_address;  // host:port
+  std::string advertise_address;    // host:port peers and the coordinator reach us on
+  std::string worker_id;            // empty: the coordinator assigns one
+  baton::v1::DeviceInfo device;
+  int64_t inbox_bytes = int64_t{512} << 20;  // bound of received, not yet consumed tensors
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  absl::Duration register_retry = absl::Milliseconds(500);
+};
+
+class WorkerAgent {
+ public:
+  // `inbox` (not owned) is the one the worker's TensorService fills.
+  WorkerAgent(WorkerOptions options, TensorInbox* inbox);
+  ~WorkerAgent();  // Stop()
+
+  // Sets the address peers and the coordinator reach this worker on, when it is known only
+  // after the server bound its port. Call before Start.
+  void SetAdvertiseAddress(const std::string& address);
+  // Starts the heartbeat thread, which registers (retrying until the coordinator answers
+  // or Stop is called) and then keeps the lease.
+  void Start();
+  // Aborts a running job, reports it, and stops the threads. Idempotent.
+  void Stop();
+
+  // WorkerService, as plain calls.
+  absl::Status StartJob(const baton::v1::JobPlan& plan);
+  absl::Status AbortJob(const std::string& job_id, const std::string& reason);
+  baton::v1::WorkerStatus Status() const;
+
+  std::string worker_id() const;
+
+ private:
+  struct Job;
+  void HeartbeatLoop();
+  absl::Status Register();
+  void RunJob(std::shared_ptr<Job> job);
+  absl::Status RunSteps(Job& job);
+  void FinishJob(Job& job, const absl::Status& status);
+
+  WorkerOptions options_;  // advertise_address is set before Start, then never changes
+  TensorInbox* const inbox_;
+  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;  // Stop, job end
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);  // the running job, if any
+  // Tensor channels by peer address, kept across jobs so a peer is connected once.
+  std::mutex channels_mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(channels_mu_);
+  std::thread heartbeat_thread_;
+  std::thread job_thread_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_WORKER_AGENT_H_
