@@ -268,8 +268,27 @@ baton::v1::WorkerStatus WorkerAgent::Status() const {
   return s;
 }
 
+namespace {
+// Transport errors name peers by rank and address; add the worker ids the coordinator and
+// users know them by.
+absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
+  if (s.ok()) return s;
+  std::string msg(s.message());
+  std::string names;
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (!p.address().empty() && msg.find(p.address()) != std::string::npos &&
+        !p.worker_id().empty()) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", p.address(), " is worker ",
+                      p.worker_id());
+    }
+  }
+  if (names.empty()) return s;
+  return absl::Status(s.code(), absl::StrCat(msg, " [", names, "]"));
+}
+}  // namespace
+
 void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
-  absl::Status status = RunSteps(*job);
+  absl::Status status = NamePeers(RunSteps(*job), job->plan);
   inbox_->Close();  // also when RunSteps failed before it had a transport
   if (!status.ok() && job->aborted.load()) {
     std::lock_guard<std::mutex> lock(job->mu);
