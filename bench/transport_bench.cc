@@ -1,26 +1,35 @@
 // Tensor transport throughput on loopback: the gRPC transport against a raw TCP socket
-// pair moving the same bytes, in the same run (results in docs/benchmarks.md, "Tensor
-// transport (gRPC vs raw TCP)").
+// pair moving the same bytes, in the same run (results and the breakdown of the gap in
+// docs/benchmarks.md, "Tensor transport (gRPC vs raw TCP)").
 //
-// Every benchmark moves batches of tensors of one size (about 64 MiB per batch) from a
-// sender to a receiver in the same process and counts an iteration when the receiver holds
-// the whole batch, so bytes/s is end-to-end throughput:
-//   BM_RawTcp            write() of the tensor's bytes into a TCP socket; a reader thread
-//                        recv()s them into a tensor-sized buffer. The baseline.
-//   BM_GrpcTransport     GrpcTransport::Send on rank 0 → TensorServiceImpl → inbox →
-//                        GrpcTransport::Recv on rank 1; the shipped configuration.
-//   BM_ProtoStream       the straightforward gRPC version: the generated stub writes
-//                        TensorFrame{chunk: bytes} messages (a copy into the protobuf and
-//                        one into gRPC's buffer), the generated service parses them (a copy
-//                        out of gRPC's buffers) and copies them into the tensor.
-//   BM_Variant/...       the transport with one setting changed, for the breakdown:
-//                        chunk size, HTTP/2 frame size and windows, TCP read chunk size.
-// A table at the end gives every result as a percentage of raw TCP's for the same size.
+// The unit of work is a batch of tensors of one size (about 64 MiB per batch), moved from
+// a sender to a receiver; a batch counts when the receiver holds all of it, so bytes/s is
+// end-to-end throughput. The baseline moves the same bytes with write() into a loopback TCP
+// socket and a reader thread recv()ing them into a tensor-sized buffer. On a shared machine
+// load changes from one second to the next, so every paired benchmark alternates one TCP
+// batch and one gRPC batch per iteration and reports both rates, their ratio (vs_tcp_pct)
+// and the CPU seconds (all threads) each spends per GB:
+//   BM_Transport/SIZE               GrpcTransport::Send on rank 0 → TensorServiceImpl →
+//                                   inbox → GrpcTransport::Recv on rank 1, one process; the
+//                                   shipped configuration
+//   BM_TransportTwoProcesses/SIZE   the same with rank 1 in a child process, as workers are
+//   BM_ProtoStream/SIZE/CHUNK_KIB   the straightforward version: the generated stub writes
+//                                   TensorFrame{chunk: bytes} messages, the generated
+//                                   service parses them and copies them into a tensor
+//   BM_Variant/NAME/SIZE            the transport with one setting changed (chunk size,
+//                                   HTTP/2 frame size and windows, TCP read sizes, write
+//                                   buffer, server without health/reflection services)
+//   BM_TransportAlone, BM_TcpAlone  one side only, for profiling (perf record -g)
+// A table at the end lists TCP and gRPC GB/s and the ratio for every paired benchmark.
 //
-//   transport_bench [--benchmark_filter=...] [--benchmark_repetitions=3]
+//   transport_bench [--benchmark_filter=BM_Transport/] [--benchmark_min_time=1]
+//   transport_bench --tune_malloc=0 ...   TensorServiceImpl leaves glibc malloc alone
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +37,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -192,7 +202,8 @@ bool g_tune_malloc = true;  // --tune_malloc=0: TensorServiceImpl leaves malloc 
 // receives from its inbox.
 class TransportMover {
  public:
-  TransportMover(int64_t size, const Setup& setup) : size_(size), setup_(setup), src_(Payload(size)) {
+  TransportMover(int64_t size, const Setup& setup)
+      : size_(size), setup_(setup), src_(Payload(size)) {
     TensorServiceImpl::Options so;
     so.tune_malloc = g_tune_malloc;
     service_ = std::make_unique<TensorServiceImpl>(&inbox_, so);
@@ -220,11 +231,13 @@ class TransportMover {
   void Batch(int64_t count) {
     std::vector<std::unique_ptr<SendWork>> works;
     for (int m = 0; m < count; ++m) {
-      works.push_back(sender_->Send(1, TensorTag{kJob, step_, m, 0, TensorKind::kActivation}, src_));
+      works.push_back(
+          sender_->Send(1, TensorTag{kJob, step_, m, 0, TensorKind::kActivation}, src_));
     }
     for (int m = 0; m < count; ++m) {
-      absl::StatusOr<Tensor> got = receiver_->Recv(
-          0, TensorTag{kJob, step_, m, 0, TensorKind::kActivation}, absl::Now() + absl::Seconds(60));
+      absl::StatusOr<Tensor> got =
+          receiver_->Recv(0, TensorTag{kJob, step_, m, 0, TensorKind::kActivation},
+                          absl::Now() + absl::Seconds(60));
       BATON_CHECK_OK(got.status());
       benchmark::DoNotOptimize(got->raw());
     }
@@ -244,6 +257,102 @@ class TransportMover {
   std::unique_ptr<GrpcTransport> sender_;
   std::unique_ptr<GrpcTransport> receiver_;
   int64_t step_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// The same, with the receiving rank in a process of its own, as workers are: gRPC's
+// pollers and executor threads then serve one side each instead of both.
+
+// The child: `transport_bench --receiver=READ_FD,WRITE_FD`. Reports its address, then per
+// command (step, count, size) receives `count` tensors and answers with its CPU seconds.
+int ReceiverMain(int in, int out) {
+  TensorInbox inbox;
+  inbox.Open(kJob, int64_t{1} << 30);
+  TensorServiceImpl service(&inbox);
+  ServerOptions so;
+  so.services = {&service};
+  std::string address;
+  auto server = StartServer(so, &address);
+  BATON_CHECK_OK(server.status());
+  GrpcTransport::Options r;
+  r.rank = 1;
+  r.job_key = kJob;
+  r.peer_addresses = {"", ""};
+  GrpcTransport receiver(r, &inbox);
+  char addr[64] = {};
+  std::snprintf(addr, sizeof(addr), "%s", address.c_str());
+  BATON_CHECK(write(out, addr, sizeof(addr)) == sizeof(addr));
+  int64_t cmd[2];
+  while (read(in, cmd, sizeof(cmd)) == sizeof(cmd)) {
+    for (int64_t m = 0; m < cmd[1]; ++m) {
+      absl::StatusOr<Tensor> got = receiver.Recv(
+          0, TensorTag{kJob, cmd[0], static_cast<int32_t>(m), 0, TensorKind::kActivation},
+          absl::Now() + absl::Seconds(60));
+      BATON_CHECK_OK(got.status());
+    }
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    const double cpu = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    BATON_CHECK(write(out, &cpu, sizeof(cpu)) == sizeof(cpu));
+  }
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}
+
+class TwoProcessMover {
+ public:
+  explicit TwoProcessMover(int64_t size) : src_(Payload(size)) {
+    int to_child[2], from_child[2];
+    BATON_CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
+    // The child gets its two ends as fds 100 and 101, and nothing else of ours.
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 100);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 101);
+    char* argv[] = {const_cast<char*>("/proc/self/exe"), const_cast<char*>("--receiver=100,101"),
+                    nullptr};
+    BATON_CHECK(posix_spawn(&child_, "/proc/self/exe", &actions, nullptr, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    to_ = to_child[1];
+    from_ = from_child[0];
+    char addr[64];
+    BATON_CHECK(read(from_, addr, sizeof(addr)) == sizeof(addr));
+    GrpcTransport::Options o;
+    o.rank = 0;
+    o.job_key = kJob;
+    o.peer_addresses = {"", addr};
+    sender_ = std::make_unique<GrpcTransport>(o, &unused_);
+  }
+  ~TwoProcessMover() {
+    sender_.reset();
+    close(to_);
+    close(from_);
+    waitpid(child_, nullptr, 0);
+  }
+  void Batch(int64_t count) {
+    const int64_t cmd[2] = {step_, count};
+    BATON_CHECK(write(to_, cmd, sizeof(cmd)) == sizeof(cmd));
+    std::vector<std::unique_ptr<SendWork>> works;
+    for (int m = 0; m < count; ++m) {
+      works.push_back(
+          sender_->Send(1, TensorTag{kJob, step_, m, 0, TensorKind::kActivation}, src_));
+    }
+    for (auto& w : works) BATON_CHECK_OK(w->Wait(absl::Now() + absl::Seconds(60)));
+    BATON_CHECK(read(from_, &child_cpu_, sizeof(child_cpu_)) == sizeof(child_cpu_));
+    ++step_;
+  }
+  double child_cpu() const { return child_cpu_; }
+
+ private:
+  const Tensor src_;
+  TensorInbox unused_;
+  pid_t child_ = -1;
+  int to_ = -1, from_ = -1;
+  std::unique_ptr<GrpcTransport> sender_;
+  int64_t step_ = 0;
+  double child_cpu_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -282,8 +391,8 @@ class ProtoSink final : public baton::v1::TensorService::Service {
 
 class ProtoMover {
  public:
-  ProtoMover(int64_t size, int64_t chunk) : size_(size), chunk_(std::min(size, chunk)),
-                                            src_(Payload(size)), sink_(size) {
+  ProtoMover(int64_t size, int64_t chunk)
+      : size_(size), chunk_(std::min(size, chunk)), src_(Payload(size)), sink_(size) {
     server_ = BenchServer(&sink_, Setup(), &address_);
     stub_ = baton::v1::TensorService::NewStub(MakeTensorChannel(address_));
     writer_ = stub_->Push(&ctx_, &summary_);
@@ -335,6 +444,15 @@ double ProcessCpuSeconds() {
 }
 
 template <typename Mover>
+double ChildCpu(const Mover& mover) {
+  if constexpr (requires { mover.child_cpu(); }) {
+    return mover.child_cpu();
+  } else {
+    return 0.0;
+  }
+}
+
+template <typename Mover>
 void Paired(benchmark::State& state, Mover& mover) {
   const int64_t size = state.range(0);
   const int64_t count = TensorsPerBatch(size);
@@ -344,13 +462,13 @@ void Paired(benchmark::State& state, Mover& mover) {
   double tcp_s = 0, grpc_s = 0, tcp_cpu = 0, grpc_cpu = 0;
   using Clock = std::chrono::steady_clock;
   for (auto _ : state) {
-    const double c0 = ProcessCpuSeconds();
+    const double c0 = ProcessCpuSeconds() + ChildCpu(mover);
     const auto t0 = Clock::now();
     tcp.Batch(count);
-    const double c1 = ProcessCpuSeconds();
+    const double c1 = ProcessCpuSeconds() + ChildCpu(mover);
     const auto t1 = Clock::now();
     mover.Batch(count);
-    const double c2 = ProcessCpuSeconds();
+    const double c2 = ProcessCpuSeconds() + ChildCpu(mover);
     const auto t2 = Clock::now();
     tcp_s += std::chrono::duration<double>(t1 - t0).count();
     grpc_s += std::chrono::duration<double>(t2 - t1).count();
@@ -381,6 +499,11 @@ void BM_Transport(benchmark::State& state) {
   Paired(state, mover);
 }
 
+void BM_TransportTwoProcesses(benchmark::State& state) {
+  TwoProcessMover mover(state.range(0));
+  Paired(state, mover);
+}
+
 void BM_ProtoStream(benchmark::State& state) {
   ProtoMover mover(state.range(0), state.range(1) << 10);
   Paired(state, mover);
@@ -402,6 +525,7 @@ void Sizes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Transport)->Apply(Sizes);
+BENCHMARK(BM_TransportTwoProcesses)->Apply(Sizes);
 BENCHMARK(BM_TransportAlone)->Apply(Sizes);
 BENCHMARK(BM_TcpAlone)->Apply(Sizes);
 // Chunk (message) size in KiB as the second argument.
@@ -430,10 +554,21 @@ void RegisterVariants() {
   };
   variants.push_back(server("frame_1MiB", {{GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20}}));
   variants.push_back(server("frame_16MiB", {{GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1}}));
-  variants.push_back(server("no_bdp_window_64MiB", {{GRPC_ARG_HTTP2_BDP_PROBE, 0},
-                                                    {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20}}));
-  variants.push_back(server("no_bdp_window_1MiB", {{GRPC_ARG_HTTP2_BDP_PROBE, 0},
-                                                   {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1 << 20}}));
+  variants.push_back(
+      server("no_bdp_window_64MiB",
+             {{GRPC_ARG_HTTP2_BDP_PROBE, 0}, {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20}}));
+  variants.push_back(
+      server("no_bdp_window_8MiB",
+             {{GRPC_ARG_HTTP2_BDP_PROBE, 0}, {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20}}));
+  {
+    V v = server("chunk_4MiB_no_bdp_window_8MiB",
+                 {{GRPC_ARG_HTTP2_BDP_PROBE, 0}, {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20}});
+    v.setup.chunk_bytes = 4 << 20;
+    variants.push_back(v);
+  }
+  variants.push_back(
+      server("no_bdp_window_1MiB",
+             {{GRPC_ARG_HTTP2_BDP_PROBE, 0}, {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1 << 20}}));
   variants.push_back(server("tcp_read_256KiB", {{GRPC_ARG_TCP_READ_CHUNK_SIZE, 256 << 10},
                                                 {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},
                                                 {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 256 << 10}}));
@@ -451,6 +586,11 @@ void RegisterVariants() {
     variants.push_back({"plain_server", s});
     s.sync_pollers = 1;
     variants.push_back({"plain_server_1_poller", s});
+  }
+  for (int64_t kib : {1024, 4096}) {
+    Setup s;
+    s.client_args = {{GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, static_cast<int>(kib << 10)}};
+    variants.push_back({absl::StrCat("write_buffer_", kib, "KiB"), s});
   }
   for (const V& v : variants) {
     const Setup setup = v.setup;
@@ -500,6 +640,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace baton
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strncmp(argv[1], "--receiver=", 11) == 0) {
+    int in = -1, out = -1;
+    BATON_CHECK(std::sscanf(argv[1] + 11, "%d,%d", &in, &out) == 2);
+    return baton::ReceiverMain(in, out);
+  }
   grpc_init();  // once for the whole run, not per benchmark
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--tune_malloc=0") {

@@ -10,7 +10,10 @@
 namespace baton::transport_internal {
 
 namespace {
-constexpr uint8_t kChunkKey = (2 << 3) | 2;  // field 2, wire type 2 (length-delimited)
+// Keys (field number << 3 | wire type 2, length-delimited) of the fields a payload is in.
+constexpr uint8_t kHeaderKey = (1 << 3) | 2;    // TensorFrame.header
+constexpr uint8_t kChunkKey = (2 << 3) | 2;     // TensorFrame.chunk
+constexpr uint8_t kPayloadKey = (10 << 3) | 2;  // TensorHeader.payload
 
 void ReleaseKeepalive(void* p) { delete static_cast<std::shared_ptr<void>*>(p); }
 }  // namespace
@@ -74,8 +77,8 @@ TensorTag TagOf(const baton::v1::TensorHeader& h) {
   tag.step = h.step();
   tag.microbatch = h.microbatch();
   tag.stage = h.stage();
-  tag.kind = h.kind() == baton::v1::TENSOR_KIND_GRADIENT ? TensorKind::kGradient
-                                                          : TensorKind::kActivation;
+  tag.kind =
+      h.kind() == baton::v1::TENSOR_KIND_GRADIENT ? TensorKind::kGradient : TensorKind::kActivation;
   return tag;
 }
 
@@ -85,23 +88,59 @@ grpc::ByteBuffer SerializeFrame(const baton::v1::TensorFrame& frame) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-grpc::ByteBuffer ChunkFrame(const void* data, size_t len, std::shared_ptr<void> keepalive) {
-  uint8_t prefix[1 + 10];
-  size_t n = 0;
-  prefix[n++] = kChunkKey;
-  uint64_t v = len;
+namespace {
+
+void PutVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
-    prefix[n++] = static_cast<uint8_t>(v | 0x80);
+    out->push_back(static_cast<char>(v | 0x80));
     v >>= 7;
   }
-  prefix[n++] = static_cast<uint8_t>(v);
+  out->push_back(static_cast<char>(v));
+}
+
+// Reads a varint from [p, end); returns the position after it, or nullptr.
+const uint8_t* GetVarint(const uint8_t* p, const uint8_t* end, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; p < end && shift < 64; shift += 7) {
+    const uint8_t b = *p++;
+    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) return p;
+  }
+  return nullptr;
+}
+
+grpc::ByteBuffer PrefixAndPayload(const std::string& prefix, const void* data, size_t len,
+                                  std::shared_ptr<void> keepalive) {
   grpc::Slice slices[2] = {
-      grpc::Slice(prefix, n),
+      grpc::Slice(prefix),
       grpc::Slice(grpc_slice_new_with_user_data(const_cast<void*>(data), len, ReleaseKeepalive,
                                                 new std::shared_ptr<void>(std::move(keepalive))),
                   grpc::Slice::STEAL_REF),
   };
   return grpc::ByteBuffer(slices, len == 0 ? 1 : 2);
+}
+
+}  // namespace
+
+grpc::ByteBuffer ChunkFrame(const void* data, size_t len, std::shared_ptr<void> keepalive) {
+  std::string prefix(1, static_cast<char>(kChunkKey));
+  PutVarint(&prefix, len);
+  return PrefixAndPayload(prefix, data, len, std::move(keepalive));
+}
+
+grpc::ByteBuffer HeaderFrame(const baton::v1::TensorHeader& header, const void* data, size_t len,
+                             std::shared_ptr<void> keepalive) {
+  const std::string fields = header.SerializeAsString();  // without the payload field
+  std::string payload_key;
+  if (len > 0) {
+    payload_key.push_back(static_cast<char>(kPayloadKey));
+    PutVarint(&payload_key, len);
+  }
+  std::string prefix(1, static_cast<char>(kHeaderKey));
+  PutVarint(&prefix, fields.size() + payload_key.size() + len);
+  prefix += fields;
+  prefix += payload_key;
+  return PrefixAndPayload(prefix, data, len, std::move(keepalive));
 }
 
 absl::StatusOr<ReceivedFrame> ParseFrame(const grpc::ByteBuffer& buffer) {
@@ -112,8 +151,9 @@ absl::StatusOr<ReceivedFrame> ParseFrame(const grpc::ByteBuffer& buffer) {
   }
   size_t total = 0;
   for (const grpc::Slice& s : out.slices) total += s.size();
-  // The canonical chunk form: key byte, varint length, payload to the end.
-  uint8_t head[11];
+  // The first bytes, contiguous: enough for the chunk key and length, or for a header's
+  // fields up to its payload.
+  uint8_t head[512];
   size_t have = 0;
   for (const grpc::Slice& s : out.slices) {
     const size_t take = std::min(sizeof(head) - have, s.size());
@@ -121,49 +161,82 @@ absl::StatusOr<ReceivedFrame> ParseFrame(const grpc::ByteBuffer& buffer) {
     have += take;
     if (have == sizeof(head)) break;
   }
-  if (have >= 2 && head[0] == kChunkKey) {
-    uint64_t len = 0;
-    size_t i = 1;
-    int shift = 0;
-    while (i < have && shift < 64) {
-      len |= static_cast<uint64_t>(head[i] & 0x7f) << shift;
-      shift += 7;
-      if ((head[i++] & 0x80) == 0) {
-        if (len == total - i) {
-          out.is_chunk = true;
-          out.payload_offset = i;
-          out.payload_len = len;
-          return out;
+  const uint8_t* const end = head + have;
+  uint64_t len = 0;
+  const uint8_t* body = have > 0 ? GetVarint(head + 1, end, &len) : nullptr;
+  if (body != nullptr && len == total - static_cast<size_t>(body - head)) {
+    if (head[0] == kChunkKey) {
+      out.is_chunk = true;
+      out.payload_offset = static_cast<size_t>(body - head);
+      out.payload_len = len;
+      return out;
+    }
+    if (head[0] == kHeaderKey) {
+      // Walk the header's fields to its payload field, which must end the frame.
+      const uint8_t* p = body;
+      while (p < end) {
+        const uint8_t* field = p;
+        uint64_t key = 0;
+        p = GetVarint(p, end, &key);
+        if (p == nullptr) break;
+        const uint64_t wire_type = key & 7;
+        uint64_t v = 0;
+        if (wire_type == 0) {
+          p = GetVarint(p, end, &v);
+        } else if (wire_type == 2) {
+          p = GetVarint(p, end, &v);
+          if (p == nullptr) break;
+          if ((key >> 3) == 10) {  // TensorHeader.payload
+            const size_t offset = static_cast<size_t>(p - head);
+            if (offset + v != total) break;
+            if (!out.frame.mutable_header()->ParseFromArray(body, static_cast<int>(field - body))) {
+              break;
+            }
+            out.payload_offset = offset;
+            out.payload_len = v;
+            return out;
+          }
+          p = (v <= static_cast<uint64_t>(end - p)) ? p + v : nullptr;
+        } else if (wire_type == 1 || wire_type == 5) {
+          p = (end - p >= (wire_type == 1 ? 8 : 4)) ? p + (wire_type == 1 ? 8 : 4) : nullptr;
+        } else {
+          p = nullptr;
         }
-        break;
+        if (p == nullptr) break;
       }
+      // No payload field (an empty tensor, or a sender that puts every byte in chunks),
+      // or anything unusual: the general path below.
     }
   }
-  // Anything else: parse as a message (a chunk not in canonical form ends up here too).
+  // Anything else: parse as a message.
   grpc::ByteBuffer copy(buffer);
   grpc::ProtoBufferReader reader(&copy);
   if (!out.frame.ParseFromZeroCopyStream(&reader)) {
     return absl::InvalidArgumentError(
         absl::StrCat("a frame of ", total, " bytes is not a baton.v1.TensorFrame"));
   }
+  out.slices.clear();
+  std::string* payload = nullptr;
   if (out.frame.frame_case() == baton::v1::TensorFrame::kChunk) {
-    // Non-canonical chunk (e.g. with unknown fields): serve it from the parsed copy.
-    const std::string& c = out.frame.chunk();
-    out.slices.clear();
-    out.slices.emplace_back(c.data(), c.size());
+    payload = out.frame.mutable_chunk();
     out.is_chunk = true;
-    out.payload_offset = 0;
-    out.payload_len = c.size();
+  } else if (out.frame.frame_case() == baton::v1::TensorFrame::kHeader) {
+    payload = out.frame.mutable_header()->mutable_payload();
   }
-  out.slices.shrink_to_fit();
+  if (payload != nullptr && !payload->empty()) {
+    out.slices.emplace_back(*payload);  // one copy more, on this rare path only
+    out.payload_len = payload->size();
+    payload->clear();
+  }
+  if (out.frame.frame_case() == baton::v1::TensorFrame::kChunk) out.frame.Clear();
   return out;
 }
 
-void CopyPayload(const ReceivedFrame& chunk, void* dst) {
+void CopyPayload(const ReceivedFrame& frame, void* dst) {
   char* out = static_cast<char*>(dst);
-  size_t skip = chunk.payload_offset;
-  size_t left = chunk.payload_len;
-  for (const grpc::Slice& s : chunk.slices) {
+  size_t skip = frame.payload_offset;
+  size_t left = frame.payload_len;
+  for (const grpc::Slice& s : frame.slices) {
     if (left == 0) break;
     if (skip >= s.size()) {
       skip -= s.size();

@@ -20,7 +20,12 @@
 //
 // Failures name the peer: "rank R: sending <tag> to rank P at ADDRESS: <reason>". A failed
 // stream fails its tensor and every later send to that peer (the job is over anyway: the
-// executor aborts the transport on the first error).
+// executor aborts the transport on the first error). A stream that ends badly while idle
+// (the receiver refused a tensor that had already left, or the peer went away) aborts the
+// transport with that reason, since tensors already counted as sent may be lost. A failed
+// send completes at once; gRPC may still hold a reference to the tensor's memory for a
+// moment (keeping it alive), so a sender that reuses the tensor after a failure may race
+// only with bytes that no receiver will accept.
 //
 // Abort(reason) fails every pending and later Send, SendWork wait and Recv with ABORTED
 // "rank R aborted: <reason>", aborts the inbox, and sends an abort frame to every peer it is

@@ -141,13 +141,12 @@ TEST(GrpcTransportTest, RoundTripIsBitExactForEverySize) {
   GrpcTransport* t0 = c.Add(o0);
   GrpcTransport* t1 = c.Add(1);
   const std::vector<std::pair<Shape, DType>> cases = {
-      {{0}, DType::kFloat32},          // 0 bytes
-      {{1}, DType::kFloat32},          // one element
-      {{3, 0, 5}, DType::kInt32},      // 0 bytes, with a shape
-      {{3, 33331}, DType::kFloat32},   // not a multiple of the chunk size
-      {{5, 7}, DType::kInt32},
-      {{2 << 20}, DType::kFloat32},    // 8 MiB
-      {{1024, 1024}, DType::kInt32},   // 4 MiB: exactly 64 chunks
+      {{0}, DType::kFloat32},         // 0 bytes
+      {{1}, DType::kFloat32},         // one element
+      {{3, 0, 5}, DType::kInt32},     // 0 bytes, with a shape
+      {{3, 33331}, DType::kFloat32},  // not a multiple of the chunk size
+      {{5, 7}, DType::kInt32},       {{2 << 20}, DType::kFloat32},  // 8 MiB
+      {{1024, 1024}, DType::kInt32},                                // 4 MiB: exactly 64 chunks
   };
   int64_t bytes = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -156,8 +155,8 @@ TEST(GrpcTransportTest, RoundTripIsBitExactForEverySize) {
     std::unique_ptr<SendWork> w = t0->Send(1, Tag(static_cast<int>(i)), sent);
     absl::StatusOr<Tensor> got = t1->Recv(0, Tag(static_cast<int>(i)), In(absl::Seconds(20)));
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(SameTensor(sent, *got)) << "case " << i << " " << sent.DebugString() << " vs "
-                                        << got->DebugString();
+    EXPECT_TRUE(SameTensor(sent, *got))
+        << "case " << i << " " << sent.DebugString() << " vs " << got->DebugString();
     if (sent.nbytes() > 0) {
       EXPECT_NE(got->raw(), sent.raw());
     }
@@ -181,8 +180,8 @@ TEST(GrpcTransportTest, ThreeRanksBothDirectionsAnyOrder) {
     for (int dst = 0; dst < 3; ++dst) {
       if (src == dst) continue;
       for (int m = 0; m < 3; ++m) {
-        works.push_back(t[src]->Send(dst, Tag(m, src),
-                                     Pattern({100 + m, 17}, DType::kFloat32, src * 100 + dst * 10 + m)));
+        works.push_back(t[src]->Send(
+            dst, Tag(m, src), Pattern({100 + m, 17}, DType::kFloat32, src * 100 + dst * 10 + m)));
       }
     }
   }
@@ -193,8 +192,8 @@ TEST(GrpcTransportTest, ThreeRanksBothDirectionsAnyOrder) {
       for (int m = 2; m >= 0; --m) {
         absl::StatusOr<Tensor> got = t[dst]->Recv(src, Tag(m, src), In(absl::Seconds(20)));
         ASSERT_TRUE(got.ok()) << got.status();
-        EXPECT_TRUE(SameTensor(*got, Pattern({100 + m, 17}, DType::kFloat32,
-                                             src * 100 + dst * 10 + m)));
+        EXPECT_TRUE(
+            SameTensor(*got, Pattern({100 + m, 17}, DType::kFloat32, src * 100 + dst * 10 + m)));
       }
     }
   }
@@ -205,7 +204,8 @@ TEST(GrpcTransportTest, ReceiveDeadlineNamesPeerAndTag) {
   Cluster c(2);
   GrpcTransport* t1 = c.Add(1);
   const absl::Time start = absl::Now();
-  absl::StatusOr<Tensor> got = t1->Recv(0, Tag(3, 0, TensorKind::kGradient), In(absl::Milliseconds(200)));
+  absl::StatusOr<Tensor> got =
+      t1->Recv(0, Tag(3, 0, TensorKind::kGradient), In(absl::Milliseconds(200)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
   EXPECT_THAT(std::string(got.status().message()),
@@ -268,7 +268,8 @@ class RawPush {
     writer_ = stub_->Push(&ctx_, &summary_);
   }
   RawPush& Header(int source_rank, const TensorTag& tag, baton::v1::DType dtype,
-                  std::vector<int64_t> shape, int64_t byte_length) {
+                  std::vector<int64_t> shape, int64_t byte_length,
+                  const std::string& payload = "") {
     baton::v1::TensorFrame f;
     baton::v1::TensorHeader* h = f.mutable_header();
     h->set_job_key(tag.job);
@@ -280,6 +281,7 @@ class RawPush {
     for (int64_t d : shape) h->add_shape(d);
     h->set_byte_length(byte_length);
     h->set_source_rank(source_rank);
+    h->set_payload(payload);
     writer_->Write(f);
     return *this;
   }
@@ -320,6 +322,23 @@ TEST(TensorServiceTest, ProtobufFramesAreAccepted) {
   EXPECT_EQ(std::memcmp(got->raw(), bytes.data(), 16), 0);
 }
 
+TEST(TensorServiceTest, ProtobufHeaderWithPayloadIsAccepted) {
+  Cluster c(1);
+  std::string bytes(24, '\0');
+  for (int i = 0; i < 24; ++i) bytes[i] = static_cast<char>(200 - i);
+  grpc::Status s = RawPush(c.node(0).address)
+                       .Header(3, Tag(1), baton::v1::DTYPE_FLOAT32, {6}, 24, bytes.substr(0, 10))
+                       .Chunk(bytes.substr(10))
+                       .Header(3, Tag(2), baton::v1::DTYPE_FLOAT32, {6}, 24, bytes)
+                       .Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  for (int m : {1, 2}) {
+    absl::StatusOr<Tensor> got = c.node(0).inbox.Take(3, Tag(m), In(absl::Seconds(5)));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::memcmp(got->raw(), bytes.data(), 24), 0) << m;
+  }
+}
+
 TEST(TensorServiceTest, MalformedStreamsAreRefusedNamingRankAndTag) {
   Cluster c(1);
   const std::string tag = Tag(4, 2, TensorKind::kGradient).ToString();
@@ -332,47 +351,54 @@ TEST(TensorServiceTest, MalformedStreamsAreRefusedNamingRankAndTag) {
   std::vector<Case> cases;
   {
     RawPush p = push();
-    cases.push_back({"wrong size",
-                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
-                              {4}, 12)
-                         .Finish(),
-                     "is 16 bytes but the header says 12"});
+    cases.push_back(
+        {"wrong size",
+         p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32, {4}, 12).Finish(),
+         "is 16 bytes but the header says 12"});
   }
   {
     RawPush p = push();
-    cases.push_back({"too many bytes",
-                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
-                              {4}, 16)
-                         .Chunk(std::string(10, 'a'))
-                         .Chunk(std::string(10, 'b'))
-                         .Finish(),
-                     "more than the header's 16 bytes"});
+    cases.push_back(
+        {"too many bytes",
+         p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32, {4}, 16)
+             .Chunk(std::string(10, 'a'))
+             .Chunk(std::string(10, 'b'))
+             .Finish(),
+         "more than the header's 16 bytes"});
   }
   {
     RawPush p = push();
-    cases.push_back({"too few bytes",
-                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
-                              {4}, 16)
-                         .Chunk(std::string(8, 'a'))
-                         .Finish(),
-                     "ended after 8 of 16 bytes"});
+    cases.push_back(
+        {"too few bytes",
+         p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32, {4}, 16)
+             .Chunk(std::string(8, 'a'))
+             .Finish(),
+         "ended after 8 of 16 bytes"});
   }
   {
     RawPush p = push();
-    cases.push_back({"unknown dtype",
-                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DType(9), {4}, 16)
+    cases.push_back({"header payload too long",
+                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32, {4},
+                              16, std::string(20, 'x'))
                          .Finish(),
-                     "unknown dtype 9"});
+                     "carries 20 payload bytes, more than its byte_length 16"});
   }
   {
     RawPush p = push();
-    cases.push_back({"header inside a tensor",
-                     p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
-                              {4}, 16)
-                         .Chunk(std::string(4, 'a'))
-                         .Header(3, Tag(5, 2), baton::v1::DTYPE_FLOAT32, {1}, 4)
-                         .Finish(),
-                     "came after 4 of 16 bytes"});
+    cases.push_back(
+        {"unknown dtype",
+         p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DType(9), {4}, 16).Finish(),
+         "unknown dtype 9"});
+  }
+  {
+    RawPush p = push();
+    cases.push_back(
+        {"header inside a tensor",
+         p.Header(3, Tag(4, 2, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32, {4}, 16)
+             .Chunk(std::string(4, 'a'))
+             .Header(3, Tag(5, 2), baton::v1::DTYPE_FLOAT32, {1}, 4)
+             .Finish(),
+         "came after 4 of 16 bytes"});
   }
   for (const Case& k : cases) {
     EXPECT_EQ(k.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.name;
@@ -432,8 +458,8 @@ TEST(GrpcTransportTest, SendToAJobTheReceiverDoesNotRunFailsTheJobNamingPeer) {
     s = t0->Send(1, Tag(m, 0, TensorKind::kActivation, 0, 99), Pattern({4}, DType::kFloat32, 0))
             ->Wait(In(absl::Seconds(20)));
   }
-  EXPECT_THAT(s.code(), ::testing::AnyOf(absl::StatusCode::kFailedPrecondition,
-                                         absl::StatusCode::kAborted))
+  EXPECT_THAT(s.code(),
+              ::testing::AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kAborted))
       << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("to rank 1 at " + c.addresses()[1]), HasSubstr("unexpected tag"),
@@ -459,7 +485,8 @@ TEST(GrpcTransportTest, PeerThatVanishesFailsTheJobNamingIt) {
   GrpcTransport::Options o = c.Options(0);
   o.peer_addresses.push_back(node->address);
   GrpcTransport* t0 = c.Add(o);
-  ASSERT_TRUE(t0->Send(1, Tag(0), Pattern({16}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
+  ASSERT_TRUE(
+      t0->Send(1, Tag(0), Pattern({16}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
   ASSERT_TRUE(node->inbox.Take(0, Tag(0), In(absl::Seconds(20))).ok());
   auto pending = std::async(std::launch::async, [&] {
     return t0->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(30)));
@@ -496,7 +523,8 @@ TEST(GrpcTransportTest, PeerThatIsDownFailsWithinTheSendTimeout) {
   o.send_timeout = absl::Seconds(1);
   GrpcTransport* t0 = c.Add(o);
   const absl::Time start = absl::Now();
-  absl::Status s = t0->Send(1, Tag(2), Pattern({8}, DType::kFloat32, 0))->Wait(In(absl::Seconds(30)));
+  absl::Status s =
+      t0->Send(1, Tag(2), Pattern({8}, DType::kFloat32, 0))->Wait(In(absl::Seconds(30)));
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(s.ok());
   EXPECT_GE(took, absl::Milliseconds(900));  // it waited for the peer to come up
@@ -544,10 +572,11 @@ TEST(GrpcTransportTest, AbortWakesBlockedReceivesHereAndOnThePeer) {
   // Rank 0 has a stream open to rank 1 already.
   auto w = t0->Send(1, Tag(0), Pattern({10}, DType::kFloat32, 0));
   ASSERT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
-  auto here = std::async(std::launch::async,
-                         [&] { return t0->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(30))); });
-  auto there = std::async(std::launch::async,
-                          [&] { return t1->Recv(0, Tag(1), In(absl::Seconds(30))); });
+  auto here = std::async(std::launch::async, [&] {
+    return t0->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(30)));
+  });
+  auto there =
+      std::async(std::launch::async, [&] { return t1->Recv(0, Tag(1), In(absl::Seconds(30))); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const absl::Time start = absl::Now();
   t0->Abort(absl::InternalError("stage 0 blew up"));
@@ -559,7 +588,8 @@ TEST(GrpcTransportTest, AbortWakesBlockedReceivesHereAndOnThePeer) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(b.status().message()), HasSubstr("rank 0 aborted: stage 0 blew up"));
   // Later operations fail with the reason too.
-  absl::Status s = t0->Send(1, Tag(5), Pattern({1}, DType::kFloat32, 0))->Wait(In(absl::Seconds(1)));
+  absl::Status s =
+      t0->Send(1, Tag(5), Pattern({1}, DType::kFloat32, 0))->Wait(In(absl::Seconds(1)));
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
 }
 
@@ -569,7 +599,8 @@ TEST(GrpcTransportTest, AbortFailsAPendingSendBlockedByBackpressure) {
   o.chunk_bytes = 16 << 10;
   GrpcTransport* t0 = c.Add(o);
   std::vector<std::unique_ptr<SendWork>> works;
-  for (int m = 0; m < 16; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({256 << 10}, DType::kFloat32, m)));
+  for (int m = 0; m < 16; ++m)
+    works.push_back(t0->Send(1, Tag(m), Pattern({256 << 10}, DType::kFloat32, m)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_FALSE(works.back()->IsCompleted());
   const absl::Time start = absl::Now();
@@ -589,9 +620,11 @@ TEST(GrpcTransportTest, ShutdownWithStreamsOpenAndAStuckSendDoesNotHang) {
   GrpcTransport* t1 = c.Add(1);
   // A stream from 1 to 0 that is idle, and from 0 to 1 one that is stuck: rank 1 never
   // receives, its inbox is full.
-  ASSERT_TRUE(t1->Send(0, Tag(0, 1), Pattern({4}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
+  ASSERT_TRUE(
+      t1->Send(0, Tag(0, 1), Pattern({4}, DType::kFloat32, 0))->Wait(In(absl::Seconds(20))).ok());
   std::vector<std::unique_ptr<SendWork>> works;
-  for (int m = 0; m < 8; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
+  for (int m = 0; m < 8; ++m)
+    works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const absl::Time start = absl::Now();
   c.Drop(t0);
@@ -607,7 +640,8 @@ TEST(GrpcTransportTest, SendTimeoutCancelsAStuckStream) {
   o.send_timeout = absl::Milliseconds(500);
   GrpcTransport* t0 = c.Add(o);
   std::vector<std::unique_ptr<SendWork>> works;
-  for (int m = 0; m < 8; ++m) works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
+  for (int m = 0; m < 8; ++m)
+    works.push_back(t0->Send(1, Tag(m), Pattern({1 << 20}, DType::kFloat32, m)));
   const absl::Time start = absl::Now();
   absl::Status s = works.back()->Wait(In(absl::Seconds(10)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
@@ -629,7 +663,8 @@ TEST(TensorInboxTest, RefusesWhenClosedAndAfterAbort) {
   s = inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0));
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
   inbox.Abort(absl::AbortedError("rank 3 aborted: boom"));
-  EXPECT_EQ(inbox.Take(0, Tag(0), In(absl::Seconds(1))).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(inbox.Take(0, Tag(0), In(absl::Seconds(1))).status().code(),
+            absl::StatusCode::kAborted);
   EXPECT_EQ(inbox.Deliver(0, Tag(1), Pattern({1}, DType::kFloat32, 0)).code(),
             absl::StatusCode::kAborted);
   // A new job starts clean.
@@ -663,7 +698,8 @@ TEST(TensorInboxTest, DeliveryWaitsForSpaceAndCloseWakesIt) {
   // Over capacity until the deadline: RESOURCE_EXHAUSTED naming the tag.
   absl::Status s = inbox.Deliver(0, Tag(2), Tensor::Zeros({200}), In(absl::Milliseconds(100)));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr(Tag(2).ToString()), HasSubstr("from rank 0")));
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr(Tag(2).ToString()), HasSubstr("from rank 0")));
   // Close wakes a waiting delivery.
   auto closing = std::async(std::launch::async, [&] {
     return inbox.Deliver(0, Tag(3), Tensor::Zeros({200}), In(absl::Seconds(20)));
@@ -671,6 +707,54 @@ TEST(TensorInboxTest, DeliveryWaitsForSpaceAndCloseWakesIt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   inbox.Close();
   EXPECT_EQ(closing.get().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Frames built from slices parse back at the payload's place, whatever the slicing.
+TEST(FramesTest, HeaderAndChunkFramesRoundTrip) {
+  using namespace transport_internal;
+  const Tensor t = Pattern({1000}, DType::kInt32, 9);
+  const char* data = static_cast<const char*>(t.raw());
+  auto keep = std::make_shared<Tensor>(t);
+  baton::v1::TensorHeader h = MakeHeader(2, Tag(3, 1, TensorKind::kGradient, 4), t);
+  for (size_t inline_len : {size_t{0}, size_t{1}, size_t{300}, t.nbytes()}) {
+    // Re-slice the frame into 7-byte pieces, as a receive buffer may be.
+    std::vector<grpc::Slice> pieces;
+    ASSERT_TRUE(HeaderFrame(h, data, inline_len, keep).Dump(&pieces).ok());
+    std::string flat;
+    for (const auto& p : pieces) flat.append(reinterpret_cast<const char*>(p.begin()), p.size());
+    std::vector<grpc::Slice> small;
+    for (size_t i = 0; i < flat.size(); i += 7)
+      small.emplace_back(flat.data() + i, std::min<size_t>(7, flat.size() - i));
+    // The encoding is protobuf's own.
+    baton::v1::TensorFrame parsed;
+    ASSERT_TRUE(parsed.ParseFromString(flat));
+    EXPECT_EQ(parsed.header().payload(), std::string(data, inline_len));
+    absl::StatusOr<ReceivedFrame> f = ParseFrame(grpc::ByteBuffer(small.data(), small.size()));
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_FALSE(f->is_chunk);
+    ASSERT_EQ(f->frame.frame_case(), baton::v1::TensorFrame::kHeader);
+    EXPECT_TRUE(f->frame.header().payload().empty());
+    EXPECT_EQ(TagOf(f->frame.header()), Tag(3, 1, TensorKind::kGradient, 4));
+    EXPECT_EQ(f->frame.header().byte_length(), 4000);
+    ASSERT_EQ(f->payload_len, inline_len);
+    // ... found in place (the zero-copy path), not in a parsed copy (offset 0).
+    if (inline_len > 0) {
+      EXPECT_GT(f->payload_offset, 0u);
+    }
+    std::string out(inline_len, '\0');
+    CopyPayload(*f, out.data());
+    EXPECT_EQ(out, std::string(data, inline_len));
+  }
+  std::vector<grpc::Slice> pieces;
+  ASSERT_TRUE(ChunkFrame(data + 5, 333, keep).Dump(&pieces).ok());
+  absl::StatusOr<ReceivedFrame> f = ParseFrame(grpc::ByteBuffer(pieces.data(), pieces.size()));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->is_chunk);
+  EXPECT_GT(f->payload_offset, 0u);
+  ASSERT_EQ(f->payload_len, 333u);
+  std::string out(333, '\0');
+  CopyPayload(*f, out.data());
+  EXPECT_EQ(out, std::string(data + 5, 333));
 }
 
 // The headline property holds across the gRPC transport: a 2-rank pipeline with one

@@ -45,8 +45,8 @@ absl::Status TensorInbox::Reservation::Commit(Tensor t) {
   const std::string where = absl::StrCat(tag_.ToString(), " from rank ", source_rank_);
   if (static_cast<int64_t>(t.nbytes()) != bytes_) {
     Release();
-    return absl::InternalError(absl::StrCat("inbox: ", where, " has ", t.nbytes(),
-                                            " bytes but ", bytes_, " were reserved"));
+    return absl::InternalError(absl::StrCat("inbox: ", where, " has ", t.nbytes(), " bytes but ",
+                                            bytes_, " were reserved"));
   }
   TensorInbox* inbox = inbox_;
   inbox_ = nullptr;
@@ -125,9 +125,9 @@ absl::Status TensorInbox::CheckAcceptsLocked(int source_rank, const TensorTag& t
         "unexpected tag ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
   }
   if (tag.job != job_key_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("unexpected tag ", tag.ToString(), " from rank ", source_rank,
-                     ": the inbox is open for job ", job_key_));
+    return absl::FailedPreconditionError(absl::StrCat("unexpected tag ", tag.ToString(),
+                                                      " from rank ", source_rank,
+                                                      ": the inbox is open for job ", job_key_));
   }
   if (!aborted_.ok()) return aborted_;
   return absl::OkStatus();
@@ -147,8 +147,8 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
     int source_rank, const TensorTag& tag, int64_t bytes, absl::Time deadline,
     const std::function<bool()>& cancelled) {
   if (bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("negative size ", bytes, " for ",
-                                                   tag.ToString(), " from rank ", source_rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative size ", bytes, " for ", tag.ToString(), " from rank ", source_rank));
   }
   const Key key{source_rank, tag};
   std::unique_lock<std::mutex> lock(mu_);
@@ -168,16 +168,15 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
     const bool source_empty = !bytes_by_source_.contains(source_rank);
     if (source_empty || stats_.bytes_in_use + bytes <= capacity_) break;
     if (cancelled && cancelled()) {
-      return absl::CancelledError(absl::StrCat("cancelled while ", tag.ToString(),
-                                               " from rank ", source_rank,
-                                               " waited for space in the inbox"));
+      return absl::CancelledError(absl::StrCat("cancelled while ", tag.ToString(), " from rank ",
+                                               source_rank, " waited for space in the inbox"));
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the inbox stayed full (", stats_.bytes_in_use, " of ", capacity_,
-          " bytes) until the deadline: no room for ", tag.ToString(), " (", bytes,
-          " bytes) from rank ", source_rank));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the inbox stayed full (", stats_.bytes_in_use, " of ", capacity_,
+                       " bytes) until the deadline: no room for ", tag.ToString(), " (", bytes,
+                       " bytes) from rank ", source_rank));
     }
     waited = true;
     absl::Duration wait = deadline - now;
@@ -218,9 +217,9 @@ absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
           "cannot receive ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
     }
     if (tag.job != job_key_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot receive ", tag.ToString(), " from rank ", source_rank,
-                       ": the inbox is open for job ", job_key_));
+      return absl::FailedPreconditionError(absl::StrCat("cannot receive ", tag.ToString(),
+                                                        " from rank ", source_rank,
+                                                        ": the inbox is open for job ", job_key_));
     }
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.filed) {

@@ -37,14 +37,13 @@ TensorServiceImpl::TensorServiceImpl(TensorInbox* inbox, Options options)
   if (options_.tune_malloc) TuneMalloc();
   // Same method, raw frames: the request type is a byte buffer instead of TensorFrame, so
   // that chunk payloads are copied once, from gRPC's buffers into the tensor.
-  MarkMethodStreamed(0, new grpc::internal::ClientStreamingHandler<
-                            TensorServiceImpl, grpc::ByteBuffer, baton::v1::PushSummary>(
-                            [](TensorServiceImpl* self, grpc::ServerContext* ctx,
-                               grpc::ServerReader<grpc::ByteBuffer>* reader,
-                               baton::v1::PushSummary* summary) {
-                              return self->PushFrames(ctx, reader, summary);
-                            },
-                            this));
+  MarkMethodStreamed(
+      0, new grpc::internal::ClientStreamingHandler<TensorServiceImpl, grpc::ByteBuffer,
+                                                    baton::v1::PushSummary>(
+             [](TensorServiceImpl* self, grpc::ServerContext* ctx,
+                grpc::ServerReader<grpc::ByteBuffer>* reader,
+                baton::v1::PushSummary* summary) { return self->PushFrames(ctx, reader, summary); },
+             this));
 }
 
 TensorServiceStats TensorServiceImpl::Stats() const {
@@ -145,7 +144,8 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
         }
         Shape shape;
         int64_t numel = 1;
-        const int64_t max_numel = options_.max_tensor_bytes / static_cast<int64_t>(DTypeSize(*dtype));
+        const int64_t max_numel =
+            options_.max_tensor_bytes / static_cast<int64_t>(DTypeSize(*dtype));
         for (int64_t d : h.shape()) {
           if (d < 0 || (d > 0 && numel > max_numel / d)) {
             return Invalid(absl::StrCat(Describe(next), ": bad shape [",
@@ -162,8 +162,7 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
                                       " bytes but the header says ", h.byte_length()));
         }
         absl::StatusOr<TensorInbox::Reservation> r = inbox_->Reserve(
-            next.source_rank, next.tag, expected,
-            absl::Now() + options_.space_timeout, cancelled);
+            next.source_rank, next.tag, expected, absl::Now() + options_.space_timeout, cancelled);
         if (!r.ok()) return ToGrpcStatus(r.status());
         next.reservation = *std::move(r);
         absl::StatusOr<Tensor> t = Tensor::TryEmpty(shape, *dtype);
@@ -173,7 +172,16 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
         }
         next.tensor = *std::move(t);
         in.emplace(std::move(next));
-        if (in->byte_length == 0) {
+        // The first chunk of the payload may travel in the header.
+        const int64_t len = static_cast<int64_t>(frame->payload_len);
+        if (len > in->byte_length) {
+          return Invalid(absl::StrCat(Describe(*in), ": the header carries ", len,
+                                      " payload bytes, more than its byte_length ",
+                                      in->byte_length));
+        }
+        CopyPayload(*frame, in->tensor.raw());
+        in->received = len;
+        if (in->received == in->byte_length) {
           if (grpc::Status s = file(); !s.ok()) return s;
         }
         break;
