@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libopenblas-dev libssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   python3
 )
 

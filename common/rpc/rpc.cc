@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& o
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* s : options.services) builder.RegisterService(s);
+  if (options.interceptors) builder.experimental().SetInterceptorCreators(options.interceptors());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));

@@ -4,6 +4,7 @@
 #ifndef BATON_COMMON_RPC_RPC_H_
 #define BATON_COMMON_RPC_RPC_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace baton {
 
@@ -29,6 +31,9 @@ struct ServerOptions {
   std::string address = "127.0.0.1:0";
   std::vector<grpc::Service*> services;  // not owned
   int max_message_bytes = 64 << 20;
+  // Makes the server's interceptors (e.g. RpcMetrics::Interceptors); may be empty.
+  std::function<std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>()>
+      interceptors;
 };
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& options,
                                                           std::string* bound_address);
