@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -146,6 +147,15 @@ absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, boo
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)), registry_(options_.lease_ttl, options_.clock) {}
 
+int64_t Coordinator::MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const {
+  if (!w.has_last_heartbeat() || w.state() == baton::v1::WORKER_STATE_DEAD) return 0;
+  // Heartbeats are due every interval; a gap of k intervals (rounded down) missed k - 1.
+  absl::Duration rest;  // IDivDuration needs somewhere to put the remainder
+  const int64_t intervals = absl::IDivDuration(now - FromProtoTime(w.last_heartbeat()),
+                                               options_.heartbeat_interval, &rest);
+  return intervals > 1 ? intervals - 1 : 0;
+}
+
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
   if (options.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -167,6 +177,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     return absl::InvalidArgumentError(
         "start_timeout and abort_timeout must be positive, busy_retry not negative");
   }
+  if (options.trace_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trace_steps: must be at least 1, got ", options.trace_steps));
+  }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   if (options.worker_client == nullptr)
     options.worker_client = std::make_shared<GrpcWorkerClient>();
@@ -174,6 +188,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   BATON_ASSIGN_OR_RETURN(c->store_, JobStore::Open(c->options_.db_path));
   BATON_RETURN_IF_ERROR(c->Recover());
   if (c->options_.background) c->loop_ = std::thread([p = c.get()] { p->LoopMain(); });
+  if (c->options_.metrics != nullptr) {
+    c->options_.metrics->SetStateSource([p = c.get()] { return p->CountStates(); });
+  }
   return c;
 }
 
@@ -206,6 +223,7 @@ absl::Status Coordinator::Recover() {
 Coordinator::~Coordinator() { Stop(); }
 
 void Coordinator::Stop() {
+  if (options_.metrics != nullptr) options_.metrics->SetStateSource(nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
@@ -442,6 +460,10 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   change.set_reason(Truncate(reason));
   *job->job.add_history() = change;
   job->job.set_state(state);
+  if (state == baton::v1::JOB_STATE_RUNNING && options_.metrics != nullptr &&
+      job->job.has_create_time()) {
+    options_.metrics->ObserveQueueWait(Now() - FromProtoTime(job->job.create_time()));
+  }
   std::string name = baton::v1::JobState_Name(state);
   if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
   LogWarning(absl::StrCat(job->job.id(), " ", name, ": ", change.reason()));
@@ -504,6 +526,10 @@ absl::StatusOr<Coordinator::RankSlot*> Coordinator::RankLocked(ActiveJob* job, i
 void Coordinator::ExpireLeasesLocked(Effects* effects) {
   for (const baton::v1::WorkerInfo& w : registry_.ExpireLeases()) {
     LogWarning(absl::StrCat("worker ", w.worker_id(), " (", w.address(), ") lease expired"));
+    if (options_.metrics != nullptr) {
+      options_.metrics->AddLeaseExpiration();
+      options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(w, Now()));
+    }
     if (w.state() != baton::v1::WORKER_STATE_BUSY || w.job_id().empty()) continue;
     ActiveJob* j = FindActiveLocked(w.job_id());
     if (j == nullptr) continue;
@@ -726,6 +752,82 @@ absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::strin
   return std::make_unique<JobWatch>(std::move(log), 0, std::move(first));
 }
 
+StateCounts Coordinator::CountStates() {
+  StateCounts counts;
+  for (const char* state : {"idle", "busy", "dead"}) counts.workers[state] = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const baton::v1::WorkerInfo& w : registry_.List()) {
+      switch (w.state()) {
+        case baton::v1::WORKER_STATE_IDLE: ++counts.workers["idle"]; break;
+        case baton::v1::WORKER_STATE_BUSY: ++counts.workers["busy"]; break;
+        case baton::v1::WORKER_STATE_DEAD: ++counts.workers["dead"]; break;
+        default: break;
+      }
+    }
+  }
+  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_CANCELLED; ++s) {
+    std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
+    counts.jobs[name.substr(std::string("job_state_").size())] = 0;
+  }
+  absl::StatusOr<std::map<JobState, int64_t>> by_state = store_->CountByState();
+  if (by_state.ok()) {
+    for (const auto& [state, n] : *by_state) {
+      std::string name = absl::AsciiStrToLower(JobState_Name(state));
+      if (absl::StartsWith(name, "job_state_")) name = name.substr(10);
+      counts.jobs[name] = n;
+    }
+  } else {
+    LogWarning(absl::StrCat("metrics: ", by_state.status().ToString()));
+  }
+  return counts;
+}
+
+absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
+    const baton::v1::GetJobTraceRequest& request) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: must be 0 (the latest) or a 1-based step, got ", request.step()));
+  }
+  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
+  if (job.workers_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job.id(), " has no trace: it never ran"));
+  }
+  const int ranks = job.workers_size();
+  BATON_ASSIGN_OR_RETURN(JobStore::TraceSteps kept, store_->GetTraceSteps(job.id(), ranks));
+  if (kept.last == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job.id(), " has no trace: no step has finished"));
+  }
+  const int64_t step = request.step() == 0 ? kept.last_complete : request.step();
+  std::vector<baton::v1::RankTrace> traces;
+  if (step > 0) {
+    BATON_ASSIGN_OR_RETURN(traces, store_->GetTrace(job.id(), step));
+  }
+  if (traces.empty()) {
+    return absl::NotFoundError(absl::StrCat("job ", job.id(), " has no trace of step ", step,
+                                            ": steps ", kept.first, " to ", kept.last,
+                                            " are kept"));
+  }
+  baton::v1::JobTrace out;
+  out.set_job_id(job.id());
+  out.set_step(step);
+  out.set_first_kept_step(kept.first);
+  out.set_last_kept_step(kept.last);
+  // The layout placement built, from the spec (the same function the placement used).
+  absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(job.spec());
+  if (layout.ok()) {
+    out.set_num_stages(static_cast<int>(layout->schedule.stage_to_rank.size()));
+    for (int r : layout->schedule.stage_to_rank) out.add_stage_to_rank(r);
+    out.set_schedule(ScheduleKindName(layout->schedule.kind));
+  }
+  for (baton::v1::RankTrace& t : traces) {
+    if (t.rank() >= 0 && t.rank() < ranks) t.set_worker_id(job.workers(t.rank()));
+    *out.add_ranks() = std::move(t);
+  }
+  return out;
+}
+
 baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
   baton::v1::ListWorkersResponse response;
@@ -784,6 +886,11 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
   std::lock_guard<std::mutex> lock(mu_);
   baton::v1::HeartbeatResponse response;
+  if (options_.metrics != nullptr) {
+    if (std::optional<baton::v1::WorkerInfo> before = registry_.Get(request.worker_id())) {
+      options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(*before, Now()));
+    }
+  }
   const bool known = registry_.Heartbeat(request.worker_id(), request.job_id());
   response.set_known(known);
   if (!known) return response;
@@ -815,7 +922,7 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
   return response;
 }
 
-absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
+absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLocked(
     const baton::v1::ReportProgressRequest& request) {
   baton::v1::ReportProgressResponse response;
   std::lock_guard<std::mutex> lock(mu_);
@@ -845,6 +952,22 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
   peak = std::max(peak, request.timing().peak_inflight());
   if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);
   response.set_keep_running(true);
+  return response;
+}
+
+absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
+    const baton::v1::ReportProgressRequest& request) {
+  BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressResponse response,
+                         ReportProgressLocked(request));
+  // The trace goes to the store outside mu_: it is the bulk of the request, and only
+  // GetJobTrace reads it back.
+  if (response.keep_running() && request.has_trace()) {
+    baton::v1::RankTrace trace = request.trace();
+    trace.set_rank(request.rank());
+    absl::Status s =
+        store_->PutTrace(request.job_id(), request.step(), trace, options_.trace_steps);
+    if (!s.ok()) LogWarning(absl::StrCat("trace of ", request.job_id(), " lost: ", s.ToString()));
+  }
   return response;
 }
 

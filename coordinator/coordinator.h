@@ -109,6 +109,7 @@
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_store.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
@@ -147,6 +148,11 @@ struct CoordinatorOptions {
   // false (tests): no background loop and no threads: the test calls Tick(), and every call
   // to a worker runs on the calling thread (after the lock is released).
   bool background = true;
+  // Where queue waits, missed heartbeats and lease expirations are counted; not owned, may
+  // be null. Create() points its state gauges at this coordinator (and Stop() away).
+  CoordinatorMetrics* metrics = nullptr;
+  // Action timelines (batonctl trace) are kept for each job's latest this many steps.
+  int64_t trace_steps = 1000;
 };
 
 // A WatchJob subscription. Not thread-safe (one stream handler owns it).
@@ -206,6 +212,12 @@ class Coordinator {
   // NOT_FOUND if unknown.
   absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job_id);
   baton::v1::ListWorkersResponse ListWorkers();
+  // Every rank's action timeline of one step (0: the latest step all ranks reported).
+  // NOT_FOUND for unknown jobs, and for steps without a trace, naming the kept steps.
+  absl::StatusOr<baton::v1::JobTrace> GetJobTrace(const baton::v1::GetJobTraceRequest& request);
+
+  // Workers and jobs by state, for the metrics.
+  StateCounts CountStates();
 
   // ---- ClusterService ----
   absl::StatusOr<baton::v1::RegisterWorkerResponse> RegisterWorker(
@@ -298,6 +310,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<baton::v1::ReportProgressResponse> ReportProgressLocked(
+      const baton::v1::ReportProgressRequest& request);
+  // Heartbeat intervals that passed without one since w's last heartbeat.
+  int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -13,7 +13,9 @@
 #include "common/core/digest.h"
 #include "common/nn/model.h"
 #include "common/rpc/rpc.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 
 namespace baton {
 namespace {
@@ -144,6 +146,8 @@ class CoordinatorTest : public testing::Test {
     o.background = false;
     o.busy_retry = absl::Milliseconds(500);
     o.log = false;
+    o.metrics = &metrics_;
+    o.trace_steps = 2;
     auto c = Coordinator::Create(o);
     ASSERT_TRUE(c.ok()) << c.status();
     core_ = *std::move(c);
@@ -216,8 +220,17 @@ class CoordinatorTest : public testing::Test {
     }
   }
 
+  // The registry's and the state collector's metrics in the text format.
+  std::string MetricsText() {
+    auto families = registry_.Collect();
+    for (auto& f : metrics_.StateCollector()->Collect()) families.push_back(std::move(f));
+    return prometheus::TextSerializer().Serialize(families);
+  }
+
   FakeClock clock_;
   std::shared_ptr<FakeWorkerClient> client_ = std::make_shared<FakeWorkerClient>();
+  prometheus::Registry registry_;
+  CoordinatorMetrics metrics_{registry_};
   std::unique_ptr<Coordinator> core_;
 };
 
@@ -755,6 +768,102 @@ TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
   EXPECT_EQ(Submit(Spec(1)).id(), "job-000004");
   core_.reset();
   std::filesystem::remove_all(tmpl);
+}
+
+TEST_F(CoordinatorTest, MetricsCountStatesQueueWaitAndMissedHeartbeats) {
+  using ::testing::HasSubstr;
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2, /*steps=*/2));
+  Submit(Spec(3, /*steps=*/2));  // waits: only two workers
+  clock_.Advance(absl::Seconds(3));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  Beat(w1, job.id());  // 3 s after registering: 2 heartbeats missed by each worker
+  Beat(w2, job.id());
+  clock_.Advance(absl::Milliseconds(3500));  // w1 misses 2 more (3 whole intervals pass)
+  Beat(w1, job.id());
+
+  const StateCounts counts = core_->CountStates();
+  EXPECT_EQ(counts.workers.at("busy"), 2);
+  EXPECT_EQ(counts.workers.at("idle"), 0);
+  EXPECT_EQ(counts.jobs.at("running"), 1);
+  EXPECT_EQ(counts.jobs.at("queued"), 1);
+  EXPECT_EQ(counts.jobs.at("succeeded"), 0);
+  const std::string text = MetricsText();
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_workers{state=\"busy\"} 2"));
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_jobs{state=\"queued\"} 1"));
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_queue_wait_seconds_count 1"));
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_queue_wait_seconds_sum 3"));
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_heartbeats_missed_total 6"));
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_lease_expirations_total 0"));
+
+  // w2 stays silent past its lease: one expiration, and its missed heartbeats counted
+  // (w1: 1 more after 2 s; w2: 4 more, 5.5 s after its last heartbeat).
+  clock_.Advance(absl::Seconds(2));
+  Beat(w1, job.id());
+  core_->Tick();
+  EXPECT_THAT(MetricsText(), HasSubstr("baton_coordinator_lease_expirations_total 1"));
+  EXPECT_THAT(MetricsText(), HasSubstr("baton_coordinator_heartbeats_missed_total 11"));
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_FAILED);
+
+  // A stopped coordinator no longer answers the state gauges.
+  core_->Stop();
+  EXPECT_TRUE(metrics_.StateCollector()->Collect().empty());
+}
+
+TEST_F(CoordinatorTest, TracesAreKeptForTheLatestStepsAndServedByStep) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2, /*steps=*/5));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  auto report = [&](int rank, int64_t step) {
+    baton::v1::ReportProgressRequest p;
+    p.set_job_id(job.id());
+    p.set_worker_id(rank == 0 ? w1 : w2);
+    p.set_rank(rank);
+    p.set_step(step);
+    if (rank == 1) p.set_loss(1.0f);
+    baton::v1::RankTrace* t = p.mutable_trace();
+    t->set_rank(7);  // the coordinator trusts the request's rank, not the trace's
+    t->set_start_unix_nanos(1000 * step);
+    t->set_end_ns(500);
+    baton::v1::ActionSpan* a = t->add_actions();
+    a->set_action(absl::StrCat(rank, "F0"));
+    a->set_end_ns(100 * step);
+    ASSERT_TRUE(core_->ReportProgress(p).ok());
+  };
+  baton::v1::GetJobTraceRequest req;
+  req.set_job_id(job.id());
+  EXPECT_EQ(core_->GetJobTrace(req).status().code(), absl::StatusCode::kNotFound);
+  for (int64_t step = 1; step <= 3; ++step) report(0, step), report(1, step);
+  report(0, 4);  // rank 1 has not finished step 4 yet
+
+  // Step 0: the latest step every rank reported.
+  auto latest = core_->GetJobTrace(req);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step(), 3);
+  EXPECT_EQ(latest->num_stages(), 2);
+  EXPECT_EQ(latest->schedule(), "1f1b");
+  ASSERT_EQ(latest->ranks_size(), 2);
+  EXPECT_EQ(latest->ranks(1).rank(), 1);
+  EXPECT_EQ(latest->ranks(1).worker_id(), w2);
+  EXPECT_EQ(latest->ranks(1).actions(0).action(), "1F0");
+  EXPECT_EQ(latest->ranks(1).actions(0).end_ns(), 300);
+  // trace_steps = 2: steps 3 and 4 are kept, older ones are gone and named so.
+  EXPECT_EQ(latest->first_kept_step(), 3);
+  EXPECT_EQ(latest->last_kept_step(), 4);
+  req.set_step(4);
+  EXPECT_EQ(core_->GetJobTrace(req)->ranks_size(), 1);
+  req.set_step(1);
+  absl::StatusOr<baton::v1::JobTrace> gone = core_->GetJobTrace(req);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("steps 3 to 4 are kept"), std::string::npos)
+      << gone.status();
+  req.set_step(-1);
+  EXPECT_EQ(core_->GetJobTrace(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_job_id("job-999999");
+  req.set_step(0);
+  EXPECT_EQ(core_->GetJobTrace(req).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(CoordinatorOptionsTest, BadDurationsNameTheFlag) {

@@ -15,7 +15,9 @@
 namespace baton {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 1: jobs. 2: traces (added with CREATE TABLE IF NOT EXISTS: version 1 files upgrade in
+// place).
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs(
@@ -26,6 +28,12 @@ CREATE TABLE IF NOT EXISTS jobs(
   job BLOB NOT NULL,
   updated_ns INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS traces(
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  trace BLOB NOT NULL,
+  PRIMARY KEY(job_id, step, rank)) WITHOUT ROWID;
 )sql";
 
 // A prepared statement, finalized on scope exit.
@@ -325,6 +333,93 @@ absl::StatusOr<int64_t> JobStore::Count() {
   rc = sqlite3_step(st.get());
   if (rc != SQLITE_ROW) return Error("counting jobs", rc);
   return st.ColumnInt(0);
+}
+
+absl::StatusOr<std::map<baton::v1::JobState, int64_t>> JobStore::CountByState() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st;
+  int rc = st.Prepare(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  if (rc != SQLITE_OK) return Error("preparing count by state", rc);
+  std::map<baton::v1::JobState, int64_t> out;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    out[static_cast<baton::v1::JobState>(st.ColumnInt(0))] = st.ColumnInt(1);
+  }
+  if (rc != SQLITE_DONE) return Error("counting jobs by state", rc);
+  return out;
+}
+
+absl::Status JobStore::PutTrace(const std::string& job_id, int64_t step,
+                                const baton::v1::RankTrace& trace, int64_t keep_steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BATON_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status s = [&]() -> absl::Status {
+    Statement put;
+    int rc = put.Prepare(
+        db_, "INSERT OR REPLACE INTO traces(job_id, step, rank, trace) VALUES(?1, ?2, ?3, ?4)");
+    if (rc != SQLITE_OK) return Error("preparing trace insert", rc);
+    put.BindText(1, job_id);
+    put.BindInt(2, step);
+    put.BindInt(3, trace.rank());
+    put.BindBlob(4, trace.SerializeAsString());
+    if ((rc = sqlite3_step(put.get())) != SQLITE_DONE) {
+      return Error(absl::StrCat("storing the trace of ", job_id, " step ", step), rc);
+    }
+    Statement prune;
+    rc = prune.Prepare(db_, "DELETE FROM traces WHERE job_id = ?1 AND step <= ?2");
+    if (rc != SQLITE_OK) return Error("preparing trace prune", rc);
+    prune.BindText(1, job_id);
+    prune.BindInt(2, step - keep_steps);
+    if ((rc = sqlite3_step(prune.get())) != SQLITE_DONE) {
+      return Error(absl::StrCat("pruning the traces of ", job_id), rc);
+    }
+    return absl::OkStatus();
+  }();
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<baton::v1::RankTrace>> JobStore::GetTrace(const std::string& job_id,
+                                                                     int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st;
+  int rc = st.Prepare(db_, "SELECT trace FROM traces WHERE job_id = ?1 AND step = ?2 ORDER BY rank");
+  if (rc != SQLITE_OK) return Error("preparing trace read", rc);
+  st.BindText(1, job_id);
+  st.BindInt(2, step);
+  std::vector<baton::v1::RankTrace> out;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    if (!out.emplace_back().ParseFromString(st.ColumnBlob(0))) {
+      return absl::DataLossError(absl::StrCat("job database ", path_, ": a trace of ", job_id,
+                                              " step ", step, " does not parse"));
+    }
+  }
+  if (rc != SQLITE_DONE) return Error(absl::StrCat("reading the trace of ", job_id), rc);
+  return out;
+}
+
+absl::StatusOr<JobStore::TraceSteps> JobStore::GetTraceSteps(const std::string& job_id,
+                                                             int ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st;
+  int rc = st.Prepare(db_,
+                      "SELECT MIN(step), MAX(step), "
+                      "(SELECT MAX(step) FROM (SELECT step FROM traces WHERE job_id = ?1 "
+                      "GROUP BY step HAVING COUNT(*) >= ?2)) "
+                      "FROM traces WHERE job_id = ?1");
+  if (rc != SQLITE_OK) return Error("preparing trace range", rc);
+  st.BindText(1, job_id);
+  st.BindInt(2, ranks);
+  if ((rc = sqlite3_step(st.get())) != SQLITE_ROW) {
+    return Error(absl::StrCat("reading the trace range of ", job_id), rc);
+  }
+  TraceSteps out;
+  out.first = st.ColumnInt(0);
+  out.last = st.ColumnInt(1);
+  out.last_complete = st.ColumnInt(2);  // NULL reads as 0
+  return out;
 }
 
 }  // namespace baton

@@ -1,8 +1,10 @@
 // JobStore: the coordinator's job records in one SQLite file.
 //
-// One table, every record a serialized baton.v1.Job:
+// Every job record a serialized baton.v1.Job:
 //   jobs(id TEXT PRIMARY KEY, seq INTEGER UNIQUE NOT NULL, submission_id TEXT UNIQUE NULL,
 //        state INTEGER NOT NULL, job BLOB NOT NULL, updated_ns INTEGER NOT NULL)
+// and the recent steps' action timelines, one serialized baton.v1.RankTrace per rank:
+//   traces(job_id TEXT, step INTEGER, rank INTEGER, trace BLOB, PRIMARY KEY(job_id, step, rank))
 // `seq` orders jobs by submission (newest first in List); `submission_id` is NULL when the
 // client gave none, so the UNIQUE constraint only binds real keys. The file runs in WAL
 // mode with synchronous=NORMAL: every write is one transaction, so a crash leaves either
@@ -16,6 +18,7 @@
 #define BATON_COORDINATOR_JOB_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
 
 struct sqlite3;
@@ -76,6 +80,22 @@ class JobStore {
 
   // How many jobs are stored.
   absl::StatusOr<int64_t> Count();
+  // How many jobs are stored in each state (states with none are absent).
+  absl::StatusOr<std::map<baton::v1::JobState, int64_t>> CountByState();
+
+  // Stores one rank's timeline of `step` (replacing one stored before) and drops the job's
+  // traces of steps <= step - keep_steps, in one transaction.
+  absl::Status PutTrace(const std::string& job_id, int64_t step,
+                        const baton::v1::RankTrace& trace, int64_t keep_steps);
+  // The stored timelines of `step`, by rank (empty when none).
+  absl::StatusOr<std::vector<baton::v1::RankTrace>> GetTrace(const std::string& job_id,
+                                                             int64_t step);
+  struct TraceSteps {
+    int64_t first = 0;          // oldest step with any trace; 0 when none
+    int64_t last = 0;           // newest step with any trace
+    int64_t last_complete = 0;  // newest step with traces from `ranks` ranks; 0 when none
+  };
+  absl::StatusOr<TraceSteps> GetTraceSteps(const std::string& job_id, int ranks);
 
  private:
   explicit JobStore(std::string path) : path_(std::move(path)) {}

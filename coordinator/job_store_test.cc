@@ -153,6 +153,46 @@ TEST(JobStoreTest, ReopenedFileKeepsEveryJob) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(JobStoreTest, TracesArePrunedToTheLatestSteps) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  for (int64_t step = 1; step <= 5; ++step) {
+    for (int rank = 0; rank < (step == 5 ? 1 : 2); ++rank) {
+      baton::v1::RankTrace t;
+      t.set_rank(rank);
+      t.set_end_ns(step * 10 + rank);
+      ASSERT_TRUE((*store)->PutTrace("job-000001", step, t, /*keep_steps=*/3).ok());
+    }
+  }
+  baton::v1::RankTrace other;
+  ASSERT_TRUE((*store)->PutTrace("job-000002", 1, other, 3).ok());
+  auto steps = (*store)->GetTraceSteps("job-000001", /*ranks=*/2);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(steps->first, 3);
+  EXPECT_EQ(steps->last, 5);
+  EXPECT_EQ(steps->last_complete, 4);  // step 5 has one rank of two
+  auto four = (*store)->GetTrace("job-000001", 4);
+  ASSERT_TRUE(four.ok());
+  ASSERT_EQ(four->size(), 2u);
+  EXPECT_EQ((*four)[1].end_ns(), 41);
+  EXPECT_TRUE((*store)->GetTrace("job-000001", 2)->empty());  // pruned
+  EXPECT_EQ((*store)->GetTraceSteps("job-000002", 1)->last_complete, 1);
+  EXPECT_EQ((*store)->GetTraceSteps("job-000003", 1)->last, 0);
+}
+
+TEST(JobStoreTest, CountsJobsByState) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Insert(1, MakeJob(1)).ok());
+  ASSERT_TRUE((*store)->Insert(2, MakeJob(2, baton::v1::JOB_STATE_RUNNING)).ok());
+  ASSERT_TRUE((*store)->Insert(3, MakeJob(3, baton::v1::JOB_STATE_RUNNING)).ok());
+  auto counts = (*store)->CountByState();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->size(), 2u);
+  EXPECT_EQ(counts->at(baton::v1::JOB_STATE_QUEUED), 1);
+  EXPECT_EQ(counts->at(baton::v1::JOB_STATE_RUNNING), 2);
+}
+
 TEST(JobStoreTest, OpenErrorsNameTheFile) {
   auto store = JobStore::Open("/nonexistent-dir/for/sure/jobs.db");
   ASSERT_FALSE(store.ok());

@@ -9,7 +9,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -19,7 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
 
@@ -34,6 +36,13 @@ ABSL_FLAG(absl::Duration, recv_timeout, absl::Seconds(60),
           "deadline of every tensor receive on the workers");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound host:port is also written to this file once serving");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
+          "host:port serving Prometheus metrics at /metrics (port 0: any free port; empty: "
+          "no metrics)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics host:port is written to this file once serving");
+ABSL_FLAG(int64_t, trace_steps, 1000,
+          "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
 namespace {
 
@@ -61,6 +70,20 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
+  options.trace_steps = absl::GetFlag(FLAGS_trace_steps);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  baton::AddBuildInfo(*registry, "coordinator");
+  baton::CoordinatorMetrics metrics(*registry);
+  baton::RpcMetrics rpc_metrics(*registry, "baton_coordinator");
+  std::unique_ptr<baton::MetricsServer> metrics_server;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    auto started = baton::MetricsServer::Start(addr, {registry, metrics.StateCollector()});
+    if (!started.ok()) return Fail(started.status().ToString());
+    metrics_server = *std::move(started);
+    options.metrics = &metrics;
+  }
+
   absl::StatusOr<std::unique_ptr<baton::Coordinator>> core =
       baton::Coordinator::Create(std::move(options));
   if (!core.ok()) return Fail(core.status().ToString());
@@ -70,28 +93,32 @@ int main(int argc, char** argv) {
   baton::ServerOptions server_options;
   server_options.address = absl::GetFlag(FLAGS_listen);
   server_options.services = {&jobs, &cluster};
+  if (metrics_server != nullptr) {
+    server_options.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
+  }
   std::string bound;
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = baton::StartServer(server_options, &bound);
   if (!server.ok()) return Fail(server.status().ToString());
 
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << bound << "\n";
-      if (!out) return Fail(absl::StrCat("cannot write --port_file ", tmp));
-    }
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      return Fail(absl::StrCat("cannot write --port_file ", port_file));
-    }
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    if (absl::Status s = baton::WritePortFile(pf, bound); !s.ok()) return Fail(s.ToString());
   }
   std::printf("coordinator listening on %s\n", bound.c_str());
+  if (metrics_server != nullptr) {
+    std::printf("coordinator metrics on %s\n", metrics_server->address().c_str());
+    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
+      if (absl::Status s = baton::WritePortFile(pf, metrics_server->address()); !s.ok()) {
+        return Fail(s.ToString());
+      }
+    }
+  }
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "coordinator: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  // Readiness probes see NOT_SERVING at once.
+  if (auto* health = (*server)->GetHealthCheckService()) health->SetServingStatus(false);
   // End watches and the loop first, so streaming handlers return promptly; then let the
   // server finish what is in flight.
   (*core)->Stop();

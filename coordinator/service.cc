@@ -42,6 +42,12 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*,
   return Reply(core_->CancelJob(*request), response);
 }
 
+grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext*,
+                                         const baton::v1::GetJobTraceRequest* request,
+                                         baton::v1::JobTrace* response) {
+  return Reply(core_->GetJobTrace(*request), response);
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const baton::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<baton::v1::JobEvent>* writer) {

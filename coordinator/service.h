@@ -29,6 +29,9 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const baton::v1::ListWorkersRequest* request,
                            baton::v1::ListWorkersResponse* response) override;
+  grpc::Status GetJobTrace(grpc::ServerContext* context,
+                           const baton::v1::GetJobTraceRequest* request,
+                           baton::v1::JobTrace* response) override;
 
  private:
   Coordinator* const core_;

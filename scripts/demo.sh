@@ -133,16 +133,18 @@ wait_port_file() {
 
 section "cluster: a coordinator and ${NUM_WORKERS} workers on loopback"
 start coordinator "$BIN/coordinator" --listen 127.0.0.1:0 --db "$tmp/baton.db" \
-  --port_file "$tmp/coordinator.port"
+  --port_file "$tmp/coordinator.port" --metrics_listen 127.0.0.1:0 \
+  --metrics_port_file "$tmp/coordinator.metrics"
 coordinator="$(wait_port_file coordinator "$tmp/coordinator.port")"
-echo "coordinator listening on $coordinator"
+echo "coordinator listening on $coordinator, metrics at http://$(wait_port_file coordinator "$tmp/coordinator.metrics")/metrics"
 export BATON_COORDINATOR="$coordinator"
 
 for i in $(seq "$NUM_WORKERS"); do
   start "worker-$i" "$BIN/worker" --coordinator "$coordinator" --listen 127.0.0.1:0 \
-    --worker_id "w-$i" --port_file "$tmp/worker-$i.port"
+    --worker_id "w-$i" --port_file "$tmp/worker-$i.port" \
+    --metrics_port_file "$tmp/worker-$i.metrics"
   worker_addr="$(wait_port_file "worker w-$i" "$tmp/worker-$i.port")"
-  echo "worker w-$i listening on $worker_addr"
+  echo "worker w-$i listening on $worker_addr, metrics at http://$(wait_port_file "worker w-$i" "$tmp/worker-$i.metrics")/metrics"
 done
 
 # Registration is asynchronous: wait (at most 30 s) until every worker is IDLE.
@@ -167,6 +169,9 @@ watch_rc=0
 run "$BIN/batonctl" watch "$job" || watch_rc=$?
 job_seconds=$((SECONDS - job_start))
 "$BIN/batonctl" get "$job" --output json >"$tmp/job.json"
+# The last step's measured timeline, to open in https://ui.perfetto.dev beside the
+# predicted one from `batonctl plan --output svg`.
+"$BIN/batonctl" trace "$job" -o build/demo-trace.json || echo "demo: no trace (see above)"
 
 # The reference runs after the cluster job, not beside it: the machine may have only a
 # couple of cores, and running both at once would slow the job and hide its real timing.

@@ -133,6 +133,7 @@ class Cluster:
 
     def start_coordinator(self, listen="127.0.0.1:0"):
         argv = [os.path.join(self.bin_dir, "coordinator"), "--listen", listen, "--db", self.db,
+                "--metrics_listen", "127.0.0.1:0",
                 "--port_file", os.path.join(self.tmp, "coordinator.port"),
                 "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s"]
         self.address = self._start("coordinator", argv,

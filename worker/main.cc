@@ -5,16 +5,20 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
 #include "worker/worker_agent.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve on (port 0: any free port)");
@@ -24,6 +28,11 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, worker_id, "", "stable worker name (default: assigned)");
 ABSL_FLAG(std::string, port_file, "", "write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, inbox_mb, 512, "bound on received tensors not yet consumed, in MiB");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "host:port serving Prometheus metrics at /metrics (port 0: any free port; empty: "
+          "no metrics)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "write the bound metrics host:port to this file once serving");
 
 namespace {
 
@@ -62,11 +71,28 @@ int main(int argc, char** argv) {
                                   sysconf(_SC_PAGE_SIZE));
 
   options.advertise_address = absl::GetFlag(FLAGS_advertise);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  baton::AddBuildInfo(*registry, "worker");
+  baton::WorkerMetrics metrics(*registry);
+  baton::RpcMetrics rpc_metrics(*registry, "baton_worker");
+  std::unique_ptr<baton::MetricsServer> metrics_server;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    auto started = baton::MetricsServer::Start(addr, {registry});
+    if (!started.ok()) {
+      std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    options.metrics = &metrics;
+  }
+
   baton::WorkerAgent agent(options, &inbox);
   baton::WorkerServiceImpl service(&agent);
   baton::ServerOptions so;
   so.address = absl::GetFlag(FLAGS_listen);
   so.services = {&service, &tensors};
+  if (metrics_server != nullptr) so.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
   std::string bound;
   auto server = baton::StartServer(so, &bound);
   if (!server.ok()) {
@@ -78,14 +104,28 @@ int main(int argc, char** argv) {
   std::printf("worker listening on %s\n", bound.c_str());
   std::fflush(stdout);
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-    std::ofstream(pf + ".tmp") << bound << "\n";
-    std::rename((pf + ".tmp").c_str(), pf.c_str());
+    if (absl::Status s = baton::WritePortFile(pf, bound); !s.ok()) {
+      std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (metrics_server != nullptr) {
+    std::printf("worker metrics on %s\n", metrics_server->address().c_str());
+    std::fflush(stdout);
+    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
+      if (absl::Status s = baton::WritePortFile(pf, metrics_server->address()); !s.ok()) {
+        std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
   }
   agent.Start();
 
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "worker: signal %d, shutting down\n", sig);
+  // Readiness probes see NOT_SERVING at once; the job is aborted and reported.
+  if (auto* health = (*server)->GetHealthCheckService()) health->SetServingStatus(false);
   agent.Stop();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   inbox.Close();

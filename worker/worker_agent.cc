@@ -1,6 +1,7 @@
 #include "worker/worker_agent.h"
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -81,6 +82,7 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
     }
     total = std::max(total, t.end_ns);
   }
+  total = std::max(total, r.end_ns);  // the final send waits count toward the step
   baton::v1::RankTiming out;
   *out.mutable_forward() = ToProtoDuration(absl::Nanoseconds(f));
   *out.mutable_backward() = ToProtoDuration(absl::Nanoseconds(b));
@@ -89,6 +91,24 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
   *out.mutable_recv_wait() = ToProtoDuration(absl::Nanoseconds(recv));
   *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(total));
   out.set_peak_inflight(r.peak_inflight);
+  return out;
+}
+
+baton::v1::RankTrace Trace(const RankStepResult& r) {
+  baton::v1::RankTrace out;
+  out.set_rank(r.rank);
+  out.set_start_unix_nanos(absl::ToUnixNanos(r.start));
+  out.set_end_ns(r.end_ns);
+  auto add = [&out](const ActionTiming& t, bool send_wait) {
+    baton::v1::ActionSpan* span = out.add_actions();
+    span->set_action(t.action.ToString());
+    span->set_start_ns(t.start_ns);
+    span->set_end_ns(t.end_ns);
+    span->set_bytes(t.bytes);
+    span->set_send_wait(send_wait);
+  };
+  for (const ActionTiming& t : r.timeline) add(t, false);
+  for (const ActionTiming& t : r.send_waits) add(t, true);
   return out;
 }
 
@@ -144,6 +164,7 @@ absl::Status WorkerAgent::Register() {
   std::lock_guard<std::mutex> lock(mu_);
   worker_id_ = resp.worker_id();
   registered_ = true;
+  if (options_.metrics != nullptr) options_.metrics->SetDevice(worker_id_, options_.device);
   const absl::Duration interval = FromProtoDuration(resp.heartbeat_interval());
   heartbeat_interval_ = interval > absl::ZeroDuration() ? interval : absl::Seconds(1);
   Log(absl::StrCat("registered as ", worker_id_, " with ", options_.coordinator_address,
@@ -228,6 +249,7 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id_, " is busy"));
   }
   job_ = std::make_shared<Job>(plan);
+  if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   // Accept the job's tensors before answering: once every rank has answered StartJob, any
   // peer may send to this one (the coordinator starts rank 0, the first sender, last).
   inbox_->Open(plan.job_key(), options_.inbox_bytes);
@@ -297,6 +319,7 @@ void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
   FinishJob(*job, status);
   std::lock_guard<std::mutex> lock(mu_);
   job_.reset();
+  if (options_.metrics != nullptr) options_.metrics->SetBusy(false);
   wake_.notify_all();
 }
 
@@ -345,6 +368,19 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   StageExecutorOptions eo;
   eo.job_id = plan.job_key();
   eo.recv_timeout = recv_timeout;
+  if (options_.metrics != nullptr) {
+    JobMetricsInfo info;
+    info.job_id = plan.job_id();
+    info.rank = plan.rank();
+    for (int s = 0; s < static_cast<int>(schedule.stage_to_rank.size()); ++s) {
+      if (schedule.stage_to_rank[s] == plan.rank()) info.stages.push_back(s);
+    }
+    info.transport = transport->backend();
+    info.samples_per_step = spec.data().batch_size();
+    info.tokens_per_step =
+        spec.model().has_gpt() ? spec.data().batch_size() * spec.model().gpt().context() : 0;
+    eo.observer = options_.metrics->BeginJob(info);
+  }
   absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
       StageExecutor::Create(spec, schedule, blocks, plan.rank(), transport.get(), eo);
   if (!ex.ok()) {
@@ -369,12 +405,16 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     req.set_job_id(plan.job_id());
     req.set_rank(plan.rank());
     req.set_step(step + 1);
+    std::optional<float> loss;
     if (owns_last) {
       double sum = 0.0;
       for (float l : r->losses) sum += l;  // micro-batch order, as the reference trainer
-      req.set_loss(static_cast<float>(sum / static_cast<double>(schedule.num_microbatches)));
+      loss = static_cast<float>(sum / static_cast<double>(schedule.num_microbatches));
+      req.set_loss(*loss);
     }
+    if (options_.metrics != nullptr) options_.metrics->RecordStep(*r, loss);
     *req.mutable_timing() = Timing(*r);
+    *req.mutable_trace() = Trace(*r);
     baton::v1::ReportProgressResponse resp;
     auto ctx = ContextWithTimeout(options_.rpc_timeout);
     absl::Status s = FromGrpcStatus(cluster_->ReportProgress(ctx.get(), req, &resp));

@@ -31,6 +31,7 @@
 #include "baton/v1/worker.pb.h"
 #include "common/pipeline/transport.h"
 #include "common/transport/tensor_inbox.h"
+#include "worker/worker_metrics.h"
 
 namespace baton {
 
@@ -42,6 +43,7 @@ struct WorkerOptions {
   int64_t inbox_bytes = int64_t{512} << 20;  // bound of received, not yet consumed tensors
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration register_retry = absl::Milliseconds(500);
+  WorkerMetrics* metrics = nullptr;  // not owned; may be null
 };
 
 class WorkerAgent {

@@ -45,7 +45,8 @@ absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
 }
 
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
-    const std::string& command, const Args& args, absl::Duration default_timeout) {
+    const std::string& command, const Args& args, absl::Duration default_timeout,
+    bool output_is_format) {
   auto c = std::unique_ptr<ClusterClient>(new ClusterClient());
   c->command_ = command;
   const char* env = std::getenv(kCoordinatorEnv);
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("--coordinator wants host:port, got '", c->address_, "'"));
   }
-  const std::string output = args.Get("output", "text");
+  const std::string output = output_is_format ? args.Get("output", "text") : "text";
   if (output != "text" && output != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("--output must be text or json, got '", output, "'"));

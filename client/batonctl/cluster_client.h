@@ -43,9 +43,11 @@ absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text);
 class ClusterClient {
  public:
   // Reads the common flags of `args` and opens a channel (connection is lazy).
+  // `output_is_format` false: the command reads --output itself (batonctl trace: a file).
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(const std::string& command,
                                                                const Args& args,
-                                                               absl::Duration default_timeout);
+                                                               absl::Duration default_timeout,
+                                                               bool output_is_format = true);
 
   baton::v1::JobService::Stub& stub() const { return *stub_; }
   const std::string& address() const { return address_; }

@@ -44,6 +44,10 @@ int Cancel(const std::vector<std::string>& argv);
 // batonctl workers
 int Workers(const std::vector<std::string>& argv);
 
+// batonctl trace JOB [--step N] [-o FILE]: one step's action timeline on every rank as
+// Chrome trace-event JSON (Perfetto, chrome://tracing), one track per stage.
+int Trace(const std::vector<std::string>& argv);
+
 }  // namespace baton::cli
 
 #endif  // BATON_CLIENT_BATONCTL_COMMANDS_H_

@@ -22,6 +22,7 @@ constexpr char kUsage[] =
     "  watch         follow a job to its end (exit 0 only if it succeeded)\n"
     "  cancel        cancel a queued or running job\n"
     "  workers       list the workers and what they run\n"
+    "  trace         write one step's action timeline as Chrome trace-event JSON\n"
     "\n"
     "Run 'batonctl COMMAND --help' for a command's flags.\n";
 }  // namespace
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (command == "watch") return baton::cli::Watch(rest);
   if (command == "cancel") return baton::cli::Cancel(rest);
   if (command == "workers") return baton::cli::Workers(rest);
+  if (command == "trace") return baton::cli::Trace(rest);
   std::fprintf(stderr, "batonctl: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

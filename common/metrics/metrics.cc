@@ -10,7 +10,8 @@
 namespace baton {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address,
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
@@ -22,15 +23,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (host.empty()) host = "0.0.0.0";
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   try {
-    // One civetweb worker thread is plenty for a scraper or two.
+    // Two civetweb threads are plenty for a scraper or two.
     server->exposer_ = std::make_unique<prometheus::Exposer>(
         absl::StrCat(host, ":", port), /*num_threads=*/2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
-  server->registry_ = std::move(registry);
-  server->exposer_->RegisterCollectable(server->registry_, "/metrics");
+  server->collectables_ = std::move(collectables);
+  for (const auto& c : server->collectables_) server->exposer_->RegisterCollectable(c, "/metrics");
   const std::vector<int> ports = server->exposer_->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));

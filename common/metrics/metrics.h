@@ -20,17 +20,20 @@ namespace baton {
 class MetricsServer {
  public:
   // `address` is "host:port"; port 0 picks a free one. UNAVAILABLE names the address when
-  // it cannot be bound, INVALID_ARGUMENT when it is not host:port.
+  // it cannot be bound, INVALID_ARGUMENT when it is not host:port. Serves the union of
+  // `collectables` (registries, or collectors computing their values at scrape time),
+  // which the server keeps alive.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& address,
+      std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
 
   // "host:port" with the bound port.
   const std::string& address() const { return address_; }
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<prometheus::Registry> registry_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // destroyed first: stops serving
   std::string address_;
 };
 

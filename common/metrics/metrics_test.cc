@@ -58,7 +58,7 @@ std::string Text(prometheus::Registry& r) {
 TEST(MetricsServer, ServesTheRegistryOnAFreePort) {
   auto registry = std::make_shared<prometheus::Registry>();
   AddBuildInfo(*registry, "test");
-  auto server = MetricsServer::Start("127.0.0.1:0", registry);
+  auto server = MetricsServer::Start("127.0.0.1:0", {registry});
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = PortOf((*server)->address());
   ASSERT_GT(port, 0);
@@ -71,15 +71,15 @@ TEST(MetricsServer, ServesTheRegistryOnAFreePort) {
 
 TEST(MetricsServer, RefusesBadAndTakenAddresses) {
   auto registry = std::make_shared<prometheus::Registry>();
-  auto bad = MetricsServer::Start("no-port", registry);
+  auto bad = MetricsServer::Start("no-port", {registry});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("no-port"));
-  auto range = MetricsServer::Start("127.0.0.1:70000", registry);
+  auto range = MetricsServer::Start("127.0.0.1:70000", {registry});
   EXPECT_EQ(range.status().code(), absl::StatusCode::kInvalidArgument);
 
-  auto first = MetricsServer::Start("127.0.0.1:0", registry);
+  auto first = MetricsServer::Start("127.0.0.1:0", {registry});
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = MetricsServer::Start((*first)->address(), registry);
+  auto second = MetricsServer::Start((*first)->address(), {registry});
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(second.status().message(), HasSubstr((*first)->address()));
 }

@@ -3,6 +3,7 @@
 // micro-batching.
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/pipeline/local_pipeline.h"
@@ -244,6 +245,82 @@ TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
   auto echo = hub.transport(0)->Recv(1, TensorTag{0, 0, 0, 1, TensorKind::kGradient},
                                      absl::Now() + absl::Seconds(30));
   EXPECT_EQ(echo.status().code(), absl::StatusCode::kAborted);
+}
+
+// What the worker's metrics and traces read: per action times and payload bytes, the
+// step's end after the send waits, and a live in-flight count through the observer.
+class RecordingObserver : public StepObserver {
+ public:
+  void OnAction(const ActionTiming& t, int inflight) override {
+    actions.push_back(t.action.ToString());
+    inflight_after.push_back(inflight);
+  }
+  std::vector<std::string> actions;
+  std::vector<int> inflight_after;
+};
+
+TEST(PipelineTimelineTest, RecordsBytesEndAndInflightForEveryAction) {
+  baton::v1::JobSpec spec = MlpJob();
+  auto* p = spec.mutable_pipeline();
+  p->set_stages(2);
+  p->set_microbatches(2);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  absl::StatusOr<Schedule> sched = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+  ASSERT_TRUE(sched.ok()) << sched.status();
+  auto blocks = PartitionBlocks(DescribeBlocks(spec.model()), 2);
+  ASSERT_TRUE(blocks.ok());
+  InProcessHub hub(2);
+  RecordingObserver observers[2];
+  std::vector<std::unique_ptr<StageExecutor>> ex;
+  for (int r = 0; r < 2; ++r) {
+    StageExecutorOptions opts;
+    opts.observer = &observers[r];
+    auto e = StageExecutor::Create(spec, *sched, *blocks, r, hub.transport(r), opts);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ex.push_back(*std::move(e));
+  }
+  absl::StatusOr<RankStepResult> results[2];
+  const absl::Time before = absl::Now();
+  std::thread t1([&] { results[1] = ex[1]->RunStep(0); });
+  results[0] = ex[0]->RunStep(0);
+  t1.join();
+  // Activations between the stages are [micro-batch rows 12, width 12] floats; the gradient
+  // sent back has the same shape.
+  const int64_t tensor_bytes = 12 * 12 * 4;
+  int64_t sent[2] = {0, 0}, received[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    const RankStepResult& res = *results[r];
+    EXPECT_GE(res.start, before);
+    ASSERT_EQ(res.timeline.size(), sched->ranks[r].size());
+    EXPECT_EQ(observers[r].actions.size(), res.timeline.size());
+    EXPECT_EQ(observers[r].inflight_after.back(), 0);  // every W ran
+    EXPECT_EQ(*std::max_element(observers[r].inflight_after.begin(),
+                                observers[r].inflight_after.end()),
+              res.peak_inflight);
+    int64_t prev_end = 0;
+    for (const ActionTiming& t : res.timeline) {
+      EXPECT_GE(t.start_ns, prev_end) << t.action.ToString();  // in order, no overlap
+      EXPECT_GE(t.end_ns, t.start_ns);
+      prev_end = t.end_ns;
+      if (IsComm(t.action.kind)) {
+        EXPECT_EQ(t.bytes, tensor_bytes) << t.action.ToString();
+        const bool send = t.action.kind == ActionKind::kSendF || t.action.kind == ActionKind::kSendB;
+        (send ? sent : received)[r] += t.bytes;
+      } else {
+        EXPECT_EQ(t.bytes, 0) << t.action.ToString();
+      }
+    }
+    EXPECT_GE(res.end_ns, prev_end);
+    for (const ActionTiming& w : res.send_waits) {
+      EXPECT_TRUE(IsComm(w.action.kind));
+      EXPECT_GE(w.start_ns, prev_end);
+      EXPECT_LE(w.end_ns, res.end_ns);
+    }
+  }
+  EXPECT_EQ(sent[0], received[1]);
+  EXPECT_EQ(sent[1], received[0]);
+  EXPECT_EQ(sent[0], 2 * tensor_bytes);  // two micro-batches forward
 }
 
 TEST(PipelineFailureTest, PeerAbortStopsEveryRank) {

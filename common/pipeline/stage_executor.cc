@@ -41,7 +41,7 @@ class StageExecutor::StepState {
   absl::flat_hash_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
   absl::flat_hash_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
   absl::flat_hash_map<int, int> next_w;                   // stage -> next micro-batch to W
-  std::vector<std::unique_ptr<SendWork>> sends;
+  std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
   std::vector<float> losses;  // last stage only
   int inflight = 0;
   int peak_inflight = 0;
@@ -105,24 +105,40 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
                std::chrono::steady_clock::now() - t0)
         .count();
   };
+  result.start = absl::Now();
   absl::Status status;
+  result.timeline.reserve(schedule_.ranks[rank_].size());
   for (const Action& a : schedule_.ranks[rank_]) {
-    const int64_t start = ns_since_start();
-    status = Execute(a, st);
+    ActionTiming t{a, ns_since_start(), 0, 0};
+    status = Execute(a, st, &t.bytes);
     if (!status.ok()) {
       status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step, " at ",
                                                         a.ToString(), ": ", status.message()));
       break;
     }
-    result.timeline.push_back({a, start, ns_since_start()});
+    t.end_ns = ns_since_start();
+    result.timeline.push_back(t);
+    if (options_.observer != nullptr) options_.observer->OnAction(t, st.inflight);
   }
   // Every send must have left before the step counts as done.
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
-  for (auto& w : st.sends) {
+  for (auto& [action, w] : st.sends) {
     if (!status.ok()) break;
-    absl::Status s = w->Wait(deadline);
-    if (!s.ok()) status = absl::Status(s.code(), absl::StrCat("rank ", rank_, ": ", s.message()));
+    if (w->IsCompleted()) {
+      status = w->Wait(deadline);  // returns at once: the send's own result
+    } else {
+      ActionTiming t{action, ns_since_start(), 0, 0};
+      status = w->Wait(deadline);
+      t.end_ns = ns_since_start();
+      result.send_waits.push_back(t);
+    }
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step,
+                                                        " waiting for ", action.ToString(), ": ",
+                                                        status.message()));
+    }
   }
+  result.end_ns = ns_since_start();
   if (status.ok() && !st.stepped) {
     status = absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": the clock has no STEP action"));
@@ -139,7 +155,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   return result;
 }
 
-absl::Status StageExecutor::Execute(const Action& a, StepState& st) {
+absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* bytes) {
   const int s = a.stage;
   const int m = a.microbatch;
   const int last_stage = schedule_.num_stages() - 1;
@@ -213,27 +229,31 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st) {
       return RunWeightGradient(s, m, st);
     case ActionKind::kSendF: {
       BATON_ASSIGN_OR_RETURN(Tensor y, st.Take(st.activations_out, s, m, "activation", a));
-      st.sends.push_back(transport_->Send(schedule_.stage_to_rank[s + 1],
-                                          tag(s, TensorKind::kActivation), y));
+      *bytes = y.numel() * static_cast<int64_t>(sizeof(float));
+      st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s + 1],
+                                                tag(s, TensorKind::kActivation), y));
       return absl::OkStatus();
     }
     case ActionKind::kRecvF: {
       BATON_ASSIGN_OR_RETURN(Tensor x, transport_->Recv(schedule_.stage_to_rank[s - 1],
                                                         tag(s - 1, TensorKind::kActivation),
                                                         deadline));
+      *bytes = x.numel() * static_cast<int64_t>(sizeof(float));
       st.activations_in[StepState::Key(s, m)] = std::move(x);
       return absl::OkStatus();
     }
     case ActionKind::kSendB: {
       BATON_ASSIGN_OR_RETURN(Tensor dx, st.Take(st.gradients_out, s, m, "gradient", a));
-      st.sends.push_back(transport_->Send(schedule_.stage_to_rank[s - 1],
-                                          tag(s, TensorKind::kGradient), dx));
+      *bytes = dx.numel() * static_cast<int64_t>(sizeof(float));
+      st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s - 1],
+                                                tag(s, TensorKind::kGradient), dx));
       return absl::OkStatus();
     }
     case ActionKind::kRecvB: {
       BATON_ASSIGN_OR_RETURN(Tensor dy, transport_->Recv(schedule_.stage_to_rank[s + 1],
                                                          tag(s + 1, TensorKind::kGradient),
                                                          deadline));
+      *bytes = dy.numel() * static_cast<int64_t>(sizeof(float));
       st.gradients_in[StepState::Key(s, m)] = std::move(dy);
       return absl::OkStatus();
     }

@@ -42,16 +42,27 @@
 
 namespace baton {
 
-struct StageExecutorOptions {
-  uint64_t job_id = 0;                              // goes into every tensor tag
-  absl::Duration recv_timeout = absl::Seconds(60);  // deadline of every receive and send wait
-};
-
 // One executed action, times in nanoseconds since the step started on this rank.
 struct ActionTiming {
   Action action;
   int64_t start_ns = 0;
   int64_t end_ns = 0;
+  int64_t bytes = 0;  // tensor payload moved by a send or receive action
+};
+
+// Sees each action as it ends (metrics that must be live, such as the in-flight count).
+// Called on the executor's thread, between actions: keep it short and do not block.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // `inflight`: the (stage, micro-batch) pairs in flight after the action.
+  virtual void OnAction(const ActionTiming& timing, int inflight) = 0;
+};
+
+struct StageExecutorOptions {
+  uint64_t job_id = 0;                              // goes into every tensor tag
+  absl::Duration recv_timeout = absl::Seconds(60);  // deadline of every receive and send wait
+  StepObserver* observer = nullptr;                 // not owned; may be null
 };
 
 struct RankStepResult {
@@ -59,7 +70,13 @@ struct RankStepResult {
   // Per micro-batch losses, in micro-batch order; only on the rank owning the last stage.
   std::vector<float> losses;
   int peak_inflight = 0;
+  // The clock's actions as they ran, in clock order.
   std::vector<ActionTiming> timeline;
+  // After the clock, the waits for sends still in flight, each naming its send action;
+  // only waits that blocked are listed.
+  std::vector<ActionTiming> send_waits;
+  absl::Time start;    // wall clock when the step started on this rank
+  int64_t end_ns = 0;  // when the step ended (every send gone), since start
 };
 
 class StageExecutor {
@@ -90,7 +107,8 @@ class StageExecutor {
   class StepState;
 
   StageExecutor() = default;
-  absl::Status Execute(const Action& a, StepState& st);
+  // `bytes` receives the payload size of a send or receive.
+  absl::Status Execute(const Action& a, StepState& st, int64_t* bytes);
   absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
   Chunk* ChunkFor(int stage);
 

@@ -1,5 +1,8 @@
 #include "common/rpc/rpc.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -39,6 +42,19 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& o
     *bound_address = absl::StrCat(host, ":", port);
   }
   return server;
+}
+
+absl::Status WritePortFile(const std::string& path, const std::string& address) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << address << "\n";
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {

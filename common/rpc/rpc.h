@@ -38,6 +38,10 @@ struct ServerOptions {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& options,
                                                           std::string* bound_address);
 
+// Writes "address\n" to `path` atomically (through path.tmp and a rename), so a process
+// waiting for the file never reads half of it. UNAVAILABLE names the file on failure.
+absl::Status WritePortFile(const std::string& path, const std::string& address);
+
 // A channel to `address` with baton's defaults (no TLS on the cluster network; message
 // limits matching StartServer's).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);

@@ -1,0 +1,84 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <utility>
+
+#include "common/metrics/metrics.h"
+#include "prometheus/metric_family.h"
+
+namespace baton {
+
+class CoordinatorMetrics::Collector : public prometheus::Collectable {
+ public:
+  void Set(std::function<StateCounts()> source) {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = std::move(source);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    StateCounts counts;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!source_) return {};
+      counts = source_();
+    }
+    return {Family("baton_coordinator_workers", "Registered workers by state.", counts.workers),
+            Family("baton_coordinator_jobs", "Jobs by state, history included.", counts.jobs)};
+  }
+
+ private:
+  static prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                         const std::map<std::string, int64_t>& by_state) {
+    prometheus::MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = prometheus::MetricType::Gauge;
+    for (const auto& [state, n] : by_state) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"state", state});
+      m.gauge.value = static_cast<double>(n);
+      f.metric.push_back(std::move(m));
+    }
+    return f;
+  }
+
+  mutable std::mutex mu_;
+  std::function<StateCounts()> source_ ABSL_GUARDED_BY(mu_);
+};
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
+    : queue_wait_(prometheus::BuildHistogram()
+                      .Name("baton_coordinator_queue_wait_seconds")
+                      .Help("Time from submission to running, per job that ran.")
+                      .Register(registry)
+                      .Add({}, StepSecondsBuckets())),
+      heartbeats_missed_(prometheus::BuildCounter()
+                             .Name("baton_coordinator_heartbeats_missed_total")
+                             .Help("Heartbeat intervals that passed without a heartbeat.")
+                             .Register(registry)
+                             .Add({})),
+      lease_expirations_(prometheus::BuildCounter()
+                             .Name("baton_coordinator_lease_expirations_total")
+                             .Help("Worker leases that expired.")
+                             .Register(registry)
+                             .Add({})),
+      collector_(std::make_shared<Collector>()) {}
+
+void CoordinatorMetrics::ObserveQueueWait(absl::Duration wait) {
+  queue_wait_.Observe(absl::ToDoubleSeconds(wait));
+}
+
+void CoordinatorMetrics::AddHeartbeatsMissed(int64_t n) {
+  if (n > 0) heartbeats_missed_.Increment(static_cast<double>(n));
+}
+
+void CoordinatorMetrics::AddLeaseExpiration() { lease_expirations_.Increment(); }
+
+std::shared_ptr<prometheus::Collectable> CoordinatorMetrics::StateCollector() {
+  return collector_;
+}
+
+void CoordinatorMetrics::SetStateSource(std::function<StateCounts()> source) {
+  collector_->Set(std::move(source));
+}
+
+}  // namespace baton

@@ -1,0 +1,59 @@
+// The coordinator's Prometheus metrics (contract: docs/observability.md).
+//
+// Counters and histograms are updated as things happen; the gauges of workers and jobs by
+// state are computed when Prometheus scrapes, from a snapshot the coordinator supplies
+// (so they cannot drift from the registry and the job store).
+//
+// Thread-safe.
+#ifndef BATON_COORDINATOR_COORDINATOR_METRICS_H_
+#define BATON_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace baton {
+
+// Workers and jobs by state label ("idle", "queued", ...).
+struct StateCounts {
+  std::map<std::string, int64_t> workers;
+  std::map<std::string, int64_t> jobs;
+};
+
+class CoordinatorMetrics {
+ public:
+  explicit CoordinatorMetrics(prometheus::Registry& registry);
+
+  void ObserveQueueWait(absl::Duration wait);
+  void AddHeartbeatsMissed(int64_t n);
+  void AddLeaseExpiration();
+
+  // The collector of baton_coordinator_workers and baton_coordinator_jobs; serve it beside
+  // the registry. Until SetStateSource is called it reports nothing.
+  std::shared_ptr<prometheus::Collectable> StateCollector();
+  // `source` is called on the scraping thread; it must be safe to call then, and until
+  // cleared with an empty function.
+  void SetStateSource(std::function<StateCounts()> source);
+
+ private:
+  class Collector;
+  prometheus::Histogram& queue_wait_;
+  prometheus::Counter& heartbeats_missed_;
+  prometheus::Counter& lease_expirations_;
+  std::shared_ptr<Collector> collector_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_COORDINATOR_METRICS_H_

@@ -1,0 +1,202 @@
+#include "worker/worker_metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/metrics/metrics.h"
+
+namespace baton {
+namespace {
+
+// The `kind` label of an action's duration.
+const char* KindLabel(ActionKind k) {
+  switch (k) {
+    case ActionKind::kForward: return "F";
+    case ActionKind::kBackward: return "B";
+    case ActionKind::kBackwardInput: return "I";
+    case ActionKind::kBackwardWeight: return "W";
+    case ActionKind::kSendF:
+    case ActionKind::kSendB: return "send";
+    case ActionKind::kRecvF:
+    case ActionKind::kRecvB: return "recv_wait";
+    case ActionKind::kStep: return "optimizer";
+  }
+  return "other";
+}
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
+    : registry_(registry),
+      device_info_(prometheus::BuildGauge()
+                       .Name("baton_worker_device_info")
+                       .Help("The device the worker runs on (value 1).")
+                       .Register(registry)),
+      busy_(prometheus::BuildGauge()
+                .Name("baton_worker_busy")
+                .Help("1 while the worker runs a job.")
+                .Register(registry)
+                .Add({})),
+      steps_(prometheus::BuildCounter()
+                 .Name("baton_worker_steps_total")
+                 .Help("Training steps finished by this rank.")
+                 .Register(registry)),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("baton_worker_step_duration_seconds")
+                        .Help("Wall time of one step on this rank, clock start to last send "
+                              "done.")
+                        .Register(registry)),
+      action_seconds_(prometheus::BuildHistogram()
+                          .Name("baton_worker_action_duration_seconds")
+                          .Help("Time of one clock action by stage and kind (F, B, I, W, "
+                                "send, recv_wait, send_wait, optimizer).")
+                          .Register(registry)),
+      bubble_(prometheus::BuildGauge()
+                  .Name("baton_worker_bubble_ratio")
+                  .Help("Idle share of the last step on this rank: 1 - compute / step time.")
+                  .Register(registry)),
+      sent_bytes_(prometheus::BuildCounter()
+                      .Name("baton_worker_sent_bytes_total")
+                      .Help("Tensor payload bytes sent from stage to peer_stage.")
+                      .Register(registry)),
+      received_bytes_(prometheus::BuildCounter()
+                          .Name("baton_worker_received_bytes_total")
+                          .Help("Tensor payload bytes stage received from peer_stage.")
+                          .Register(registry)),
+      inflight_(prometheus::BuildGauge()
+                    .Name("baton_worker_inflight_activations")
+                    .Help("Micro-batches whose activations this rank holds now.")
+                    .Register(registry)),
+      inflight_peak_(prometheus::BuildGauge()
+                         .Name("baton_worker_inflight_activations_peak")
+                         .Help("Peak of baton_worker_inflight_activations during the last "
+                               "step.")
+                         .Register(registry)),
+      samples_(prometheus::BuildCounter()
+                   .Name("baton_worker_samples_total")
+                   .Help("Samples through this rank.")
+                   .Register(registry)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("baton_worker_tokens_total")
+                  .Help("Tokens through this rank (gpt models; 0 otherwise).")
+                  .Register(registry)),
+      loss_(prometheus::BuildGauge()
+                .Name("baton_worker_loss")
+                .Help("Mean loss of the last step (the rank owning the last stage).")
+                .Register(registry)) {}
+
+void WorkerMetrics::SetDevice(const std::string& worker_id,
+                              const baton::v1::DeviceInfo& device) {
+  device_info_.Add({{"worker_id", worker_id}, {"kind", device.kind()}, {"name", device.name()}})
+      .Set(1);
+}
+
+void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
+
+template <typename T>
+T& WorkerMetrics::Track(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+  T& metric = family.Add(labels);
+  removers_.push_back([&family, &metric] { family.Remove(&metric); });
+  return metric;
+}
+
+template <typename T, typename... Args>
+T& WorkerMetrics::TrackWith(prometheus::Family<T>& family, const prometheus::Labels& labels,
+                            Args&&... args) {
+  T& metric = family.Add(labels, std::forward<Args>(args)...);
+  removers_.push_back([&family, &metric] { family.Remove(&metric); });
+  return metric;
+}
+
+StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
+  for (auto& remove : removers_) remove();
+  removers_.clear();
+  actions_now_.clear();
+  bytes_now_.clear();
+  loss_now_ = nullptr;
+  job_ = info;
+  const prometheus::Labels rank = {{"job_id", info.job_id}, {"rank", absl::StrCat(info.rank)}};
+  steps_now_ = &Track(steps_, rank);
+  step_seconds_now_ = &TrackWith(step_seconds_, rank, StepSecondsBuckets());
+  bubble_now_ = &Track(bubble_, rank);
+  inflight_now_ = &Track(inflight_, rank);
+  inflight_peak_now_ = &Track(inflight_peak_, rank);
+  samples_now_ = &Track(samples_, rank);
+  tokens_now_ = &Track(tokens_, rank);
+  return this;
+}
+
+prometheus::Histogram& WorkerMetrics::ActionHistogram(const std::string& stage,
+                                                      const std::string& kind) {
+  prometheus::Histogram*& h = actions_now_[{stage, kind}];
+  if (h == nullptr) {
+    h = &TrackWith(action_seconds_,
+                   {{"job_id", job_.job_id}, {"stage", stage}, {"kind", kind}},
+                   ActionSecondsBuckets());
+  }
+  return *h;
+}
+
+prometheus::Counter& WorkerMetrics::Bytes(bool sent, int stage, int peer_stage,
+                                          bool activation) {
+  prometheus::Counter*& c = bytes_now_[{sent, stage, peer_stage, activation}];
+  if (c == nullptr) {
+    c = &Track(sent ? sent_bytes_ : received_bytes_,
+               {{"job_id", job_.job_id},
+                {"transport", job_.transport},
+                {"stage", absl::StrCat(stage)},
+                {"peer_stage", absl::StrCat(peer_stage)},
+                {"kind", activation ? "activation" : "gradient"}});
+  }
+  return *c;
+}
+
+void WorkerMetrics::OnAction(const ActionTiming&, int inflight) {
+  if (inflight_now_ != nullptr) inflight_now_->Set(inflight);
+}
+
+void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> loss) {
+  if (steps_now_ == nullptr) return;  // no BeginJob
+  // The optimizer update belongs to the rank, not to one stage: label it with all of them.
+  const std::string rank_stages = absl::StrJoin(job_.stages, "+");
+  int64_t compute_ns = 0;
+  for (const ActionTiming& t : step.timeline) {
+    const int64_t ns = t.end_ns - t.start_ns;
+    const Action& a = t.action;
+    if (IsCompute(a.kind) || a.kind == ActionKind::kStep) compute_ns += ns;
+    const std::string stage =
+        a.kind == ActionKind::kStep ? rank_stages : absl::StrCat(a.stage);
+    ActionHistogram(stage, KindLabel(a.kind)).Observe(Seconds(ns));
+    switch (a.kind) {
+      case ActionKind::kSendF: Bytes(true, a.stage, a.stage + 1, true).Increment(t.bytes); break;
+      case ActionKind::kSendB: Bytes(true, a.stage, a.stage - 1, false).Increment(t.bytes); break;
+      case ActionKind::kRecvF: Bytes(false, a.stage, a.stage - 1, true).Increment(t.bytes); break;
+      case ActionKind::kRecvB:
+        Bytes(false, a.stage, a.stage + 1, false).Increment(t.bytes);
+        break;
+      default: break;
+    }
+  }
+  for (const ActionTiming& t : step.send_waits) {
+    ActionHistogram(absl::StrCat(t.action.stage), "send_wait")
+        .Observe(Seconds(t.end_ns - t.start_ns));
+  }
+  steps_now_->Increment();
+  step_seconds_now_->Observe(Seconds(step.end_ns));
+  bubble_now_->Set(step.end_ns > 0
+                       ? std::max(0.0, 1.0 - static_cast<double>(compute_ns) /
+                                                 static_cast<double>(step.end_ns))
+                       : 0.0);
+  inflight_peak_now_->Set(step.peak_inflight);
+  samples_now_->Increment(static_cast<double>(job_.samples_per_step));
+  tokens_now_->Increment(static_cast<double>(job_.tokens_per_step));
+  if (loss.has_value()) {
+    if (loss_now_ == nullptr) loss_now_ = &Track(loss_, {{"job_id", job_.job_id}});
+    loss_now_->Set(*loss);
+  }
+}
+
+}  // namespace baton
