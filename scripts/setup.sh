@@ -10,7 +10,8 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libopenblas-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
-  python3
+  python3 python3-venv
+  prometheus docker-compose yamllint
 )
 
 missing=()
