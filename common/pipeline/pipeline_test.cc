@@ -215,18 +215,34 @@ TEST(PipelineFailureTest, InvalidCustomClockIsRefused) {
   EXPECT_FALSE(t.ok()) << "an invalid clock was accepted";
 }
 
+// The MLP job as a 2-stage 1F1B pipeline with 2 micro-batches, for driving executors
+// directly.
+struct TwoStageMlp {
+  TwoStageMlp() {
+    spec = MlpJob();
+    spec.mutable_pipeline()->set_stages(2);
+    spec.mutable_pipeline()->set_microbatches(2);
+    EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+    absl::StatusOr<Schedule> s = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) sched = *s;
+    absl::StatusOr<std::vector<BlockRange>> b = PartitionBlocks(DescribeBlocks(spec.model()), 2);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (b.ok()) blocks = *b;
+  }
+  baton::v1::JobSpec spec;
+  Schedule sched;
+  std::vector<BlockRange> blocks;
+};
+
 // A rank whose peer never sends ends its step at the receive deadline with an error naming
 // the peer and the tag, and aborts the transport so nobody else waits either.
 TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
-  baton::v1::JobSpec spec = MlpJob();
-  auto* p = spec.mutable_pipeline();
-  p->set_stages(2);
-  p->set_microbatches(2);
-  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
-  absl::StatusOr<Schedule> sched = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
-  ASSERT_TRUE(sched.ok()) << sched.status();
-  auto blocks = PartitionBlocks(DescribeBlocks(spec.model()), 2);
-  ASSERT_TRUE(blocks.ok());
+  TwoStageMlp job;
+  ASSERT_EQ(job.blocks.size(), 2u);
+  const baton::v1::JobSpec& spec = job.spec;
+  const Schedule* sched = &job.sched;
+  const std::vector<BlockRange>* blocks = &job.blocks;
   InProcessHub hub(2);
   StageExecutorOptions opts;
   opts.recv_timeout = absl::Milliseconds(100);
@@ -260,15 +276,11 @@ class RecordingObserver : public StepObserver {
 };
 
 TEST(PipelineTimelineTest, RecordsBytesEndAndInflightForEveryAction) {
-  baton::v1::JobSpec spec = MlpJob();
-  auto* p = spec.mutable_pipeline();
-  p->set_stages(2);
-  p->set_microbatches(2);
-  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
-  absl::StatusOr<Schedule> sched = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
-  ASSERT_TRUE(sched.ok()) << sched.status();
-  auto blocks = PartitionBlocks(DescribeBlocks(spec.model()), 2);
-  ASSERT_TRUE(blocks.ok());
+  TwoStageMlp job;
+  ASSERT_EQ(job.blocks.size(), 2u);
+  const baton::v1::JobSpec& spec = job.spec;
+  const Schedule* sched = &job.sched;
+  const std::vector<BlockRange>* blocks = &job.blocks;
   InProcessHub hub(2);
   RecordingObserver observers[2];
   std::vector<std::unique_ptr<StageExecutor>> ex;
