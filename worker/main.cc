@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/host_info.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
@@ -34,22 +35,6 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the bound metrics host:port to this file once serving");
 
-namespace {
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "cpu";
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // Block the stop signals in every thread; main waits for them with sigwait.
@@ -66,7 +51,7 @@ int main(int argc, char** argv) {
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
   options.device.set_kind("cpu");
-  options.device.set_name(CpuModel());
+  options.device.set_name(baton::CpuModelName());
   options.device.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
                                   sysconf(_SC_PAGE_SIZE));
 
