@@ -521,8 +521,8 @@ def cmd_docker(dockerfile, setup_sh, bin_dir):
     # image does not need.
     m = re.search(r"^PACKAGES=\((.*?)^\)", open(setup_sh).read(), re.M | re.S)
     setup = set(re.sub(r"#.*", "", m.group(1)).split()) if m else set()
-    not_for_image = {"ccache", "python3", "libbenchmark-dev", "prometheus", "docker-compose",
-                     "yamllint"}
+    not_for_image = {"ccache", "python3", "python3-venv", "libbenchmark-dev", "prometheus",
+                     "docker-compose", "yamllint"}
     missing = sorted(setup - not_for_image - set(build))
     expect(setup and not missing, "Dockerfile BUILD_PACKAGES lacks %s from %s"
            % (missing, setup_sh))
