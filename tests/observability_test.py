@@ -7,7 +7,8 @@ pointed at the local ports), and an interleaved job (2 ranks x 2 chunks: 4 stage
 while it runs, as a user watches the dashboard; it is cancelled at the end. Then:
   1. Every expression of the Grafana dashboard (tests/dashboard_test.py --print-exprs),
      queried through Prometheus' HTTP API, returns at least one series with a number
-     (polled: rates need two scrapes of a changing counter).
+     (polled: rates need two scrapes of a changing counter), and its template variables
+     resolve to the running job.
   2. `batonctl trace` of the job is valid trace-event JSON with one track per stage, and
      per rank exactly the actions of the rank's clock (`batonctl plan --output json`).
   3. `promtool check metrics` passes on the coordinator's and a worker's /metrics;
@@ -216,6 +217,26 @@ def check_dashboard(prom, job_id, timeout=120):
     print(f"  all {len(exprs)} dashboard expressions return data")
 
 
+def check_variables(prom, job_id):
+    """Every template variable of the dashboard resolves: its label_values(metric, label)
+    query, asked of Prometheus as Grafana asks it, lists the running job."""
+    with open(os.path.join(ROOT, "deploy", "grafana", "dashboards", "baton.json")) as f:
+        variables = json.load(f).get("templating", {}).get("list", [])
+    check(variables, "the dashboard has no template variables")
+    for v in variables:
+        query = v.get("query")
+        if isinstance(query, dict):
+            query = query.get("query")
+        m = re.fullmatch(r"\s*label_values\(\s*(\w+)\s*,\s*(\w+)\s*\)\s*", query or "")
+        check(m, f"variable {v.get('name')}: query {query!r} is not label_values(metric, label)")
+        metric, label = m.groups()
+        url = (prom.url + f"/api/v1/label/{label}/values?" +
+               urllib.parse.urlencode({"match[]": metric}))
+        got = json.loads(http_get(url))["data"]
+        check(job_id in got, f"variable {v['name']} ({query}) resolves to {got}, not {job_id}")
+    print(f"  {len(variables)} dashboard variable(s) resolve to the running job")
+
+
 def check_trace(c, tmp, job_id, spec_path):
     out = os.path.join(tmp, "trace.json")
     c.ctl_ok("trace", job_id, "-o", out)
@@ -292,6 +313,7 @@ def main():
         c.wait_steps(job_id, 5, timeout=120)
 
         check_dashboard(prom, job_id)
+        check_variables(prom, job_id)
         check_trace(c, tmp, job_id, spec_path)
         job = c.ctl_json("cancel", job_id, "--reason", "observability test done")
         check(job["state"] == "JOB_STATE_CANCELLED", f"cancel left the job {job['state']}")
