@@ -19,6 +19,8 @@ Cases (the issue's "done means"):
      history; the workers register again.
   5. SIGKILL of a worker mid-job fails the job within the lease TTL (2 s, heartbeats every
      0.5 s) with a reason naming the worker; the other workers are IDLE again.
+  7. SIGTERM of a worker mid-job (how Kubernetes and compose stop it): the worker exits 0
+     within seconds, the job fails with a reason, the other workers are IDLE again.
 
 usage: cluster_test.py --bin-dir build/bin --examples client/examples [--keep]
 """
@@ -556,6 +558,33 @@ def case_worker_killed(c):
     print(f"  {time.monotonic() - start:.1f} s after the kill: {c.describe_workers()}")
 
 
+def case_worker_sigterm(c):
+    """7. SIGTERM of a worker mid-job (Kubernetes and compose stop pods and containers this
+    way): the worker aborts its rank, reports it and exits 0 well inside a 30 s grace
+    period; the job fails with a reason, the other workers are IDLE again."""
+    c.ensure_workers(4)
+    spec = c.write_spec(tiny_gpt("stopped-gpt", steps=1000000))
+    job_id = c.submit(spec, "--schedule", "1f1b", "--stages", "4")["id"]
+    job = c.wait_steps(job_id, 2)
+    victim = job["workers"][2]
+    check(victim in c.procs, f"rank 2 runs on {victim}, which this test did not start")
+    start = time.monotonic()
+    status = c.stop(victim, signal.SIGTERM, timeout=15)
+    exit_s = time.monotonic() - start
+    print(f"  {victim} (rank 2) exited with status {status} {exit_s:.1f} s after SIGTERM")
+    check(status == 0, f"{victim} exited with status {status} after SIGTERM")
+    check(exit_s <= 10, f"{victim} took {exit_s:.1f} s to stop (grace periods are ~30 s)")
+    job = c.wait_state(job_id, ["JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                                "JOB_STATE_SUCCEEDED"], 20)
+    reason = last_reason(job)
+    print(f"  {job_id}: {job['state']} after {time.monotonic() - start:.1f} s: {reason}")
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    victim_address = c.worker_addresses.get(victim, victim)
+    check(victim in reason or victim_address in reason or "shutting down" in reason,
+          f"the reason names neither {victim} nor the shutdown: '{reason}'")
+    c.wait_idle(3, timeout=10, ids=[w for w in job["workers"] if w != victim])
+
+
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
@@ -568,6 +597,8 @@ CASES = [
     ("6", "restarting the coordinator on the same --db keeps the job history", case_restart),
     ("5", f"SIGKILL of a worker mid-job: FAILED within the lease TTL ({LEASE_TTL_S:g} s) naming"
           " the worker; the others IDLE", case_worker_killed),
+    ("7", "SIGTERM of a worker mid-job: it exits 0 within seconds, the job FAILED with a "
+          "reason, the others IDLE", case_worker_sigterm),
 ]
 
 
