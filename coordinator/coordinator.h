@@ -152,7 +152,7 @@ struct CoordinatorOptions {
   // be null. Create() points its state gauges at this coordinator (and Stop() away).
   CoordinatorMetrics* metrics = nullptr;
   // Action timelines (batonctl trace) are kept for each job's latest this many steps.
-  int64_t trace_steps = 1000;
+  int64_t trace_steps = 200;
 };
 
 // A WatchJob subscription. Not thread-safe (one stream handler owns it).

@@ -41,7 +41,7 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
           "no metrics)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics host:port is written to this file once serving");
-ABSL_FLAG(int64_t, trace_steps, 1000,
+ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
 namespace {
