@@ -61,4 +61,32 @@ if "$BATONCTL" train-local -f "$tmp/does-not-exist.json" >"$tmp/nf.out" 2>&1; th
   fail "missing spec file accepted"
 fi
 grep -qF "does-not-exist.json" "$tmp/nf.out" || fail "missing spec file not named"
+# --pipeline --trace: the last step's timeline as trace-event JSON, one track per stage
+# and, per rank, exactly the actions of its clock (as batonctl plan prints them). The
+# tiny MLP as 2 ranks x 2 chunks of interleaved 1F1B: 4 stages on 2 ranks.
+sed -e 's/"stages": 1, "microbatches": 4, "schedule": "SCHEDULE_1F1B"/"stages": 2, "virtualStages": 2, "microbatches": 4, "schedule": "SCHEDULE_INTERLEAVED_1F1B"/' \
+  "$EXAMPLES/mlp-tiny.json" >"$tmp/interleaved.json"
+grep -q SCHEDULE_INTERLEAVED_1F1B "$tmp/interleaved.json" || fail "could not make the interleaved spec"
+"$BATONCTL" train-local -f "$tmp/interleaved.json" --pipeline --steps 2 \
+  --trace "$tmp/trace.json" >/dev/null || fail "train-local --pipeline --trace failed"
+"$BATONCTL" plan -f "$tmp/interleaved.json" --output json >"$tmp/plan.json" \
+  || fail "plan -f interleaved.json failed"
+python3 - "$tmp/trace.json" "$tmp/plan.json" <<'PY' || fail "the local trace does not match the clocks"
+import collections, json, sys
+trace, plan = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+events = trace["traceEvents"]
+tracks = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+assert tracks == {(r, s) for s, r in enumerate(plan["stage_to_rank"])}, tracks
+assert trace["otherData"]["step"] == 2, trace["otherData"]
+for rank, clock in enumerate(plan["ranks"]):
+    got = collections.Counter(e["name"] for e in events
+                              if e["ph"] == "X" and e["pid"] == rank and e["cat"] != "send_wait")
+    assert got == collections.Counter(clock), (rank, got, clock)
+print(f"local trace: {len(tracks)} tracks, {sum(map(len, plan['ranks']))} actions as planned")
+PY
+if "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --trace "$tmp/t.json" >"$tmp/t.out" 2>&1; then
+  fail "--trace without --pipeline accepted"
+fi
+grep -qF -- "--trace needs --pipeline" "$tmp/t.out" || fail "--trace without --pipeline: $(cat "$tmp/t.out")"
+
 echo "batonctl train-local: all checks passed"

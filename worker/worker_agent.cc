@@ -1,8 +1,8 @@
 #include "worker/worker_agent.h"
 
 #include <algorithm>
-#include <optional>
 #include <cstdio>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -10,6 +10,7 @@
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/pipeline/stage_executor.h"
+#include "common/pipeline/step_trace.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/schedule.h"
 #include "common/spec/spec.h"
@@ -91,24 +92,6 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
   *out.mutable_recv_wait() = ToProtoDuration(absl::Nanoseconds(recv));
   *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(total));
   out.set_peak_inflight(r.peak_inflight);
-  return out;
-}
-
-baton::v1::RankTrace Trace(const RankStepResult& r) {
-  baton::v1::RankTrace out;
-  out.set_rank(r.rank);
-  out.set_start_unix_nanos(absl::ToUnixNanos(r.start));
-  out.set_end_ns(r.end_ns);
-  auto add = [&out](const ActionTiming& t, bool send_wait) {
-    baton::v1::ActionSpan* span = out.add_actions();
-    span->set_action(t.action.ToString());
-    span->set_start_ns(t.start_ns);
-    span->set_end_ns(t.end_ns);
-    span->set_bytes(t.bytes);
-    span->set_send_wait(send_wait);
-  };
-  for (const ActionTiming& t : r.timeline) add(t, false);
-  for (const ActionTiming& t : r.send_waits) add(t, true);
   return out;
 }
 
@@ -414,7 +397,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     }
     if (options_.metrics != nullptr) options_.metrics->RecordStep(*r, loss);
     *req.mutable_timing() = Timing(*r);
-    *req.mutable_trace() = Trace(*r);
+    *req.mutable_trace() = RankTraceFromStep(*r);
     baton::v1::ReportProgressResponse resp;
     auto ctx = ContextWithTimeout(options_.rpc_timeout);
     absl::Status s = FromGrpcStatus(cluster_->ReportProgress(ctx.get(), req, &resp));

@@ -1,6 +1,5 @@
 // batonctl trace: one step's action timeline on every rank, as Chrome trace-event JSON.
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -63,24 +62,10 @@ int Trace(const std::vector<std::string>& argv) {
   if (!json.ok()) return c.Fail(json.status());
 
   const std::string path = args->Get("output", "-");
-  if (path == "-") {
-    std::fputs(json->c_str(), stdout);
-    return 0;
+  if (absl::Status s = WriteOutputFile(path, *json); !s.ok()) {
+    return CommandFail(kCommand, std::string(s.message()));
   }
-  // Write beside the target and rename, so a failed write leaves no half file.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << *json;
-    if (!out) {
-      std::remove(tmp.c_str());
-      return CommandFail(kCommand, absl::StrCat("cannot write ", path));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return CommandFail(kCommand, absl::StrCat("cannot write ", path));
-  }
+  if (path == "-") return 0;
   int actions = 0;
   for (const auto& r : trace.ranks()) actions += r.actions_size();
   std::fprintf(stderr, "wrote %s: %s step %lld, %d ranks, %d stages, %d events\n", path.c_str(),

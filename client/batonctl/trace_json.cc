@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -122,6 +123,28 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
   }
   absl::StrAppend(&out, "]}\n");
   return out;
+}
+
+absl::Status WriteOutputFile(const std::string& path, const std::string& contents) {
+  if (path == "-") {
+    std::fwrite(contents.data(), 1, contents.size(), stdout);
+    return std::fflush(stdout) == 0 ? absl::OkStatus()
+                                    : absl::UnavailableError("cannot write to stdout");
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << contents;
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::UnavailableError(absl::StrCat("cannot write ", path));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace baton::cli

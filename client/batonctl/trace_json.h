@@ -20,6 +20,10 @@ namespace baton::cli {
 // INVALID_ARGUMENT when an action does not parse or names a stage outside the job.
 absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace);
 
+// Writes `contents` to `path` ("-": stdout) through path.tmp and a rename, so a failed
+// write leaves no half file. UNAVAILABLE names the file.
+absl::Status WriteOutputFile(const std::string& path, const std::string& contents);
+
 }  // namespace baton::cli
 
 #endif  // BATON_CLIENT_BATONCTL_TRACE_JSON_H_

@@ -11,8 +11,10 @@
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
+#include "client/batonctl/trace_json.h"
 #include "common/core/backend.h"
 #include "common/pipeline/local_pipeline.h"
+#include "common/pipeline/step_trace.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "google/protobuf/util/json_util.h"
@@ -28,6 +30,8 @@ const std::vector<FlagSpec>& Flags() {
       {"seed", "", false, "override the spec's seed"},
       {"pipeline", "", true, "run the spec's pipeline schedule on stage threads"},
       {"schedule-csv", "", false, "with --pipeline: run this clock (PyTorch CSV) instead"},
+      {"trace", "", false,
+       "with --pipeline: write the last step's timeline here (Chrome trace-event JSON)"},
       {"blas-threads", "", false, "OpenBLAS threads (default 1; results do not depend on it)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
@@ -89,6 +93,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
   }
   const bool pipeline = args->Get("pipeline") == "true";
   if (args->Has("schedule-csv") && !pipeline) return Fail("--schedule-csv needs --pipeline");
+  if (args->Has("trace") && !pipeline) return Fail("--trace needs --pipeline");
   absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args->Get("file"));
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
   absl::StatusOr<int64_t> steps = args->GetInt("steps", spec->steps());
@@ -107,6 +112,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
   std::unique_ptr<ReferenceTrainer> reference;
   std::unique_ptr<LocalPipelineTrainer> pipe;
   std::vector<int> peak_inflight;
+  std::vector<RankStepResult> last_step;  // --pipeline: every rank's last step
   if (pipeline) {
     LocalPipelineOptions opts;
     if (args->Has("schedule-csv")) {
@@ -128,6 +134,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
       for (size_t r = 0; r < s->peak_inflight.size(); ++r) {
         peak_inflight[r] = std::max(peak_inflight[r], s->peak_inflight[r]);
       }
+      last_step = s->ranks;
       return static_cast<StepStats>(*s);
     };
     run.digests = [&] { return pipe->BlockDigests(); };
@@ -209,6 +216,22 @@ int TrainLocal(const std::vector<std::string>& argv) {
     for (int v : peak_inflight) p->add_peak_inflight(v);
     for (const BlockRange& b : pipe->stage_blocks()) {
       p->add_stage_blocks(absl::StrFormat("%d-%d", b.first, b.last - 1));
+    }
+  }
+
+  if (args->Has("trace") && pipe != nullptr && !last_step.empty()) {
+    const Schedule& sc = pipe->schedule();
+    baton::v1::JobTrace trace;
+    trace.set_job_id(s.name().empty() ? "train-local" : s.name());
+    trace.set_step(s.steps());
+    trace.set_num_stages(sc.num_stages());
+    for (int r : sc.stage_to_rank) trace.add_stage_to_rank(r);
+    trace.set_schedule(ScheduleKindName(sc.kind));
+    for (const RankStepResult& r : last_step) *trace.add_ranks() = RankTraceFromStep(r);
+    absl::StatusOr<std::string> json = ChromeTraceJson(trace);
+    if (!json.ok()) return Fail(std::string(json.status().message()));
+    if (absl::Status w = WriteOutputFile(args->Get("trace"), *json); !w.ok()) {
+      return Fail(std::string(w.message()));
     }
   }
 
