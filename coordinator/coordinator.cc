@@ -7,8 +7,8 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -766,19 +766,18 @@ StateCounts Coordinator::CountStates() {
       }
     }
   }
-  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_CANCELLED; ++s) {
-    std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
-    counts.jobs[name.substr(std::string("job_state_").size())] = 0;
-  }
+  // Every state gets a series (0 included); when the store cannot be read, none does
+  // rather than wrong zeros.
   absl::StatusOr<std::map<JobState, int64_t>> by_state = store_->CountByState();
-  if (by_state.ok()) {
-    for (const auto& [state, n] : *by_state) {
-      std::string name = absl::AsciiStrToLower(JobState_Name(state));
-      if (absl::StartsWith(name, "job_state_")) name = name.substr(10);
-      counts.jobs[name] = n;
-    }
-  } else {
+  if (!by_state.ok()) {
     LogWarning(absl::StrCat("metrics: ", by_state.status().ToString()));
+    return counts;
+  }
+  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_CANCELLED; ++s) {
+    const auto it = by_state->find(static_cast<JobState>(s));
+    std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
+    counts.jobs[name.substr(std::string("job_state_").size())] =
+        it == by_state->end() ? 0 : it->second;
   }
   return counts;
 }

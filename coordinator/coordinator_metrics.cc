@@ -17,6 +17,7 @@ class CoordinatorMetrics::Collector : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     StateCounts counts;
     {
+      // Held while the source runs: once Set(nullptr) returns, no call is in flight.
       std::lock_guard<std::mutex> lock(mu_);
       if (!source_) return {};
       counts = source_();

@@ -67,7 +67,7 @@ absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
 }
 
 baton::v1::RankTiming Timing(const RankStepResult& r) {
-  int64_t f = 0, b = 0, w = 0, send = 0, recv = 0, total = 0;
+  int64_t f = 0, b = 0, w = 0, send = 0, recv = 0;
   for (const ActionTiming& t : r.timeline) {
     const int64_t d = t.end_ns - t.start_ns;
     switch (t.action.kind) {
@@ -81,16 +81,15 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
       case ActionKind::kRecvB: recv += d; break;
       case ActionKind::kStep: break;
     }
-    total = std::max(total, t.end_ns);
   }
-  total = std::max(total, r.end_ns);  // the final send waits count toward the step
   baton::v1::RankTiming out;
   *out.mutable_forward() = ToProtoDuration(absl::Nanoseconds(f));
   *out.mutable_backward() = ToProtoDuration(absl::Nanoseconds(b));
   *out.mutable_weight() = ToProtoDuration(absl::Nanoseconds(w));
   *out.mutable_send() = ToProtoDuration(absl::Nanoseconds(send));
   *out.mutable_recv_wait() = ToProtoDuration(absl::Nanoseconds(recv));
-  *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(total));
+  // The step ends after its final send waits (end_ns), not at its last action.
+  *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(r.end_ns));
   out.set_peak_inflight(r.peak_inflight);
   return out;
 }

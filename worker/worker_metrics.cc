@@ -30,8 +30,7 @@ double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 }  // namespace
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
-    : registry_(registry),
-      device_info_(prometheus::BuildGauge()
+    : device_info_(prometheus::BuildGauge()
                        .Name("baton_worker_device_info")
                        .Help("The device the worker runs on (value 1).")
                        .Register(registry)),

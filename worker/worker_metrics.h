@@ -62,7 +62,6 @@ class WorkerMetrics : private StepObserver {
   template <typename T, typename... Args>
   T& TrackWith(prometheus::Family<T>& family, const prometheus::Labels& labels, Args&&... args);
 
-  prometheus::Registry& registry_;
   prometheus::Family<prometheus::Gauge>& device_info_;
   prometheus::Gauge& busy_;
   prometheus::Family<prometheus::Counter>& steps_;

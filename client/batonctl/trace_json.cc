@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
