@@ -561,7 +561,7 @@ def case_worker_killed(c):
 def case_worker_sigterm(c):
     """7. SIGTERM of a worker mid-job (Kubernetes and compose stop pods and containers this
     way): the worker aborts its rank, reports it and exits 0 well inside a 30 s grace
-    period; the job fails with a reason, the other workers are IDLE again."""
+    period; the job fails saying that worker shut down, the other workers are IDLE again."""
     c.ensure_workers(4)
     spec = c.write_spec(tiny_gpt("stopped-gpt", steps=1000000))
     job_id = c.submit(spec, "--schedule", "1f1b", "--stages", "4")["id"]
@@ -579,9 +579,9 @@ def case_worker_sigterm(c):
     reason = last_reason(job)
     print(f"  {job_id}: {job['state']} after {time.monotonic() - start:.1f} s: {reason}")
     check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
-    victim_address = c.worker_addresses.get(victim, victim)
-    check(victim in reason or victim_address in reason or "shutting down" in reason,
-          f"the reason names neither {victim} nor the shutdown: '{reason}'")
+    # The stopped worker's own report is the root cause, not the peers' ABORTED echoes.
+    check(f"worker {victim} is shutting down" in reason,
+          f"the reason does not say that {victim} shut down: '{reason}'")
     c.wait_idle(3, timeout=10, ids=[w for w in job["workers"] if w != victim])
 
 

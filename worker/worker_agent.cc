@@ -24,7 +24,9 @@ struct WorkerAgent::Job {
   std::atomic<bool> aborted{false};
   std::atomic<int64_t> steps_done{0};
   std::mutex mu;  // guards the three below
-  std::string abort_reason;
+  // Why the job was aborted: ABORTED when told to by the coordinator or a peer (an echo
+  // of a failure elsewhere), UNAVAILABLE when this worker is shutting down (a root cause).
+  absl::Status abort_status;
   Transport* transport = nullptr;  // while the job thread has one
   baton::v1::ReportResultRequest result;  // block digests, once every step ran
 };
@@ -124,7 +126,9 @@ void WorkerAgent::Stop() {
     job_thread = std::move(job_thread_);
     wake_.notify_all();
   }
-  if (job != nullptr) AbortJob(job->plan.job_id(), "the worker is shutting down").IgnoreError();
+  if (job != nullptr) {
+    Abort(*job, absl::UnavailableError(absl::StrCat("worker ", worker_id(), " is shutting down")));
+  }
   if (job_thread.joinable()) job_thread.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
 }
@@ -248,13 +252,17 @@ absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string&
     job = job_;
   }
   if (job == nullptr || job->plan.job_id() != job_id) return absl::OkStatus();  // idempotent
-  std::lock_guard<std::mutex> lock(job->mu);
-  if (!job->aborted.exchange(true)) {
-    job->abort_reason = reason;
-    Log(absl::StrCat("aborting job ", job_id, ": ", reason));
-  }
-  if (job->transport != nullptr) job->transport->Abort(absl::AbortedError(reason));
+  Abort(*job, absl::AbortedError(reason));
   return absl::OkStatus();
+}
+
+void WorkerAgent::Abort(Job& job, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(job.mu);
+  if (!job.aborted.exchange(true)) {
+    job.abort_status = why;
+    Log(absl::StrCat("aborting job ", job.plan.job_id(), ": ", why.message()));
+  }
+  if (job.transport != nullptr) job.transport->Abort(job.abort_status);
 }
 
 baton::v1::WorkerStatus WorkerAgent::Status() const {
@@ -296,7 +304,8 @@ void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
   inbox_->Close();  // also when RunSteps failed before it had a transport
   if (!status.ok() && job->aborted.load()) {
     std::lock_guard<std::mutex> lock(job->mu);
-    status = absl::AbortedError(absl::StrCat("aborted: ", job->abort_reason));
+    status = absl::Status(job->abort_status.code(),
+                          absl::StrCat("aborted: ", job->abort_status.message()));
   }
   FinishJob(*job, status);
   std::lock_guard<std::mutex> lock(mu_);
@@ -337,7 +346,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   {
     std::lock_guard<std::mutex> lock(job.mu);
     job.transport = transport.get();
-    if (job.aborted.load()) transport->Abort(absl::AbortedError(job.abort_reason));
+    if (job.aborted.load()) transport->Abort(job.abort_status);
   }
   auto cleanup = [&] {
     {

@@ -7,7 +7,9 @@
 //                      after step through a StageExecutor, reporting progress each step;
 //   at the end      -> ReportResult with the block digests (or the error);
 //   AbortJob(id)    -> aborts the transport, so the running step ends within a receive's
-//                      wake-up, and the job thread reports the abort.
+//                      wake-up, and the job thread reports the abort (ABORTED: an echo);
+//   Stop()          -> the same, reported as UNAVAILABLE "worker W is shutting down", a
+//                      root cause the coordinator names instead of the peers' echoes.
 // The heartbeat thread renews the lease every heartbeat_interval, re-registers when the
 // coordinator has forgotten the worker, and aborts jobs the coordinator lists as unwanted.
 //
@@ -75,6 +77,8 @@ class WorkerAgent {
   void RunJob(std::shared_ptr<Job> job);
   absl::Status RunSteps(Job& job);
   void FinishJob(Job& job, const absl::Status& status);
+  // Aborts `job` (once; later calls keep the first reason) and its transport.
+  void Abort(Job& job, const absl::Status& why);
 
   WorkerOptions options_;  // advertise_address is set before Start, then never changes
   TensorInbox* const inbox_;
