@@ -2,12 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace baton {
 namespace {
 
+// Skips without a device, unless BATON_REQUIRE_GPU is set (scripts/gpu-test.sh): then a
+// missing device is a failure, so a GPU run cannot pass by skipping.
 #define BATON_SKIP_WITHOUT_CUDA_DEVICE()                                              \
   do {                                                                                \
     if (CudaDeviceCount() == 0) {                                                     \
+      if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {                              \
+        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found (built with " \
+               << "CUDA: " << (BuiltWithCuda() ? "yes" : "no") << ")";                \
+      }                                                                               \
       GTEST_SKIP() << "no CUDA device found (built with CUDA: "                       \
                    << (BuiltWithCuda() ? "yes" : "no") << "); CUDA tests skipped";    \
     }                                                                                 \
