@@ -21,8 +21,8 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
-#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   baton::RpcMetrics rpc_metrics(*registry, "baton_coordinator");
   std::unique_ptr<baton::MetricsServer> metrics_server;
   if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    auto started = baton::MetricsServer::Start(addr, {registry, metrics.StateCollector()});
+    auto started =
+        baton::MetricsServer::Start(addr, {registry, metrics.StateCollector()}, "coordinator");
     if (!started.ok()) return Fail(started.status().ToString());
     metrics_server = *std::move(started);
     options.metrics = &metrics;

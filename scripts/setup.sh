@@ -8,9 +8,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
-  libabsl-dev libopenblas-dev libssl-dev
+  libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
-  python3 python3-venv
+  python3 python3-venv clang libclang-rt-14-dev
   prometheus docker-compose yamllint
 )
 

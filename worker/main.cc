@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   baton::RpcMetrics rpc_metrics(*registry, "baton_worker");
   std::unique_ptr<baton::MetricsServer> metrics_server;
   if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    auto started = baton::MetricsServer::Start(addr, {registry});
+    auto started = baton::MetricsServer::Start(addr, {registry}, "worker");
     if (!started.ok()) {
       std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
       return 1;
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   baton::ServerOptions so;
   so.address = absl::GetFlag(FLAGS_listen);
   so.services = {&service, &tensors};
-  if (metrics_server != nullptr) so.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
+  if (metrics_server != nullptr)
+    so.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
   std::string bound;
   auto server = baton::StartServer(so, &bound);
   if (!server.ok()) {

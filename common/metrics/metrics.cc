@@ -1,43 +1,77 @@
 #include "common/metrics/metrics.h"
 
-#include <exception>
+#include <iterator>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics_http.h"
 #include "prometheus/gauge.h"
+#include "prometheus/text_serializer.h"
 
 namespace baton {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address,
-    std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
-  const size_t colon = address.rfind(':');
+    const std::string& address, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
+    const std::string& service, HttpServerOptions options) {
+  std::string host;
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
+  if (absl::Status st = SplitHostPort(address, &host, &port); !st.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address \"", address, "\" is not host:port"));
   }
-  std::string host = address.substr(0, colon);
-  if (host.empty()) host = "0.0.0.0";
   std::unique_ptr<MetricsServer> server(new MetricsServer());
-  try {
-    // Two civetweb threads are plenty for a scraper or two.
-    server->exposer_ = std::make_unique<prometheus::Exposer>(
-        absl::StrCat(host, ":", port), /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
   server->collectables_ = std::move(collectables);
-  for (const auto& c : server->collectables_) server->exposer_->RegisterCollectable(c, "/metrics");
-  const std::vector<int> ports = server->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  server->exposer_registry_ = std::make_shared<prometheus::Registry>();
+  server->transferred_bytes_ = &prometheus::BuildCounter()
+                                    .Name("exposer_transferred_bytes_total")
+                                    .Help("Transferred bytes to metrics services")
+                                    .Register(*server->exposer_registry_)
+                                    .Add({});
+  server->scrapes_ = &prometheus::BuildCounter()
+                          .Name("exposer_scrapes_total")
+                          .Help("Number of times metrics were scraped")
+                          .Register(*server->exposer_registry_)
+                          .Add({});
+  server->latencies_ =
+      &prometheus::BuildSummary()
+           .Name("exposer_request_latencies")
+           .Help("Latencies of serving scrape requests, in microseconds")
+           .Register(*server->exposer_registry_)
+           .Add({}, prometheus::Summary::Quantiles{{0.5, 0.05}, {0.9, 0.01}, {0.99, 0.001}});
+
+  MetricsEndpoint endpoint;
+  endpoint.service = service;
+  MetricsServer* self = server.get();  // the HTTP server stops before *self goes away
+  endpoint.render = [self] { return self->Render(); };
+  endpoint.on_scrape = [self](size_t bytes, double micros) {
+    self->transferred_bytes_->Increment(static_cast<double>(bytes));
+    self->scrapes_->Increment();
+    self->latencies_->Observe(micros);
+  };
+  auto http = HttpServer::Start(
+      address,
+      [endpoint = std::move(endpoint)](const http::Request& request) {
+        return ServeMetricsRequest(request, endpoint);
+      },
+      options);
+  if (!http.ok()) {
+    return absl::Status(http.status().code(), absl::StrCat("cannot serve metrics on ", address,
+                                                           ": ", http.status().message()));
   }
-  server->address_ = absl::StrCat(host, ":", ports.front());
+  server->http_ = std::move(*http);
+  server->address_ = absl::StrCat(host.find(':') == std::string::npos ? host : "[" + host + "]",
+                                  ":", server->http_->port());
   return server;
+}
+
+std::string MetricsServer::Render() const {
+  std::vector<prometheus::MetricFamily> families = exposer_registry_->Collect();
+  for (const auto& c : collectables_) {
+    std::vector<prometheus::MetricFamily> more = c->Collect();
+    families.insert(families.end(), std::make_move_iterator(more.begin()),
+                    std::make_move_iterator(more.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void AddBuildInfo(prometheus::Registry& registry, const std::string& service) {

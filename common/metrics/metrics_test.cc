@@ -9,11 +9,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "baton/v1/worker.grpc.pb.h"
+#include "common/metrics/metrics_http.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
 #include "gmock/gmock.h"
-#include "baton/v1/worker.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "prometheus/gauge.h"
 #include "prometheus/text_serializer.h"
 
 namespace baton {
@@ -35,8 +37,7 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "connect failed";
   }
-  const std::string req =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   send(fd, req.data(), req.size(), 0);
   std::string out;
   char buf[4096];
@@ -67,6 +68,131 @@ TEST(MetricsServer, ServesTheRegistryOnAFreePort) {
   EXPECT_THAT(body, HasSubstr("baton_build_info{"));
   EXPECT_THAT(body, HasSubstr("service=\"test\""));
   EXPECT_THAT(body, HasSubstr("version=\""));
+}
+
+http::Request Req(const std::string& method, const std::string& path, bool gzip = false) {
+  http::Request r;
+  r.method = method;
+  r.target = path;
+  r.path = path;
+  r.accepts_gzip = gzip;
+  return r;
+}
+
+TEST(ServeMetricsRequest, AnswersEveryPathAndMethod) {
+  int renders = 0;
+  size_t scraped_bytes = 0;
+  MetricsEndpoint ep;
+  ep.service = "worker";
+  ep.render = [&] {
+    ++renders;
+    return std::string(1000, 'm');
+  };
+  ep.on_scrape = [&](size_t bytes, double micros) {
+    scraped_bytes += bytes;
+    EXPECT_GE(micros, 0.0);
+  };
+
+  http::Response r = ServeMetricsRequest(Req("GET", "/metrics"), ep);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.content_type, kMetricsContentType);
+  EXPECT_EQ(r.body, std::string(1000, 'm'));
+  EXPECT_EQ(r.content_encoding, "");
+  EXPECT_EQ(scraped_bytes, 1000u);
+
+  r = ServeMetricsRequest(Req("GET", "/metrics", /*gzip=*/true), ep);
+  EXPECT_EQ(r.content_encoding, "gzip");
+  EXPECT_LT(r.body.size(), 100u);
+  EXPECT_EQ(scraped_bytes, 1000u + r.body.size());  // counts the bytes sent
+  EXPECT_EQ(ServeMetricsRequest(Req("HEAD", "/metrics"), ep).status, 200);
+  EXPECT_EQ(renders, 3);
+
+  r = ServeMetricsRequest(Req("GET", "/"), ep);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.body, HasSubstr("baton worker"));
+  EXPECT_THAT(r.body, HasSubstr("/metrics"));
+
+  for (const char* method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"}) {
+    for (const char* path : {"/metrics", "/"}) {
+      r = ServeMetricsRequest(Req(method, path), ep);
+      EXPECT_EQ(r.status, 405) << method << " " << path;
+      ASSERT_EQ(r.headers.size(), 1u);
+      EXPECT_EQ(r.headers[0].first, "Allow");
+      EXPECT_EQ(r.headers[0].second, "GET, HEAD");
+    }
+  }
+  for (const char* path : {"/nope", "/metrics/", "/METRICS", "*", "/%6detrics"}) {
+    r = ServeMetricsRequest(Req("GET", path), ep);
+    EXPECT_EQ(r.status, 404) << path;
+    EXPECT_THAT(r.body, HasSubstr("/metrics"));
+  }
+  EXPECT_EQ(ServeMetricsRequest(Req("DELETE", "/nope"), ep).status, 404);
+  EXPECT_EQ(renders, 3);  // only GET and HEAD of /metrics render
+}
+
+// One request on a fresh connection; the whole response (the server closes after it).
+std::string HttpRaw(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(MetricsServer, AnswersOtherPathsAndMethodsAndStaysUp) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  AddBuildInfo(*registry, "test");
+  auto server = MetricsServer::Start("127.0.0.1:0", {registry}, "coordinator");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = PortOf((*server)->address());
+  EXPECT_THAT(HttpGet(port, "/"), HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(HttpGet(port, "/nope"), HasSubstr("HTTP/1.1 404 Not Found"));
+  const std::string post = HttpRaw(port, "POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_THAT(post, HasSubstr("HTTP/1.1 405 Method Not Allowed"));
+  EXPECT_THAT(post, HasSubstr("Allow: GET, HEAD"));
+  EXPECT_THAT(HttpRaw(port, "garbage\r\n\r\n"), HasSubstr("HTTP/1.1 400 Bad Request"));
+  const std::string head = HttpRaw(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_THAT(head, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(head, HasSubstr("Content-Type: text/plain; version=0.0.4; charset=utf-8"));
+  EXPECT_THAT(head, Not(HasSubstr("baton_build_info")));
+  const std::string gz = HttpRaw(port, "GET /metrics HTTP/1.0\r\nAccept-Encoding: gzip\r\n\r\n");
+  EXPECT_THAT(gz, HasSubstr("Content-Encoding: gzip"));
+  // Still serving, with the exposer's series counting the scrapes of /metrics (HEAD, gzip).
+  const std::string body = HttpGet(port, "/metrics");
+  EXPECT_THAT(body, HasSubstr("baton_build_info{"));
+  EXPECT_THAT(body, HasSubstr("exposer_scrapes_total 2\n"));
+  EXPECT_THAT(body, HasSubstr("exposer_transferred_bytes_total "));
+  EXPECT_THAT(body, HasSubstr("exposer_request_latencies_count 2\n"));
+}
+
+TEST(MetricsServer, RendersTheExposerSeriesThenEachCollectableInOrder) {
+  auto a = std::make_shared<prometheus::Registry>();
+  auto b = std::make_shared<prometheus::Registry>();
+  prometheus::BuildGauge().Name("zz_first").Help("h").Register(*a).Add({}).Set(1);
+  prometheus::BuildGauge().Name("aa_second").Help("h").Register(*b).Add({}).Set(2);
+  auto server = MetricsServer::Start("127.0.0.1:0", {a, b});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string text = (*server)->Render();
+  const size_t exposer = text.find("# TYPE exposer_transferred_bytes_total counter");
+  const size_t first = text.find("zz_first 1");
+  const size_t second = text.find("aa_second 2");
+  ASSERT_NE(exposer, std::string::npos);
+  ASSERT_NE(first, std::string::npos);
+  ASSERT_NE(second, std::string::npos);
+  EXPECT_LT(exposer, first);
+  EXPECT_LT(first, second);
 }
 
 TEST(MetricsServer, RefusesBadAndTakenAddresses) {
