@@ -24,8 +24,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// GET http://127.0.0.1:port/path with a plain socket; returns the whole response.
-std::string HttpGet(int port, const std::string& path) {
+// Sends `request` on a fresh connection to 127.0.0.1:port; returns everything the server
+// sends until it closes (every request here closes: HTTP/1.0, or a body, or an error).
+std::string HttpRaw(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -37,13 +38,16 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "connect failed";
   }
-  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-  send(fd, req.data(), req.size(), 0);
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string out;
   char buf[4096];
   for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
   close(fd);
   return out;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  return HttpRaw(port, absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"));
 }
 
 int PortOf(const std::string& address) {
@@ -128,27 +132,6 @@ TEST(ServeMetricsRequest, AnswersEveryPathAndMethod) {
   }
   EXPECT_EQ(ServeMetricsRequest(Req("DELETE", "/nope"), ep).status, 404);
   EXPECT_EQ(renders, 3);  // only GET and HEAD of /metrics render
-}
-
-// One request on a fresh connection; the whole response (the server closes after it).
-std::string HttpRaw(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "connect failed";
-  }
-  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-  close(fd);
-  return out;
 }
 
 TEST(MetricsServer, AnswersOtherPathsAndMethodsAndStaysUp) {
