@@ -135,7 +135,9 @@ def case_requests(addresses):
     ]
     for name, address in addresses.items():
         for what, data, want, empty in cases:
-            status, fields, body = parse_response(exchange(address, data))
+            raw = exchange(address, data)
+            check(raw, f"{name}: {what}: the connection closed without an answer")
+            status, fields, body = parse_response(raw)
             check(status == want, f"{name}: {what} gave {status}, want {want}")
             if empty:
                 check(body == b"" and int(fields.get("content-length", 0)) > 0,
@@ -435,6 +437,14 @@ def main():
         ok = True
     except (Failure, OSError) as e:
         print(f"ports_test: FAIL: {e}")
+        for name, proc in c.procs.items():
+            code = proc.poll()
+            if code is None:
+                print(f"  {name}: still running")
+            elif code < 0:
+                print(f"  {name}: KILLED by {signal.Signals(-code).name}")
+            else:
+                print(f"  {name}: exited with status {code}")
         for name in list(c.procs):
             print(f"  --- last lines of {name}'s log ---")
             print("  " + c.tail(name, 15).replace("\n", "\n  "))
