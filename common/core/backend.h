@@ -130,8 +130,9 @@ class Backend {
 absl::StatusOr<Backend*> BackendFor(Device device);
 Backend* CpuBackend();
 
-// Number of threads OpenBLAS uses; set before training. Results do not depend on it (the
-// determinism tests check 1 and 2).
+// Number of threads a CPU GEMM uses (the caller's included; the default is OpenBLAS's:
+// OPENBLAS_NUM_THREADS, else the cores). Results do not depend on it: GEMM splits its
+// output into row blocks of a fixed size (cpu_backend.cc); the tests check 1, 2 and 3.
 void SetBlasThreads(int threads);
 int BlasThreads();
 

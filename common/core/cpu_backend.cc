@@ -2,12 +2,26 @@
 //
 // Every loop is written so that the compiler cannot reorder a reduction (no -ffast-math, no
 // OpenMP reductions): the order of floating-point additions is the order of the loops.
+//
+// GEMM threads are baton's, not OpenBLAS's. OpenBLAS splits C among its threads differently
+// for different thread counts, and on many kernel sets (Prescott, Haswell and so Zen; seen
+// on OpenBLAS 0.3.21) the bits of an element depend on where the split falls, so a run with
+// 2 threads differed from one with 1. OpenBLAS therefore runs single-threaded, and Gemm
+// splits C itself into row blocks of a fixed size (kGemmRowBlock), each one single-threaded
+// sgemm call; threads only share out the blocks. The bits depend on the block size, which
+// never changes, and not on the number of threads.
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
@@ -70,8 +84,129 @@ inline float GeluGrad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x2);
 }
 
+// Rows of C per single-threaded sgemm call. Fixed: changing it changes the bits of every
+// GEMM with more rows (and so every digest).
+constexpr int64_t kGemmRowBlock = 128;
+// Below this many multiply-adds a GEMM runs on the calling thread alone (the bits are the
+// same either way; only the hand-off cost differs).
+constexpr int64_t kGemmParallelMacs = int64_t{1} << 20;
+
+// The threads Gemm shares row blocks out to. One job at a time: a Gemm that finds the
+// pool busy (another stage thread's GEMM) runs its blocks itself, with the same bits.
+class GemmPool {
+ public:
+  static GemmPool& Get() {
+    static GemmPool* const pool = new GemmPool();  // never destroyed: threads outlive main
+    return *pool;
+  }
+
+  // Total threads a GEMM may use, the caller's included; at least 1.
+  void SetThreads(int threads) {
+    threads = std::max(1, threads);
+    std::lock_guard<std::mutex> run(run_mu_);  // no job in flight while workers change
+    StopWorkers();
+    threads_.store(threads);
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  }
+  int threads() const { return threads_.load(); }
+
+  // Calls fn(b) for every b in [0, blocks), each exactly once, on up to threads() threads
+  // (the caller among them); returns when all are done.
+  void Run(int64_t blocks, const std::function<void(int64_t)>& fn) {
+    std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
+    if (!run.owns_lock() || workers_.empty() || blocks < 2) {
+      for (int64_t b = 0; b < blocks; ++b) fn(b);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &fn;
+      blocks_ = blocks;
+      next_.store(0);
+      pending_ = blocks;
+      ++generation_;
+    }
+    wake_.notify_all();
+    Work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  GemmPool() {
+    // OpenBLAS's own default (OPENBLAS_NUM_THREADS, else the cores) becomes baton's, and
+    // OpenBLAS itself goes single-threaded for good.
+    const int initial = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    SetThreads(initial);
+  }
+
+  // Takes blocks of the current job until none is left.
+  void Work() {
+    const std::function<void(int64_t)>* job;
+    int64_t blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job = job_;
+      blocks = blocks_;
+    }
+    if (job == nullptr) return;
+    int64_t finished = 0;
+    for (int64_t b; (b = next_.fetch_add(1)) < blocks;) {
+      (*job)(b);
+      ++finished;
+    }
+    if (finished == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ -= finished;
+    if (pending_ == 0) done_.notify_all();
+  }
+
+  void WorkerLoop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      Work();
+    }
+  }
+
+  void StopWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = false;
+  }
+
+  std::mutex run_mu_;  // held for a whole job, and while the workers change
+  std::vector<std::thread> workers_;  // guarded by run_mu_
+  std::atomic<int> threads_{1};
+
+  std::mutex mu_;
+  std::condition_variable wake_;  // a new job, or stop
+  std::condition_variable done_;  // pending_ reached 0
+  const std::function<void(int64_t)>* job_ = nullptr;  // guarded by mu_
+  int64_t blocks_ = 0;                                  // guarded by mu_
+  int64_t pending_ = 0;                                 // guarded by mu_
+  uint64_t generation_ = 0;                             // guarded by mu_
+  bool stop_ = false;                                   // guarded by mu_
+  std::atomic<int64_t> next_{0};                        // the next block to take
+};
+
 class CpuBackendImpl final : public Backend {
  public:
+  CpuBackendImpl() { GemmPool::Get(); }  // OpenBLAS single-threaded before the first GEMM
+
   Device device() const override { return Device::kCpu; }
 
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -85,10 +220,23 @@ class CpuBackendImpl final : public Backend {
       }
       return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
+    // Row block r covers rows [r*kGemmRowBlock, ...) of C and of op(A): rows of A, or
+    // columns of A when it is transposed.
+    const int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
+    const std::function<void(int64_t)> block = [&](int64_t r) {
+      const int64_t i0 = r * kGemmRowBlock;
+      const int64_t rows = std::min(kGemmRowBlock, m - i0);
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
+                  static_cast<int>(n), static_cast<int>(k), alpha,
+                  trans_a ? a + i0 : a + i0 * lda, static_cast<int>(lda), b,
+                  static_cast<int>(ldb), beta, c + i0 * ldc, static_cast<int>(ldc));
+    };
+    if (m * n * k < kGemmParallelMacs) {
+      for (int64_t r = 0; r < blocks; ++r) block(r);
+    } else {
+      GemmPool::Get().Run(blocks, block);
+    }
   }
 
   void Add(int64_t n, const float* a, const float* b, float* out) override {
@@ -399,7 +547,7 @@ absl::StatusOr<Backend*> BackendFor(Device device) {
                    " in this build (only cpu is implemented)"));
 }
 
-void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
-int BlasThreads() { return openblas_get_num_threads(); }
+void SetBlasThreads(int threads) { GemmPool::Get().SetThreads(threads); }
+int BlasThreads() { return GemmPool::Get().threads(); }
 
 }  // namespace baton
