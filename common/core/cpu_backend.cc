@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -118,22 +119,33 @@ class GemmPool {
       for (int64_t b = 0; b < blocks; ++b) fn(b);
       return;
     }
+    auto job = std::make_shared<Job>();
+    job->fn = &fn;
+    job->blocks = blocks;
+    job->pending = blocks;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      job_ = &fn;
-      blocks_ = blocks;
-      next_.store(0);
-      pending_ = blocks;
+      job_ = job;
       ++generation_;
     }
     wake_.notify_all();
-    Work();
+    Work(*job);
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
+    done_.wait(lock, [&] { return job->pending == 0; });
+    job_.reset();
   }
 
  private:
+  // One Run's blocks. A worker that wakes late holds the Job it saw, whose counter is then
+  // exhausted, so it can never run an old job's fn (gone with its Gemm call) on a new
+  // job's blocks.
+  struct Job {
+    const std::function<void(int64_t)>* fn = nullptr;
+    int64_t blocks = 0;
+    std::atomic<int64_t> next{0};
+    int64_t pending = 0;  // guarded by GemmPool::mu_
+  };
+
   GemmPool() {
     // OpenBLAS's own default (OPENBLAS_NUM_THREADS, else the cores) becomes baton's, and
     // OpenBLAS itself goes single-threaded for good.
@@ -142,37 +154,31 @@ class GemmPool {
     SetThreads(initial);
   }
 
-  // Takes blocks of the current job until none is left.
-  void Work() {
-    const std::function<void(int64_t)>* job;
-    int64_t blocks;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job = job_;
-      blocks = blocks_;
-    }
-    if (job == nullptr) return;
+  // Takes blocks of `job` until none is left.
+  void Work(Job& job) {
     int64_t finished = 0;
-    for (int64_t b; (b = next_.fetch_add(1)) < blocks;) {
-      (*job)(b);
+    for (int64_t b; (b = job.next.fetch_add(1)) < job.blocks;) {
+      (*job.fn)(b);
       ++finished;
     }
     if (finished == 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    pending_ -= finished;
-    if (pending_ == 0) done_.notify_all();
+    job.pending -= finished;
+    if (job.pending == 0) done_.notify_all();
   }
 
   void WorkerLoop() {
     uint64_t seen = 0;
     for (;;) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        job = job_;
       }
-      Work();
+      if (job != nullptr) Work(*job);
     }
   }
 
@@ -194,13 +200,10 @@ class GemmPool {
 
   std::mutex mu_;
   std::condition_variable wake_;  // a new job, or stop
-  std::condition_variable done_;  // pending_ reached 0
-  const std::function<void(int64_t)>* job_ = nullptr;  // guarded by mu_
-  int64_t blocks_ = 0;                                  // guarded by mu_
-  int64_t pending_ = 0;                                 // guarded by mu_
-  uint64_t generation_ = 0;                             // guarded by mu_
-  bool stop_ = false;                                   // guarded by mu_
-  std::atomic<int64_t> next_{0};                        // the next block to take
+  std::condition_variable done_;  // a job's pending reached 0
+  std::shared_ptr<Job> job_;      // guarded by mu_: the job in flight, if any
+  uint64_t generation_ = 0;       // guarded by mu_: counts jobs
+  bool stop_ = false;             // guarded by mu_
 };
 
 class CpuBackendImpl final : public Backend {
