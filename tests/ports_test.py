@@ -62,7 +62,9 @@ def read_all(s, limit=1 << 22):
     while len(out) < limit:
         try:
             chunk = s.recv(65536)
-        except ConnectionResetError:
+        except socket.timeout:
+            raise
+        except OSError:  # reset, or not connected any more: the server closed
             break
         if not chunk:
             break
@@ -76,8 +78,12 @@ def exchange(address, data, timeout=5.0):
         try:
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before taking it all: read its answer
+        except socket.timeout:
+            raise
+        except OSError:
+            # EPIPE, ECONNRESET, ENOTCONN: the server answered (or refused) and closed
+            # before taking it all; read what it said.
+            pass
         return read_all(s)
 
 
@@ -175,7 +181,7 @@ def slow_client(address, result):
                     return
                 try:
                     s.sendall(data[i:i + 1])
-                except (BrokenPipeError, ConnectionResetError):
+                except OSError:  # EPIPE, ECONNRESET, ENOTCONN: cut off
                     break
                 # Cut off? The server says 408 and closes.
                 s.settimeout(1.0)
@@ -183,7 +189,7 @@ def slow_client(address, result):
                     chunk = s.recv(4096)
                 except socket.timeout:
                     continue
-                except ConnectionResetError:
+                except OSError:
                     break
                 result["answer"] = chunk
                 break
