@@ -28,6 +28,10 @@ constexpr size_t kReadChunk = 16 * 1024;
 // response before the client has read it.
 constexpr absl::Duration kLinger = absl::Seconds(2);
 constexpr size_t kMaxDrainBytes = 1 << 20;
+// At max_connections, a connection becomes evictable once it has waited this long for a
+// request; until one has, new connections wait in the kernel's accept queue, so a burst of
+// real clients is served in turn instead of evicting each other.
+constexpr absl::Duration kEvictionGrace = absl::Seconds(1);
 // How long accepting pauses when the process is out of file descriptors.
 constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 
@@ -79,7 +83,15 @@ struct HttpServer::Loop {
 
   void Run();
   void Accept(absl::Time now);
-  void Evict();
+  // The connection a newcomer may replace now: one already answered and draining, else
+  // the one that has waited longest for a request if that is kEvictionGrace or more; or
+  // nullptr.
+  Connection* Evictable(absl::Time now);
+  // When some connection becomes evictable (InfinitePast if one is now, InfiniteFuture if
+  // every one is sending a response).
+  absl::Time NextEvictable();
+  // Closes Evictable(now), if any; true if it did.
+  bool EvictOne(absl::Time now);
   void Read(Connection& c, absl::Time now);
   void Answer(Connection& c, absl::Time now);
   void Flush(Connection& c, absl::Time now);
@@ -98,10 +110,16 @@ void HttpServer::Loop::Run() {
     const absl::Time now = absl::Now();
     fds.clear();
     fds.push_back({wake_fd, POLLIN, 0});
-    const bool accepting = now >= accept_paused_until;
-    fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
+    bool accepting = now >= accept_paused_until;
     absl::Time next = now + absl::Seconds(1);
     if (!accepting) next = std::min(next, accept_paused_until);
+    if (accepting && static_cast<int>(conns.size()) >= options.max_connections) {
+      // Full: accept only when a connection can be evicted, else look again when one can.
+      const absl::Time evictable = NextEvictable();
+      accepting = evictable <= now;
+      if (!accepting) next = std::min(next, evictable);
+    }
+    fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
     for (const auto& c : conns) {
       fds.push_back(
           {c->fd, static_cast<short>(c->state == Connection::kWriting ? POLLOUT : POLLIN), 0});
@@ -143,21 +161,18 @@ void HttpServer::Loop::Run() {
 void HttpServer::Loop::Accept(absl::Time now) {
   // A bounded batch per round, so that a flood of connections cannot starve the open ones.
   for (int i = 0; i < 64; ++i) {
+    // Full and nobody to evict yet: leave the rest in the accept queue.
+    if (static_cast<int>(conns.size()) >= options.max_connections && !EvictOne(now)) return;
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors or memory: free one waiting connection if there is one, and
-        // pause accepting so poll() does not spin on the listening socket.
-        Evict();
+        // Out of descriptors or memory: free a stale waiting connection if there is one,
+        // and pause accepting so poll() does not spin on the listening socket.
+        EvictOne(now);
         accept_paused_until = now + kAcceptBackoff;
       }
       return;  // EAGAIN: accepted all there were
-    }
-    if (static_cast<int>(conns.size()) >= options.max_connections) Evict();
-    if (static_cast<int>(conns.size()) >= options.max_connections) {
-      close(fd);  // every connection is busy sending: refuse the newcomer
-      continue;
     }
     auto c = std::make_unique<Connection>(fd);
     c->waiting_since = now;
@@ -166,17 +181,41 @@ void HttpServer::Loop::Accept(absl::Time now) {
   }
 }
 
-void HttpServer::Loop::Evict() {
+Connection* HttpServer::Loop::Evictable(absl::Time now) {
+  Connection* draining = nullptr;
   Connection* oldest = nullptr;
   for (auto& c : conns) {
     if (c->closed || c->state == Connection::kWriting) continue;
-    if (oldest == nullptr || c->waiting_since < oldest->waiting_since) oldest = c.get();
+    if (c->state == Connection::kDraining) {
+      // Answered already: the first to go.
+      if (draining == nullptr || c->deadline < draining->deadline) draining = c.get();
+    } else if (oldest == nullptr || c->waiting_since < oldest->waiting_since) {
+      oldest = c.get();
+    }
   }
-  if (oldest == nullptr) return;
-  oldest->closed = true;
+  if (draining != nullptr) return draining;
+  if (oldest != nullptr && now - oldest->waiting_since >= kEvictionGrace) return oldest;
+  return nullptr;
+}
+
+absl::Time HttpServer::Loop::NextEvictable() {
+  absl::Time t = absl::InfiniteFuture();
+  for (auto& c : conns) {
+    if (c->closed || c->state == Connection::kWriting) continue;
+    t = std::min(t, c->state == Connection::kDraining ? absl::InfinitePast()
+                                                      : c->waiting_since + kEvictionGrace);
+  }
+  return t;
+}
+
+bool HttpServer::Loop::EvictOne(absl::Time now) {
+  Connection* victim = Evictable(now);
+  if (victim == nullptr) return false;
+  victim->closed = true;
   conns.erase(std::remove_if(conns.begin(), conns.end(),
                              [](const std::unique_ptr<Connection>& c) { return c->closed; }),
               conns.end());
+  return true;
 }
 
 void HttpServer::Loop::Read(Connection& c, absl::Time now) {

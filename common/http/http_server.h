@@ -8,8 +8,10 @@
 //  - a connection that sends nothing, or too slowly, costs a file descriptor and no
 //    thread, and is closed when its deadline passes (request_timeout, idle_timeout,
 //    write_timeout), so silent sockets never hold up a scrape;
-//  - at max_connections, a new connection evicts the one that has waited longest for a
-//    request (or is closed itself when every connection is sending a response);
+//  - at max_connections, new connections wait in the kernel's accept queue until a
+//    connection has waited a second or more for a request; the one that has waited
+//    longest is then evicted for the next newcomer (a burst of real clients is served in
+//    turn, silent sockets cannot hold every slot for longer than that second);
 //  - reads stop while a response is being sent, so a connection holds at most one head
 //    and one response in memory.
 //
@@ -38,7 +40,7 @@ struct HttpServerOptions {
   absl::Duration idle_timeout = absl::Seconds(120);
   // A response the client has not taken in full by then: the connection is closed.
   absl::Duration write_timeout = absl::Seconds(10);
-  // Open connections at most (the listening socket aside).
+  // Open connections at most (the listening socket aside); more wait to be accepted.
   int max_connections = 128;
 };
 

@@ -173,7 +173,7 @@ TEST(HttpServer, AtTheLimitANewConnectionEvictsTheLongestWaiting) {
   auto server = StartOrDie(o);
   ASSERT_NE(server, nullptr);
   Client first(server->port());
-  absl::SleepFor(absl::Milliseconds(50));  // let the server accept them in order
+  absl::SleepFor(absl::Milliseconds(1200));  // past the eviction grace of a second
   Client second(server->port());
   Client third(server->port());
   absl::SleepFor(absl::Milliseconds(50));
@@ -184,6 +184,23 @@ TEST(HttpServer, AtTheLimitANewConnectionEvictsTheLongestWaiting) {
   EXPECT_LE(server->connections(), 3);
   ASSERT_TRUE(third.Send("GET /3 HTTP/1.1\r\n\r\n"));
   EXPECT_THAT(third.ReadResponse(), EndsWith("hello /3"));
+}
+
+TEST(HttpServer, ABurstBeyondTheLimitIsServedInTurn) {
+  HttpServerOptions o;
+  o.max_connections = 3;
+  auto server = StartOrDie(o);
+  ASSERT_NE(server, nullptr);
+  // All connect at once; the server holds 3, the rest wait in the accept queue, and
+  // nobody is evicted for a client that has not had a second to speak.
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 12; ++i) clients.push_back(std::make_unique<Client>(server->port()));
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(clients[i]->Send("GET /" + std::to_string(i) + " HTTP/1.0\r\n\r\n"));
+  }
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_THAT(clients[i]->ReadResponse(), EndsWith("hello /" + std::to_string(i))) << i;
+  }
 }
 
 TEST(HttpServer, AnOversizedHeadGets431AndTheClientCanReadIt) {
