@@ -546,7 +546,8 @@ void Coordinator::ExpireLeasesLocked(Effects* effects) {
 
 void Coordinator::PlaceQueuedLocked(Effects* effects) {
   const std::vector<baton::v1::WorkerInfo> idle = registry_.IdleWorkers();
-  size_t next = 0;
+  std::vector<bool> taken(idle.size(), false);
+  std::string waiting;  // why the first job in the queue waits, once one does
   while (!queue_.empty()) {
     const std::string id = queue_.front();
     ActiveJob* j = FindActiveLocked(id);
@@ -554,19 +555,19 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       queue_.pop_front();
       continue;
     }
-    const size_t need = static_cast<size_t>(j->job.spec().pipeline().stages());
-    if (idle.size() - next < need) break;
+    std::optional<WorkerChoice> choice = ChooseWorkers(j->job.spec(), idle, taken, &waiting);
+    if (!choice.has_value()) break;
     queue_.pop_front();
     std::vector<PlacedWorker> placed;
-    for (size_t i = 0; i < need; ++i) {
-      const baton::v1::WorkerInfo& w = idle[next + i];
+    for (size_t i : choice->indices) {
+      const baton::v1::WorkerInfo& w = idle[i];
+      taken[i] = true;
       placed.push_back({w.worker_id(), w.address()});
       const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
       if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
     }
-    next += need;
-    absl::StatusOr<Placement> placement =
-        PlaceJob(j->job.spec(), id, static_cast<uint64_t>(j->seq), placed, options_.recv_timeout);
+    absl::StatusOr<Placement> placement = PlaceJob(j->job.spec(), id, static_cast<uint64_t>(j->seq),
+                                                   placed, options_.recv_timeout, choice->device);
     if (!placement.ok()) {
       for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
       EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
@@ -582,22 +583,19 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       names.push_back(w.worker_id);
     }
     *j->job.mutable_pipeline() = placement->report;
-    j->peak_inflight.assign(need, 0);
-    AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
-                      absl::StrCat("placing on ", absl::StrJoin(names, ", ")));
+    j->peak_inflight.assign(placed.size(), 0);
+    AppendStateLocked(
+        j, baton::v1::JOB_STATE_PLACING,
+        absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", choice->why, ")"));
     starting_.insert(id);
     effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
   }
   // Say why the others wait.
-  const size_t available = idle.size() - next;
   for (size_t i = 0; i < queue_.size(); ++i) {
     ActiveJob* j = FindActiveLocked(queue_[i]);
     if (j == nullptr) continue;
-    const int need = j->job.spec().pipeline().stages();
     const std::string reason =
-        i == 0 ? absl::StrCat("waiting for ", need,
-                              need == 1 ? " idle worker (" : " idle workers (", available, " idle)")
-               : absl::StrCat("waiting behind ", queue_[0], " (first in the queue)");
+        i == 0 ? waiting : absl::StrCat("waiting behind ", queue_[0], " (first in the queue)");
     const auto& history = j->job.history();
     if (history.empty() || history.rbegin()->reason() != reason) {
       AppendStateLocked(j, baton::v1::JOB_STATE_QUEUED, reason);

@@ -53,9 +53,49 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
   return layout;
 }
 
+std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
+                                          const std::vector<baton::v1::WorkerInfo>& idle,
+                                          const std::vector<bool>& taken, std::string* waiting) {
+  const size_t need = static_cast<size_t>(spec.pipeline().stages());
+  std::vector<size_t> gpu, cpu;  // free idle workers with and without a GPU, in order
+  for (size_t i = 0; i < idle.size(); ++i) {
+    if (i < taken.size() && taken[i]) continue;
+    (idle[i].device().kind() == "cuda" ? gpu : cpu).push_back(i);
+  }
+  auto plural = [](size_t n, const char* what) {
+    return absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
+  };
+  WorkerChoice out;
+  if (spec.device() == baton::v1::DEVICE_KIND_CUDA ||
+      (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED && gpu.size() >= need)) {
+    if (gpu.size() < need) {
+      *waiting = absl::StrCat("waiting for ", plural(need, "GPU worker"), " (", gpu.size(),
+                              " idle; the job asks for device cuda)");
+      return std::nullopt;
+    }
+    out.indices.assign(gpu.begin(), gpu.begin() + static_cast<std::ptrdiff_t>(need));
+    out.device = Device::kCuda;
+    out.why = spec.device() == baton::v1::DEVICE_KIND_CUDA ? "cuda: asked for"
+                                                           : "cuda: every worker has a GPU";
+    return out;
+  }
+  std::vector<size_t> any = cpu;  // CPU-only workers first
+  any.insert(any.end(), gpu.begin(), gpu.end());
+  if (any.size() < need) {
+    *waiting = absl::StrCat("waiting for ", plural(need, "worker"), " (", any.size(), " idle)");
+    return std::nullopt;
+  }
+  out.indices.assign(any.begin(), any.begin() + static_cast<std::ptrdiff_t>(need));
+  out.device = Device::kCpu;
+  out.why = spec.device() == baton::v1::DEVICE_KIND_CPU
+                ? "cpu: asked for"
+                : absl::StrCat("cpu: fewer than ", need, " idle workers have a GPU");
+  return out;
+}
+
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
                                    uint64_t job_key, const std::vector<PlacedWorker>& workers,
-                                   absl::Duration recv_timeout) {
+                                   absl::Duration recv_timeout, Device device) {
   Placement out;
   BATON_ASSIGN_OR_RETURN(out.layout, BuildPipelineLayout(spec));
   const Schedule& sc = out.layout.schedule;
@@ -67,6 +107,7 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
   out.report.set_stages(sc.num_ranks);
   out.report.set_virtual_stages(sc.virtual_stages);
   out.report.set_microbatches(sc.num_microbatches);
+  out.report.set_device(DeviceName(device));
   for (const BlockRange& b : out.layout.stage_blocks) {
     out.report.add_stage_blocks(absl::StrFormat("%d-%d", b.first, b.last - 1));
   }
@@ -75,6 +116,8 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
   common.set_job_id(job_id);
   common.set_job_key(job_key);
   *common.mutable_spec() = spec;
+  common.mutable_spec()->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
+                                                            : baton::v1::DEVICE_KIND_CPU);
   common.set_num_ranks(sc.num_ranks);
   common.set_schedule(ScheduleKindName(sc.kind));
   common.set_virtual_stages(sc.virtual_stages);

@@ -17,14 +17,17 @@
 #define BATON_COORDINATOR_PLACEMENT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "baton/v1/cluster.pb.h"
 #include "baton/v1/job.pb.h"
 #include "baton/v1/training.pb.h"
 #include "baton/v1/worker.pb.h"
+#include "common/core/tensor.h"
 #include "common/pipeline/partition.h"
 #include "common/schedule/schedule.h"
 
@@ -52,6 +55,24 @@ struct PlacedWorker {
   std::string address;  // host:port of its WorkerService and TensorService
 };
 
+// The idle workers a job takes, and the device it computes on.
+struct WorkerChoice {
+  std::vector<size_t> indices;  // into the idle list, one per rank in rank order
+  Device device = Device::kCpu;
+  std::string why;  // e.g. "cuda: every worker has a GPU"
+};
+
+// Chooses pipeline.stages workers among idle[i] with !taken[i], by the spec's device:
+//   DEVICE_KIND_CUDA: workers with a GPU (device.kind "cuda") only;
+//   DEVICE_KIND_CPU: any, workers without a GPU first (GPUs stay free for GPU jobs);
+//   auto: GPU workers if enough are idle (then cuda), else any, CPU-only first (then
+//   cpu: a pipeline never mixes devices).
+// Workers keep their order in `idle` within each preference. When too few are idle,
+// returns nullopt and says in *waiting why ("waiting for 2 idle GPU workers (1 idle)").
+std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
+                                          const std::vector<baton::v1::WorkerInfo>& idle,
+                                          const std::vector<bool>& taken, std::string* waiting);
+
 struct Placement {
   PipelineLayout layout;
   std::vector<baton::v1::JobPlan> plans;  // by rank
@@ -60,11 +81,13 @@ struct Placement {
   baton::v1::PipelineReport report;
 };
 
-// One plan per rank for `spec` (validated, defaulted) with rank r on workers[r].
-// INVALID_ARGUMENT when workers.size() != pipeline.stages, or as BuildPipelineLayout.
+// One plan per rank for `spec` (validated, defaulted) with rank r on workers[r], every rank
+// computing on `device` (the plans' spec says DEVICE_KIND_CPU or DEVICE_KIND_CUDA, never
+// auto). INVALID_ARGUMENT when workers.size() != pipeline.stages, or as
+// BuildPipelineLayout.
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
                                    uint64_t job_key, const std::vector<PlacedWorker>& workers,
-                                   absl::Duration recv_timeout);
+                                   absl::Duration recv_timeout, Device device = Device::kCpu);
 
 }  // namespace baton
 

@@ -44,6 +44,70 @@ std::vector<PlacedWorker> Workers(int n) {
   return out;
 }
 
+std::vector<baton::v1::WorkerInfo> Idle(const std::string& kinds) {
+  std::vector<baton::v1::WorkerInfo> out;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    baton::v1::WorkerInfo w;
+    w.set_worker_id(absl::StrCat("w-", i));
+    w.mutable_device()->set_kind(kinds[i] == 'g' ? "cuda" : "cpu");
+    out.push_back(w);
+  }
+  return out;
+}
+
+TEST(ChooseWorkersTest, ByTheSpecsDeviceNeverMixing) {
+  baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  std::string waiting;
+  // cuda: GPU workers only, and waits with a reason when too few are idle.
+  spec.set_device(baton::v1::DEVICE_KIND_CUDA);
+  EXPECT_FALSE(ChooseWorkers(spec, Idle("cgc"), {}, &waiting).has_value());
+  EXPECT_EQ(waiting, "waiting for 2 idle GPU workers (1 idle; the job asks for device cuda)");
+  std::optional<WorkerChoice> c = ChooseWorkers(spec, Idle("cgcg"), {}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 3}));
+  EXPECT_EQ(c->device, Device::kCuda);
+  // cpu: CPU-only workers first, GPU workers when short.
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  c = ChooseWorkers(spec, Idle("gcgc"), {}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 3}));
+  EXPECT_EQ(c->device, Device::kCpu);
+  c = ChooseWorkers(spec, Idle("gcg"), {}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(c->device, Device::kCpu);
+  // auto: cuda when enough GPU workers are idle, else cpu on CPU-only workers first.
+  spec.set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);
+  c = ChooseWorkers(spec, Idle("cgcg"), {}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->device, Device::kCuda);
+  EXPECT_EQ(c->why, "cuda: every worker has a GPU");
+  c = ChooseWorkers(spec, Idle("gcc"), {}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->device, Device::kCpu);
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(c->why, "cpu: fewer than 2 idle workers have a GPU");
+  // Taken workers are skipped; too few left waits.
+  c = ChooseWorkers(spec, Idle("ggc"), {true, false, false}, &waiting);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->device, Device::kCpu);
+  EXPECT_FALSE(ChooseWorkers(spec, Idle("g"), {}, &waiting).has_value());
+  EXPECT_EQ(waiting, "waiting for 2 idle workers (1 idle)");
+}
+
+TEST(PlaceJobTest, ThePlansSayTheDevice) {
+  const baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  for (Device d : {Device::kCpu, Device::kCuda}) {
+    absl::StatusOr<Placement> p = PlaceJob(spec, "job-1", 1, Workers(2), absl::Seconds(5), d);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->report.device(), DeviceName(d));
+    for (const baton::v1::JobPlan& plan : p->plans) {
+      EXPECT_EQ(plan.spec().device(),
+                d == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA : baton::v1::DEVICE_KIND_CPU);
+    }
+  }
+}
+
 struct Case {
   baton::v1::Schedule schedule;
   ScheduleKind kind;
@@ -84,7 +148,9 @@ TEST_P(PlacementTest, EveryRankGetsTheValidatedClockAndItsBlocks) {
     EXPECT_EQ(plan.schedule(), ScheduleKindName(c.kind));
     EXPECT_EQ(plan.virtual_stages(), c.virtual_stages);
     EXPECT_EQ(plan.microbatches(), c.microbatches);
-    EXPECT_EQ(plan.spec().SerializeAsString(), spec.SerializeAsString());
+    baton::v1::JobSpec want = spec;  // the spec, with the device placement chose
+    want.set_device(baton::v1::DEVICE_KIND_CPU);
+    EXPECT_EQ(plan.spec().SerializeAsString(), want.SerializeAsString());
     EXPECT_EQ(FromProtoDuration(plan.recv_timeout()), absl::Seconds(42));
     // The clock parses back to exactly BuildSchedule's.
     std::vector<Action> clock;

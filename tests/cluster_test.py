@@ -21,6 +21,8 @@ Cases (the issue's "done means"):
      0.5 s) with a reason naming the worker; the other workers are IDLE again.
   7. SIGTERM of a worker mid-job (how Kubernetes and compose stop it): the worker exits 0
      within seconds, the job fails with a reason, the other workers are IDLE again.
+  8. A job asking for device cuda on a cluster without GPU workers stays QUEUED, and submit
+     says why; an "auto" job runs on the CPU, its history and `batonctl get` say so.
 
 usage: cluster_test.py --bin-dir build/bin --examples client/examples [--keep]
 """
@@ -485,6 +487,45 @@ def case_cancel(c):
     print(f"  the next job {job_id2}: SUCCEEDED, digest equals train-local's")
 
 
+def case_device(c):
+    """8. device placement: a cuda job with no GPU workers waits, saying so; auto runs on
+    the CPU and says why."""
+    ids = c.ensure_workers(2)
+    kinds = {w["worker_id"]: w.get("device", {}).get("kind") for w in c.workers()}
+    if any(k == "cuda" for k in kinds.values()):
+        print(f"  skipped: GPU workers present ({kinds}); this case is for CPU-only clusters")
+        return
+    spec = c.write_spec(tiny_gpt("wants-gpus", steps=3))
+    r = c.ctl("submit", "-f", spec, "--stages", "2", "--device", "cuda")
+    check(r.returncode == 0, f"submit exited {r.returncode}: {r.stderr.strip()}")
+    job_id = r.stdout.strip()
+    want = "waiting for 2 idle GPU workers (0 idle; the job asks for device cuda)"
+    check(want in r.stderr, f"submit did not say why the job waits: {r.stderr.strip()!r}")
+    print(f"  submit: {r.stderr.strip()}")
+    job = c.get(job_id)
+    check(job["state"] == "JOB_STATE_QUEUED" and last_reason(job) == want,
+          f"{job_id}: {job['state']} ({last_reason(job)})")
+    c.ctl_ok("cancel", job_id, "--reason", "no GPUs here")
+    c.wait_state(job_id, ["JOB_STATE_CANCELLED"], 10)
+    # auto: no GPU workers, so the CPU, and the history says so; digest == train-local's.
+    spec2 = c.write_spec(tiny_gpt("auto-device", steps=3))
+    job_id2 = c.submit(spec2, "--stages", "2")["id"]
+    job2 = c.wait_state(job_id2, ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                  "JOB_STATE_CANCELLED"], 120)
+    check(job2["state"] == "JOB_STATE_SUCCEEDED", f"{job_id2}: {job2['state']}")
+    check(job2.get("pipeline", {}).get("device") == "cpu",
+          f"{job_id2}: device {job2.get('pipeline', {}).get('device')!r}, want cpu")
+    placing = [h.get("reason", "") for h in job2.get("history", [])
+               if h["state"] == "JOB_STATE_PLACING"]
+    check(placing and "cpu: fewer than 2 idle workers have a GPU" in placing[0],
+          f"the PLACING reason does not say why cpu: {placing}")
+    check(job2["weights_digest"] == c.reference_digest(spec2), "digest differs from train-local")
+    text = c.ctl_ok("get", job_id2).stdout
+    check("device:     cpu" in text, f"batonctl get does not show the device:\n{text}")
+    c.wait_idle(2, ids=ids)
+    print(f"  {job_id2}: auto -> cpu ({placing[0]}); batonctl get shows it")
+
+
 def case_restart(c):
     """6. coordinator restart on the same --db keeps the job history."""
     c.ensure_workers(4)
@@ -599,6 +640,8 @@ CASES = [
           " the worker; the others IDLE", case_worker_killed),
     ("7", "SIGTERM of a worker mid-job: it exits 0 within seconds, the job FAILED with a "
           "reason, the others IDLE", case_worker_sigterm),
+    ("8", "device placement: cuda with no GPU workers waits with a reason, auto runs on the "
+          "CPU and says why", case_device),
 ]
 
 

@@ -18,6 +18,7 @@
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
 #include "worker/worker_agent.h"
+#include "worker/worker_device.h"
 #include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "no metrics)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the bound metrics host:port to this file once serving");
+ABSL_FLAG(std::string, device, "",
+          "the device this worker owns: cpu, cuda or cuda:N (default: the first visible GPU, "
+          "else the CPU)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -49,10 +53,12 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
-  options.device.set_kind("cpu");
-  options.device.set_name(baton::CpuModelName());
-  options.device.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
-                                  sysconf(_SC_PAGE_SIZE));
+  absl::StatusOr<baton::v1::DeviceInfo> device = baton::ClaimDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "worker: --device: %s\n", std::string(device.status().message()).c_str());
+    return 1;
+  }
+  options.device = *std::move(device);
 
   options.advertise_address = absl::GetFlag(FLAGS_advertise);
 

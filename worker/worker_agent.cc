@@ -359,6 +359,8 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   StageExecutorOptions eo;
   eo.job_id = plan.job_key();
   eo.recv_timeout = recv_timeout;
+  // Placement wrote the device every rank computes on into the plan's spec.
+  eo.device = spec.device() == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu;
   if (options_.metrics != nullptr) {
     JobMetricsInfo info;
     info.job_id = plan.job_id();

@@ -34,6 +34,9 @@ void PrintJob(const baton::v1::Job& job) {
   if (!job.workers().empty()) {
     std::printf("  workers:    %s\n", absl::StrJoin(job.workers(), " ").c_str());
   }
+  if (job.has_pipeline() && !job.pipeline().device().empty()) {
+    std::printf("  device:     %s\n", job.pipeline().device().c_str());
+  }
   if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
     std::printf("  stages:     %s (blocks per stage)\n",
                 absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
@@ -29,6 +30,7 @@ const std::vector<FlagSpec>& Flags() {
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
+      {"device", "", false, "override the device: cpu, cuda or auto"},
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
@@ -39,6 +41,7 @@ const std::vector<FlagSpec>& Flags() {
 constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
+    "                       [--device cpu|cuda|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
@@ -104,6 +107,18 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
     if (absl::Status s = Int32Flag(args, "microbatches", &v); !s.ok()) return s;
     p->set_microbatches(v);
   }
+  if (args.Has("device")) {
+    const std::string d = args.Get("device");
+    if (d == "cpu") {
+      spec->set_device(baton::v1::DEVICE_KIND_CPU);
+    } else if (d == "cuda") {
+      spec->set_device(baton::v1::DEVICE_KIND_CUDA);
+    } else if (d == "auto") {
+      spec->set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);
+    } else {
+      return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got '" + d + "'");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -147,6 +162,22 @@ int Submit(const std::vector<std::string>& argv) {
     if (watch) std::fputc('\n', stdout);
   } else {
     std::printf("%s\n", job.id().c_str());
+    // A job that cannot be placed at once says why (e.g. too few idle GPU workers): the
+    // coordinator places in the background, so look again for up to a second.
+    for (int i = 0; i < 10 && job.state() == baton::v1::JOB_STATE_QUEUED; ++i) {
+      if (job.history_size() > 1) break;  // the placement attempt has spoken
+      absl::SleepFor(absl::Milliseconds(100));
+      baton::v1::GetJobRequest get;
+      get.set_job_id(job.id());
+      baton::v1::Job again;
+      std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+      if (!c.stub().GetJob(ctx.get(), get, &again).ok()) break;
+      job = std::move(again);
+    }
+    if (job.state() == baton::v1::JOB_STATE_QUEUED && !job.history().empty()) {
+      std::fprintf(stderr, "%s queued: %s\n", job.id().c_str(),
+                   job.history().rbegin()->reason().c_str());
+    }
   }
   std::fflush(stdout);
   if (!watch) return 0;

@@ -13,6 +13,7 @@
 #include "client/batonctl/commands.h"
 #include "client/batonctl/trace_json.h"
 #include "common/core/backend.h"
+#include "common/core/cuda_context.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/pipeline/step_trace.h"
 #include "common/spec/spec.h"
@@ -32,7 +33,9 @@ const std::vector<FlagSpec>& Flags() {
       {"schedule-csv", "", false, "with --pipeline: run this clock (PyTorch CSV) instead"},
       {"trace", "", false,
        "with --pipeline: write the last step's timeline here (Chrome trace-event JSON)"},
-      {"blas-threads", "", false, "OpenBLAS threads (default 1; results do not depend on it)"},
+      {"blas-threads", "", false, "CPU GEMM threads (default 1; results do not depend on it)"},
+      {"device", "", false,
+       "cpu, cuda or cuda:N (default: the spec's device; auto is cuda when a GPU is visible)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
   };
@@ -74,6 +77,7 @@ struct Runner {
   std::function<std::vector<Digest>()> digests;
   std::function<int64_t()> parameters;
   std::string data;  // one line describing the data (reference only)
+  Device device = Device::kCpu;
 };
 
 }  // namespace
@@ -106,6 +110,20 @@ int TrainLocal(const std::vector<std::string>& argv) {
   spec->set_steps(static_cast<int32_t>(*steps));
   spec->set_seed(static_cast<uint64_t>(*seed));
   SetBlasThreads(static_cast<int>(*threads));
+  if (args->Has("device")) {
+    Device device;
+    int index;
+    if (absl::Status s = ParseDeviceName(args->Get("device"), &device, &index); !s.ok()) {
+      return Fail("--device: " + std::string(s.message()));
+    }
+    if (device == Device::kCuda) {
+      if (absl::Status s = SetCudaDevice(index); !s.ok()) {
+        return Fail("--device " + args->Get("device") + ": " + std::string(s.message()));
+      }
+    }
+    spec->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
+                                             : baton::v1::DEVICE_KIND_CPU);
+  }
 
   baton::v1::TrainingReport report;
   Runner run;
@@ -138,6 +156,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
       return static_cast<StepStats>(*s);
     };
     run.digests = [&] { return pipe->BlockDigests(); };
+    run.device = pipe->device();
   } else {
     absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t =
         ReferenceTrainer::Create(*std::move(spec));
@@ -147,6 +166,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
     run.step = [&] { return reference->Step(); };
     run.digests = [&] { return reference->BlockDigests(); };
     run.data = reference->dataset().Describe();
+    run.device = reference->device();
   }
   const baton::v1::JobSpec& s = run.spec;
   const std::vector<BlockInfo> blocks = DescribeBlocks(s.model());
@@ -154,11 +174,12 @@ int TrainLocal(const std::vector<std::string>& argv) {
   for (const BlockInfo& b : blocks) num_params += b.parameters;
   report.set_job_name(s.name());
   report.set_parameters(num_params);
+  report.set_device(DescribeDevice(run.device));
   const bool text = output == "text";
   if (text) {
-    std::printf("%s: %s, %zu blocks, %lld parameters\n",
+    std::printf("%s: %s, %zu blocks, %lld parameters, on %s\n",
                 s.name().empty() ? "job" : s.name().c_str(), Describe(s).c_str(), blocks.size(),
-                static_cast<long long>(num_params));
+                static_cast<long long>(num_params), report.device().c_str());
     if (pipe != nullptr) {
       const Schedule& sc = pipe->schedule();
       std::vector<std::string> parts;

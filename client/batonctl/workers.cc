@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
 #include "client/batonctl/args.h"
@@ -60,8 +61,16 @@ int Workers(const std::vector<std::string>& argv) {
   std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", "WORKER", "ADDRESS", "STATE", "JOB",
               "HEARTBEAT", "DEVICE");
   for (const baton::v1::WorkerInfo& w : resp.workers()) {
-    std::string device = w.device().kind();
-    if (!w.device().name().empty()) device += " (" + w.device().name() + ")";
+    const baton::v1::DeviceInfo& d = w.device();
+    std::string device = d.kind();
+    if (d.kind() == "cuda") device += ":" + std::to_string(d.index());
+    std::vector<std::string> details;
+    if (!d.name().empty()) details.push_back(d.name());
+    if (d.memory_bytes() > 0) {
+      details.push_back(std::to_string((d.memory_bytes() + (1 << 29)) >> 30) + " GiB");
+    }
+    if (!d.compute_capability().empty()) details.push_back("sm " + d.compute_capability());
+    if (!details.empty()) device += " (" + absl::StrJoin(details, ", ") + ")";
     std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", w.worker_id().c_str(), w.address().c_str(),
                 WorkerStateName(w.state()).c_str(), w.job_id().empty() ? "-" : w.job_id().c_str(),
                 Ago(w.last_heartbeat()).c_str(), device.empty() ? "-" : device.c_str());

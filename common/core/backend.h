@@ -42,7 +42,8 @@ class Backend {
   virtual void Scale(int64_t n, float scale, const float* x, float* y) = 0;
   virtual void Fill(int64_t n, float value, float* y) = 0;
   virtual void Copy(int64_t n, const float* x, float* y) = 0;
-  // Returns the sum of x in index order, accumulated in double and rounded once.
+  // Returns the sum of x, accumulated in double (the CPU in index order; a device in a
+  // fixed tree). On a device it waits for the work issued before (the result is read back).
   virtual double Sum(int64_t n, const float* x) = 0;
 
   // ---- Linear ----
@@ -80,8 +81,8 @@ class Backend {
   // y[B,T,C] = att v, heads side by side.
   virtual void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
                                 float* att, float* y) = 0;
-  // Writes dqkv[B,T,3C] from dy[B,T,C] and the saved qkv and att. `scratch` holds T*T
-  // floats.
+  // Writes dqkv[B,T,3C] from dy[B,T,C] and the saved qkv and att. `scratch` holds H*T*T
+  // floats (the CPU uses T*T of them, the CUDA backend one T*T matrix per head).
   virtual void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
                                  const float* att, const float* dy, float* dqkv,
                                  float* scratch) = 0;

@@ -26,6 +26,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
 
 namespace baton {
 namespace {
@@ -543,11 +545,14 @@ absl::StatusOr<Backend*> BackendFor(Device device) {
     case Device::kCpu:
       return CpuBackend();
     case Device::kCuda:
-      break;
+      if (Backend* be = CudaBackend(); be != nullptr) return be;
+      return absl::UnavailableError(BuiltWithCuda()
+                                        ? "no CUDA device found for the cuda backend"
+                                        : "this build has no CUDA (built with BATON_WITH_CUDA=OFF "
+                                          "or without nvcc)");
   }
-  return absl::UnimplementedError(
-      absl::StrCat("no compute backend for device ", DeviceName(device),
-                   " in this build (only cpu is implemented)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("no compute backend for device ", DeviceName(device)));
 }
 
 void SetBlasThreads(int threads) { GemmPool::Get().SetThreads(threads); }

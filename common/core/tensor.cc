@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/core/check.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/check.h"
+#include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
 
 namespace baton {
 
@@ -135,10 +137,32 @@ Allocator* AllocatorFor(Device device) {
     case Device::kCpu:
       return CpuAllocator();
     case Device::kCuda:
-      return nullptr;  // The CUDA backend registers here when it lands.
+      return CudaAllocator();  // nullptr without CUDA or without a device
   }
   return nullptr;
 }
+
+absl::Status DeviceSynchronize(Device device) {
+  return device == Device::kCpu ? absl::OkStatus() : CudaSynchronize();
+}
+
+namespace {
+
+// Copies `bytes` from (src_device, src) to (dst_device, dst); synchronous.
+absl::Status CopyBytes(Device dst_device, void* dst, Device src_device, const void* src,
+                       size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst_device == Device::kCpu && src_device == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  const CopyKind kind = src_device == Device::kCpu   ? CopyKind::kHostToDevice
+                        : dst_device == Device::kCpu ? CopyKind::kDeviceToHost
+                                                     : CopyKind::kDeviceToDevice;
+  return CudaCopy(dst, src, bytes, kind);
+}
+
+}  // namespace
 
 struct Tensor::Storage {
   Storage(Allocator* a, void* p, size_t n) : allocator(a), data(p), bytes(n) {}
@@ -157,14 +181,17 @@ absl::StatusOr<Tensor> Tensor::TryEmpty(const Shape& shape, DType dtype, Device 
   }
   Allocator* allocator = AllocatorFor(device);
   if (allocator == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("no allocator for device ", DeviceName(device), " in this build"));
+    return absl::UnavailableError(absl::StrCat(
+        "no ", DeviceName(device), " memory: ",
+        device == Device::kCuda && BuiltWithCuda() ? "no CUDA device found" : "not in this build"));
   }
   const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
   void* p = allocator->Allocate(bytes);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("out of ", DeviceName(device),
-                                                     " memory allocating ", bytes, " bytes"));
+    const AllocatorStats st = allocator->Stats();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of ", DeviceName(device), " memory allocating ", bytes, " bytes for ",
+        DTypeName(dtype), ShapeString(shape), " (", st.bytes_in_use, " bytes in use)"));
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>(allocator, p, bytes);
@@ -215,17 +242,49 @@ absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::Clone() const {
+  absl::StatusOr<Tensor> t = CopyTo(device_);
+  BATON_CHECK_OK(t.status());
+  return *std::move(t);
+}
+
+absl::StatusOr<Tensor> Tensor::CopyTo(Device device) const {
   if (!defined()) return Tensor();
-  Tensor t = Empty(shape_, dtype_, device_);
-  BATON_CHECK(device_ == Device::kCpu);  // other devices copy through their Backend
-  std::memcpy(t.data_, data_, nbytes());
+  absl::StatusOr<Tensor> t = TryEmpty(shape_, dtype_, device);
+  if (!t.ok()) return t.status();
+  absl::Status st = CopyBytes(device, t->data_, device_, data_, nbytes());
+  if (!st.ok()) return st;
   return t;
+}
+
+absl::StatusOr<Tensor> Tensor::On(Device device) const {
+  if (!defined() || device == device_) return *this;
+  return CopyTo(device);
+}
+
+absl::Status Tensor::CopyFromHost(const void* src) {
+  return CopyBytes(device_, data_, Device::kCpu, src, nbytes());
+}
+
+absl::Status Tensor::CopyFromHost(const void* src, size_t offset, size_t bytes) {
+  if (offset > nbytes() || bytes > nbytes() - offset) {
+    return absl::OutOfRangeError(
+        absl::StrCat("bytes [", offset, ", ", offset + bytes, ") are not within ", DebugString()));
+  }
+  return CopyBytes(device_, static_cast<char*>(data_) + offset, Device::kCpu, src, bytes);
+}
+
+absl::Status Tensor::CopyToHost(void* dst) const {
+  return CopyBytes(Device::kCpu, dst, device_, data_, nbytes());
 }
 
 void Tensor::SetZero() {
   if (!defined()) return;
-  BATON_CHECK(device_ == Device::kCpu);  // other devices clear through their Backend
-  std::memset(data_, 0, nbytes());
+  if (device_ == Device::kCpu) {
+    std::memset(data_, 0, nbytes());
+    return;
+  }
+  // Asynchronous on the device; a failure is sticky and surfaces at the next copy.
+  (void)CudaZero(data_, nbytes());
 }
 
 std::string Tensor::DebugString() const {

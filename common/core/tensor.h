@@ -5,9 +5,11 @@
 // size, so a training loop that allocates the same shapes every micro-batch stops calling
 // malloc after its first step (AllocatorStats::system_allocations tells).
 //
-// Device seam: today only Device::kCpu has an allocator and a Backend (backend.h). A CUDA
-// allocator and backend register themselves for Device::kCuda; code above this layer never
-// touches raw device memory except through a Backend.
+// Devices: Device::kCpu always has an allocator and a Backend (backend.h); Device::kCuda has
+// them in a CUDA build on a machine with a GPU (cuda_context.h: the process computes on one
+// GPU, chosen once). Code above this layer never touches device memory except through a
+// Backend, and reads or writes it from the host only through CopyTo / CopyFromHost /
+// CopyToHost.
 //
 // Thread safety: a Tensor handle is not synchronised; distinct handles (even to the same
 // storage) may be used from different threads if the data itself is not raced on.
@@ -58,6 +60,10 @@ class Allocator {
   virtual void ReleaseCached() = 0;
 };
 
+// Waits for the work issued on `device` and returns the first error it hit since the last
+// call (OK for the CPU, whose work is synchronous).
+absl::Status DeviceSynchronize(Device device);
+
 // The process-wide caching CPU allocator.
 Allocator* CpuAllocator();
 // The allocator of `device`, or nullptr when this build or machine has none for it.
@@ -95,9 +101,21 @@ class Tensor {
 
   // Same storage, new shape with the same element count.
   absl::StatusOr<Tensor> Reshape(const Shape& shape) const;
-  // A deep copy on the same device.
+  // A deep copy on the same device. Aborts where TryEmpty would fail; use CopyTo(device())
+  // where that must be reported instead.
   Tensor Clone() const;
-  // Sets every byte to zero.
+  // A deep copy on `device` (on the same device too: never shares storage). An undefined
+  // tensor gives an undefined one. RESOURCE_EXHAUSTED when `device` is out of memory.
+  absl::StatusOr<Tensor> CopyTo(Device device) const;
+  // This tensor if it already lives on `device`, else CopyTo(device).
+  absl::StatusOr<Tensor> On(Device device) const;
+  // Copies nbytes() from / to host memory (the tensor on any device).
+  absl::Status CopyFromHost(const void* src);
+  absl::Status CopyToHost(void* dst) const;
+  // Copies `bytes` from host memory into this tensor's bytes [offset, offset + bytes);
+  // OUT_OF_RANGE when that range is not within nbytes().
+  absl::Status CopyFromHost(const void* src, size_t offset, size_t bytes);
+  // Sets every byte to zero (on a device, in its stream order).
   void SetZero();
 
   std::string DebugString() const;  // "f32[2,3]@cpu"

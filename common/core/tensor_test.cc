@@ -158,10 +158,37 @@ TEST(TensorTest, TryEmptyRefusesNegativeDims) {
 }
 
 TEST(TensorTest, TryEmptyReportsAMissingDeviceAllocator) {
-  if (AllocatorFor(Device::kCuda) != nullptr) GTEST_SKIP() << "this build has a CUDA allocator";
+  if (AllocatorFor(Device::kCuda) != nullptr) GTEST_SKIP() << "a CUDA device is present";
   absl::StatusOr<Tensor> t = Tensor::TryEmpty({4}, DType::kFloat32, Device::kCuda);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(t.status().message().find("cuda"), absl::string_view::npos) << t.status();
+}
+
+TEST(TensorTest, CopiesAndHostTransfers) {
+  Tensor a = Tensor::Empty({2, 3});
+  const float src[6] = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(a.CopyFromHost(src).ok());
+  absl::StatusOr<Tensor> b = a.CopyTo(Device::kCpu);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->raw(), a.raw());  // a copy, even on the same device
+  float back[6] = {};
+  ASSERT_TRUE(b->CopyToHost(back).ok());
+  EXPECT_EQ(std::memcmp(back, src, sizeof(src)), 0);
+  absl::StatusOr<Tensor> same = a.On(Device::kCpu);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->raw(), a.raw());  // already there: the same storage
+  EXPECT_FALSE(Tensor().CopyTo(Device::kCpu)->defined());
+}
+
+TEST(TensorTest, OutOfMemoryIsResourceExhaustedNamingBytesAndDevice) {
+  // 2^60 bytes: no allocator can give that; the answer is an error, not an abort.
+  absl::StatusOr<Tensor> t = Tensor::TryEmpty({int64_t{1} << 58}, DType::kFloat32);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(t.status().message().find("1152921504606846976 bytes"), absl::string_view::npos)
+      << t.status();
+  EXPECT_NE(t.status().message().find("cpu"), absl::string_view::npos) << t.status();
 }
 
 TEST(TensorTest, AllocatorFor) {

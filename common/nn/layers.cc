@@ -1,10 +1,29 @@
 #include "common/nn/layers.h"
 
 #include <utility>
+#include <vector>
 
 #include "common/core/status.h"
 
 namespace baton {
+
+absl::Status CheckTokenIds(const std::string& who, const char* what, const Tensor& ids,
+                           int64_t vocab) {
+  std::vector<int32_t> host;
+  const int32_t* p = ids.i32();
+  if (ids.device() != Device::kCpu) {  // checked on the host: copy the ids over
+    host.resize(static_cast<size_t>(ids.numel()));
+    BATON_RETURN_IF_ERROR(ids.CopyToHost(host.data()));
+    p = host.data();
+  }
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    if (p[i] < 0 || p[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": ", what, " ", p[i], " at ", i, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckActivation(const std::string& who, const Tensor& t, int64_t channels) {
   if (!t.defined() || t.dtype() != DType::kFloat32 || t.rank() < 1 || t.dim(-1) != channels) {
@@ -25,30 +44,34 @@ Shape WithLastDim(const Shape& like, int64_t channels) {
 
 // ---------------------------------------------------------------------------- Linear
 
-Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options,
-               uint64_t seed)
+Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed,
+               Device device)
     : name_(std::move(name)),
       in_(in),
       out_(out),
       options_(options),
-      be_(CpuBackend()),
-      weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev,
-                            seed)),
+      device_(device),
+      be_(BackendOrDie(device)),
+      weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev, seed,
+                            device)),
       stash_(name_) {
-  if (options_.bias) bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed);
+  if (options_.bias) {
+    bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed, device);
+  }
 }
 
-absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
-  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, in_));
+absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, input, in_));
+  BATON_ASSIGN_OR_RETURN(const Tensor x, input.On(device_));  // data may come from the host
   const int64_t rows = x.numel() / in_;
   Saved saved;
   saved.x = x;
-  Tensor z = Tensor::Empty(WithLastDim(x.shape(), out_));
+  BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
   be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, weight_.value.f32(), in_, 0.0f,
             z.f32(), out_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
   if (options_.gelu) {
-    Tensor out = Tensor::Empty(z.shape());
+    BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, z.shape(), device_));
     be_->BiasGelu(rows, out_, z.f32(), b, z.f32(), out.f32());
     saved.pre = z;
     *y = std::move(out);
@@ -69,14 +92,14 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   }
   const int64_t rows = dy.numel() / out_;
   if (options_.gelu) {
-    s->dz = Tensor::Empty(dy.shape());
+    BATON_ASSIGN_OR_RETURN(s->dz, NewTensor(name_, dy.shape(), device_));
     be_->GeluBackward(dy.numel(), s->pre.f32(), dy.f32(), s->dz.f32());
     s->pre = Tensor();
   } else {
     s->dz = dy;
   }
   if (options_.compute_input_grad) {
-    Tensor g = Tensor::Empty(s->x.shape());
+    BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, s->x.shape(), device_));
     be_->Gemm(false, false, rows, in_, out_, 1.0f, s->dz.f32(), out_, weight_.value.f32(), in_,
               0.0f, g.f32(), in_);
     *dx = std::move(g);
@@ -108,15 +131,16 @@ void Linear::CollectParameters(std::vector<Parameter*>* out) {
 
 // ---------------------------------------------------------------------------- Gelu
 
-Gelu::Gelu(std::string name) : name_(std::move(name)), be_(CpuBackend()), stash_(name_) {}
+Gelu::Gelu(std::string name, Device device)
+    : name_(std::move(name)), device_(device), be_(BackendOrDie(device)), stash_(name_) {}
 
 absl::Status Gelu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   if (!x.defined() || x.dtype() != DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": expected a f32 tensor, got ",
                                                    x.DebugString()));
   }
-  Tensor out = Tensor::Empty(x.shape());
-  Tensor pre = Tensor::Empty(x.shape());
+  BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
+  BATON_ASSIGN_OR_RETURN(Tensor pre, NewTensor(name_, x.shape(), device_));
   be_->BiasGelu(1, x.numel(), x.f32(), nullptr, pre.f32(), out.f32());
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(pre));
@@ -128,7 +152,7 @@ absl::Status Gelu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor*
     return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
                                                    " does not match ", pre->DebugString()));
   }
-  Tensor g = Tensor::Empty(dy.shape());
+  BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
   be_->GeluBackward(dy.numel(), pre->f32(), dy.f32(), g.f32());
   *dx = std::move(g);
   stash_.Erase(mb.index);  // no weights: nothing left for BackwardWeight
@@ -139,13 +163,14 @@ absl::Status Gelu::BackwardWeight(const MicroBatch& mb) { return absl::OkStatus(
 
 // ---------------------------------------------------------------------------- LayerNorm
 
-LayerNorm::LayerNorm(std::string name, int64_t channels, float eps)
+LayerNorm::LayerNorm(std::string name, int64_t channels, float eps, Device device)
     : name_(std::move(name)),
       channels_(channels),
       eps_(eps),
-      be_(CpuBackend()),
-      gamma_(MakeParameter(name_ + ".weight", {channels}, Init::kOnes, 0.0f, 0)),
-      beta_(MakeParameter(name_ + ".bias", {channels}, Init::kZeros, 0.0f, 0)),
+      device_(device),
+      be_(BackendOrDie(device)),
+      gamma_(MakeParameter(name_ + ".weight", {channels}, Init::kOnes, 0.0f, 0, device)),
+      beta_(MakeParameter(name_ + ".bias", {channels}, Init::kZeros, 0.0f, 0, device)),
       stash_(name_) {}
 
 absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
@@ -153,9 +178,9 @@ absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
   const int64_t rows = x.numel() / channels_;
   Saved s;
   s.x = x;
-  s.mean = Tensor::Empty({rows});
-  s.rstd = Tensor::Empty({rows});
-  Tensor out = Tensor::Empty(x.shape());
+  BATON_ASSIGN_OR_RETURN(s.mean, NewTensor(name_, {rows}, device_));
+  BATON_ASSIGN_OR_RETURN(s.rstd, NewTensor(name_, {rows}, device_));
+  BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
                         out.f32(), s.mean.f32(), s.rstd.f32());
   *y = std::move(out);
@@ -169,7 +194,7 @@ absl::Status LayerNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Te
                                                    " does not match ", s->x.DebugString()));
   }
   const int64_t rows = dy.numel() / channels_;
-  Tensor g = Tensor::Empty(dy.shape());
+  BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
   be_->LayerNormBackwardInput(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
                               gamma_.value.f32(), dy.f32(), g.f32());
   s->dy = dy;
@@ -198,14 +223,16 @@ void LayerNorm::CollectParameters(std::vector<Parameter*>* out) {
 // ---------------------------------------------------------------------------- Embedding
 
 Embedding::Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels,
-                     uint64_t seed)
+                     uint64_t seed, Device device)
     : name_(std::move(name)),
       vocab_(vocab),
       context_(context),
       channels_(channels),
-      be_(CpuBackend()),
-      wte_(MakeParameter(name_ + ".token", {vocab, channels}, Init::kNormal, 0.02f, seed)),
-      wpe_(MakeParameter(name_ + ".position", {context, channels}, Init::kNormal, 0.01f, seed)),
+      device_(device),
+      be_(BackendOrDie(device)),
+      wte_(MakeParameter(name_ + ".token", {vocab, channels}, Init::kNormal, 0.02f, seed, device)),
+      wpe_(MakeParameter(name_ + ".position", {context, channels}, Init::kNormal, 0.01f, seed,
+                         device)),
       stash_(name_) {}
 
 absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
@@ -215,19 +242,14 @@ absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
         absl::StrCat(name_, ": expected int32 token ids [batch, T] with 1 <= T <= ", context_,
                      ", got ", x.DebugString()));
   }
-  const int32_t* ids = x.i32();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": token id ", ids[i], " at ", i,
-                                                     " is outside the vocabulary [0, ", vocab_,
-                                                     ")"));
-    }
-  }
+  BATON_RETURN_IF_ERROR(CheckTokenIds(name_, "token id", x, vocab_));
+  BATON_ASSIGN_OR_RETURN(const Tensor tokens, x.On(device_));
   const int64_t B = x.dim(0), T = x.dim(1);
-  Tensor out = Tensor::Empty({B, T, channels_});
-  be_->EmbeddingForward(B, T, channels_, ids, wte_.value.f32(), wpe_.value.f32(), out.f32());
+  BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, {B, T, channels_}, device_));
+  be_->EmbeddingForward(B, T, channels_, tokens.i32(), wte_.value.f32(), wpe_.value.f32(),
+                        out.f32());
   *y = std::move(out);
-  return stash_.Put(mb.index, Saved{x, Tensor()});
+  return stash_.Put(mb.index, Saved{tokens, Tensor()});
 }
 
 absl::Status Embedding::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {

@@ -2,6 +2,10 @@
 // position Embedding. Each follows the Module contract of module.h.
 //
 // Shapes: activations are [..., C] tensors, processed as R = numel / C rows of C channels.
+//
+// Devices: a layer lives on one device (its parameters, its stash and its outputs) and
+// computes with that device's Backend. A Linear or Embedding fed with data accepts it on
+// any device and copies it over; every other input must already be on the layer's device.
 #ifndef BATON_COMMON_NN_LAYERS_H_
 #define BATON_COMMON_NN_LAYERS_H_
 
@@ -23,7 +27,8 @@ class Linear final : public Module {
     bool compute_input_grad = true;  // false for a first layer fed with data: dx undefined
     float init_stddev = 0.02f;       // W ~ N(0, init_stddev); b = 0
   };
-  Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed);
+  Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed,
+         Device device = Device::kCpu);
 
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
@@ -45,6 +50,7 @@ class Linear final : public Module {
   const std::string name_;
   const int64_t in_, out_;
   const Options options_;
+  const Device device_;
   Backend* const be_;
   Parameter weight_, bias_;
   Stash<Saved> stash_;
@@ -53,7 +59,7 @@ class Linear final : public Module {
 // Element-wise GELU (tanh approximation).
 class Gelu final : public Module {
  public:
-  explicit Gelu(std::string name);
+  explicit Gelu(std::string name, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -64,6 +70,7 @@ class Gelu final : public Module {
 
  private:
   const std::string name_;
+  const Device device_;
   Backend* const be_;
   Stash<Tensor> stash_;  // the input
 };
@@ -71,7 +78,7 @@ class Gelu final : public Module {
 // LayerNorm over the last dimension with learned gain (init 1) and bias (init 0).
 class LayerNorm final : public Module {
  public:
-  LayerNorm(std::string name, int64_t channels, float eps = 1e-5f);
+  LayerNorm(std::string name, int64_t channels, float eps = 1e-5f, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -88,16 +95,19 @@ class LayerNorm final : public Module {
   const std::string name_;
   const int64_t channels_;
   const float eps_;
+  const Device device_;
   Backend* const be_;
   Parameter gamma_, beta_;
   Stash<Saved> stash_;
 };
 
 // Token + learned position embedding. Input: int32 token ids [B, T] with T <= context and
-// ids in [0, vocab). Output: [B, T, C]. Its input is data, so dx is always undefined.
+// ids in [0, vocab), on any device (checked on the host, then copied to the module's
+// device). Output: [B, T, C]. Its input is data, so dx is always undefined.
 class Embedding final : public Module {
  public:
-  Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels, uint64_t seed);
+  Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels, uint64_t seed,
+            Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -113,6 +123,7 @@ class Embedding final : public Module {
   };
   const std::string name_;
   const int64_t vocab_, context_, channels_;
+  const Device device_;
   Backend* const be_;
   Parameter wte_, wpe_;
   Stash<Saved> stash_;
@@ -121,6 +132,11 @@ class Embedding final : public Module {
 // Checks that `t` is a defined f32 tensor whose last dimension is `channels`; the error
 // names `who`.
 absl::Status CheckActivation(const std::string& who, const Tensor& t, int64_t channels);
+
+// Checks that every int32 id in `ids` (on any device) is in [0, vocab); the error names
+// `who`, `what` ("token id", "target id"), the id and its position.
+absl::Status CheckTokenIds(const std::string& who, const char* what, const Tensor& ids,
+                           int64_t vocab);
 
 }  // namespace baton
 

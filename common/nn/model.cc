@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "common/core/check.h"
 #include "common/core/status.h"
 #include "common/nn/layers.h"
 #include "common/nn/transformer.h"
@@ -74,7 +75,8 @@ int NumBlocks(const baton::v1::ModelSpec& spec) {
   return 0;
 }
 
-std::unique_ptr<Module> BuildMlpBlock(const baton::v1::MlpSpec& s, int index, uint64_t seed) {
+std::unique_ptr<Module> BuildMlpBlock(const baton::v1::MlpSpec& s, int index, uint64_t seed,
+                                      Device device) {
   const int64_t width = s.width();
   if (index < s.depth()) {
     const int64_t in = index == 0 ? s.input_dim() : width;
@@ -82,25 +84,27 @@ std::unique_ptr<Module> BuildMlpBlock(const baton::v1::MlpSpec& s, int index, ui
     o.gelu = true;
     o.compute_input_grad = index != 0;  // the first block's input is data
     o.init_stddev = 1.0f / std::sqrt(static_cast<float>(in));
-    return std::make_unique<Linear>("hidden." + std::to_string(index), in, width, o, seed);
+    return std::make_unique<Linear>("hidden." + std::to_string(index), in, width, o, seed, device);
   }
   Linear::Options o;
   o.init_stddev = 1.0f / std::sqrt(static_cast<float>(width));
   std::vector<std::unique_ptr<Module>> parts;
-  parts.push_back(std::make_unique<Linear>("out", width, s.output_dim(), o, seed));
-  parts.push_back(std::make_unique<MseLoss>("out.mse"));
+  parts.push_back(std::make_unique<Linear>("out", width, s.output_dim(), o, seed, device));
+  parts.push_back(std::make_unique<MseLoss>("out.mse", device));
   return std::make_unique<Sequential>("out", std::move(parts));
 }
 
-std::unique_ptr<Module> BuildGptBlock(const baton::v1::GptSpec& s, int index, uint64_t seed) {
+std::unique_ptr<Module> BuildGptBlock(const baton::v1::GptSpec& s, int index, uint64_t seed,
+                                      Device device) {
   if (index == 0) {
-    return std::make_unique<Embedding>("embed", s.vocab_size(), s.context(), s.d_model(), seed);
+    return std::make_unique<Embedding>("embed", s.vocab_size(), s.context(), s.d_model(), seed,
+                                       device);
   }
   if (index <= s.layers()) {
     return std::make_unique<TransformerBlock>("block." + std::to_string(index - 1), s.d_model(),
-                                              s.heads(), s.layers(), seed);
+                                              s.heads(), s.layers(), seed, device);
   }
-  return std::make_unique<LmHead>("head", s.d_model(), s.vocab_size(), seed);
+  return std::make_unique<LmHead>("head", s.d_model(), s.vocab_size(), seed, device);
 }
 
 }  // namespace
@@ -132,7 +136,8 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
-                                                        uint64_t seed, int first, int last) {
+                                                        uint64_t seed, int first, int last,
+                                                        Device device) {
   const int n = NumBlocks(spec);
   if (n == 0) return absl::InvalidArgumentError("model: no architecture set (want mlp or gpt)");
   if (last < 0) last = n;
@@ -140,18 +145,31 @@ absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSp
     return absl::InvalidArgumentError(absl::StrCat("model: block range [", first, ", ", last,
                                                    ") is not within the ", n, " blocks"));
   }
+  if (absl::StatusOr<Backend*> be = BackendFor(device); !be.ok()) {
+    return absl::Status(be.status().code(),
+                        absl::StrCat("model on ", DeviceName(device), ": ", be.status().message()));
+  }
   std::vector<std::unique_ptr<Module>> blocks;
   for (int i = first; i < last; ++i) {
-    blocks.push_back(spec.has_mlp() ? BuildMlpBlock(spec.mlp(), i, seed)
-                                    : BuildGptBlock(spec.gpt(), i, seed));
+    blocks.push_back(spec.has_mlp() ? BuildMlpBlock(spec.mlp(), i, seed, device)
+                                    : BuildGptBlock(spec.gpt(), i, seed, device));
   }
-  return std::make_unique<Sequential>("model", std::move(blocks));
+  auto model = std::make_unique<Sequential>("model", std::move(blocks));
+  BATON_RETURN_IF_ERROR(CheckParameters(model->Parameters()));
+  return model;
 }
 
 Digest BlockDigest(Module& block) {
   Sha256 h;
+  std::vector<float> host;
   for (Parameter* p : block.Parameters()) {
-    h.UpdateFloats(absl::MakeConstSpan(p->value.f32(), static_cast<size_t>(p->value.numel())));
+    const float* data = p->value.f32();
+    if (p->value.device() != Device::kCpu) {
+      host.resize(static_cast<size_t>(p->value.numel()));
+      BATON_CHECK_OK(p->value.CopyToHost(host.data()));  // a device fault: nothing to digest
+      data = host.data();
+    }
+    h.UpdateFloats(absl::MakeConstSpan(data, static_cast<size_t>(p->value.numel())));
   }
   return h.Finish();
 }

@@ -55,13 +55,16 @@ class Sequential final : public Module {
   std::vector<std::unique_ptr<Module>> modules_;
 };
 
-// Builds blocks [first, last) of the model (all of them by default). The spec must have
-// been validated (common/spec); an out-of-range block range is INVALID_ARGUMENT.
+// Builds blocks [first, last) of the model (all of them by default) on `device`. The spec
+// must have been validated (common/spec); an out-of-range block range is INVALID_ARGUMENT,
+// a device without a backend here UNAVAILABLE, a device too small for the parameters
+// RESOURCE_EXHAUSTED naming the parameter and its bytes.
 absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
-                                                        uint64_t seed, int first = 0,
-                                                        int last = -1);
+                                                        uint64_t seed, int first = 0, int last = -1,
+                                                        Device device = Device::kCpu);
 
-// SHA-256 over the block's parameters (see common/core/digest.h for the scheme).
+// SHA-256 over the block's parameters (see common/core/digest.h for the scheme), read
+// back to the host when they live on a device.
 Digest BlockDigest(Module& block);
 // Per-block digests of a model built by BuildBlocks, in block order.
 std::vector<Digest> BlockDigests(Sequential& blocks);

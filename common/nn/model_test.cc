@@ -4,6 +4,8 @@
 // reuse.
 #include "common/nn/model.h"
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -274,6 +276,30 @@ TEST(ModelInitTest, RefusesBadBlockRanges) {
     EXPECT_EQ(m.status().code(), kInvalid) << first << ", " << last;
   }
   EXPECT_EQ(BuildBlocks(baton::v1::ModelSpec(), 1).status().code(), kInvalid);
+}
+
+TEST(ModelInitTest, AModelTooLargeForItsDeviceIsResourceExhaustedNamingTheParameter) {
+  // hidden.0.weight alone is [2^15, 2^31 - 1] floats: 256 TiB, which no machine can map.
+  // Its bias (2^15 floats) is small, and only that block is built.
+  baton::v1::ModelSpec spec = MlpSpec();
+  spec.mutable_mlp()->set_input_dim(std::numeric_limits<int32_t>::max());
+  spec.mutable_mlp()->set_width(1 << 15);
+  const absl::StatusOr<std::unique_ptr<Sequential>> m = BuildBlocks(spec, 1, 0, 1);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+  EXPECT_NE(m.status().message().find("parameter hidden.0.weight"), std::string::npos)
+      << m.status();
+  const int64_t bytes = int64_t{std::numeric_limits<int32_t>::max()} * (1 << 15) * 4;
+  EXPECT_NE(m.status().message().find(absl::StrCat(bytes, " bytes")), std::string::npos)
+      << m.status();
+  EXPECT_NE(m.status().message().find("cpu"), std::string::npos) << m.status();
+}
+
+TEST(ModelInitTest, ADeviceWithoutABackendIsRefusedNamingIt) {
+  if (BackendFor(Device::kCuda).ok()) GTEST_SKIP() << "a CUDA device is present";
+  const absl::StatusOr<std::unique_ptr<Sequential>> m =
+      BuildBlocks(GptSpec(), 1, 0, -1, Device::kCuda);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_NE(m.status().message().find("model on cuda"), std::string::npos) << m.status();
 }
 
 TEST(ModelInitTest, DescribeBlocksMatchesBuiltBlocks) {

@@ -1,27 +1,101 @@
 #include "common/nn/module.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "common/core/check.h"
 #include "common/core/rng.h"
+#include "common/core/status.h"
 
 namespace baton {
 
-Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
+namespace {
+
+// Writes the initial values of `init` into `t` (on any device). Drawn on the host, a chunk
+// at a time for a device, so every device starts from the same bits and a parameter larger
+// than host memory still gets them.
+absl::Status Initialise(Tensor& t, const std::string& name, Init init, float stddev,
                         uint64_t seed) {
-  Parameter p;
-  p.value = Tensor::Empty(shape);
-  switch (init) {
-    case Init::kZeros:
-      p.value.SetZero();
-      break;
-    case Init::kOnes:
-      CpuBackend()->Fill(p.value.numel(), 1.0f, p.value.f32());
-      break;
-    case Init::kNormal:
-      RngStream(seed, name).FillNormal(p.value.f32(), p.value.numel(), 0.0f, stddev);
-      break;
+  const int64_t n = t.numel();
+  const RngStream rng(seed, name);
+  if (t.device() == Device::kCpu) {
+    float* p = t.f32();
+    switch (init) {
+      case Init::kZeros:
+        std::fill(p, p + n, 0.0f);
+        break;
+      case Init::kOnes:
+        std::fill(p, p + n, 1.0f);
+        break;
+      case Init::kNormal:
+        rng.FillNormal(p, n, 0.0f, stddev);
+        break;
+    }
+    return absl::OkStatus();
   }
-  p.grad = Tensor::Zeros(shape);
+  if (init == Init::kZeros) {
+    t.SetZero();
+    return absl::OkStatus();
+  }
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<float> host(static_cast<size_t>(std::min(n, kChunk)));
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    for (int64_t i = 0; i < len; ++i) {
+      // The expression of RngStream::FillNormal, element by element.
+      host[i] =
+          init == Init::kOnes ? 1.0f : 0.0f + stddev * rng.Normal(static_cast<uint64_t>(off + i));
+    }
+    BATON_RETURN_IF_ERROR(t.CopyFromHost(host.data(), static_cast<size_t>(off) * sizeof(float),
+                                         static_cast<size_t>(len) * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
+                        uint64_t seed, Device device) {
+  Parameter p;
   p.name = std::move(name);
+  absl::StatusOr<Tensor> value = Tensor::TryEmpty(shape, DType::kFloat32, device);
+  absl::Status st = value.status();
+  if (st.ok()) st = Initialise(*value, p.name, init, stddev, seed);
+  absl::StatusOr<Tensor> grad = Tensor::TryEmpty(shape, DType::kFloat32, device);
+  if (st.ok()) st = grad.status();
+  if (!st.ok()) {
+    p.init_status = st;
+    return p;  // value and grad undefined
+  }
+  grad->SetZero();
+  p.value = *std::move(value);
+  p.grad = *std::move(grad);
   return p;
+}
+
+absl::Status CheckParameters(const std::vector<Parameter*>& params) {
+  for (const Parameter* p : params) {
+    if (!p->init_status.ok()) {
+      return absl::Status(p->init_status.code(),
+                          absl::StrCat("parameter ", p->name, ": ", p->init_status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Backend* BackendOrDie(Device device) {
+  absl::StatusOr<Backend*> be = BackendFor(device);
+  BATON_CHECK_OK(be.status());
+  return *be;
+}
+
+absl::StatusOr<Tensor> NewTensor(const std::string& who, const Shape& shape, Device device,
+                                 DType dtype) {
+  absl::StatusOr<Tensor> t = Tensor::TryEmpty(shape, dtype, device);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat(who, ": ", t.status().message()));
+  }
+  return t;
 }
 
 }  // namespace baton

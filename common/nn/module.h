@@ -35,6 +35,8 @@ struct Parameter {
   std::string name;  // fully qualified, e.g. "block.3.attn.qkv.weight"; seeds its init
   Tensor value;
   Tensor grad;
+  // Why value or grad is undefined (their device was out of memory); OK otherwise.
+  absl::Status init_status;
 };
 
 // What a module sees of the micro-batch it is processing.
@@ -113,11 +115,27 @@ class Stash {
   absl::flat_hash_map<int, T> map_;
 };
 
-// Creates a parameter of `shape` on the CPU with a zeroed gradient; `init` fills the value.
-// Initial values are a pure function of (seed, name): see common/core/rng.h.
+// Creates a parameter of `shape` on `device` with a zeroed gradient; `init` fills the
+// value. Initial values are a pure function of (seed, name) (common/core/rng.h), drawn on
+// the host and copied, so every device starts from the same bits. When the device is out
+// of memory the value or the gradient is left undefined: BuildBlocks reports it
+// (CheckParameters), so building a model never aborts.
 enum class Init { kZeros, kOnes, kNormal };
 Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
-                        uint64_t seed);
+                        uint64_t seed, Device device = Device::kCpu);
+
+// RESOURCE_EXHAUSTED naming the first parameter whose value or gradient could not be
+// allocated, with its bytes and device; OK when all were.
+absl::Status CheckParameters(const std::vector<Parameter*>& params);
+
+// The backend modules on `device` compute with. Callers check BackendFor(device) first
+// (BuildBlocks does); a device without a backend here is a programming error and aborts.
+Backend* BackendOrDie(Device device);
+
+// An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
+// module, the bytes and the device when the device is out of memory.
+absl::StatusOr<Tensor> NewTensor(const std::string& who, const Shape& shape, Device device,
+                                 DType dtype = DType::kFloat32);
 
 }  // namespace baton
 

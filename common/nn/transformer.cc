@@ -13,8 +13,19 @@ absl::StatusOr<float> LossScale(const std::string& who, const Tensor& dy) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": the gradient of a loss is its 1-element scale, got ", dy.DebugString()));
   }
-  return dy.f32()[0];
+  float scale = 0.0f;
+  BATON_RETURN_IF_ERROR(dy.CopyToHost(&scale));
+  return scale;
 }
+
+namespace {
+// The 1-element host tensor holding a micro-batch's mean loss.
+absl::StatusOr<Tensor> LossReadout(const std::string& who, double loss) {
+  BATON_ASSIGN_OR_RETURN(Tensor t, NewTensor(who, {1}, Device::kCpu));
+  t.f32()[0] = static_cast<float>(loss);
+  return t;
+}
+}  // namespace
 
 namespace {
 Linear::Options LinearOpts(bool bias, bool gelu, float stddev) {
@@ -29,13 +40,15 @@ Linear::Options LinearOpts(bool bias, bool gelu, float stddev) {
 // ---------------------------------------------------------------- CausalSelfAttention
 
 CausalSelfAttention::CausalSelfAttention(std::string name, int64_t channels, int64_t heads,
-                                         float proj_stddev, uint64_t seed)
+                                         float proj_stddev, uint64_t seed, Device device)
     : name_(std::move(name)),
       channels_(channels),
       heads_(heads),
-      be_(CpuBackend()),
-      qkv_(name_ + ".qkv", channels, 3 * channels, LinearOpts(true, false, 0.02f), seed),
-      proj_(name_ + ".proj", channels, channels, LinearOpts(true, false, proj_stddev), seed),
+      device_(device),
+      be_(BackendOrDie(device)),
+      qkv_(name_ + ".qkv", channels, 3 * channels, LinearOpts(true, false, 0.02f), seed, device),
+      proj_(name_ + ".proj", channels, channels, LinearOpts(true, false, proj_stddev), seed,
+            device),
       stash_(name_) {}
 
 absl::Status CausalSelfAttention::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
@@ -59,8 +72,8 @@ absl::Status CausalSelfAttention::ForwardSteps(const MicroBatch& mb, const Tenso
   const int64_t B = x.dim(0), T = x.dim(1), H = heads_, D = channels_ / heads_;
   Saved s;
   BATON_RETURN_IF_ERROR(qkv_.Forward(mb, x, &s.qkv));
-  s.att = Tensor::Empty({B, H, T, T});
-  Tensor mixed = Tensor::Empty({B, T, channels_});
+  BATON_ASSIGN_OR_RETURN(s.att, NewTensor(name_, {B, H, T, T}, device_));
+  BATON_ASSIGN_OR_RETURN(Tensor mixed, NewTensor(name_, {B, T, channels_}, device_));
   be_->AttentionForward(B, T, H, D, s.qkv.f32(), s.att.f32(), mixed.f32());
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
   return stash_.Put(mb.index, std::move(s));
@@ -72,8 +85,8 @@ absl::Status CausalSelfAttention::BackwardInput(const MicroBatch& mb, const Tens
   Tensor dmixed;
   BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
   const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, D = channels_ / heads_;
-  Tensor dqkv = Tensor::Empty(s->qkv.shape());
-  Tensor scratch = Tensor::Empty({T, T});
+  BATON_ASSIGN_OR_RETURN(Tensor dqkv, NewTensor(name_, s->qkv.shape(), device_));
+  BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(name_, {H, T, T}, device_));
   be_->AttentionBackward(B, T, H, D, s->qkv.f32(), s->att.f32(), dmixed.f32(), dqkv.f32(),
                          scratch.f32());
   stash_.Erase(mb.index);
@@ -97,18 +110,19 @@ int CausalSelfAttention::InFlight() const {
 // ---------------------------------------------------------------- TransformerBlock
 
 TransformerBlock::TransformerBlock(std::string name, int64_t channels, int64_t heads,
-                                   int64_t num_layers, uint64_t seed)
+                                   int64_t num_layers, uint64_t seed, Device device)
     : name_(std::move(name)),
       channels_(channels),
-      be_(CpuBackend()),
-      ln1_(name_ + ".ln1", channels),
+      device_(device),
+      be_(BackendOrDie(device)),
+      ln1_(name_ + ".ln1", channels, 1e-5f, device),
       attn_(name_ + ".attn", channels, heads,
-            0.02f / std::sqrt(2.0f * static_cast<float>(num_layers)), seed),
-      ln2_(name_ + ".ln2", channels),
-      fc_(name_ + ".mlp.fc", channels, 4 * channels, LinearOpts(true, true, 0.02f), seed),
+            0.02f / std::sqrt(2.0f * static_cast<float>(num_layers)), seed, device),
+      ln2_(name_ + ".ln2", channels, 1e-5f, device),
+      fc_(name_ + ".mlp.fc", channels, 4 * channels, LinearOpts(true, true, 0.02f), seed, device),
       proj_(name_ + ".mlp.proj", 4 * channels, channels,
-            LinearOpts(true, false, 0.02f / std::sqrt(2.0f * static_cast<float>(num_layers))),
-            seed) {}
+            LinearOpts(true, false, 0.02f / std::sqrt(2.0f * static_cast<float>(num_layers))), seed,
+            device) {}
 
 absl::Status TransformerBlock::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   absl::Status s = ForwardSteps(mb, x, y);
@@ -127,7 +141,7 @@ absl::Status TransformerBlock::ForwardSteps(const MicroBatch& mb, const Tensor& 
   Tensor h, a;
   BATON_RETURN_IF_ERROR(ln1_.Forward(mb, x, &h));
   BATON_RETURN_IF_ERROR(attn_.Forward(mb, h, &a));
-  Tensor x1 = Tensor::Empty(x.shape());
+  BATON_ASSIGN_OR_RETURN(Tensor x1, NewTensor(name_, x.shape(), device_));
   be_->Add(x.numel(), x.f32(), a.f32(), x1.f32());
   Tensor h2, f, m;
   BATON_RETURN_IF_ERROR(ln2_.Forward(mb, x1, &h2));
@@ -179,13 +193,14 @@ int TransformerBlock::InFlight() const {
 
 // ---------------------------------------------------------------- LmHead
 
-LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed)
+LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed, Device device)
     : name_(std::move(name)),
       channels_(channels),
       vocab_(vocab),
-      be_(CpuBackend()),
-      ln_(name_ + ".ln", channels),
-      logits_(name_ + ".logits", channels, vocab, LinearOpts(false, false, 0.02f), seed),
+      device_(device),
+      be_(BackendOrDie(device)),
+      ln_(name_ + ".ln", channels, 1e-5f, device),
+      logits_(name_ + ".logits", channels, vocab, LinearOpts(false, false, 0.02f), seed, device),
       stash_(name_) {}
 
 absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
@@ -209,26 +224,18 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
         absl::StrCat(name_, ": needs int32 targets with ", rows, " elements, got ",
                      t == nullptr ? std::string("none") : t->DebugString()));
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t id = t->i32()[r];
-    if (id < 0 || id >= vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": target id ", id,
-                                                     " is outside the vocabulary [0, ", vocab_,
-                                                     ")"));
-    }
-  }
+  BATON_RETURN_IF_ERROR(CheckTokenIds(name_, "target id", *t, vocab_));
   Tensor h, logits;
   BATON_RETURN_IF_ERROR(ln_.Forward(mb, x, &h));
   BATON_RETURN_IF_ERROR(logits_.Forward(mb, h, &logits));
   Saved s;
-  s.targets = *t;
-  s.probs = Tensor::Empty({rows, vocab_});
-  Tensor losses = Tensor::Empty({rows});
-  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), t->i32(), s.probs.f32(),
+  BATON_ASSIGN_OR_RETURN(s.targets, t->On(device_));
+  BATON_ASSIGN_OR_RETURN(s.probs, NewTensor(name_, {rows, vocab_}, device_));
+  BATON_ASSIGN_OR_RETURN(Tensor losses, NewTensor(name_, {rows}, device_));
+  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), s.targets.i32(), s.probs.f32(),
                                   losses.f32());
-  Tensor loss = Tensor::Empty({1});
-  loss.f32()[0] = static_cast<float>(be_->Sum(rows, losses.f32()) / static_cast<double>(rows));
-  *y = std::move(loss);
+  BATON_ASSIGN_OR_RETURN(
+      *y, LossReadout(name_, be_->Sum(rows, losses.f32()) / static_cast<double>(rows)));
   return stash_.Put(mb.index, std::move(s));
 }
 
@@ -262,7 +269,8 @@ int LmHead::InFlight() const {
 
 // ---------------------------------------------------------------- MseLoss
 
-MseLoss::MseLoss(std::string name) : name_(std::move(name)), be_(CpuBackend()), stash_(name_) {}
+MseLoss::MseLoss(std::string name, Device device)
+    : name_(std::move(name)), device_(device), be_(BackendOrDie(device)), stash_(name_) {}
 
 absl::Status MseLoss::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   const Tensor* t = mb.targets;
@@ -272,11 +280,10 @@ absl::Status MseLoss::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) 
         name_, ": needs f32 predictions and targets of the same shape, got ", x.DebugString(),
         " and ", t == nullptr ? std::string("none") : t->DebugString()));
   }
-  Tensor diff = Tensor::Empty(x.shape());
-  const double sse = be_->SquaredError(x.numel(), x.f32(), t->f32(), diff.f32());
-  Tensor loss = Tensor::Empty({1});
-  loss.f32()[0] = static_cast<float>(sse / static_cast<double>(x.numel()));
-  *y = std::move(loss);
+  BATON_ASSIGN_OR_RETURN(const Tensor target, t->On(device_));
+  BATON_ASSIGN_OR_RETURN(Tensor diff, NewTensor(name_, x.shape(), device_));
+  const double sse = be_->SquaredError(x.numel(), x.f32(), target.f32(), diff.f32());
+  BATON_ASSIGN_OR_RETURN(*y, LossReadout(name_, sse / static_cast<double>(x.numel())));
   return stash_.Put(mb.index, std::move(diff));
 }
 

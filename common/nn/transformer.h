@@ -18,7 +18,7 @@ class CausalSelfAttention final : public Module {
  public:
   // `proj_stddev` initialises the output projection (GPT-2 scales it by 1/sqrt(2 layers)).
   CausalSelfAttention(std::string name, int64_t channels, int64_t heads, float proj_stddev,
-                      uint64_t seed);
+                      uint64_t seed, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -35,6 +35,7 @@ class CausalSelfAttention final : public Module {
   };
   const std::string name_;
   const int64_t channels_, heads_;
+  const Device device_;
   Backend* const be_;
   Linear qkv_, proj_;
   Stash<Saved> stash_;  // released by BackwardInput (the core has no weights)
@@ -44,7 +45,7 @@ class CausalSelfAttention final : public Module {
 class TransformerBlock final : public Module {
  public:
   TransformerBlock(std::string name, int64_t channels, int64_t heads, int64_t num_layers,
-                   uint64_t seed);
+                   uint64_t seed, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -57,6 +58,7 @@ class TransformerBlock final : public Module {
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   const std::string name_;
   const int64_t channels_;
+  const Device device_;
   Backend* const be_;
   LayerNorm ln1_;
   CausalSelfAttention attn_;
@@ -66,11 +68,13 @@ class TransformerBlock final : public Module {
 };
 
 // Final LayerNorm, Linear(C, V) without bias, and softmax cross-entropy against the
-// micro-batch's int32 targets [B, T]. Forward writes the mean loss over the B*T positions
-// as a 1-element tensor; BackwardInput takes the 1-element loss scale.
+// micro-batch's int32 targets [B, T] (on any device: checked on the host, copied over).
+// Forward writes the mean loss over the B*T positions as a 1-element host tensor (the
+// read-out); BackwardInput takes the 1-element loss scale, on any device.
 class LmHead final : public Module {
  public:
-  LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed);
+  LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed,
+         Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -87,17 +91,19 @@ class LmHead final : public Module {
   };
   const std::string name_;
   const int64_t channels_, vocab_;
+  const Device device_;
   Backend* const be_;
   LayerNorm ln_;
   Linear logits_;
   Stash<Saved> stash_;  // released by BackwardInput
 };
 
-// Mean squared error against the micro-batch's f32 targets (same shape as the input),
-// averaged over all elements, as PyTorch's MSELoss. No parameters.
+// Mean squared error against the micro-batch's f32 targets (same shape as the input, on
+// any device), averaged over all elements, as PyTorch's MSELoss. No parameters. The loss
+// is a 1-element host tensor, like LmHead's.
 class MseLoss final : public Module {
  public:
-  explicit MseLoss(std::string name);
+  explicit MseLoss(std::string name, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -108,11 +114,12 @@ class MseLoss final : public Module {
 
  private:
   const std::string name_;
+  const Device device_;
   Backend* const be_;
   Stash<Tensor> stash_;  // pred - target
 };
 
-// Checks a 1-element f32 loss-scale gradient.
+// Checks a 1-element f32 loss-scale gradient (on any device) and returns its value.
 absl::StatusOr<float> LossScale(const std::string& who, const Tensor& dy);
 
 }  // namespace baton

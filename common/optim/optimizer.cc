@@ -3,16 +3,34 @@
 #include <cmath>
 #include <utility>
 
+#include "common/core/status.h"
+
 namespace baton {
 namespace {
 
+// A zeroed state tensor shaped like `p`, on its device; the error names the parameter.
+absl::StatusOr<Tensor> StateFor(const Parameter& p, const char* what) {
+  absl::StatusOr<Tensor> t = Tensor::TryEmpty(p.value.shape(), DType::kFloat32, p.value.device());
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat("optimizer ", what, " of ", p.name, ": ",
+                                                        t.status().message()));
+  }
+  t->SetZero();
+  return t;
+}
+
 class Sgd final : public Optimizer {
  public:
-  Sgd(const baton::v1::SgdSpec& spec, std::vector<Parameter*> params)
-      : spec_(spec), params_(std::move(params)), be_(CpuBackend()) {
-    if (spec_.momentum() != 0.0f) {
-      for (Parameter* p : params_) momentum_.push_back(Tensor::Zeros(p->value.shape()));
+  Sgd(const baton::v1::SgdSpec& spec, std::vector<Parameter*> params, Backend* be)
+      : spec_(spec), params_(std::move(params)), be_(be) {}
+
+  absl::Status Init() {
+    if (spec_.momentum() == 0.0f) return absl::OkStatus();
+    for (Parameter* p : params_) {
+      BATON_ASSIGN_OR_RETURN(Tensor buf, StateFor(*p, "momentum"));
+      momentum_.push_back(std::move(buf));
     }
+    return absl::OkStatus();
   }
 
   void Step() override {
@@ -35,12 +53,17 @@ class Sgd final : public Optimizer {
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const baton::v1::AdamWSpec& spec, std::vector<Parameter*> params)
-      : spec_(spec), params_(std::move(params)), be_(CpuBackend()) {
+  AdamW(const baton::v1::AdamWSpec& spec, std::vector<Parameter*> params, Backend* be)
+      : spec_(spec), params_(std::move(params)), be_(be) {}
+
+  absl::Status Init() {
     for (Parameter* p : params_) {
-      m_.push_back(Tensor::Zeros(p->value.shape()));
-      v_.push_back(Tensor::Zeros(p->value.shape()));
+      BATON_ASSIGN_OR_RETURN(Tensor m, StateFor(*p, "first moment"));
+      BATON_ASSIGN_OR_RETURN(Tensor v, StateFor(*p, "second moment"));
+      m_.push_back(std::move(m));
+      v_.push_back(std::move(v));
     }
+    return absl::OkStatus();
   }
 
   void Step() override {
@@ -69,11 +92,26 @@ class AdamW final : public Optimizer {
 
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::OptimizerSpec& spec,
                                                          std::vector<Parameter*> params) {
+  const Device device = params.empty() ? Device::kCpu : params.front()->value.device();
+  for (const Parameter* p : params) {
+    if (p->value.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: parameter ", p->name, " is on ", DeviceName(p->value.device()), ", ",
+          params.front()->name, " on ", DeviceName(device), " (one optimizer, one device)"));
+    }
+  }
+  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device));
   switch (spec.algorithm_case()) {
-    case baton::v1::OptimizerSpec::kSgd:
-      return std::make_unique<Sgd>(spec.sgd(), std::move(params));
-    case baton::v1::OptimizerSpec::kAdamw:
-      return std::make_unique<AdamW>(spec.adamw(), std::move(params));
+    case baton::v1::OptimizerSpec::kSgd: {
+      auto sgd = std::make_unique<Sgd>(spec.sgd(), std::move(params), be);
+      BATON_RETURN_IF_ERROR(sgd->Init());
+      return sgd;
+    }
+    case baton::v1::OptimizerSpec::kAdamw: {
+      auto adamw = std::make_unique<AdamW>(spec.adamw(), std::move(params), be);
+      BATON_RETURN_IF_ERROR(adamw->Init());
+      return adamw;
+    }
     case baton::v1::OptimizerSpec::ALGORITHM_NOT_SET:
       break;
   }

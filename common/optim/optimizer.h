@@ -28,7 +28,9 @@ class Optimizer {
 };
 
 // Builds the optimizer a validated spec names, over `params` (not owned; they must outlive
-// the optimizer). State is allocated here, once.
+// the optimizer). Its state lives on the parameters' device (they share one) and is
+// allocated here, once: RESOURCE_EXHAUSTED naming the parameter when the device is full,
+// INVALID_ARGUMENT when the parameters are on different devices.
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::OptimizerSpec& spec,
                                                          std::vector<Parameter*> params);
 

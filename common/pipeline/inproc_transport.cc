@@ -58,10 +58,16 @@ std::unique_ptr<SendWork> InProcessHub::Send(int src, int dst, const TensorTag& 
     return CompletedSend(absl::InvalidArgumentError(
         absl::StrCat("inproc: rank ", src, " cannot send ", tag.ToString(), " to rank ", dst)));
   }
-  Tensor copy = t.Clone();  // outside the lock: the copy is the expensive part
+  // Outside the lock: the copy is the expensive part. Same device as the sender's.
+  absl::StatusOr<Tensor> copy = t.CopyTo(t.device());
+  if (!copy.ok()) {
+    return CompletedSend(absl::Status(
+        copy.status().code(), absl::StrCat("inproc: rank ", src, " sending ", tag.ToString(), ": ",
+                                           copy.status().message())));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!aborted_.ok()) return CompletedSend(aborted_);
-  auto [it, inserted] = mailbox_.try_emplace(Key{src, dst, tag}, std::move(copy));
+  auto [it, inserted] = mailbox_.try_emplace(Key{src, dst, tag}, *std::move(copy));
   if (!inserted) {
     return CompletedSend(absl::AlreadyExistsError(absl::StrCat(
         "inproc: rank ", src, " sent ", tag.ToString(), " to rank ", dst, " twice")));

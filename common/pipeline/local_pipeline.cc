@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
   t->hub_ = std::make_unique<InProcessHub>(t->schedule_.num_ranks);
   StageExecutorOptions eo;
   eo.recv_timeout = options.recv_timeout;
+  // Every rank on this process's device (one GPU shared by all the stage threads).
+  BATON_ASSIGN_OR_RETURN(eo.device, LocalDeviceFor(t->spec_));
+  t->device_ = eo.device;
   for (int r = 0; r < t->schedule_.num_ranks; ++r) {
     BATON_ASSIGN_OR_RETURN(
         std::unique_ptr<StageExecutor> ex,

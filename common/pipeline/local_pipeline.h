@@ -35,7 +35,7 @@ class LocalPipelineTrainer {
  public:
   // Validates `spec` (filling defaults), builds and validates the schedule named by
   // spec.pipeline (or options.schedule), partitions the blocks over its stages, and builds
-  // one executor per rank.
+  // one executor per rank, all on the spec's device (LocalDeviceFor).
   static absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> Create(
       baton::v1::JobSpec spec, LocalPipelineOptions options = {});
 
@@ -47,6 +47,7 @@ class LocalPipelineTrainer {
   const Schedule& schedule() const { return schedule_; }
   const std::vector<BlockRange>& stage_blocks() const { return stage_blocks_; }
   int64_t steps_done() const { return steps_done_; }
+  Device device() const { return device_; }  // where every rank computes
   InProcessHub& hub() { return *hub_; }
 
   // Block digests in canonical block order, gathered from the ranks.
@@ -59,6 +60,7 @@ class LocalPipelineTrainer {
   baton::v1::JobSpec spec_;
   Schedule schedule_;
   std::vector<BlockRange> stage_blocks_;
+  Device device_ = Device::kCpu;
   std::unique_ptr<InProcessHub> hub_;
   std::vector<std::unique_ptr<StageExecutor>> executors_;
   int64_t steps_done_ = 0;

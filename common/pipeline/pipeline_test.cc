@@ -1,11 +1,17 @@
 // The headline guarantee: a pipeline run of any schedule gives the same weights and the
 // same per-step losses, bit for bit, as the single-process reference trainer with the same
 // micro-batching.
+//
+// Built twice: pipeline_test runs every case on the CPU; cuda_pipeline_test (ctest label
+// gpu, BATON_TEST_DEVICE_CUDA) runs the same cases with every rank and the reference on one
+// GPU, and skips without one (fails instead under BATON_REQUIRE_GPU).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/core/cuda_device.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/generators.h"
 #include "common/spec/spec.h"
@@ -15,6 +21,25 @@
 namespace baton {
 namespace {
 
+#ifdef BATON_TEST_DEVICE_CUDA
+constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CUDA;
+
+class RequireCuda : public testing::Environment {
+ public:
+  void SetUp() override {
+    if (CudaDeviceCount() > 0) return;
+    if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {
+      FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";
+    }
+    GTEST_SKIP() << "no CUDA device found; the CUDA pipeline tests are skipped";
+  }
+};
+const testing::Environment* const kRequireCuda =
+    testing::AddGlobalTestEnvironment(new RequireCuda());
+#else
+constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CPU;
+#endif
+
 // 8 blocks each, so that S*V up to 8 chunks fit.
 baton::v1::JobSpec MlpJob() {
   absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(R"({
@@ -23,6 +48,7 @@ baton::v1::JobSpec MlpJob() {
     "optimizer": {"sgd": {"learningRate": 0.05, "momentum": 0.9}},
     "steps": 3, "seed": 5})");
   EXPECT_TRUE(s.ok()) << s.status();
+  s->set_device(kTestDevice);
   return *s;
 }
 
@@ -34,6 +60,7 @@ baton::v1::JobSpec GptJob() {
     "optimizer": {"adamw": {"learningRate": 0.01}},
     "steps": 3, "seed": 9})");
   EXPECT_TRUE(s.ok()) << s.status();
+  s->set_device(kTestDevice);
   return *s;
 }
 

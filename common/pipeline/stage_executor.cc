@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     c.stage = s;
     c.blocks = stage_blocks[s];
     BATON_ASSIGN_OR_RETURN(c.model, BuildBlocks(spec.model(), spec.seed(), c.blocks.first,
-                                                c.blocks.last));
+                                                c.blocks.last, options.device));
     c.model->CollectParameters(&ex->params_);
     ex->chunks_.push_back(std::move(c));
   }
@@ -239,6 +239,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
                                                         tag(s - 1, TensorKind::kActivation),
                                                         deadline));
       *bytes = x.numel() * static_cast<int64_t>(sizeof(float));
+      BATON_ASSIGN_OR_RETURN(x, x.On(options_.device));
       st.activations_in[StepState::Key(s, m)] = std::move(x);
       return absl::OkStatus();
     }
@@ -254,6 +255,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
                                                          tag(s + 1, TensorKind::kGradient),
                                                          deadline));
       *bytes = dy.numel() * static_cast<int64_t>(sizeof(float));
+      BATON_ASSIGN_OR_RETURN(dy, dy.On(options_.device));
       st.gradients_in[StepState::Key(s, m)] = std::move(dy);
       return absl::OkStatus();
     }
@@ -268,6 +270,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       }
       optimizer_->Step();
       st.stepped = true;
+      // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.
+      if (options_.device != Device::kCpu) return DeviceSynchronize(options_.device);
       return absl::OkStatus();
     }
   }

@@ -61,6 +61,9 @@ class StepObserver {
 
 struct StageExecutorOptions {
   uint64_t job_id = 0;                              // goes into every tensor tag
+  // Where this rank's blocks live and compute. Received tensors are moved here; what it
+  // sends leaves from here (a transport stages it as it needs).
+  Device device = Device::kCpu;
   absl::Duration recv_timeout = absl::Seconds(60);  // deadline of every receive and send wait
   StepObserver* observer = nullptr;                 // not owned; may be null
 };

@@ -7,7 +7,10 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
 #include "common/core/status.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -232,6 +235,47 @@ int64_t ModelBlockCount(const baton::v1::ModelSpec& model) {
   return 0;
 }
 
+absl::Status ParseDeviceName(absl::string_view text, Device* device, int* index) {
+  *index = 0;
+  if (text == "cpu") {
+    *device = Device::kCpu;
+    return absl::OkStatus();
+  }
+  if (text == "cuda") {
+    *device = Device::kCuda;
+    return absl::OkStatus();
+  }
+  if (text.substr(0, 5) == "cuda:" && absl::SimpleAtoi(text.substr(5), index) && *index >= 0) {
+    *device = Device::kCuda;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device \"", text, "\" is not cpu, cuda or cuda:N"));
+}
+
+std::string DescribeDevice(Device device) {
+  if (device == Device::kCpu) return "cpu";
+  const int index = CurrentCudaDevice();
+  absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(index);
+  return absl::StrCat("cuda:", index, info.ok() ? absl::StrCat(" (", info->name, ")") : "");
+}
+
+absl::StatusOr<Device> LocalDeviceFor(const baton::v1::JobSpec& spec) {
+  switch (spec.device()) {
+    case baton::v1::DEVICE_KIND_CPU:
+      return Device::kCpu;
+    case baton::v1::DEVICE_KIND_CUDA:
+      if (CudaDeviceCount() == 0) {
+        return absl::FailedPreconditionError(
+            BuiltWithCuda() ? "device: DEVICE_KIND_CUDA, but no CUDA device is visible here"
+                            : "device: DEVICE_KIND_CUDA, but this build has no CUDA");
+      }
+      return Device::kCuda;
+    default:
+      return CudaDeviceCount() > 0 ? Device::kCuda : Device::kCpu;
+  }
+}
+
 absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   const int64_t name_chars = Utf8Length(spec->name());
   if (name_chars > kMaxJobNameChars) {
@@ -239,6 +283,10 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                    absl::StrCat("at most ", kMaxJobNameChars, " characters, got ", name_chars));
   }
   BATON_RETURN_IF_ERROR(AtLeastOne("steps", spec->steps()));
+  if (!baton::v1::DeviceKind_IsValid(spec->device())) {
+    return Invalid("device", absl::StrCat("unknown device kind ", spec->device(),
+                                          " (want DEVICE_KIND_CPU or DEVICE_KIND_CUDA)"));
+  }
   BATON_RETURN_IF_ERROR(ValidateModel(spec->model()));
   BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
   BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));

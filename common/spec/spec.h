@@ -23,7 +23,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "baton/v1/job.pb.h"
+#include "common/core/tensor.h"
 
 namespace baton {
 
@@ -53,6 +55,19 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // pipeline chunks (stages * virtual_stages) than the model has blocks. Idempotent: a spec
 // that passed once passes again unchanged. On error `spec` may have been partly defaulted.
 absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
+
+// The device a process computes a job on when it decides alone (the reference trainer,
+// an in-process pipeline): JobSpec.device, with "auto" meaning CUDA when this process sees
+// a CUDA device and the CPU otherwise. FAILED_PRECONDITION when the spec asks for CUDA and
+// this build or machine has none.
+absl::StatusOr<Device> LocalDeviceFor(const baton::v1::JobSpec& spec);
+
+// Parses a device name as the command lines take it: "cpu", "cuda" (device 0) or
+// "cuda:N". INVALID_ARGUMENT naming the text otherwise. `index` is 0 for the CPU.
+absl::Status ParseDeviceName(absl::string_view text, Device* device, int* index);
+
+// "cpu", or "cuda:N (name)" for the current CUDA device (cuda_context.h).
+std::string DescribeDevice(Device device);
 
 // Number of pipeline-partitionable blocks of the spec's model (see job.proto): mlp depth + 1
 // (hidden.0 .. hidden.{depth-1}, out); gpt layers + 2 (embed, block.*, head); 0 when no

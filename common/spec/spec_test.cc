@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/core/cuda_device.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -61,6 +62,30 @@ JobSpec ValidGpt() {
   spec.mutable_pipeline()->set_microbatches(2);
   spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
   return spec;
+}
+
+TEST(LocalDeviceTest, CpuAlwaysAutoByWhatIsVisibleCudaOnlyWithADevice) {
+  JobSpec spec = ValidGpt();
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  EXPECT_EQ(*LocalDeviceFor(spec), Device::kCpu);
+  spec.set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);
+  EXPECT_EQ(*LocalDeviceFor(spec), CudaDeviceCount() > 0 ? Device::kCuda : Device::kCpu);
+  spec.set_device(baton::v1::DEVICE_KIND_CUDA);
+  const absl::StatusOr<Device> cuda = LocalDeviceFor(spec);
+  if (CudaDeviceCount() > 0) {
+    EXPECT_EQ(*cuda, Device::kCuda);
+  } else {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(cuda.status().message().find("DEVICE_KIND_CUDA"), std::string::npos) << cuda.status();
+  }
+}
+
+TEST(ValidateTest, UnknownDeviceKindIsRefused) {
+  JobSpec spec = ValidMlp();
+  spec.set_device(static_cast<baton::v1::DeviceKind>(7));
+  const absl::Status st = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("device:", 0), 0u) << st;
 }
 
 TEST(ValidateTest, ValidSpecsPass) {

@@ -14,7 +14,9 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
   t->spec_ = std::move(spec);
   BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(t->spec_));
-  BATON_ASSIGN_OR_RETURN(t->model_, BuildBlocks(t->spec_.model(), t->spec_.seed()));
+  BATON_ASSIGN_OR_RETURN(t->device_, LocalDeviceFor(t->spec_));
+  BATON_ASSIGN_OR_RETURN(t->model_,
+                         BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
   t->params_ = t->model_->Parameters();
   BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_));
   return t;
@@ -49,6 +51,9 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
     }
   }
   optimizer_->Step();
+  // Kernels run asynchronously on a device: a fault or a failed launch shows here, as
+  // this step's error, rather than in a later step or not at all.
+  if (device_ != Device::kCpu) BATON_RETURN_IF_ERROR(DeviceSynchronize(device_));
   ++steps_done_;
 
   StepStats s;

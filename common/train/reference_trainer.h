@@ -37,13 +37,16 @@ struct StepStats {
 class ReferenceTrainer {
  public:
   // Validates `spec` (filling defaults) and builds the dataset, the whole model and the
-  // optimizer. Errors name the offending spec field.
+  // optimizer on the spec's device (LocalDeviceFor: "auto" is CUDA when a GPU is visible).
+  // Errors name the offending spec field; FAILED_PRECONDITION when the spec asks for a
+  // device this process does not have.
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(baton::v1::JobSpec spec);
 
   // Trains one step. Errors leave the trainer unusable (the step is not rolled back).
   absl::StatusOr<StepStats> Step();
 
   int64_t steps_done() const { return steps_done_; }
+  Device device() const { return device_; }
   const baton::v1::JobSpec& spec() const { return spec_; }  // with defaults filled in
   const Dataset& dataset() const { return *dataset_; }
   Sequential& model() { return *model_; }
@@ -55,6 +58,7 @@ class ReferenceTrainer {
   ReferenceTrainer() = default;
 
   baton::v1::JobSpec spec_;
+  Device device_ = Device::kCpu;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<Sequential> model_;
   std::vector<Parameter*> params_;

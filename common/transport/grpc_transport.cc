@@ -236,9 +236,16 @@ std::unique_ptr<SendWork> GrpcTransport::Send(int peer, const TensorTag& tag, co
     return CompletedSend(absl::InvalidArgumentError(
         absl::StrCat(Where(*p, tag), ": the transport is for job ", options_.job_key)));
   }
-  if (!t.defined() || t.device() != Device::kCpu) {
-    return CompletedSend(absl::UnimplementedError(absl::StrCat(
-        Where(*p, tag), ": the grpc transport sends defined CPU tensors, not ", t.DebugString())));
+  if (!t.defined()) {
+    return CompletedSend(absl::InvalidArgumentError(
+        absl::StrCat(Where(*p, tag), ": cannot send an undefined tensor")));
+  }
+  // A device tensor is staged through host memory: the bytes go out from there.
+  absl::StatusOr<Tensor> host = t.On(Device::kCpu);
+  if (!host.ok()) {
+    return CompletedSend(absl::Status(
+        host.status().code(),
+        absl::StrCat(Where(*p, tag), ": staging to the host: ", host.status().message())));
   }
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   auto state = std::make_shared<SendState>(Where(*p, tag), deadline);
@@ -253,7 +260,7 @@ std::unique_ptr<SendWork> GrpcTransport::Send(int peer, const TensorTag& tag, co
     std::erase_if(p->inflight, [](const auto& s) { return s->IsFinished(); });
   }
   p->inflight.push_back(state);
-  p->queue.push_back(Item{tag, t, state, deadline});
+  p->queue.push_back(Item{tag, *std::move(host), state, deadline});
   p->wake.notify_all();
   return std::make_unique<Work>(std::move(state));
 }

@@ -1,0 +1,75 @@
+// The process's CUDA device: what the CUDA backend, the CUDA allocator and device copies
+// share.
+//
+// One GPU per process (a worker owns one; `batonctl train-local --device cuda:N` picks
+// one), chosen once with SetCudaDevice before the first CUDA tensor. Every kernel, cuBLAS
+// call and copy runs on one stream of that device, in the order the host issues them, so
+// work issued by different host threads (the stage threads of an in-process pipeline) is
+// ordered by issue, and memory a freed tensor gave back can be reused at once by the next
+// allocation (stream order keeps the earlier kernels first). Host code reads device bytes
+// only through CudaCopy/CudaSynchronize, which wait for the stream.
+//
+// Errors: a failed CUDA call returns INTERNAL naming the call and the CUDA error; a kernel
+// fault is sticky in CUDA and surfaces at the next synchronising call. Out of device memory
+// is not an error here: the allocator returns nullptr and Tensor::TryEmpty turns it into
+// RESOURCE_EXHAUSTED naming the bytes and the device.
+//
+// In a build without CUDA (BATON_HAVE_CUDA undefined) the functions below are inline
+// fallbacks: no allocator, no backend, UNAVAILABLE.
+//
+// Thread safety: every function may be called from any thread.
+#ifndef BATON_COMMON_CORE_CUDA_CONTEXT_H_
+#define BATON_COMMON_CORE_CUDA_CONTEXT_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "common/core/tensor.h"
+
+namespace baton {
+
+class Backend;
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+#ifdef BATON_HAVE_CUDA
+
+// Selects the CUDA device this process computes on (default 0). INVALID_ARGUMENT when it
+// does not exist; FAILED_PRECONDITION once CUDA memory was allocated on another device.
+absl::Status SetCudaDevice(int index);
+// The device chosen (0 unless SetCudaDevice said otherwise).
+int CurrentCudaDevice();
+
+// The caching allocator of the current device's memory, or nullptr when no CUDA device is
+// present. Like the CPU allocator it caches freed blocks by size; ReleaseCached frees them.
+Allocator* CudaAllocator();
+
+// The CUDA backend (backend.h) on the current device, or nullptr when no device is present.
+Backend* CudaBackend();
+
+// Copies `bytes` on the process stream and waits for it (and so for all work issued before).
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind);
+// Sets `bytes` of device memory to zero, in stream order (does not wait).
+absl::Status CudaZero(void* p, size_t bytes);
+// Waits for all work issued so far; returns the first error the stream hit.
+absl::Status CudaSynchronize();
+
+#else  // !BATON_HAVE_CUDA
+
+inline absl::Status SetCudaDevice(int /*index*/) {
+  return absl::UnavailableError("built without CUDA");
+}
+inline int CurrentCudaDevice() { return 0; }
+inline Allocator* CudaAllocator() { return nullptr; }
+inline Backend* CudaBackend() { return nullptr; }
+inline absl::Status CudaCopy(void*, const void*, size_t, CopyKind) {
+  return absl::UnavailableError("built without CUDA");
+}
+inline absl::Status CudaZero(void*, size_t) { return absl::UnavailableError("built without CUDA"); }
+inline absl::Status CudaSynchronize() { return absl::UnavailableError("built without CUDA"); }
+
+#endif  // BATON_HAVE_CUDA
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_CORE_CUDA_CONTEXT_H_

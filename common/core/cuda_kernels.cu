@@ -1,0 +1,990 @@
+// The CUDA backend (backend.h) and the process's CUDA context (cuda_context.h).
+//
+// One stream, one cuBLAS handle, one caching allocator, on the device SetCudaDevice chose.
+// Determinism: every kernel gives the same bits on every call. No floating-point atomics;
+// each reduction runs in a fixed order, documented per kernel. GEMMs run on cuBLAS in
+// pedantic math mode (no TF32, no reduced precision) with a fixed workspace. This file is
+// compiled with --fmad=false, so no a*b+c is fused into an FMA and the element-wise
+// kernels compute exactly the CPU backend's expressions: Add, Scale, Fill, Copy, AddBias,
+// BiasGelu, GeluBackward, EmbeddingForward, SoftmaxCrossEntropyBackward, SgdStep and
+// AdamWStep are bit-identical to the CPU's, and so are the column reductions that add rows
+// in order (BiasGrad, LayerNormBackwardWeight, EmbeddingBackward). Row reductions (Sum,
+// SquaredError, LayerNorm statistics, softmaxes) use a fixed tree and agree with the CPU
+// within rounding; GEMMs use cuBLAS's blocking.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+#include "common/core/cuda_context.h"
+
+namespace baton {
+namespace {
+
+// ------------------------------------------------------------------ the context
+
+constexpr size_t kAlignment = 256;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+constexpr int kThreads = 256;        // threads per block of every kernel
+constexpr int kReduceThreads = 256;  // threads of a block reducing one row
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+
+int DeviceCountOrZero() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear: no driver, no device
+    return 0;
+  }
+  return count;
+}
+
+absl::Status CudaError(cudaError_t err, const char* what) {
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")"));
+}
+
+struct Context {
+  std::mutex mu;
+  int device = 0;
+  bool started = false;  // stream, handle and workspace exist, on `device`
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+  std::mutex blas_mu;        // one cuBLAS call at a time on the shared handle
+  absl::Status first_error;  // the first failure seen, reported by CudaSynchronize
+};
+
+Context& Ctx() {
+  static Context* const c = new Context();  // never destroyed: used until exit
+  return *c;
+}
+
+void RecordError(const absl::Status& s) {
+  if (s.ok()) return;
+  Context& c = Ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.first_error.Update(s);  // keeps the first failure
+}
+
+// Makes `c.device` current on the calling thread (once per thread and device) and starts
+// the context on first use. Returns the stream, or nullptr with the error recorded.
+cudaStream_t Enter() {
+  Context& c = Ctx();
+  thread_local int current = -1;
+  int device;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    device = c.device;
+    if (current != device) {
+      const cudaError_t err = cudaSetDevice(device);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        c.first_error.Update(CudaError(err, "cudaSetDevice"));
+        return nullptr;
+      }
+      current = device;
+    }
+    if (c.started) return c.stream;
+    // Each piece is made once: a start that failed half-way resumes where it stopped.
+    if (c.stream == nullptr) {
+      const cudaError_t err = cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        c.stream = nullptr;
+        c.first_error.Update(CudaError(err, "cudaStreamCreate"));
+        return nullptr;
+      }
+    }
+    if (c.blas == nullptr) {
+      if (cublasCreate(&c.blas) != CUBLAS_STATUS_SUCCESS) {
+        c.blas = nullptr;
+        c.first_error.Update(absl::InternalError("cublasCreate failed"));
+        return nullptr;
+      }
+    }
+    if (cublasSetStream(c.blas, c.stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(c.blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode(c.blas, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS) {
+      c.first_error.Update(absl::InternalError("cuBLAS configuration failed"));
+      return nullptr;
+    }
+    if (c.workspace == nullptr) {
+      const cudaError_t err = cudaMalloc(&c.workspace, kCublasWorkspaceBytes);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        c.workspace = nullptr;
+        c.first_error.Update(CudaError(err, "cudaMalloc (cuBLAS workspace)"));
+        return nullptr;
+      }
+    }
+    if (cublasSetWorkspace(c.blas, c.workspace, kCublasWorkspaceBytes) != CUBLAS_STATUS_SUCCESS) {
+      c.first_error.Update(absl::InternalError("cublasSetWorkspace failed"));
+      return nullptr;
+    }
+    c.started = true;
+    return c.stream;
+  }
+}
+
+// Records a failed launch (cudaGetLastError after a kernel).
+void CheckLaunch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) RecordError(CudaError(err, kernel));
+}
+
+int Blocks(int64_t n) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+}
+
+// ------------------------------------------------------------------ the allocator
+
+class CachingCudaAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::kCuda; }
+
+  void* Allocate(size_t bytes) override {
+    if (bytes > kMaxAllocation) return nullptr;  // no device has it; Round would wrap
+    const size_t rounded = Round(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = cache_.find(rounded);
+      if (it != cache_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        stats_.bytes_cached -= static_cast<int64_t>(rounded);
+        Account(rounded);
+        return p;
+      }
+    }
+    if (Enter() == nullptr) return nullptr;
+    void* p = nullptr;
+    if (!Malloc(&p, rounded)) {
+      ReleaseCached();  // give the cache back and try once more
+      if (!Malloc(&p, rounded)) return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.system_allocations;
+    Account(rounded);
+    return p;
+  }
+
+  void Deallocate(void* p, size_t bytes) override {
+    if (p == nullptr) return;
+    const size_t rounded = Round(bytes);
+    // Reuse is safe at once: all work runs on one stream, in issue order.
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_in_use -= static_cast<int64_t>(rounded);
+    stats_.bytes_cached += static_cast<int64_t>(rounded);
+    cache_[rounded].push_back(p);
+  }
+
+  AllocatorStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  void ReleaseCached() override {
+    cudaStream_t stream = Enter();
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : cache_) {
+      for (void* p : blocks) cudaFree(p);
+    }
+    cache_.clear();
+    stats_.bytes_cached = 0;
+  }
+
+ private:
+  static constexpr size_t kMaxAllocation = size_t{1} << 62;
+
+  static size_t Round(size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  // cudaMalloc, clearing its error. Out of memory is not sticky and not an error here (the
+  // caller returns nullptr); any other failure (a sticky fault from an earlier kernel) is
+  // recorded too, so CudaSynchronize names it rather than the caller seeing only "out of
+  // memory".
+  static bool Malloc(void** p, size_t bytes) {
+    const cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaSuccess) return true;
+    cudaGetLastError();
+    if (err != cudaErrorMemoryAllocation) RecordError(CudaError(err, "cudaMalloc"));
+    *p = nullptr;
+    return false;
+  }
+  void Account(size_t rounded) {
+    stats_.bytes_in_use += static_cast<int64_t>(rounded);
+    stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+  }
+
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> cache_;  // guarded by mu_
+  AllocatorStats stats_;                        // guarded by mu_
+};
+
+// Scratch device memory for the length of one kernel call, from the caching allocator.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) : bytes_(bytes), p_(CudaAllocator()->Allocate(bytes)) {}
+  ~Scratch() { CudaAllocator()->Deallocate(p_, bytes_); }
+  float* f32() const { return static_cast<float*>(p_); }
+  bool ok() const { return p_ != nullptr; }
+
+ private:
+  size_t bytes_;
+  void* p_;
+};
+
+// ------------------------------------------------------------------ math shared with the CPU
+
+// The CPU backend's GELU (cpu_backend.cc), expression for expression; with --fmad=false
+// the bits are the same.
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float ExpApprox(float x) {
+  x = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
+  const float round_magic = 12582912.0f;
+  const float fx = (x * 1.44269504088896341f + round_magic) - round_magic;
+  float r = x - fx * 0.693359375f;
+  r = r - fx * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
+  return p * __int_as_float(bits);
+}
+
+__device__ __forceinline__ float TanhApprox(float u) {
+  const float a = fabsf(u);
+  const float e = ExpApprox(2.0f * (a > 10.0f ? 10.0f : a));
+  const float big = 1.0f - 2.0f / (e + 1.0f);
+  const float u2 = u * u;
+  float s = -1382.0f / 155925.0f;
+  s = s * u2 + 62.0f / 2835.0f;
+  s = s * u2 + -17.0f / 315.0f;
+  s = s * u2 + 2.0f / 15.0f;
+  s = s * u2 + -1.0f / 3.0f;
+  const float small = u + u * u2 * s;
+  const float signed_big = u < 0.0f ? -big : big;
+  return a < 0.4f ? small : signed_big;
+}
+
+__device__ __forceinline__ float GeluOf(float x) {
+  const float inner = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + TanhApprox(inner));
+}
+
+__device__ __forceinline__ float GeluGrad(float x) {
+  const float x2 = x * x;
+  const float inner = kGeluScale * (x + kGeluCubic * x2 * x);
+  const float th = TanhApprox(inner);
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x2);
+}
+
+// ------------------------------------------------------------------ reductions
+
+// Sums `v` over the block in a fixed tree: the same bits for the same inputs and block
+// size. `shared` holds blockDim.x values. Every thread gets the total.
+template <typename T>
+__device__ T BlockSum(T v, T* shared) {
+  const int t = threadIdx.x;
+  shared[t] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (t < stride) shared[t] = shared[t] + shared[t + stride];
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ float BlockMax(float v, float* shared) {
+  const int t = threadIdx.x;
+  shared[t] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (t < stride) shared[t] = fmaxf(shared[t], shared[t + stride]);
+    __syncthreads();
+  }
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// ------------------------------------------------------------------ kernels
+
+#define GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{blockDim.x} * gridDim.x)
+
+__global__ void ScaleMatrixKernel(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  GRID_STRIDE(i, m * n) {
+    const int64_t r = i / n, col = i % n;
+    c[r * ldc + col] = beta == 0.0f ? 0.0f : beta * c[r * ldc + col];
+  }
+}
+
+__global__ void AddKernel(int64_t n, const float* a, const float* b, float* out) {
+  GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
+}
+
+__global__ void ScaleKernel(int64_t n, float scale, const float* x, float* y) {
+  GRID_STRIDE(i, n) { y[i] = x[i] * scale; }
+}
+
+__global__ void FillKernel(int64_t n, float value, float* y) {
+  GRID_STRIDE(i, n) { y[i] = value; }
+}
+
+// One block: thread t adds x[t], x[t + B], ... in order (in double), then the fixed tree.
+__global__ void SumKernel(int64_t n, const float* x, double* out) {
+  __shared__ double shared[kReduceThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
+  GRID_STRIDE(i, rows * cols) { y[i] += bias[i % cols]; }
+}
+
+// One thread per column, rows added in order r = 0, 1, ... (the CPU's order).
+__global__ void BiasGradKernel(int64_t rows, int64_t cols, const float* dy, float* dbias) {
+  GRID_STRIDE(c, cols) {
+    float acc = dbias[c];
+    for (int64_t r = 0; r < rows; ++r) acc += dy[r * cols + c];
+    dbias[c] = acc;
+  }
+}
+
+__global__ void BiasGeluKernel(int64_t rows, int64_t cols, const float* x, const float* bias,
+                               float* pre, float* out) {
+  GRID_STRIDE(i, rows * cols) {
+    const float v = bias != nullptr ? x[i] + bias[i % cols] : x[i];
+    pre[i] = v;
+    out[i] = GeluOf(v);
+  }
+}
+
+__global__ void GeluBackwardKernel(int64_t n, const float* pre, const float* dy, float* dx) {
+  GRID_STRIDE(i, n) { dx[i] = dy[i] * GeluGrad(pre[i]); }
+}
+
+// One block per row: the statistics in the fixed tree, then the CPU's element expression.
+__global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* x,
+                                       const float* gamma, const float* beta, float* y, float* mean,
+                                       float* rstd) {
+  __shared__ float shared[kReduceThreads];
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float sum = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c];
+    const float m = BlockSum(sum, shared) * inv_cols;
+    float var = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float d = xr[c] - m;
+      var += d * d;
+    }
+    const float s = 1.0f / sqrtf(BlockSum(var, shared) * inv_cols + eps);
+    float* yr = y + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      yr[c] = (xr[c] - m) * s * gamma[c] + beta[c];
+    }
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+}
+
+__global__ void LayerNormBackwardInputKernel(int64_t rows, int64_t cols, const float* x,
+                                             const float* mean, const float* rstd,
+                                             const float* gamma, const float* dy, float* dx) {
+  __shared__ float shared[kReduceThreads];
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    const float m = mean[r];
+    const float s = rstd[r];
+    float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float xhat = (xr[c] - m) * s;
+      const float dxhat = dyr[c] * gamma[c];
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += dxhat * xhat;
+    }
+    const float mean_dxhat = BlockSum(sum_dxhat, shared) * inv_cols;
+    const float mean_dxhat_xhat = BlockSum(sum_dxhat_xhat, shared) * inv_cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float xhat = (xr[c] - m) * s;
+      const float dxhat = dyr[c] * gamma[c];
+      dxr[c] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+// One thread per column, rows in order (the CPU's order and expressions).
+__global__ void LayerNormBackwardWeightKernel(int64_t rows, int64_t cols, const float* x,
+                                              const float* mean, const float* rstd, const float* dy,
+                                              float* dgamma, float* dbeta) {
+  GRID_STRIDE(c, cols) {
+    float g = dgamma[c], b = dbeta[c];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float d = dy[r * cols + c];
+      g += d * ((x[r * cols + c] - mean[r]) * rstd[r]);
+      b += d;
+    }
+    dgamma[c] = g;
+    dbeta[c] = b;
+  }
+}
+
+// One block per row i of one (b, h) score matrix: causal softmax over j <= i, zeros above.
+__global__ void CausalSoftmaxKernel(int64_t matrices, int64_t T, float* att) {
+  __shared__ float shared[kReduceThreads];
+  for (int64_t row = blockIdx.x; row < matrices * T; row += gridDim.x) {
+    const int64_t i = row % T;
+    float* a = att + row * T;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, a[j]);
+    mx = BlockMax(mx, shared);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+      const float e = expf(a[j] - mx);
+      a[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / BlockSum(sum, shared);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) a[j] = j <= i ? a[j] * inv : 0.0f;
+  }
+}
+
+// Softmax backward per row: ds = att * (datt - sum_j att * datt), zeros above the diagonal.
+__global__ void CausalSoftmaxBackwardKernel(int64_t matrices, int64_t T, const float* att,
+                                            float* ds) {
+  __shared__ float shared[kReduceThreads];
+  for (int64_t row = blockIdx.x; row < matrices * T; row += gridDim.x) {
+    const int64_t i = row % T;
+    const float* a = att + row * T;
+    float* d = ds + row * T;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dot += a[j] * d[j];
+    dot = BlockSum(dot, shared);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+      d[j] = j <= i ? a[j] * (d[j] - dot) : 0.0f;
+    }
+  }
+}
+
+__global__ void EmbeddingForwardKernel(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                                       const float* wte, const float* wpe, float* out) {
+  GRID_STRIDE(i, B * T * C) {
+    const int64_t bt = i / C, c = i % C, t = bt % T;
+    out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[t * C + c];
+  }
+}
+
+// One thread per channel, (b, t) visited in row-major order: the CPU's order for every
+// element, and no two threads touch the same element.
+__global__ void EmbeddingBackwardKernel(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
+                                        const float* dout, float* dwte, float* dwpe) {
+  GRID_STRIDE(c, C) {
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const float d = dout[bt * C + c];
+      dwte[static_cast<int64_t>(tokens[bt]) * C + c] += d;
+      dwpe[(bt % T) * C + c] += d;
+    }
+  }
+}
+
+// One block per row: max and sum in the fixed tree.
+__global__ void SoftmaxCrossEntropyForwardKernel(int64_t rows, int64_t V, const float* logits,
+                                                 const int32_t* targets, float* probs,
+                                                 float* losses) {
+  __shared__ float shared[kReduceThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* l = logits + r * V;
+    float* p = probs + r * V;
+    float mx = -INFINITY;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+    mx = BlockMax(mx, shared);
+    float sum = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+      const float e = expf(l[v] - mx);
+      p[v] = e;
+      sum += e;
+    }
+    sum = BlockSum(sum, shared);
+    const float inv = 1.0f / sum;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
+    if (threadIdx.x == 0) losses[r] = logf(sum) + mx - l[targets[r]];
+  }
+}
+
+__global__ void SoftmaxCrossEntropyBackwardKernel(int64_t rows, int64_t V, const float* probs,
+                                                  const int32_t* targets, float scale,
+                                                  float* dlogits) {
+  GRID_STRIDE(i, rows * V) {
+    const int64_t r = i / V, v = i % V;
+    dlogits[i] = scale * (probs[i] - (v == targets[r] ? 1.0f : 0.0f));
+  }
+}
+
+__global__ void DiffKernel(int64_t n, const float* pred, const float* target, float* diff) {
+  GRID_STRIDE(i, n) { diff[i] = pred[i] - target[i]; }
+}
+
+// One block: thread t adds diff[t]^2, diff[t + B]^2, ... in double, then the fixed tree.
+__global__ void SquareSumKernel(int64_t n, const float* diff, double* out) {
+  __shared__ double shared[kReduceThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    s += static_cast<double>(diff[i]) * diff[i];
+  }
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void SgdKernel(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
+                          float* w, const float* g, float* buf) {
+  GRID_STRIDE(i, n) {
+    float d = g[i] + weight_decay * w[i];
+    if (momentum != 0.0f) {
+      buf[i] = first_step ? d : momentum * buf[i] + d;
+      d = buf[i];
+    }
+    w[i] -= lr * d;
+  }
+}
+
+__global__ void AdamWKernel(int64_t n, float lr, float beta1, float beta2, float eps, float decay,
+                            float bias_correction1, float bias_correction2, float* w,
+                            const float* g, float* m, float* v) {
+  GRID_STRIDE(i, n) {
+    w[i] *= decay;
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+    const float mhat = m[i] / bias_correction1;
+    const float vhat = v[i] / bias_correction2;
+    w[i] -= lr * mhat / (sqrtf(vhat) + eps);
+  }
+}
+
+#undef GRID_STRIDE
+
+// ------------------------------------------------------------------ the backend
+
+class CudaBackendImpl final : public Backend {
+ public:
+  Device device() const override { return Device::kCuda; }
+
+  void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    if (k == 0) {  // BLAS would still scale C by beta; keep that meaning
+      ScaleMatrixKernel<<<Blocks(m * n), kThreads, 0, s>>>(m, n, beta, c, ldc);
+      CheckLaunch("ScaleMatrixKernel");
+      return;
+    }
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    Context& ctx = Ctx();
+    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    const cublasStatus_t st = cublasSgemm(
+        ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+        static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      RecordError(absl::InternalError(absl::StrCat("cublasSgemm failed with status ", st)));
+    }
+  }
+
+  void Add(int64_t n, const float* a, const float* b, float* out) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    AddKernel<<<Blocks(n), kThreads, 0, s>>>(n, a, b, out);
+    CheckLaunch("AddKernel");
+  }
+
+  void Scale(int64_t n, float scale, const float* x, float* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(n, scale, x, y);
+    CheckLaunch("ScaleKernel");
+  }
+
+  void Fill(int64_t n, float value, float* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    FillKernel<<<Blocks(n), kThreads, 0, s>>>(n, value, y);
+    CheckLaunch("FillKernel");
+  }
+
+  void Copy(int64_t n, const float* x, float* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const cudaError_t err =
+        cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    if (err != cudaSuccess) RecordError(CudaError(err, "cudaMemcpyAsync (Copy)"));
+  }
+
+  double Sum(int64_t n, const float* x) override {
+    if (n <= 0) return 0.0;
+    return ReduceToHost([&](cudaStream_t s, double* out) {
+      SumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
+      CheckLaunch("SumKernel");
+    });
+  }
+
+  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
+    if (rows * cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, bias, y);
+    CheckLaunch("AddBiasKernel");
+  }
+
+  void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override {
+    if (cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    BiasGradKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, dy, dbias);
+    CheckLaunch("BiasGradKernel");
+  }
+
+  void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
+                float* out) override {
+    if (rows * cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    BiasGeluKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, x, bias, pre, out);
+    CheckLaunch("BiasGeluKernel");
+  }
+
+  void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    GeluBackwardKernel<<<Blocks(n), kThreads, 0, s>>>(n, pre, dy, dx);
+    CheckLaunch("GeluBackwardKernel");
+  }
+
+  void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x, const float* gamma,
+                        const float* beta, float* y, float* mean, float* rstd) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    LayerNormForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, eps, x, gamma,
+                                                                      beta, y, mean, rstd);
+    CheckLaunch("LayerNormForwardKernel");
+  }
+
+  void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* mean,
+                              const float* rstd, const float* gamma, const float* dy,
+                              float* dx) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    LayerNormBackwardInputKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, x, mean,
+                                                                            rstd, gamma, dy, dx);
+    CheckLaunch("LayerNormBackwardInputKernel");
+  }
+
+  void LayerNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* mean,
+                               const float* rstd, const float* dy, float* dgamma,
+                               float* dbeta) override {
+    if (cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    LayerNormBackwardWeightKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, x, mean, rstd, dy,
+                                                                    dgamma, dbeta);
+    CheckLaunch("LayerNormBackwardWeightKernel");
+  }
+
+  // Per batch element b, the H heads in one strided-batched GEMM each: head h of q, k, v
+  // starts D columns after head h - 1, and its T x T scores T*T floats after.
+  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv, float* att,
+                        float* y) override {
+    if (B * T * H == 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const int64_t C = H * D, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv + b * T * C3;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* a = att + b * H * T * T;
+      // scores = scale * q k^T          (row-major [T, T] per head)
+      BatchedGemm(false, true, T, T, D, scale, q, C3, D, k, C3, D, 0.0f, a, T, T * T, H);
+      // y = att v                       (row-major [T, D] per head, into [T, C])
+      // (the causal softmax runs in between, over all heads of this b)
+      CausalSoftmaxKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a);
+      CheckLaunch("CausalSoftmaxKernel");
+      BatchedGemm(false, false, T, D, T, 1.0f, a, T, T * T, v, C3, D, 0.0f, y + b * T * C, C, D, H);
+    }
+  }
+
+  // `scratch` holds the H score-gradient matrices of one batch element (H*T*T floats),
+  // reused for every b in stream order.
+  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                         const float* att, const float* dy, float* dqkv, float* scratch) override {
+    if (B * T * H == 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const int64_t C = H * D, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    float* const ds = scratch;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv + b * T * C3;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + b * T * C3;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* a = att + b * H * T * T;
+      const float* dyb = dy + b * T * C;
+      // dv = att^T dy; datt = dy v^T.
+      BatchedGemm(true, false, T, D, T, 1.0f, a, T, T * T, dyb, C, D, 0.0f, dv, C3, D, H);
+      BatchedGemm(false, true, T, T, D, 1.0f, dyb, C, D, v, C3, D, 0.0f, ds, T, T * T, H);
+      CausalSoftmaxBackwardKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a, ds);
+      CheckLaunch("CausalSoftmaxBackwardKernel");
+      // dq = scale * ds k; dk = scale * ds^T q.
+      BatchedGemm(false, false, T, D, T, scale, ds, T, T * T, k, C3, D, 0.0f, dq, C3, D, H);
+      BatchedGemm(true, false, T, D, T, scale, ds, T, T * T, q, C3, D, 0.0f, dk, C3, D, H);
+    }
+  }
+
+  void EmbeddingForward(int64_t B, int64_t T, int64_t C, const int32_t* tokens, const float* wte,
+                        const float* wpe, float* out) override {
+    if (B * T * C <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    EmbeddingForwardKernel<<<Blocks(B * T * C), kThreads, 0, s>>>(B, T, C, tokens, wte, wpe, out);
+    CheckLaunch("EmbeddingForwardKernel");
+  }
+
+  void EmbeddingBackward(int64_t B, int64_t T, int64_t C, const int32_t* tokens, const float* dout,
+                         float* dwte, float* dwpe) override {
+    if (C <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    EmbeddingBackwardKernel<<<Blocks(C), kThreads, 0, s>>>(B, T, C, tokens, dout, dwte, dwpe);
+    CheckLaunch("EmbeddingBackwardKernel");
+  }
+
+  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+                                  const int32_t* targets, float* probs, float* losses) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    SoftmaxCrossEntropyForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(
+        rows, V, logits, targets, probs, losses);
+    CheckLaunch("SoftmaxCrossEntropyForwardKernel");
+  }
+
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
+                                   const int32_t* targets, float scale, float* dlogits) override {
+    if (rows * V <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    SoftmaxCrossEntropyBackwardKernel<<<Blocks(rows * V), kThreads, 0, s>>>(rows, V, probs, targets,
+                                                                            scale, dlogits);
+    CheckLaunch("SoftmaxCrossEntropyBackwardKernel");
+  }
+
+  double SquaredError(int64_t n, const float* pred, const float* target, float* diff) override {
+    if (n <= 0) return 0.0;
+    return ReduceToHost([&](cudaStream_t s, double* out) {
+      DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
+      CheckLaunch("DiffKernel");
+      SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
+      CheckLaunch("SquareSumKernel");
+    });
+  }
+
+  void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step, float* w,
+               const float* g, float* buf) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    SgdKernel<<<Blocks(n), kThreads, 0, s>>>(n, lr, momentum, weight_decay, first_step, w, g, buf);
+    CheckLaunch("SgdKernel");
+  }
+
+  void AdamWStep(int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 float bias_correction1, float bias_correction2, float* w, const float* g, float* m,
+                 float* v) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const float decay = 1.0f - lr * weight_decay;  // on the host, as the CPU computes it
+    AdamWKernel<<<Blocks(n), kThreads, 0, s>>>(n, lr, beta1, beta2, eps, decay, bias_correction1,
+                                               bias_correction2, w, g, m, v);
+    CheckLaunch("AdamWKernel");
+  }
+
+ private:
+  static int RowBlocks(int64_t rows) {
+    return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, rows)));
+  }
+
+  // Row-major per-matrix GEMMs over `count` matrices at fixed strides (see Gemm for the
+  // column-major mapping).
+  void BatchedGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                   int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+                   int64_t count) {
+    Context& ctx = Ctx();
+    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    const cublasStatus_t st = cublasSgemmStridedBatched(
+        ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+        static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+        static_cast<int>(ldc), stride_c, static_cast<int>(count));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      RecordError(
+          absl::InternalError(absl::StrCat("cublasSgemmStridedBatched failed with status ", st)));
+    }
+  }
+
+  // Runs `launch(stream, device_out)` and returns *device_out copied to the host (this
+  // waits for the stream). A failure returns NaN, recorded for CudaSynchronize.
+  template <typename Launch>
+  double ReduceToHost(Launch launch) {
+    cudaStream_t s = Enter();
+    if (s == nullptr) return std::nan("");
+    Scratch out(sizeof(double));
+    if (!out.ok()) {
+      RecordError(absl::ResourceExhaustedError("out of cuda memory for a reduction result"));
+      return std::nan("");
+    }
+    double* d = reinterpret_cast<double*>(out.f32());
+    launch(s, d);
+    double host = 0.0;
+    cudaError_t err = cudaMemcpyAsync(&host, d, sizeof(double), cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) {
+      RecordError(CudaError(err, "reading a reduction result"));
+      return std::nan("");
+    }
+    return host;
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ cuda_context.h
+
+absl::Status SetCudaDevice(int index) {
+  const int count = DeviceCountOrZero();
+  if (index < 0 || index >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", index, " does not exist (", count, " devices present)"));
+  }
+  Context& c = Ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  // Anything made on the old device (even by a start that failed half-way) pins it.
+  if ((c.started || c.stream != nullptr) && c.device != index) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this process already computes on CUDA device ", c.device, "; cannot move to ", index));
+  }
+  c.device = index;
+  return absl::OkStatus();
+}
+
+int CurrentCudaDevice() {
+  Context& c = Ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.device;
+}
+
+Allocator* CudaAllocator() {
+  static const bool present = DeviceCountOrZero() > 0;
+  if (!present) return nullptr;
+  static Allocator* const allocator = new CachingCudaAllocator();
+  return allocator;
+}
+
+Backend* CudaBackend() {
+  static const bool present = DeviceCountOrZero() > 0;
+  if (!present) return nullptr;
+  static Backend* const backend = new CudaBackendImpl();
+  return backend;
+}
+
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  if (bytes == 0) return absl::OkStatus();
+  cudaStream_t s = Enter();
+  if (s == nullptr) return CudaSynchronize();
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, k, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (err != cudaSuccess) {
+    const absl::Status st = CudaError(err, "cudaMemcpy");
+    RecordError(st);
+    return st;
+  }
+  return CudaSynchronize();  // an earlier kernel's failure shows here too
+}
+
+absl::Status CudaZero(void* p, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  cudaStream_t s = Enter();
+  if (s == nullptr) return CudaSynchronize();
+  const cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
+  if (err != cudaSuccess) {
+    const absl::Status st = CudaError(err, "cudaMemsetAsync");
+    RecordError(st);
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaSynchronize() {
+  cudaStream_t s = Enter();
+  if (s != nullptr) {
+    const cudaError_t err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) RecordError(CudaError(err, "cudaStreamSynchronize"));
+  }
+  // Reported once: the next job starts clean. An error CUDA itself keeps (a kernel fault
+  // corrupts the context) comes back from the next call anyway.
+  Context& c = Ctx();
+  std::lock_guard<std::mutex> lock(c.mu);
+  absl::Status first;  // OK; takes the recorded error, leaving OK behind
+  std::swap(first, c.first_error);
+  return first;
+}
+
+}  // namespace baton

@@ -1,0 +1,574 @@
+// The CUDA backend against the CPU backend, kernel by kernel, on the same random inputs.
+//
+// Tolerances: the element-wise kernels and the in-order column reductions compute the CPU's
+// expressions in the same order (cuda_kernels.cu is compiled with --fmad=false), so they
+// must match bit for bit. GEMMs (cuBLAS vs OpenBLAS blocking) and row reductions (a fixed
+// tree vs the CPU's sequential sum) round differently: |cuda - cpu| <= atol + rtol * |cpu|
+// with the bounds each test states. Every CUDA kernel must also give the same bits when run
+// twice. Skips without a CUDA device; fails instead under BATON_REQUIRE_GPU (ctest label
+// gpu, scripts/gpu-test.sh).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+#include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
+#include "common/core/rng.h"
+#include "common/core/tensor.h"
+
+namespace baton {
+namespace {
+
+#define BATON_SKIP_WITHOUT_CUDA_DEVICE()                                   \
+  do {                                                                     \
+    if (CudaDeviceCount() == 0) {                                          \
+      if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {                   \
+        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found"; \
+      }                                                                    \
+      GTEST_SKIP() << "no CUDA device found; CUDA kernel tests skipped";   \
+    }                                                                      \
+  } while (false)
+
+using Vec = std::vector<float>;
+
+Vec Random(size_t n, const std::string& name, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(n);
+  RngStream(777, name).FillUniform(v.data(), static_cast<int64_t>(n), lo, hi);
+  return v;
+}
+
+std::vector<int32_t> RandomIds(size_t n, int32_t bound, const std::string& name) {
+  RngStream s(777, name);
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(s.UniformInt(i, bound));
+  return t;
+}
+
+// A device copy of host data, and back.
+Tensor Dev(const Vec& v) {
+  Tensor t = Tensor::Empty({static_cast<int64_t>(v.size())}, DType::kFloat32, Device::kCuda);
+  EXPECT_TRUE(t.CopyFromHost(v.data()).ok());
+  return t;
+}
+Tensor DevIds(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::Empty({static_cast<int64_t>(v.size())}, DType::kInt32, Device::kCuda);
+  EXPECT_TRUE(t.CopyFromHost(v.data()).ok());
+  return t;
+}
+Vec Host(const Tensor& t) {
+  Vec v(static_cast<size_t>(t.numel()));
+  EXPECT_TRUE(t.CopyToHost(v.data()).ok());
+  EXPECT_TRUE(CudaSynchronize().ok());
+  return v;
+}
+
+void ExpectBitEqual(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", cpu " << want[i];
+      return;
+    }
+  }
+}
+
+void ExpectNear(const Vec& got, const Vec& want, double atol, double rtol,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = atol + rtol * std::fabs(want[i]);
+    if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= tol)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", cpu " << want[i]
+                    << " (tolerance " << tol << ")";
+      return;
+    }
+  }
+}
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BATON_SKIP_WITHOUT_CUDA_DEVICE();
+    cuda_ = CudaBackend();
+    ASSERT_NE(cuda_, nullptr);
+    EXPECT_EQ(cuda_->device(), Device::kCuda);
+  }
+  Backend* cpu_ = CpuBackend();
+  Backend* cuda_ = nullptr;
+};
+
+// GEMM: |cuda - cpu| <= 1e-5 * sqrt(k) * (sum of |a||b| terms' scale): inputs in [-1, 1]
+// give terms of magnitude <= 1, so atol = 2e-6 * k, rtol 1e-5.
+TEST_F(CudaKernelsTest, GemmEveryTransposeAndBeta) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& cs :
+       {Case{1, 1, 1}, Case{7, 5, 3}, Case{64, 96, 128}, Case{130, 33, 257}, Case{512, 384, 128}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, 1.0f}) {
+          const std::string tag = absl::StrCat("gemm ", cs.m, "x", cs.n, "x", cs.k, " ta", ta,
+                                               " tb", tb, " beta", beta);
+          const int64_t lda = (ta ? cs.m : cs.k) + 3, ldb = (tb ? cs.k : cs.n) + 1, ldc = cs.n + 2;
+          const Vec a = Random(static_cast<size_t>((ta ? cs.k : cs.m) * lda), tag + "a");
+          const Vec b = Random(static_cast<size_t>((tb ? cs.n : cs.k) * ldb), tag + "b");
+          Vec c = Random(static_cast<size_t>(cs.m * ldc), tag + "c");
+          Tensor da = Dev(a), db = Dev(b), dc = Dev(c);
+          cpu_->Gemm(ta, tb, cs.m, cs.n, cs.k, 0.5f, a.data(), lda, b.data(), ldb, beta, c.data(),
+                     ldc);
+          cuda_->Gemm(ta, tb, cs.m, cs.n, cs.k, 0.5f, da.f32(), lda, db.f32(), ldb, beta, dc.f32(),
+                      ldc);
+          ExpectNear(Host(dc), c, 2e-6 * static_cast<double>(cs.k), 1e-5, tag);
+        }
+      }
+    }
+  }
+  // k == 0 scales C by beta, as BLAS does.
+  Vec c = Random(6, "gemm k0");
+  Tensor dc = Dev(c);
+  cpu_->Gemm(false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.5f, c.data(), 3);
+  cuda_->Gemm(false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.5f, dc.f32(), 3);
+  ExpectBitEqual(Host(dc), c, "gemm k=0");
+}
+
+TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
+  const int64_t n = 100003;  // not a multiple of any block size
+  const Vec a = Random(n, "ew a", -4.0f, 4.0f), b = Random(n, "ew b", -4.0f, 4.0f);
+  Tensor da = Dev(a), db = Dev(b), dout = Dev(Vec(n));
+  Vec out(n);
+  cpu_->Add(n, a.data(), b.data(), out.data());
+  cuda_->Add(n, da.f32(), db.f32(), dout.f32());
+  ExpectBitEqual(Host(dout), out, "Add");
+  cpu_->Scale(n, -0.37f, a.data(), out.data());
+  cuda_->Scale(n, -0.37f, da.f32(), dout.f32());
+  ExpectBitEqual(Host(dout), out, "Scale");
+  cpu_->Fill(n, 2.5f, out.data());
+  cuda_->Fill(n, 2.5f, dout.f32());
+  ExpectBitEqual(Host(dout), out, "Fill");
+  cpu_->Copy(n, b.data(), out.data());
+  cuda_->Copy(n, db.f32(), dout.f32());
+  ExpectBitEqual(Host(dout), out, "Copy");
+  // GELU over a wide range, both branches of the tanh approximation.
+  const int64_t rows = 37, cols = 129;
+  const Vec x = Random(rows * cols, "gelu x", -12.0f, 12.0f), bias = Random(cols, "gelu b");
+  Vec pre(rows * cols), g(rows * cols);
+  Tensor dx = Dev(x), dbias = Dev(bias), dpre = Dev(pre), dg = Dev(g);
+  cpu_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), g.data());
+  cuda_->BiasGelu(rows, cols, dx.f32(), dbias.f32(), dpre.f32(), dg.f32());
+  ExpectBitEqual(Host(dpre), pre, "BiasGelu pre");
+  ExpectBitEqual(Host(dg), g, "BiasGelu out");
+  cpu_->BiasGelu(rows, cols, x.data(), nullptr, pre.data(), g.data());
+  cuda_->BiasGelu(rows, cols, dx.f32(), nullptr, dpre.f32(), dg.f32());
+  ExpectBitEqual(Host(dg), g, "BiasGelu without bias");
+  const Vec dy = Random(rows * cols, "gelu dy");
+  Tensor ddy = Dev(dy);
+  cpu_->GeluBackward(rows * cols, x.data(), dy.data(), g.data());
+  cuda_->GeluBackward(rows * cols, dx.f32(), ddy.f32(), dg.f32());
+  ExpectBitEqual(Host(dg), g, "GeluBackward");
+  Vec y = Random(rows * cols, "bias y");
+  Tensor dyb = Dev(y);
+  cpu_->AddBias(rows, cols, bias.data(), y.data());
+  cuda_->AddBias(rows, cols, dbias.f32(), dyb.f32());
+  ExpectBitEqual(Host(dyb), y, "AddBias");
+}
+
+TEST_F(CudaKernelsTest, ColumnReductionsInRowOrderAreBitExact) {
+  const int64_t rows = 300, cols = 77;
+  const Vec dy = Random(rows * cols, "bg dy");
+  Vec dbias = Random(cols, "bg acc");  // accumulates into what is there
+  Tensor ddy = Dev(dy), ddbias = Dev(dbias);
+  cpu_->BiasGrad(rows, cols, dy.data(), dbias.data());
+  cuda_->BiasGrad(rows, cols, ddy.f32(), ddbias.f32());
+  ExpectBitEqual(Host(ddbias), dbias, "BiasGrad");
+
+  const Vec x = Random(rows * cols, "ln x");
+  const Vec mean = Random(rows, "ln mean"), rstd = Random(rows, "ln rstd", 0.5f, 2.0f);
+  Vec dgamma = Random(cols, "ln dg"), dbeta = Random(cols, "ln db");
+  Tensor dx = Dev(x), dmean = Dev(mean), drstd = Dev(rstd), ddg = Dev(dgamma), ddb = Dev(dbeta);
+  cpu_->LayerNormBackwardWeight(rows, cols, x.data(), mean.data(), rstd.data(), dy.data(),
+                                dgamma.data(), dbeta.data());
+  cuda_->LayerNormBackwardWeight(rows, cols, dx.f32(), dmean.f32(), drstd.f32(), ddy.f32(),
+                                 ddg.f32(), ddb.f32());
+  ExpectBitEqual(Host(ddg), dgamma, "LayerNormBackwardWeight gamma");
+  ExpectBitEqual(Host(ddb), dbeta, "LayerNormBackwardWeight beta");
+
+  const int64_t B = 3, T = 11, C = 40, V = 17;
+  const std::vector<int32_t> tokens = RandomIds(B * T, V, "emb tokens");
+  const Vec wte = Random(V * C, "emb wte"), wpe = Random(T * C, "emb wpe");
+  const Vec dout = Random(B * T * C, "emb dout");
+  Vec out(B * T * C), dwte = Random(V * C, "emb dwte"), dwpe = Random(T * C, "emb dwpe");
+  Tensor dtok = DevIds(tokens), dwte_in = Dev(wte), dwpe_in = Dev(wpe), dres = Dev(out);
+  cpu_->EmbeddingForward(B, T, C, tokens.data(), wte.data(), wpe.data(), out.data());
+  cuda_->EmbeddingForward(B, T, C, dtok.i32(), dwte_in.f32(), dwpe_in.f32(), dres.f32());
+  ExpectBitEqual(Host(dres), out, "EmbeddingForward");
+  Tensor ddout = Dev(dout), ddwte = Dev(dwte), ddwpe = Dev(dwpe);
+  cpu_->EmbeddingBackward(B, T, C, tokens.data(), dout.data(), dwte.data(), dwpe.data());
+  cuda_->EmbeddingBackward(B, T, C, dtok.i32(), ddout.f32(), ddwte.f32(), ddwpe.f32());
+  ExpectBitEqual(Host(ddwte), dwte, "EmbeddingBackward wte");
+  ExpectBitEqual(Host(ddwpe), dwpe, "EmbeddingBackward wpe");
+}
+
+// Row reductions: a fixed tree against the CPU's sequential sums: rtol 1e-5, atol 1e-5
+// (values O(1)); Sum and SquaredError accumulate in double: relative 1e-12.
+TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
+  const int64_t n = 123457;
+  const Vec x = Random(n, "sum x");
+  Tensor dx = Dev(x);
+  const double want = cpu_->Sum(n, x.data());
+  EXPECT_NEAR(cuda_->Sum(n, dx.f32()), want, 1e-12 * n);
+  const Vec t = Random(n, "se t");
+  Tensor dt = Dev(t), ddiff = Dev(Vec(n));
+  Vec diff(n);
+  const double se = cpu_->SquaredError(n, x.data(), t.data(), diff.data());
+  EXPECT_NEAR(cuda_->SquaredError(n, dx.f32(), dt.f32(), ddiff.f32()), se, 1e-12 * se);
+  ExpectBitEqual(Host(ddiff), diff, "SquaredError diff");
+
+  const int64_t rows = 65, cols = 300;
+  const Vec lx = Random(rows * cols, "ln fwd x", -3.0f, 3.0f);
+  const Vec gamma = Random(cols, "ln gamma", 0.5f, 1.5f), beta = Random(cols, "ln beta");
+  Vec y(rows * cols), mean(rows), rstd(rows);
+  Tensor dlx = Dev(lx), dgamma = Dev(gamma), dbeta = Dev(beta), dy = Dev(y), dmean = Dev(mean),
+         drstd = Dev(rstd);
+  cpu_->LayerNormForward(rows, cols, 1e-5f, lx.data(), gamma.data(), beta.data(), y.data(),
+                         mean.data(), rstd.data());
+  cuda_->LayerNormForward(rows, cols, 1e-5f, dlx.f32(), dgamma.f32(), dbeta.f32(), dy.f32(),
+                          dmean.f32(), drstd.f32());
+  ExpectNear(Host(dy), y, 1e-5, 1e-5, "LayerNormForward y");
+  ExpectNear(Host(dmean), mean, 1e-6, 1e-5, "LayerNormForward mean");
+  ExpectNear(Host(drstd), rstd, 1e-6, 1e-5, "LayerNormForward rstd");
+  const Vec g = Random(rows * cols, "ln dy");
+  Vec dxo(rows * cols);
+  Tensor dg = Dev(g), ddx = Dev(dxo);
+  // Both from the CPU's statistics, so only the backward's own sums differ.
+  Tensor cmean = Dev(mean), crstd = Dev(rstd);
+  cpu_->LayerNormBackwardInput(rows, cols, lx.data(), mean.data(), rstd.data(), gamma.data(),
+                               g.data(), dxo.data());
+  cuda_->LayerNormBackwardInput(rows, cols, dlx.f32(), cmean.f32(), crstd.f32(), dgamma.f32(),
+                                dg.f32(), ddx.f32());
+  ExpectNear(Host(ddx), dxo, 1e-5, 1e-4, "LayerNormBackwardInput");
+
+  const int64_t R = 33, V = 1000;
+  const Vec logits = Random(R * V, "ce logits", -6.0f, 6.0f);
+  const std::vector<int32_t> targets = RandomIds(R, V, "ce targets");
+  Vec probs(R * V), losses(R);
+  Tensor dl = Dev(logits), dtg = DevIds(targets), dp = Dev(probs), dloss = Dev(losses);
+  cpu_->SoftmaxCrossEntropyForward(R, V, logits.data(), targets.data(), probs.data(),
+                                   losses.data());
+  cuda_->SoftmaxCrossEntropyForward(R, V, dl.f32(), dtg.i32(), dp.f32(), dloss.f32());
+  ExpectNear(Host(dp), probs, 1e-8, 1e-5, "SoftmaxCrossEntropyForward probs");
+  ExpectNear(Host(dloss), losses, 1e-5, 1e-5, "SoftmaxCrossEntropyForward losses");
+  // Backward from the CPU's probabilities: element-wise, bit-exact.
+  Tensor cp = Dev(probs), dd = Dev(Vec(R * V));
+  Vec dlog(R * V);
+  cpu_->SoftmaxCrossEntropyBackward(R, V, probs.data(), targets.data(), 0.125f, dlog.data());
+  cuda_->SoftmaxCrossEntropyBackward(R, V, cp.f32(), dtg.i32(), 0.125f, dd.f32());
+  ExpectBitEqual(Host(dd), dlog, "SoftmaxCrossEntropyBackward");
+}
+
+// Attention: GEMMs and softmax rows round differently: atol 1e-5, rtol 1e-4.
+TEST_F(CudaKernelsTest, AttentionForwardAndBackward) {
+  for (int64_t T : {1, 5, 64, 130}) {
+    const int64_t B = 2, H = 3, D = 8, C = H * D;
+    const std::string tag = absl::StrCat("attention T=", T);
+    const Vec qkv = Random(B * T * 3 * C, tag + " qkv");
+    Vec att(B * H * T * T), y(B * T * C);
+    Tensor dqkv_in = Dev(qkv), datt = Dev(att), dy = Dev(y);
+    cpu_->AttentionForward(B, T, H, D, qkv.data(), att.data(), y.data());
+    cuda_->AttentionForward(B, T, H, D, dqkv_in.f32(), datt.f32(), dy.f32());
+    ExpectNear(Host(datt), att, 1e-6, 1e-4, tag + " att");
+    ExpectNear(Host(dy), y, 1e-5, 1e-4, tag + " y");
+    const Vec g = Random(B * T * C, tag + " dy");
+    Vec dqkv(B * T * 3 * C), scratch(T * T);
+    Tensor dg = Dev(g), catt = Dev(att), ddqkv = Dev(dqkv);
+    cpu_->AttentionBackward(B, T, H, D, qkv.data(), att.data(), g.data(), dqkv.data(),
+                            scratch.data());
+    Tensor dscratch = Dev(Vec(H * T * T));
+    cuda_->AttentionBackward(B, T, H, D, dqkv_in.f32(), catt.f32(), dg.f32(), ddqkv.f32(),
+                             dscratch.f32());
+    ExpectNear(Host(ddqkv), dqkv, 1e-5, 1e-4, tag + " dqkv");
+  }
+}
+
+TEST_F(CudaKernelsTest, OptimizersAreBitExact) {
+  const int64_t n = 4099;
+  const Vec w0 = Random(n, "opt w"), g = Random(n, "opt g");
+  for (bool first : {true, false}) {
+    Vec w = w0, buf = Random(n, "opt buf");
+    Tensor dw = Dev(w), dg = Dev(g), dbuf = Dev(buf);
+    cpu_->SgdStep(n, 0.1f, 0.9f, 0.01f, first, w.data(), g.data(), buf.data());
+    cuda_->SgdStep(n, 0.1f, 0.9f, 0.01f, first, dw.f32(), dg.f32(), dbuf.f32());
+    ExpectBitEqual(Host(dw), w, "SgdStep w");
+    ExpectBitEqual(Host(dbuf), buf, "SgdStep buf");
+  }
+  Vec w = w0, m = Random(n, "opt m"), v = Random(n, "opt v", 0.0f, 1.0f);
+  Tensor dw = Dev(w), dg = Dev(g), dm = Dev(m), dv = Dev(v);
+  cpu_->AdamWStep(n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.19f, 0.002f, w.data(), g.data(), m.data(),
+                  v.data());
+  cuda_->AdamWStep(n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.19f, 0.002f, dw.f32(), dg.f32(),
+                   dm.f32(), dv.f32());
+  ExpectBitEqual(Host(dw), w, "AdamWStep w");
+  ExpectBitEqual(Host(dm), m, "AdamWStep m");
+  ExpectBitEqual(Host(dv), v, "AdamWStep v");
+}
+
+// Every kernel with a reduction, run twice on the same inputs: the same bits.
+TEST_F(CudaKernelsTest, RepeatsItsBits) {
+  const int64_t B = 2, T = 64, H = 4, D = 16, C = H * D;
+  const Vec qkv = Random(B * T * 3 * C, "rep qkv");
+  Tensor dq = Dev(qkv);
+  Vec first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor att = Dev(Vec(B * H * T * T)), y = Dev(Vec(B * T * C));
+    cuda_->AttentionForward(B, T, H, D, dq.f32(), att.f32(), y.f32());
+    Tensor dqkv = Dev(Vec(B * T * 3 * C));
+    Tensor scratch = Dev(Vec(H * T * T));
+    cuda_->AttentionBackward(B, T, H, D, dq.f32(), att.f32(), y.f32(), dqkv.f32(), scratch.f32());
+    Tensor ln = Dev(Vec(B * T * C)), mean = Dev(Vec(B * T)), rstd = Dev(Vec(B * T));
+    Tensor ones = Dev(Vec(C, 1.0f)), zeros = Dev(Vec(C, 0.0f));
+    cuda_->LayerNormForward(B * T, C, 1e-5f, y.f32(), ones.f32(), zeros.f32(), ln.f32(), mean.f32(),
+                            rstd.f32());
+    Tensor gemm = Dev(Vec(B * T * C));
+    cuda_->Gemm(false, true, B * T, C, 3 * C, 1.0f, dq.f32(), 3 * C, dqkv.f32(), 3 * C, 0.0f,
+                gemm.f32(), C);
+    Vec all = Host(dqkv);
+    for (const Tensor* t : {&att, &ln, &gemm}) {
+      const Vec h = Host(*t);
+      all.insert(all.end(), h.begin(), h.end());
+    }
+    const double sum = cuda_->Sum(static_cast<int64_t>(B * T * C), ln.f32());
+    all.push_back(static_cast<float>(sum));
+    if (run == 0) {
+      first = all;
+    } else {
+      ExpectBitEqual(all, first, "second run");
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, AllocatorCachesAndReportsOutOfMemory) {
+  Allocator* a = CudaAllocator();
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->device(), Device::kCuda);
+  void* p = a->Allocate(1 << 20);
+  ASSERT_NE(p, nullptr);
+  a->Deallocate(p, 1 << 20);
+  const int64_t before = a->Stats().system_allocations;
+  void* q = a->Allocate(1 << 20);  // the cached block, no cudaMalloc
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a->Stats().system_allocations, before);
+  a->Deallocate(q, 1 << 20);
+  // 1 PiB: an error, not an abort, and the device still works afterwards.
+  EXPECT_EQ(a->Allocate(size_t{1} << 50), nullptr);
+  absl::StatusOr<Tensor> huge =
+      Tensor::TryEmpty({int64_t{1} << 48}, DType::kFloat32, Device::kCuda);
+  ASSERT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("cuda"), std::string::npos) << huge.status();
+  const Vec v = Random(1000, "after oom");
+  EXPECT_EQ(Host(Dev(v)), v);
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+TEST_F(CudaKernelsTest, DeviceChoiceAndCopies) {
+  EXPECT_EQ(SetCudaDevice(CudaDeviceCount()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetCudaDevice(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SetCudaDevice(CurrentCudaDevice()).ok());
+  // Host -> device -> device -> host, bit for bit; and Tensor::CopyTo across devices.
+  const Vec v = Random(5000, "copies");
+  Tensor a = Dev(v);
+  absl::StatusOr<Tensor> b = a.CopyTo(Device::kCuda);
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<Tensor> h = b->CopyTo(Device::kCpu);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(std::memcmp(h->raw(), v.data(), v.size() * sizeof(float)), 0);
+  Tensor z = Dev(v);
+  z.SetZero();
+  EXPECT_EQ(Host(z), Vec(v.size(), 0.0f));
+}
+
+// m == 0 or n == 0 touches nothing (the operands may then be null).
+TEST_F(CudaKernelsTest, GemmWithNoOutputIsANoOp) {
+  const Vec c = Random(12, "gemm empty");
+  Tensor dc = Dev(c);
+  cuda_->Gemm(false, false, 0, 4, 5, 1.0f, nullptr, 5, nullptr, 4, 0.0f, dc.f32(), 4);
+  cuda_->Gemm(true, true, 3, 0, 5, 1.0f, nullptr, 3, nullptr, 5, 0.0f, dc.f32(), 4);
+  ExpectBitEqual(Host(dc), c, "gemm with m or n == 0");
+  EXPECT_EQ(cuda_->Sum(0, nullptr), 0.0);
+  EXPECT_EQ(cuda_->SquaredError(0, nullptr, nullptr, nullptr), 0.0);
+}
+
+// The reductions the other tests do not repeat, run twice on the same inputs (fresh outputs
+// and fresh accumulators each time): the same bits.
+TEST_F(CudaKernelsTest, EveryReductionRepeatsItsBits) {
+  const int64_t R = 48, C = 96, V = 517, B = 2, T = 24;
+  const Vec logits = Random(R * V, "rep2 logits", -6.0f, 6.0f);
+  const std::vector<int32_t> targets = RandomIds(R, V, "rep2 targets");
+  const Vec x = Random(R * C, "rep2 x", -3.0f, 3.0f), dy = Random(R * C, "rep2 dy");
+  const Vec gamma = Random(C, "rep2 gamma", 0.5f, 1.5f), beta = Random(C, "rep2 beta");
+  const Vec acc_c = Random(C, "rep2 acc c");
+  const std::vector<int32_t> tokens = RandomIds(B * T, V, "rep2 tokens");
+  const Vec acc_wte = Random(V * C, "rep2 wte"), acc_wpe = Random(T * C, "rep2 wpe");
+  Tensor dlogits = Dev(logits), dtargets = DevIds(targets), dx = Dev(x), ddy = Dev(dy),
+         dgamma = Dev(gamma), dbeta = Dev(beta), dtokens = DevIds(tokens);
+  auto run = [&](std::vector<double>* sums) {
+    Vec all;
+    auto append = [&all](const Tensor& t) {
+      const Vec h = Host(t);
+      all.insert(all.end(), h.begin(), h.end());
+    };
+    Tensor probs = Dev(Vec(R * V)), losses = Dev(Vec(R));
+    cuda_->SoftmaxCrossEntropyForward(R, V, dlogits.f32(), dtargets.i32(), probs.f32(),
+                                      losses.f32());
+    append(probs);
+    append(losses);
+    Tensor y = Dev(Vec(R * C)), mean = Dev(Vec(R)), rstd = Dev(Vec(R));
+    cuda_->LayerNormForward(R, C, 1e-5f, dx.f32(), dgamma.f32(), dbeta.f32(), y.f32(), mean.f32(),
+                            rstd.f32());
+    append(y);
+    append(mean);
+    append(rstd);
+    Tensor dxo = Dev(Vec(R * C));
+    cuda_->LayerNormBackwardInput(R, C, dx.f32(), mean.f32(), rstd.f32(), dgamma.f32(), ddy.f32(),
+                                  dxo.f32());
+    append(dxo);
+    Tensor dg = Dev(acc_c), db = Dev(acc_c), dbias = Dev(acc_c);
+    cuda_->LayerNormBackwardWeight(R, C, dx.f32(), mean.f32(), rstd.f32(), ddy.f32(), dg.f32(),
+                                   db.f32());
+    cuda_->BiasGrad(R, C, ddy.f32(), dbias.f32());
+    append(dg);
+    append(db);
+    append(dbias);
+    // dout[B*T, C] is dy's first B*T rows.
+    Tensor dwte = Dev(acc_wte), dwpe = Dev(acc_wpe);
+    cuda_->EmbeddingBackward(B, T, C, dtokens.i32(), ddy.f32(), dwte.f32(), dwpe.f32());
+    append(dwte);
+    append(dwpe);
+    Tensor diff = Dev(Vec(R * C));
+    sums->push_back(cuda_->SquaredError(R * C, dx.f32(), ddy.f32(), diff.f32()));
+    sums->push_back(cuda_->Sum(R * V, probs.f32()));
+    append(diff);
+    return all;
+  };
+  std::vector<double> sums1, sums2;
+  const Vec first = run(&sums1);
+  const Vec second = run(&sums2);
+  ExpectBitEqual(second, first, "second run");
+  ASSERT_EQ(sums1.size(), sums2.size());
+  for (size_t i = 0; i < sums1.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&sums1[i], &sums2[i], sizeof(double)), 0)
+        << "double result " << i << ": " << sums1[i] << " then " << sums2[i];
+  }
+}
+
+// Several host threads issue kernels at once (the stage threads of an in-process pipeline):
+// each gets the bits it gets alone. Exercises the per-thread device selection, the shared
+// cuBLAS handle and the allocator under concurrency.
+TEST_F(CudaKernelsTest, ConcurrentHostThreadsGetTheBitsTheyGetAlone) {
+  constexpr int kThreadCount = 4;
+  const int64_t m = 96, n = 80, k = 72;
+  auto work = [&](int id) {
+    const std::string tag = absl::StrCat("thread ", id);
+    const Vec a = Random(m * k, tag + " a"), b = Random(k * n, tag + " b");
+    const Vec bias = Random(n, tag + " bias"), gamma = Random(n, tag + " gamma", 0.5f, 1.5f);
+    Tensor da = Dev(a), db = Dev(b), dbias = Dev(bias), dgamma = Dev(gamma);
+    Vec all;
+    for (int rep = 0; rep < 5; ++rep) {
+      Tensor c = Dev(Vec(m * n)), pre = Dev(Vec(m * n)), out = Dev(Vec(m * n));
+      Tensor y = Dev(Vec(m * n)), mean = Dev(Vec(m)), rstd = Dev(Vec(m));
+      cuda_->Gemm(false, false, m, n, k, 1.0f, da.f32(), k, db.f32(), n, 0.0f, c.f32(), n);
+      cuda_->BiasGelu(m, n, c.f32(), dbias.f32(), pre.f32(), out.f32());
+      cuda_->LayerNormForward(m, n, 1e-5f, out.f32(), dgamma.f32(), dbias.f32(), y.f32(),
+                              mean.f32(), rstd.f32());
+      const double sum = cuda_->Sum(m * n, y.f32());
+      if (rep == 0) {
+        all = Host(y);
+        all.push_back(static_cast<float>(sum));
+      }
+    }
+    return all;
+  };
+  std::vector<Vec> alone(kThreadCount), together(kThreadCount);
+  for (int i = 0; i < kThreadCount; ++i) alone[i] = work(i);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreadCount; ++i) {
+    threads.emplace_back([&, i] { together[i] = work(i); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreadCount; ++i) {
+    ExpectBitEqual(together[i], alone[i], absl::StrCat("thread ", i));
+  }
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+TEST_F(CudaKernelsTest, AllocatorStatsCountRoundedBytes) {
+  Allocator* a = CudaAllocator();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(CudaSynchronize().ok());
+  a->ReleaseCached();
+  const AllocatorStats s0 = a->Stats();
+  EXPECT_EQ(s0.bytes_cached, 0);
+  const size_t bytes = (size_t{3} << 20) + 5;  // not a multiple of the rounding
+  void* p = a->Allocate(bytes);
+  ASSERT_NE(p, nullptr);
+  const AllocatorStats s1 = a->Stats();
+  const int64_t held = s1.bytes_in_use - s0.bytes_in_use;
+  EXPECT_GE(held, static_cast<int64_t>(bytes));
+  EXPECT_LT(held, static_cast<int64_t>(bytes) + 4096);
+  EXPECT_EQ(s1.system_allocations, s0.system_allocations + 1);
+  EXPECT_GE(s1.peak_bytes_in_use, s1.bytes_in_use);
+  a->Deallocate(p, bytes);
+  const AllocatorStats s2 = a->Stats();
+  EXPECT_EQ(s2.bytes_in_use, s0.bytes_in_use);
+  EXPECT_EQ(s2.bytes_cached, held);
+  EXPECT_EQ(s2.peak_bytes_in_use, s1.peak_bytes_in_use);
+  // The same size again: the cached block, no cudaMalloc.
+  void* q = a->Allocate(bytes);
+  EXPECT_EQ(q, p);
+  const AllocatorStats s3 = a->Stats();
+  EXPECT_EQ(s3.system_allocations, s1.system_allocations);
+  EXPECT_EQ(s3.bytes_cached, 0);
+  EXPECT_EQ(s3.bytes_in_use, s1.bytes_in_use);
+  a->Deallocate(q, bytes);
+  a->ReleaseCached();
+  EXPECT_EQ(a->Stats().bytes_cached, 0);
+  EXPECT_EQ(a->Stats().bytes_in_use, s0.bytes_in_use);
+}
+
+TEST_F(CudaKernelsTest, CudaCopyRoundTripAndZero) {
+  const Vec v = Random(4097, "cuda copy");
+  const size_t bytes = v.size() * sizeof(float);
+  Allocator* a = CudaAllocator();
+  ASSERT_NE(a, nullptr);
+  void* d1 = a->Allocate(bytes);
+  void* d2 = a->Allocate(bytes);
+  ASSERT_NE(d1, nullptr);
+  ASSERT_NE(d2, nullptr);
+  ASSERT_TRUE(CudaCopy(d1, v.data(), bytes, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(CudaCopy(d2, d1, bytes, CopyKind::kDeviceToDevice).ok());
+  Vec back(v.size(), -1.0f);
+  ASSERT_TRUE(CudaCopy(back.data(), d2, bytes, CopyKind::kDeviceToHost).ok());
+  EXPECT_EQ(std::memcmp(back.data(), v.data(), bytes), 0);
+  // Zero the first half (stream order: the copy after it sees it).
+  const size_t half = v.size() / 2;
+  ASSERT_TRUE(CudaZero(d2, half * sizeof(float)).ok());
+  ASSERT_TRUE(CudaCopy(back.data(), d2, bytes, CopyKind::kDeviceToHost).ok());
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(back[i], i < half ? 0.0f : v[i]) << "element " << i;
+  }
+  EXPECT_TRUE(CudaCopy(nullptr, nullptr, 0, CopyKind::kDeviceToHost).ok());
+  EXPECT_TRUE(CudaZero(nullptr, 0).ok());
+  a->Deallocate(d1, bytes);
+  a->Deallocate(d2, bytes);
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,46 @@
+#include "worker/worker_device.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
+#include "common/core/host_info.h"
+#include "common/spec/spec.h"
+
+namespace baton {
+
+absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
+  Device device = Device::kCpu;
+  int index = 0;
+  if (flag.empty()) {
+    device = CudaDeviceCount() > 0 ? Device::kCuda : Device::kCpu;
+  } else if (absl::Status s = ParseDeviceName(flag, &device, &index); !s.ok()) {
+    return s;
+  }
+  baton::v1::DeviceInfo info;
+  if (device == Device::kCpu) {
+    info.set_kind("cpu");
+    info.set_name(CpuModelName());
+    info.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
+    return info;
+  }
+  absl::StatusOr<CudaDeviceInfo> cuda = GetCudaDeviceInfo(index);
+  if (!cuda.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda:", index, ": ", cuda.status().message()));
+  }
+  if (absl::Status s = SetCudaDevice(index); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cuda:", index, ": ", s.message()));
+  }
+  if (absl::Status s = CudaSelfTest(index); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("cuda:", index, ": ", s.message()));
+  }
+  info.set_kind("cuda");
+  info.set_name(cuda->name);
+  info.set_memory_bytes(cuda->total_memory_bytes);
+  info.set_index(index);
+  info.set_compute_capability(absl::StrCat(cuda->compute_major, ".", cuda->compute_minor));
+  return info;
+}
+
+}  // namespace baton
