@@ -85,12 +85,31 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
       loss_(prometheus::BuildGauge()
                 .Name("baton_worker_loss")
                 .Help("Mean loss of the last step (the rank owning the last stage).")
-                .Register(registry)) {}
+                .Register(registry)),
+      memory_(prometheus::BuildGauge()
+                  .Name("baton_worker_device_memory_bytes")
+                  .Help("Memory of the worker's device held by its allocator: in_use by "
+                        "tensors, cached for reuse, peak in_use since the worker started.")
+                  .Register(registry)),
+      memory_in_use_(memory_.Add({{"state", "in_use"}})),
+      memory_cached_(memory_.Add({{"state", "cached"}})),
+      memory_peak_(memory_.Add({{"state", "peak"}})) {}
+
+void WorkerMetrics::UpdateMemory() {
+  const Allocator* a = AllocatorFor(device_);
+  if (a == nullptr) return;
+  const AllocatorStats st = a->Stats();
+  memory_in_use_.Set(static_cast<double>(st.bytes_in_use));
+  memory_cached_.Set(static_cast<double>(st.bytes_cached));
+  memory_peak_.Set(static_cast<double>(st.peak_bytes_in_use));
+}
 
 void WorkerMetrics::SetDevice(const std::string& worker_id,
                               const baton::v1::DeviceInfo& device) {
   device_info_.Add({{"worker_id", worker_id}, {"kind", device.kind()}, {"name", device.name()}})
       .Set(1);
+  device_ = device.kind() == "cuda" ? Device::kCuda : Device::kCpu;
+  UpdateMemory();
 }
 
 void WorkerMetrics::SetBusy(bool busy) { busy_.Set(busy ? 1 : 0); }
@@ -158,6 +177,7 @@ void WorkerMetrics::OnAction(const ActionTiming&, int inflight) {
 }
 
 void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> loss) {
+  UpdateMemory();
   if (steps_now_ == nullptr) return;  // no BeginJob
   // The optimizer update belongs to the rank, not to one stage: label it with all of them.
   const std::string rank_stages = absl::StrJoin(job_.stages, "+");

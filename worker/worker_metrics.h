@@ -55,6 +55,8 @@ class WorkerMetrics : private StepObserver {
 
  private:
   void OnAction(const ActionTiming& timing, int inflight) override;
+  // Reads the device allocator's stats into baton_worker_device_memory_bytes.
+  void UpdateMemory();
   prometheus::Histogram& ActionHistogram(const std::string& stage, const std::string& kind);
   prometheus::Counter& Bytes(bool sent, int stage, int peer_stage, bool activation);
   template <typename T>
@@ -75,6 +77,11 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Counter>& samples_;
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Gauge& memory_in_use_;
+  prometheus::Gauge& memory_cached_;
+  prometheus::Gauge& memory_peak_;
+  Device device_ = Device::kCpu;  // the worker's device (SetDevice)
 
   // The current job's series (job thread only).
   JobMetricsInfo job_;

@@ -47,6 +47,30 @@ JobMetricsInfo Info(const std::string& job) {
   return info;
 }
 
+// Reads `metric{labels}`'s value from the text format; -1 when absent.
+double Value(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(WorkerMetrics, DeviceMemoryFollowsTheAllocator) {
+  prometheus::Registry registry;
+  WorkerMetrics m(registry);
+  baton::v1::DeviceInfo device;
+  device.set_kind("cpu");
+  m.SetDevice("w-1", device);
+  const double before = Value(Text(registry), "baton_worker_device_memory_bytes{state=\"in_use\"}");
+  ASSERT_GE(before, 0);
+  Tensor big = Tensor::Empty({1 << 20});  // 4 MiB held while the step is recorded
+  m.BeginJob(Info("job-000001"));
+  m.RecordStep(Step(), std::nullopt);
+  const std::string text = Text(registry);
+  EXPECT_GE(Value(text, "baton_worker_device_memory_bytes{state=\"in_use\"}"), before + (4 << 20));
+  EXPECT_GE(Value(text, "baton_worker_device_memory_bytes{state=\"peak\"}"), before + (4 << 20));
+  EXPECT_GE(Value(text, "baton_worker_device_memory_bytes{state=\"cached\"}"), 0);
+}
+
 TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   prometheus::Registry registry;
   WorkerMetrics m(registry);
