@@ -51,8 +51,13 @@ Backend* CudaBackend();
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind);
 // Sets `bytes` of device memory to zero, in stream order (does not wait).
 absl::Status CudaZero(void* p, size_t bytes);
-// Waits for all work issued so far; returns the first error the stream hit.
+// Waits for all work issued so far; returns the first error the stream hit since the last
+// call (and forgets it).
 absl::Status CudaSynchronize();
+
+// The process's compute stream, as an opaque cudaStream_t (for code that orders its own
+// streams after it, like the NCCL transport); nullptr when it cannot be created.
+void* CudaComputeStream();
 
 #else  // !BATON_HAVE_CUDA
 
@@ -67,6 +72,7 @@ inline absl::Status CudaCopy(void*, const void*, size_t, CopyKind) {
 }
 inline absl::Status CudaZero(void*, size_t) { return absl::UnavailableError("built without CUDA"); }
 inline absl::Status CudaSynchronize() { return absl::UnavailableError("built without CUDA"); }
+inline void* CudaComputeStream() { return nullptr; }
 
 #endif  // BATON_HAVE_CUDA
 

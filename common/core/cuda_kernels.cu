@@ -972,6 +972,8 @@ absl::Status CudaZero(void* p, size_t bytes) {
   return absl::OkStatus();
 }
 
+void* CudaComputeStream() { return Enter(); }
+
 absl::Status CudaSynchronize() {
   cudaStream_t s = Enter();
   if (s != nullptr) {
