@@ -40,6 +40,7 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
   info.set_memory_bytes(cuda->total_memory_bytes);
   info.set_index(index);
   info.set_compute_capability(absl::StrCat(cuda->compute_major, ".", cuda->compute_minor));
+  info.set_uuid(cuda->uuid);
   return info;
 }
 

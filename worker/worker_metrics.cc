@@ -106,7 +106,11 @@ void WorkerMetrics::UpdateMemory() {
 
 void WorkerMetrics::SetDevice(const std::string& worker_id,
                               const baton::v1::DeviceInfo& device) {
-  device_info_.Add({{"worker_id", worker_id}, {"kind", device.kind()}, {"name", device.name()}})
+  device_info_
+      .Add({{"worker_id", worker_id},
+            {"kind", device.kind()},
+            {"name", device.name()},
+            {"uuid", device.uuid()}})
       .Set(1);
   device_ = device.kind() == "cuda" ? Device::kCuda : Device::kCpu;
   UpdateMemory();

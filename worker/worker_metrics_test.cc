@@ -87,7 +87,8 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   m.RecordStep(Step(), 2.5f);
   m.RecordStep(Step(), std::nullopt);
   const std::string t = Text(registry);
-  EXPECT_THAT(t, HasSubstr("baton_worker_device_info{kind=\"cpu\",name=\"test cpu\",worker_id=\"w-1\"} 1"));
+  EXPECT_THAT(t, HasSubstr("baton_worker_device_info{kind=\"cpu\",name=\"test "
+                           "cpu\",uuid=\"\",worker_id=\"w-1\"} 1"));
   EXPECT_THAT(t, HasSubstr("baton_worker_busy 1"));
   EXPECT_THAT(t, HasSubstr("baton_worker_steps_total{job_id=\"job-000001\",rank=\"1\"} 2"));
   EXPECT_THAT(t, HasSubstr("baton_worker_step_duration_seconds_count{job_id=\"job-000001\",rank=\"1\"} 2"));

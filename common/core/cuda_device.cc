@@ -12,6 +12,7 @@ namespace cuda_detail {
 int RuntimeDeviceCount();
 int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_memory_bytes,
                       int* compute_major, int* compute_minor);
+int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity);
 const char* RuntimeErrorName(int error);
 const char* RuntimeErrorString(int error);
 int RuntimeSelfTest(int index, char* message, int message_capacity);
@@ -38,6 +39,10 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
         cuda_detail::RuntimeErrorName(err), ")"));
   }
   info.name = name;
+  char uuid[64] = {};
+  if (cuda_detail::RuntimeDeviceUuid(index, uuid, static_cast<int>(sizeof(uuid))) == 0) {
+    info.uuid = uuid;
+  }
   return info;
 }
 

@@ -16,6 +16,7 @@ namespace baton::cuda_detail {
 int RuntimeDeviceCount();
 int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_memory_bytes,
                       int* compute_major, int* compute_minor);
+int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity);
 const char* RuntimeErrorName(int error);
 const char* RuntimeErrorString(int error);
 int RuntimeSelfTest(int index, char* message, int message_capacity);
@@ -82,6 +83,22 @@ int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_m
   *total_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   *compute_major = prop.major;
   *compute_minor = prop.minor;
+  return static_cast<int>(cudaSuccess);
+}
+
+int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity) {
+  cudaDeviceProp prop;
+  const cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return static_cast<int>(err);
+  }
+  // nvidia-smi's and DCGM's spelling: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::snprintf(uuid, static_cast<size_t>(uuid_capacity),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
   return static_cast<int>(cudaSuccess);
 }
 

@@ -25,6 +25,8 @@ struct CudaDeviceInfo {
   int64_t total_memory_bytes = 0;
   int compute_major = 0;
   int compute_minor = 0;
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and DCGM spell it.
+  std::string uuid;
 };
 
 #ifdef BATON_HAVE_CUDA

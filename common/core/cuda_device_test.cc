@@ -46,6 +46,8 @@ TEST(CudaDeviceTest, DeviceZeroInfo) {
   EXPECT_GT(info->total_memory_bytes, 0);
   EXPECT_GT(info->compute_major, 0);
   EXPECT_GE(info->compute_minor, 0);
+  EXPECT_EQ(info->uuid.size(), 40u) << info->uuid;
+  EXPECT_EQ(info->uuid.rfind("GPU-", 0), 0u) << info->uuid;
 }
 
 TEST(CudaDeviceTest, EveryDeviceHasInfo) {
