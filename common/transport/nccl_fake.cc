@@ -1,0 +1,577 @@
+#include "common/transport/nccl_fake.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+
+namespace {
+
+struct Clique;
+
+// Every fake object of the process is guarded by one mutex, and every change is announced
+// on one condition variable (stream threads also re-check every few milliseconds).
+struct World {
+  std::mutex mu;
+  std::condition_variable cv;
+  // Communicators being set up or alive, by unique id; expired once their last member is.
+  std::map<std::string, std::weak_ptr<Clique>> cliques;
+  uint64_t next_id = 0;
+};
+
+World& TheWorld() {
+  static World* const world = new World();
+  return *world;
+}
+
+constexpr auto kRecheck = std::chrono::milliseconds(20);
+
+}  // namespace
+
+namespace {
+
+// A send posted by its stream, waiting for the matching receive.
+struct PendingSend {
+  const char* data = nullptr;
+  size_t bytes = 0;
+  size_t claimed = 0;  // the byte count the send announced (bytes unless injected)
+  std::shared_ptr<FakeNccl::Comm> from;
+  bool taken = false;
+};
+
+struct Clique {
+  int nranks = 0;
+  std::vector<std::weak_ptr<FakeNccl::Comm>> members;  // by rank, once joined
+  int joined = 0;
+  // Posted sends by (source rank, destination rank), in issue order.
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<PendingSend>>> channels;
+};
+}  // namespace
+
+struct FakeNccl::Comm {
+  std::shared_ptr<Clique> clique;
+  int rank = 0;
+  int nranks = 0;
+  NcclResult init = NcclResult::kInProgress;
+  NcclResult error = NcclResult::kSuccess;  // broken once not kSuccess
+  std::string last_error;
+  bool gone = false;  // aborted or destroyed
+  bool finalizing = false;
+  int ops = 0;      // Send and Recv calls so far
+  int pending = 0;  // queued Send and Recv operations not yet finished
+  int in_progress_left = 0;
+};
+
+struct FakeNccl::Event {
+  uint64_t recorded = 0;  // records issued
+  uint64_t reached = 0;   // the latest record its stream reached
+};
+
+namespace {
+
+enum class Kind { kCopy, kRecord, kWait, kSend, kRecv, kHostFn };
+
+struct Item {
+  Kind kind = Kind::kCopy;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<FakeNccl::Event> event;
+  uint64_t seq = 0;
+  std::shared_ptr<FakeNccl::Comm> comm;
+  int peer = 0;
+  size_t claimed = 0;
+  bool drop = false;
+  std::shared_ptr<PendingSend> posted;
+  std::function<void()> fn;
+};
+
+void Break(FakeNccl::Comm* c, NcclResult error, std::string why) {
+  if (c->error != NcclResult::kSuccess) return;
+  c->error = error;
+  c->last_error = std::move(why);
+}
+
+// Removes the sends `c` posted that no receive took.
+void Withdraw(FakeNccl::Comm* c) {
+  for (auto& [key, queue] : c->clique->channels) {
+    std::erase_if(queue, [c](const std::shared_ptr<PendingSend>& p) { return p->from.get() == c; });
+  }
+}
+
+// Runs `it` as far as it can; true once it is finished. World mutex held.
+bool TryRun(Item& it) {
+  switch (it.kind) {
+    case Kind::kCopy:
+      if (it.bytes > 0) std::memcpy(it.dst, it.src, it.bytes);
+      return true;
+    case Kind::kRecord:
+      it.event->reached = std::max(it.event->reached, it.seq);
+      return true;
+    case Kind::kWait:
+      return it.event->reached >= it.seq;
+    case Kind::kHostFn:
+      return true;  // run by the stream loop, outside the lock
+    case Kind::kSend: {
+      FakeNccl::Comm* c = it.comm.get();
+      if (c->gone) return true;
+      if (!it.posted) {
+        if (c->error != NcclResult::kSuccess) return false;  // broken: hangs until aborted
+        it.posted = std::make_shared<PendingSend>();
+        it.posted->data = static_cast<const char*>(it.src);
+        it.posted->bytes = it.bytes;
+        it.posted->claimed = it.claimed;
+        it.posted->from = it.comm;
+        c->clique->channels[{c->rank, it.peer}].push_back(it.posted);
+      }
+      return it.posted->taken;
+    }
+    case Kind::kRecv: {
+      FakeNccl::Comm* c = it.comm.get();
+      if (c->gone) return true;
+      if (it.drop || c->error != NcclResult::kSuccess) return false;
+      auto& queue = c->clique->channels[{it.peer, c->rank}];
+      if (queue.empty()) return false;
+      PendingSend& p = *queue.front();
+      if (p.claimed != it.bytes) {
+        const std::string why =
+            absl::StrCat("fake NCCL: a send of ", p.claimed, " bytes from rank ", it.peer,
+                         " matched a receive of ", it.bytes, " bytes on rank ", c->rank);
+        Break(c, NcclResult::kInvalidUsage, why);
+        Break(p.from.get(), NcclResult::kInvalidUsage, why);
+        return false;
+      }
+      if (it.bytes > 0) std::memcpy(it.dst, p.data, it.bytes);
+      p.taken = true;
+      queue.pop_front();
+      return true;
+    }
+  }
+  return true;
+}
+
+// Bookkeeping once `it` leaves its queue, finished or dropped. World mutex held.
+void Retire(Item& it, bool finished) {
+  if (it.kind != Kind::kSend && it.kind != Kind::kRecv) return;
+  if (!finished && it.posted && !it.posted->taken) {
+    auto& queue = it.comm->clique->channels[{it.comm->rank, it.peer}];
+    std::erase(queue, it.posted);
+  }
+  --it.comm->pending;
+}
+
+}  // namespace
+
+struct FakeNccl::Stream {
+  std::deque<Item> queue;
+  bool stop = false;
+  std::thread thread;
+};
+
+namespace {
+
+void RunStream(std::shared_ptr<FakeNccl::Stream> s) {
+  World& w = TheWorld();
+  std::unique_lock<std::mutex> lock(w.mu);
+  while (!s->stop) {
+    if (s->queue.empty()) {
+      w.cv.wait_for(lock, kRecheck);
+      continue;
+    }
+    Item& it = s->queue.front();
+    if (it.kind == Kind::kHostFn) {
+      std::function<void()> fn = std::move(it.fn);
+      lock.unlock();
+      fn();
+      lock.lock();
+      s->queue.pop_front();
+      w.cv.notify_all();
+      continue;
+    }
+    if (TryRun(it)) {
+      Retire(it, /*finished=*/true);
+      s->queue.pop_front();
+      w.cv.notify_all();
+    } else {
+      w.cv.wait_for(lock, kRecheck);
+    }
+  }
+  for (Item& it : s->queue) Retire(it, /*finished=*/false);
+  s->queue.clear();
+  w.cv.notify_all();
+}
+
+template <typename Map, typename Key>
+auto Lookup(Map& map, Key key) -> decltype(map.begin()->second.get()) {
+  auto it = map.find(key);
+  return it == map.end() ? nullptr : it->second.get();
+}
+
+absl::Status UnknownHandle(const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat("fake nccl: unknown ", what, " handle"));
+}
+
+}  // namespace
+
+FakeNccl::FakeNccl(FakeNcclOptions options) : options_(options) {}
+
+FakeNccl::~FakeNccl() {
+  World& w = TheWorld();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    for (auto& [handle, c] : comms_) {
+      c->gone = true;
+      Withdraw(c.get());
+    }
+    comms_.clear();
+    for (auto& [handle, s] : streams_) {
+      s->stop = true;
+      threads.push_back(std::move(s->thread));
+    }
+    streams_.clear();
+    events_.clear();
+    w.cv.notify_all();
+  }
+  for (auto& t : threads) t.join();
+  std::lock_guard<std::mutex> lock(w.mu);
+  for (auto& [p, bytes] : buffers_) ::operator delete (p, std::align_val_t{64});
+  buffers_.clear();
+}
+
+std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options) {
+  return std::make_unique<FakeNccl>(options);
+}
+
+NcclResult FakeNccl::GetUniqueId(NcclUniqueId* id) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  *id = NcclUniqueId{};
+  const std::string s = absl::StrCat("fake-nccl/", getpid(), "/", ++w.next_id);
+  std::memcpy(id->bytes.data(), s.data(), std::min(s.size(), id->bytes.size()));
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId& id, int rank,
+                                  int cuda_device) {
+  *comm = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks) return NcclResult::kInvalidArgument;
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  const std::string key(id.bytes.data(), id.bytes.size());
+  std::shared_ptr<Clique> clique = w.cliques[key].lock();
+  if (!clique) {
+    clique = std::make_shared<Clique>();
+    clique->nranks = nranks;
+    clique->members.resize(nranks);
+    w.cliques[key] = clique;
+  }
+  if (clique->nranks != nranks || clique->members[rank].lock() != nullptr) {
+    return NcclResult::kInvalidUsage;  // another size, or the rank joined twice
+  }
+  std::erase_if(w.cliques, [](const auto& kv) { return kv.second.expired(); });
+  auto c = std::make_shared<Comm>();
+  c->clique = clique;
+  c->rank = rank;
+  c->nranks = nranks;
+  const NcclComm handle = reinterpret_cast<NcclComm>(c.get());
+  comms_[handle] = c;
+  *comm = handle;
+  if (options_.init_fails) {
+    c->init = NcclResult::kSystemError;
+    c->last_error = "fake NCCL: injected initialisation failure";
+  } else if (!options_.init_never_completes) {
+    clique->members[rank] = c;
+    if (++clique->joined == nranks) {
+      for (auto& m : clique->members) {
+        if (auto member = m.lock()) member->init = NcclResult::kSuccess;
+      }
+    }
+  }
+  w.cv.notify_all();
+  return NcclResult::kInProgress;
+}
+
+NcclResult FakeNccl::CommGetAsyncError(NcclComm comm, NcclResult* state) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Comm* c = Lookup(comms_, comm);
+  if (c == nullptr) return NcclResult::kInvalidArgument;
+  if (c->in_progress_left > 0) {
+    --c->in_progress_left;
+    *state = NcclResult::kInProgress;
+  } else if (c->error != NcclResult::kSuccess) {
+    *state = c->error;
+  } else if (c->init != NcclResult::kSuccess) {
+    *state = c->init;
+  } else if (c->finalizing && c->pending > 0) {
+    *state = NcclResult::kInProgress;
+  } else {
+    *state = NcclResult::kSuccess;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
+                             CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Comm* c = Lookup(comms_, comm);
+  Stream* s = Lookup(streams_, stream);
+  if (c == nullptr || s == nullptr) return NcclResult::kInvalidArgument;
+  if (c->init != NcclResult::kSuccess) {
+    c->last_error = "fake NCCL: an operation on a communicator that is not ready";
+    return NcclResult::kInvalidUsage;
+  }
+  if (c->in_progress_left > 0 || c->finalizing) {
+    c->last_error = "fake NCCL: a call while the previous one is in progress or finalizing";
+    return NcclResult::kInvalidUsage;
+  }
+  if (peer < 0 || peer >= c->nranks) return NcclResult::kInvalidArgument;
+  const int op = ++c->ops;
+  if (options_.async_error_at_op > 0 && op >= options_.async_error_at_op) {
+    Break(c, options_.async_error,
+          absl::StrCat("fake NCCL: injected ", NcclResultName(options_.async_error),
+                       " at operation ", op));
+  }
+  Item it;
+  it.kind = send ? Kind::kSend : Kind::kRecv;
+  it.comm = comms_[comm];
+  it.peer = peer;
+  it.bytes = bytes;
+  if (send) {
+    it.src = buf;
+    it.claimed = bytes;
+    if (op == options_.mismatch_bytes_at_op) {
+      it.claimed = static_cast<size_t>(static_cast<int64_t>(bytes) + options_.bytes_delta);
+    }
+  } else {
+    it.dst = buf;
+    it.drop = options_.drop_recvs_from_op > 0 && op >= options_.drop_recvs_from_op;
+  }
+  ++c->pending;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  if (options_.in_progress_polls > 0) {
+    c->in_progress_left = options_.in_progress_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::Send(const void* buf, size_t bytes, int peer, NcclComm comm,
+                          CudaStream stream) {
+  return Enqueue(true, const_cast<void*>(buf), bytes, peer, comm, stream);
+}
+
+NcclResult FakeNccl::Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) {
+  return Enqueue(false, buf, bytes, peer, comm, stream);
+}
+
+// Groups are not modelled: operations are issued one by one.
+NcclResult FakeNccl::GroupStart() { return NcclResult::kSuccess; }
+NcclResult FakeNccl::GroupEnd() { return NcclResult::kSuccess; }
+
+NcclResult FakeNccl::CommFinalize(NcclComm comm) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Comm* c = Lookup(comms_, comm);
+  if (c == nullptr) return NcclResult::kInvalidArgument;
+  c->finalizing = true;
+  return NcclResult::kInProgress;
+}
+
+void FakeNccl::EndComm(NcclComm comm, bool abort) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return;
+  it->second->gone = true;
+  Withdraw(it->second.get());
+  comms_.erase(it);
+  ++(abort ? aborted_ : destroyed_);
+  w.cv.notify_all();
+}
+
+NcclResult FakeNccl::CommDestroy(NcclComm comm) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    if (Lookup(comms_, comm) == nullptr) return NcclResult::kInvalidArgument;
+  }
+  EndComm(comm, /*abort=*/false);
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::CommAbort(NcclComm comm) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    if (Lookup(comms_, comm) == nullptr) return NcclResult::kInvalidArgument;
+  }
+  EndComm(comm, /*abort=*/true);
+  return NcclResult::kSuccess;
+}
+
+std::string FakeNccl::ErrorString(NcclResult r) {
+  return absl::StrCat(NcclResultName(r), " (fake)");
+}
+
+std::string FakeNccl::LastError(NcclComm comm) {
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  Comm* c = Lookup(comms_, comm);
+  return c == nullptr ? std::string() : c->last_error;
+}
+
+absl::StatusOr<CudaStream> FakeNccl::StreamCreate(int cuda_device) {
+  auto s = std::make_shared<Stream>();
+  const CudaStream handle = reinterpret_cast<CudaStream>(s.get());
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  s->thread = std::thread(RunStream, s);
+  streams_[handle] = std::move(s);
+  return handle;
+}
+
+absl::Status FakeNccl::StreamDestroy(CudaStream stream) {
+  World& w = TheWorld();
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) return UnknownHandle("stream");
+    it->second->stop = true;
+    t = std::move(it->second->thread);
+    streams_.erase(it);
+    w.cv.notify_all();
+  }
+  t.join();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaEvent> FakeNccl::EventCreate(int cuda_device) {
+  auto e = std::make_shared<Event>();
+  const CudaEvent handle = reinterpret_cast<CudaEvent>(e.get());
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  events_[handle] = std::move(e);
+  return handle;
+}
+
+absl::Status FakeNccl::EventDestroy(CudaEvent event) {
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  if (events_.erase(event) == 0) return UnknownHandle("event");
+  return absl::OkStatus();
+}
+
+absl::Status FakeNccl::EventRecord(CudaEvent event, CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto e = events_.find(event);
+  Stream* s = Lookup(streams_, stream);
+  if (e == events_.end()) return UnknownHandle("event");
+  if (s == nullptr) return UnknownHandle("stream");
+  Item it;
+  it.kind = Kind::kRecord;
+  it.event = e->second;
+  it.seq = ++e->second->recorded;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status FakeNccl::StreamWaitEvent(CudaStream stream, CudaEvent event) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto e = events_.find(event);
+  Stream* s = Lookup(streams_, stream);
+  if (e == events_.end()) return UnknownHandle("event");
+  if (s == nullptr) return UnknownHandle("stream");
+  Item it;
+  it.kind = Kind::kWait;
+  it.event = e->second;
+  it.seq = e->second->recorded;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> FakeNccl::EventQuery(CudaEvent event) {
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  Event* e = Lookup(events_, event);
+  if (e == nullptr) return UnknownHandle("event");
+  return e->reached >= e->recorded;
+}
+
+absl::StatusOr<void*> FakeNccl::DeviceAlloc(size_t bytes, int cuda_device) {
+  return HostAlloc(bytes);
+}
+
+absl::Status FakeNccl::DeviceFree(void* p) { return HostFree(p); }
+
+absl::StatusOr<void*> FakeNccl::HostAlloc(size_t bytes) {
+  void* p = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  buffers_[p] = bytes;
+  return p;
+}
+
+absl::Status FakeNccl::HostFree(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    if (buffers_.erase(p) == 0) return UnknownHandle("buffer");
+  }
+  ::operator delete (p, std::align_val_t{64});
+  return absl::OkStatus();
+}
+
+absl::Status FakeNccl::MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Stream* s = Lookup(streams_, stream);
+  if (s == nullptr) return UnknownHandle("stream");
+  Item it;
+  it.kind = Kind::kCopy;
+  it.dst = dst;
+  it.src = src;
+  it.bytes = bytes;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status FakeNccl::LaunchHostFunc(CudaStream stream, std::function<void()> fn) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Stream* s = Lookup(streams_, stream);
+  if (s == nullptr) return UnknownHandle("stream");
+  Item it;
+  it.kind = Kind::kHostFn;
+  it.fn = std::move(fn);
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  return absl::OkStatus();
+}
+
+FakeNccl::Counts FakeNccl::counts() const {
+  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  Counts c;
+  c.comms = static_cast<int>(comms_.size());
+  c.aborted = aborted_;
+  c.destroyed = destroyed_;
+  c.streams = static_cast<int>(streams_.size());
+  c.events = static_cast<int>(events_.size());
+  c.buffers = static_cast<int>(buffers_.size());
+  return c;
+}
+
+}  // namespace baton

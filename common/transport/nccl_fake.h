@@ -1,0 +1,143 @@
+// FakeNccl: an NcclApi (nccl_api.h) that connects threads of one process through host
+// memory, so that the NCCL transport's logic is tested without a GPU.
+//
+// What it models, as NCCL and CUDA behave:
+//  - Communicators rendezvous by unique id in a process-wide registry: each rank (usually
+//    each with its own FakeNccl, so that faults can differ per rank) calls CommInitRank,
+//    which returns kInProgress; the communicator becomes kSuccess once every rank joined.
+//  - A stream is an in-order work queue run by a thread of its own; an event completes when
+//    its stream reaches it; StreamWaitEvent holds a stream until the event's latest record
+//    (at the time of the call) completed.
+//  - Send and Recv match in issue order per (communicator, source, destination); a send
+//    completes only when the matching receive has copied its bytes, a receive when it has
+//    them. Buffers are host memory (device() is kCpu).
+//  - CommAbort makes every pending operation of the communicator finish (without its
+//    data); a broken communicator's operations hang until then, as NCCL's do.
+// It also checks its caller: calls on a communicator that is not ready, calls made while
+// the previous one is still kInProgress, a mismatched byte count and unknown handles fail
+// with kInvalidUsage / kInvalidArgument / INVALID_ARGUMENT, so that transport bugs show.
+//
+// Unlike CUDA, StreamDestroy drops the work still queued (CUDA would run it): the transport
+// destroys a stream only once its work is done or its communicator aborted.
+//
+// Thread-safe: one process-wide mutex guards every fake object.
+#ifndef BATON_COMMON_TRANSPORT_NCCL_FAKE_H_
+#define BATON_COMMON_TRANSPORT_NCCL_FAKE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/transport/nccl_api.h"
+
+namespace baton {
+
+// Fault injection. Operations are counted per communicator, from 1: each Send or Recv
+// call is one (the NCCL transport's bring-up handshake is each communicator's first).
+struct FakeNcclOptions {
+  // CommInitRank never completes: the communicator stays kInProgress (and so do its
+  // peers', which wait for it to join), like a rank that hangs in bring-up.
+  bool init_never_completes = false;
+  // CommInitRank fails: the communicator's state becomes kSystemError.
+  bool init_fails = false;
+  // From this operation on (0: never) the communicator is broken: CommGetAsyncError
+  // reports `async_error`, and this and every pending or later operation on it hangs
+  // until CommAbort, as NCCL does on a failed link.
+  int async_error_at_op = 0;
+  NcclResult async_error = NcclResult::kRemoteError;
+  // From this operation on (0: never) receives are accepted but never posted: the peer's
+  // matching sends never complete (a rank that stopped receiving).
+  int drop_recvs_from_op = 0;
+  // This operation (0: never), if a send, claims `bytes_delta` more bytes than it was
+  // given (only the real bytes are ever read): the matching receive sees a byte count
+  // mismatch and both communicators break with kInvalidUsage.
+  int mismatch_bytes_at_op = 0;
+  int64_t bytes_delta = 4;
+  // Every Send and Recv returns kInProgress, and the communicator then reports kInProgress
+  // for this many CommGetAsyncError polls (the work is queued at once regardless).
+  int in_progress_polls = 0;
+};
+
+class FakeNccl final : public NcclApi {
+ public:
+  explicit FakeNccl(FakeNcclOptions options = {});
+  // Aborts the communicators and stops the streams this instance still has.
+  ~FakeNccl() override;
+  FakeNccl(const FakeNccl&) = delete;
+  FakeNccl& operator=(const FakeNccl&) = delete;
+
+  std::string Describe() const override { return "fake nccl"; }
+  Device device() const override { return Device::kCpu; }
+
+  NcclResult GetUniqueId(NcclUniqueId* id) override;
+  NcclResult CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId& id, int rank,
+                          int cuda_device) override;
+  NcclResult CommGetAsyncError(NcclComm comm, NcclResult* state) override;
+  NcclResult Send(const void* buf, size_t bytes, int peer, NcclComm comm,
+                  CudaStream stream) override;
+  NcclResult Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) override;
+  NcclResult GroupStart() override;
+  NcclResult GroupEnd() override;
+  NcclResult CommFinalize(NcclComm comm) override;
+  NcclResult CommDestroy(NcclComm comm) override;
+  NcclResult CommAbort(NcclComm comm) override;
+  std::string ErrorString(NcclResult r) override;
+  std::string LastError(NcclComm comm) override;
+
+  absl::Status SetDevice(int cuda_device) override { return absl::OkStatus(); }
+  absl::StatusOr<CudaStream> StreamCreate(int cuda_device) override;
+  absl::Status StreamDestroy(CudaStream stream) override;
+  absl::StatusOr<CudaEvent> EventCreate(int cuda_device) override;
+  absl::Status EventDestroy(CudaEvent event) override;
+  absl::Status EventRecord(CudaEvent event, CudaStream stream) override;
+  absl::Status StreamWaitEvent(CudaStream stream, CudaEvent event) override;
+  absl::StatusOr<bool> EventQuery(CudaEvent event) override;
+  absl::StatusOr<void*> DeviceAlloc(size_t bytes, int cuda_device) override;
+  absl::Status DeviceFree(void* p) override;
+  absl::StatusOr<void*> HostAlloc(size_t bytes) override;
+  absl::Status HostFree(void* p) override;
+  absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) override;
+
+  // Test helpers.
+  // Queues `fn` on `stream` (cudaLaunchHostFunc): it runs on the stream's thread, in
+  // stream order, without the fake's lock held.
+  absl::Status LaunchHostFunc(CudaStream stream, std::function<void()> fn);
+  // The objects this instance has handed out and not yet released.
+  struct Counts {
+    int comms = 0;      // live communicators
+    int aborted = 0;    // communicators ended with CommAbort (ever)
+    int destroyed = 0;  // ended with CommDestroy (ever)
+    int streams = 0;
+    int events = 0;
+    int buffers = 0;  // DeviceAlloc and HostAlloc blocks
+  };
+  Counts counts() const;
+
+  struct Comm;
+  struct Stream;
+  struct Event;
+
+ private:
+  void EndComm(NcclComm comm, bool abort);
+  NcclResult Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
+                     CudaStream stream);
+
+  const FakeNcclOptions options_;
+  // Guarded by the process-wide fake mutex (nccl_fake.cc).
+  absl::flat_hash_map<NcclComm, std::shared_ptr<Comm>> comms_;
+  absl::flat_hash_map<CudaStream, std::shared_ptr<Stream>> streams_;
+  absl::flat_hash_map<CudaEvent, std::shared_ptr<Event>> events_;
+  absl::flat_hash_map<void*, size_t> buffers_;
+  int aborted_ = 0;
+  int destroyed_ = 0;
+};
+
+std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options = {});
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_TRANSPORT_NCCL_FAKE_H_

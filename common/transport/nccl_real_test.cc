@@ -1,0 +1,165 @@
+// The real NCCL, loaded by LoadNccl, on a real GPU. One process has one GPU and NCCL will
+// not put two ranks of a communicator on one device, so these tests use one-rank
+// communicators (a rank may send to itself inside a group) and a two-rank communicator
+// whose other rank never comes, for the bring-up deadline. The transport's own logic is
+// tested on the fake (nccl_transport_test.cc); this checks that the calls it makes behave
+// as the fake assumes. Skips without a CUDA device or without NCCL, unless
+// BATON_REQUIRE_GPU is set (scripts/gpu-test.sh): then that is a failure. ctest label gpu.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/core/cuda_device.h"
+#include "common/transport/nccl_api.h"
+
+namespace baton {
+namespace {
+
+// Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
+#define BATON_NCCL_OR_SKIP(api)                                                         \
+  NcclApi* api = nullptr;                                                               \
+  do {                                                                                  \
+    const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;                  \
+    if (CudaDeviceCount() == 0) {                                                       \
+      if (required) FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";  \
+      GTEST_SKIP() << "no CUDA device found (built with CUDA: "                         \
+                   << (BuiltWithCuda() ? "yes" : "no") << "); real NCCL tests skipped"; \
+    }                                                                                   \
+    absl::StatusOr<NcclApi*> loaded = LoadNccl();                                       \
+    if (!loaded.ok()) {                                                                 \
+      if (required) FAIL() << "BATON_REQUIRE_GPU is set but " << loaded.status();       \
+      GTEST_SKIP() << "NCCL is not available: " << loaded.status();                     \
+    }                                                                                   \
+    api = *loaded;                                                                      \
+  } while (false)
+
+// Polls the communicator until it is no longer in progress or `timeout` passes.
+NcclResult Settle(NcclApi* api, NcclComm comm, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  NcclResult state = NcclResult::kInProgress;
+  while (absl::Now() < deadline) {
+    const NcclResult r = api->CommGetAsyncError(comm, &state);
+    if (r != NcclResult::kSuccess) return r;
+    if (state != NcclResult::kInProgress) return state;
+    absl::SleepFor(absl::Microseconds(100));
+  }
+  return NcclResult::kInProgress;
+}
+
+// Polls `event` until it completed; false at the timeout.
+bool Reached(NcclApi* api, CudaEvent event, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<bool> done = api->EventQuery(event);
+    EXPECT_TRUE(done.ok()) << done.status();
+    if (!done.ok() || *done) return done.ok();
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  return false;
+}
+
+TEST(NcclRealTest, LoadsAndDescribesItself) {
+  BATON_NCCL_OR_SKIP(api);
+  EXPECT_NE(api->Describe().find("nccl 2."), std::string::npos) << api->Describe();
+  EXPECT_EQ(api->device(), Device::kCuda);
+  EXPECT_FALSE(api->ErrorString(NcclResult::kRemoteError).empty());
+  // Loaded once: the same object every time.
+  EXPECT_EQ(*LoadNccl(), api);
+}
+
+// The transport's path on one rank: the "compute" stream writes a device buffer, the comm
+// stream waits for it through an event, NCCL moves it (to this same rank), the compute
+// stream waits for the comm stream, and the bytes arrive intact.
+TEST(NcclRealTest, OneRankCommunicatorSendsADeviceBufferToItself) {
+  BATON_NCCL_OR_SKIP(api);
+  ASSERT_TRUE(api->SetDevice(0).ok());
+  NcclUniqueId id;
+  ASSERT_EQ(api->GetUniqueId(&id), NcclResult::kSuccess);
+  NcclComm comm = nullptr;
+  const NcclResult init = api->CommInitRank(&comm, 1, id, 0, /*cuda_device=*/0);
+  ASSERT_TRUE(init == NcclResult::kSuccess || init == NcclResult::kInProgress)
+      << NcclResultName(init) << ": " << api->LastError(comm);
+  ASSERT_EQ(Settle(api, comm, absl::Seconds(60)), NcclResult::kSuccess) << api->LastError(comm);
+
+  constexpr size_t kBytes = (size_t{1} << 22) + 12;  // not a multiple of anything nice
+  auto compute = api->StreamCreate(0);
+  auto comm_stream = api->StreamCreate(0);
+  auto ready = api->EventCreate(0);
+  auto done = api->EventCreate(0);
+  auto back = api->EventCreate(0);
+  auto src = api->DeviceAlloc(kBytes, 0);
+  auto dst = api->DeviceAlloc(kBytes, 0);
+  auto host_src = api->HostAlloc(kBytes);
+  auto host_dst = api->HostAlloc(kBytes);
+  ASSERT_TRUE(compute.ok() && comm_stream.ok() && ready.ok() && done.ok() && back.ok() &&
+              src.ok() && dst.ok() && host_src.ok() && host_dst.ok());
+  auto* in = static_cast<unsigned char*>(*host_src);
+  for (size_t i = 0; i < kBytes; ++i) in[i] = static_cast<unsigned char>(i * 131 + 7);
+  std::memset(*host_dst, 0, kBytes);
+
+  ASSERT_TRUE(api->MemcpyAsync(*src, *host_src, kBytes, *compute).ok());
+  ASSERT_TRUE(api->EventRecord(*ready, *compute).ok());
+  ASSERT_TRUE(api->StreamWaitEvent(*comm_stream, *ready).ok());
+  ASSERT_EQ(api->GroupStart(), NcclResult::kSuccess);
+  ASSERT_EQ(api->Send(*src, kBytes, 0, comm, *comm_stream), NcclResult::kSuccess);
+  ASSERT_EQ(api->Recv(*dst, kBytes, 0, comm, *comm_stream), NcclResult::kSuccess);
+  const NcclResult group = api->GroupEnd();
+  ASSERT_TRUE(group == NcclResult::kSuccess || group == NcclResult::kInProgress)
+      << NcclResultName(group) << ": " << api->LastError(comm);
+  // Enqueued only once the communicator is no longer in progress.
+  ASSERT_EQ(Settle(api, comm, absl::Seconds(30)), NcclResult::kSuccess) << api->LastError(comm);
+  ASSERT_TRUE(api->EventRecord(*done, *comm_stream).ok());
+  ASSERT_TRUE(Reached(api, *done, absl::Seconds(30))) << "the transfer did not complete";
+  ASSERT_TRUE(api->StreamWaitEvent(*compute, *done).ok());
+  ASSERT_TRUE(api->MemcpyAsync(*host_dst, *dst, kBytes, *compute).ok());
+  ASSERT_TRUE(api->EventRecord(*back, *compute).ok());
+  ASSERT_TRUE(Reached(api, *back, absl::Seconds(30)));
+  EXPECT_EQ(std::memcmp(*host_src, *host_dst, kBytes), 0);
+
+  // The transport's graceful close: finalize, wait, release.
+  const NcclResult fin = api->CommFinalize(comm);
+  EXPECT_TRUE(fin == NcclResult::kSuccess || fin == NcclResult::kInProgress) << NcclResultName(fin);
+  EXPECT_EQ(Settle(api, comm, absl::Seconds(30)), NcclResult::kSuccess);
+  EXPECT_EQ(api->CommAbort(comm), NcclResult::kSuccess);
+  for (CudaEvent e : {*ready, *done, *back}) EXPECT_TRUE(api->EventDestroy(e).ok());
+  EXPECT_TRUE(api->StreamDestroy(*compute).ok());
+  EXPECT_TRUE(api->StreamDestroy(*comm_stream).ok());
+  EXPECT_TRUE(api->DeviceFree(*src).ok());
+  EXPECT_TRUE(api->DeviceFree(*dst).ok());
+  EXPECT_TRUE(api->HostFree(*host_src).ok());
+  EXPECT_TRUE(api->HostFree(*host_dst).ok());
+}
+
+// Bring-up with a peer that never comes: a non-blocking init stays in progress, and
+// CommAbort ends it promptly (the transport's init deadline relies on both).
+TEST(NcclRealTest, InitWhosePeerNeverComesStaysInProgressAndAborts) {
+  BATON_NCCL_OR_SKIP(api);
+  NcclUniqueId id;
+  ASSERT_EQ(api->GetUniqueId(&id), NcclResult::kSuccess);
+  NcclComm comm = nullptr;
+  const NcclResult init = api->CommInitRank(&comm, 2, id, 0, /*cuda_device=*/0);
+  ASSERT_EQ(init, NcclResult::kInProgress) << NcclResultName(init) << ": " << api->LastError(comm);
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(Settle(api, comm, absl::Milliseconds(500)), NcclResult::kInProgress);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(api->CommAbort(comm), NcclResult::kSuccess);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(NcclRealTest, UnrecordedEventIsComplete) {
+  BATON_NCCL_OR_SKIP(api);
+  auto e = api->EventCreate(0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto q = api->EventQuery(*e);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(*q);
+  EXPECT_TRUE(api->EventDestroy(*e).ok());
+}
+
+}  // namespace
+}  // namespace baton
