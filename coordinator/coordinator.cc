@@ -562,7 +562,10 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     for (size_t i : choice->indices) {
       const baton::v1::WorkerInfo& w = idle[i];
       taken[i] = true;
-      placed.push_back({w.worker_id(), w.address()});
+      placed.push_back({w.worker_id(),
+                        w.address(),
+                        w.device(),
+                        {w.capabilities().begin(), w.capabilities().end()}});
       const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
       if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
     }
@@ -945,6 +948,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     return response;
   }
   j->timings[request.step()][request.rank()] = request.timing();
+  if (!request.links().empty()) RecordLinksLocked(j, request);
   int& peak = j->peak_inflight[request.rank()];
   peak = std::max(peak, request.timing().peak_inflight());
   if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);
@@ -966,6 +970,26 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
     if (!s.ok()) LogWarning(absl::StrCat("trace of ", request.job_id(), " lost: ", s.ToString()));
   }
   return response;
+}
+
+void Coordinator::RecordLinksLocked(ActiveJob* j, const baton::v1::ReportProgressRequest& request) {
+  // Each pair is reported by both of its ranks, which decided alike; the lower rank's word
+  // is kept, once, in the job's pipeline report and in its history.
+  std::vector<std::string> said;
+  for (const baton::v1::LinkReport& l : request.links()) {
+    if (l.rank() != request.rank()) continue;  // this rank is the pair's higher one
+    bool known = false;
+    for (const baton::v1::LinkReport& k : j->job.pipeline().links()) {
+      known = known || (k.rank() == l.rank() && k.peer() == l.peer());
+    }
+    if (known) continue;
+    *j->job.mutable_pipeline()->add_links() = l;
+    said.push_back(absl::StrCat("ranks ", l.rank(), "-", l.peer(), " ", l.reason()));
+  }
+  if (!said.empty()) {
+    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
+                      absl::StrCat("links: ", absl::StrJoin(said, "; ")));
+  }
 }
 
 void Coordinator::OnLastRankStepLocked(ActiveJob* j,

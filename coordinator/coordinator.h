@@ -314,6 +314,10 @@ class Coordinator {
       const baton::v1::ReportProgressRequest& request);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
+  // Keeps the transport of each link a rank reported (once per pair) in the job's
+  // pipeline report and history.
+  void RecordLinksLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

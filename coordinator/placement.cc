@@ -66,17 +66,22 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
     return absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
   };
   WorkerChoice out;
-  if (spec.device() == baton::v1::DEVICE_KIND_CUDA ||
-      (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED && gpu.size() >= need)) {
+  // Transport NCCL needs GPUs: with device auto it makes the job a cuda job.
+  const bool nccl = spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED &&
+                    spec.transport() == baton::v1::TRANSPORT_KIND_NCCL;
+  const bool wants_cuda = spec.device() == baton::v1::DEVICE_KIND_CUDA || nccl;
+  if (wants_cuda || (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED && gpu.size() >= need)) {
+    const char* asks = nccl ? "transport nccl" : "device cuda";
     if (gpu.size() < need) {
       *waiting = absl::StrCat("waiting for ", plural(need, "GPU worker"), " (", gpu.size(),
-                              " idle; the job asks for device cuda)");
+                              " idle; the job asks for ", asks, ")");
       return std::nullopt;
     }
     out.indices.assign(gpu.begin(), gpu.begin() + static_cast<std::ptrdiff_t>(need));
     out.device = Device::kCuda;
-    out.why = spec.device() == baton::v1::DEVICE_KIND_CUDA ? "cuda: asked for"
-                                                           : "cuda: every worker has a GPU";
+    out.why = !wants_cuda ? "cuda: every worker has a GPU"
+              : nccl      ? "cuda: the job asks for transport nccl"
+                          : "cuda: asked for";
     return out;
   }
   std::vector<size_t> any = cpu;  // CPU-only workers first
@@ -134,6 +139,8 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
     peer->set_rank(r);
     peer->set_worker_id(workers[r].worker_id);
     peer->set_address(workers[r].address);
+    *peer->mutable_device() = workers[r].device;
+    for (const std::string& c : workers[r].capabilities) peer->add_capabilities(c);
   }
   *common.mutable_recv_timeout() = ToProtoDuration(recv_timeout);
 

@@ -53,6 +53,10 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
 struct PlacedWorker {
   std::string worker_id;
   std::string address;  // host:port of its WorkerService and TensorService
+  // As it registered them; every plan lists them for every rank (links.h decides from
+  // them which links can use NCCL).
+  baton::v1::DeviceInfo device;
+  std::vector<std::string> capabilities;
 };
 
 // The idle workers a job takes, and the device it computes on.
@@ -63,7 +67,8 @@ struct WorkerChoice {
 };
 
 // Chooses pipeline.stages workers among idle[i] with !taken[i], by the spec's device:
-//   DEVICE_KIND_CUDA: workers with a GPU (device.kind "cuda") only;
+//   DEVICE_KIND_CUDA (or auto with transport NCCL): workers with a GPU (device.kind
+//   "cuda") only;
 //   DEVICE_KIND_CPU: any, workers without a GPU first (GPUs stay free for GPU jobs);
 //   auto: GPU workers if enough are idle (then cuda), else any, CPU-only first (then
 //   cpu: a pipeline never mixes devices).

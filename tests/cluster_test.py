@@ -522,6 +522,12 @@ def case_device(c):
     check(job2["weights_digest"] == c.reference_digest(spec2), "digest differs from train-local")
     text = c.ctl_ok("get", job_id2).stdout
     check("device:     cpu" in text, f"batonctl get does not show the device:\n{text}")
+    # Each link's transport and why, in get and in the history.
+    want_link = "link:       ranks 0-1 grpc (grpc: the job computes on the CPU)"
+    check(want_link in text, f"batonctl get does not show the link's transport:\n{text}")
+    check(any("links: ranks 0-1 grpc: the job computes on the CPU" in h.get("reason", "")
+              for h in job2.get("history", [])),
+          f"the history does not say how the link transports: {job2.get('history')}")
     c.wait_idle(2, ids=ids)
     print(f"  {job_id2}: auto -> cpu ({placing[0]}); batonctl get shows it")
 

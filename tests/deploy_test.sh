@@ -562,6 +562,9 @@ def cmd_docker(dockerfile, setup_sh, bin_dir):
         elif re.match(r"libcudart\.so", soname):
             expect(re.search(r"cuda-cudart-\$\{cuda_pkg\}", text),
                    "%s needed, but the runtime stage installs no cuda-cudart" % soname)
+        elif re.match(r"libcublas(Lt)?\.so", soname):
+            expect(re.search(r"libcublas-\$\{cuda_pkg\}", text),
+                   "%s needed, but the runtime stage installs no libcublas" % soname)
         elif not soname.startswith("libcuda.so"):  # the driver's, from the host
             error("%s (%s): no Debian package provides it; the image would lack it"
                   % (soname, path))

@@ -48,7 +48,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   baton::TensorInbox inbox;
-  baton::TensorServiceImpl tensors(&inbox);
+  baton::RendezvousBox rendezvous;  // peers' NCCL ids and verdicts, until a job takes them
+  baton::TensorServiceImpl::Options tensor_options;
+  tensor_options.rendezvous = &rendezvous;
+  baton::TensorServiceImpl tensors(&inbox, tensor_options);
   baton::WorkerOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.device = *std::move(device);
+  options.rendezvous = &rendezvous;
 
   options.advertise_address = absl::GetFlag(FLAGS_advertise);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/pipeline/stage_executor.h"
@@ -15,6 +16,9 @@
 #include "common/schedule/schedule.h"
 #include "common/spec/spec.h"
 #include "common/transport/grpc_transport.h"
+#include "common/transport/nccl_api.h"
+#include "common/transport/nccl_transport.h"
+#include "common/transport/routed_transport.h"
 
 namespace baton {
 
@@ -143,6 +147,10 @@ absl::Status WorkerAgent::Register() {
   req.set_address(options_.advertise_address);
   *req.mutable_device() = options_.device;
   req.add_capabilities("transport/grpc");
+  // NCCL needs a GPU and the library: say so only when both are here.
+  if (options_.device.kind() == "cuda" && options_.rendezvous != nullptr && LoadNccl().ok()) {
+    req.add_capabilities(kNcclCapability);
+  }
   req.set_worker_id(worker_id());
   baton::v1::RegisterWorkerResponse resp;
   auto ctx = ContextWithTimeout(options_.rpc_timeout);
@@ -336,13 +344,22 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   const absl::Duration recv_timeout =
       plan.has_recv_timeout() ? FromProtoDuration(plan.recv_timeout()) : absl::Seconds(60);
   topts.send_timeout = recv_timeout;
-  topts.make_channel = [this](const std::string& address) {
-    std::lock_guard<std::mutex> lock(channels_mu_);
-    std::shared_ptr<grpc::Channel>& ch = channels_[address];
-    if (ch == nullptr) ch = MakeTensorChannel(address);
-    return ch;
-  };
-  auto transport = std::make_unique<GrpcTransport>(topts, inbox_);
+  topts.make_channel = [this](const std::string& address) { return TensorChannel(address); };
+  // gRPC serves every link that does not use NCCL; NCCL the links both ends brought up.
+  auto grpc = std::make_unique<GrpcTransport>(topts, inbox_);
+  std::vector<LinkPlan> links = PlanLinks(plan, Neighbours(schedule, plan.rank()));
+  absl::StatusOr<std::unique_ptr<Transport>> nccl = BringUpNccl(plan, &links);
+  if (options_.rendezvous != nullptr) {
+    options_.rendezvous->DropPrefix(JobRendezvousPrefix(plan.job_key()));
+  }
+  if (!nccl.ok()) return nccl.status();
+  std::vector<Transport*> by_peer(plan.num_ranks(), nullptr);
+  for (const LinkPlan& l : links) {
+    if (l.peer >= 0 && l.peer < plan.num_ranks()) {
+      by_peer[l.peer] = l.nccl ? nccl->get() : static_cast<Transport*>(grpc.get());
+    }
+  }
+  auto transport = std::make_unique<RoutedTransport>(plan.rank(), std::move(by_peer));
   {
     std::lock_guard<std::mutex> lock(job.mu);
     job.transport = transport.get();
@@ -354,6 +371,8 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       job.transport = nullptr;
     }
     transport.reset();
+    nccl->reset();
+    grpc.reset();
     inbox_->Close();
   };
   StageExecutorOptions eo;
@@ -369,6 +388,10 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       if (schedule.stage_to_rank[s] == plan.rank()) info.stages.push_back(s);
     }
     info.transport = transport->backend();
+    for (int s = 0; s < static_cast<int>(schedule.stage_to_rank.size()); ++s) {
+      const std::string b = transport->BackendFor(schedule.stage_to_rank[s]);
+      info.transport_by_stage[s] = b.empty() ? transport->backend() : b;
+    }
     info.samples_per_step = spec.data().batch_size();
     info.tokens_per_step =
         spec.model().has_gpt() ? spec.data().batch_size() * spec.model().gpt().context() : 0;
@@ -408,6 +431,15 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     if (options_.metrics != nullptr) options_.metrics->RecordStep(*r, loss);
     *req.mutable_timing() = Timing(*r);
     *req.mutable_trace() = RankTraceFromStep(*r);
+    if (step == 0) {
+      for (const LinkPlan& l : links) {
+        baton::v1::LinkReport* link = req.add_links();
+        link->set_rank(std::min(plan.rank(), l.peer));
+        link->set_peer(std::max(plan.rank(), l.peer));
+        link->set_transport(l.nccl ? "nccl" : "grpc");
+        link->set_reason(l.reason);
+      }
+    }
     baton::v1::ReportProgressResponse resp;
     auto ctx = ContextWithTimeout(options_.rpc_timeout);
     absl::Status s = FromGrpcStatus(cluster_->ReportProgress(ctx.get(), req, &resp));
@@ -432,6 +464,106 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   }
   cleanup();
   return status;
+}
+
+std::shared_ptr<grpc::Channel> WorkerAgent::TensorChannel(const std::string& address) {
+  std::lock_guard<std::mutex> lock(channels_mu_);
+  std::shared_ptr<grpc::Channel>& ch = channels_[address];
+  if (ch == nullptr) ch = MakeTensorChannel(address);
+  return ch;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> WorkerAgent::BringUpNccl(const baton::v1::JobPlan& plan,
+                                                                    std::vector<LinkPlan>* links) {
+  const bool required = plan.spec().transport() == baton::v1::TRANSPORT_KIND_NCCL;
+  auto refuse_if_required = [&]() -> absl::Status {
+    if (!required) return absl::OkStatus();
+    for (const LinkPlan& l : *links) {
+      if (!l.nccl) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the job asks for transport NCCL, but the link between ranks ",
+                         plan.rank(), " and ", l.peer, " cannot use it: ", l.reason));
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<int> candidates;
+  for (const LinkPlan& l : *links) {
+    if (l.nccl) candidates.push_back(l.peer);
+  }
+  if (candidates.empty() || options_.rendezvous == nullptr) {
+    for (LinkPlan& l : *links) {
+      if (l.nccl) {
+        l.nccl = false;
+        l.reason = "grpc: this worker takes no NCCL rendezvous";
+      }
+    }
+    BATON_RETURN_IF_ERROR(refuse_if_required());
+    return std::unique_ptr<Transport>();
+  }
+  std::vector<std::string> address(plan.num_ranks());
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (p.rank() >= 0 && p.rank() < plan.num_ranks()) address[p.rank()] = p.address();
+  }
+  auto channel_for = [this, &address](int rank) { return TensorChannel(address[rank]); };
+  const absl::Time deadline = absl::Now() + options_.nccl_init_timeout;
+
+  // This end's bring-up.
+  std::unique_ptr<Transport> nccl;
+  std::string mine = "ok";
+  absl::StatusOr<NcclApi*> api = LoadNccl();
+  if (!api.ok()) {
+    mine = absl::StrCat("NCCL did not load: ", api.status().message());
+  } else {
+    GrpcNcclIdExchange ids(plan.rank(), options_.rendezvous, channel_for,
+                           options_.nccl_init_timeout);
+    NcclTransport::Options o;
+    o.rank = plan.rank();
+    o.num_ranks = plan.num_ranks();
+    o.job_key = plan.job_key();
+    o.peers = candidates;
+    o.init_timeout = options_.nccl_init_timeout;
+    o.compute_stream = CudaComputeStream();
+    o.cuda_device = CurrentCudaDevice();
+    o.api = *api;
+    o.ids = &ids;
+    absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Create(o);
+    if (t.ok()) {
+      nccl = *std::move(t);
+    } else {
+      mine = absl::StrCat("bring-up failed: ", t.status().message());
+    }
+  }
+  // Both ends' verdicts decide each link: NCCL only if both brought it up.
+  for (int peer : candidates) {
+    const absl::Status sent = SendRendezvous(
+        channel_for(peer), VerdictKey(plan.job_key(), 0, plan.rank(), peer), mine, deadline);
+    if (!sent.ok()) Log(absl::StrCat("NCCL verdict to rank ", peer, ": ", sent.ToString()));
+  }
+  bool any = false;
+  for (LinkPlan& l : *links) {
+    if (!l.nccl) continue;
+    absl::StatusOr<std::string> theirs =
+        options_.rendezvous->Take(VerdictKey(plan.job_key(), 0, l.peer, plan.rank()), deadline);
+    if (mine != "ok") {
+      l.nccl = false;
+      l.reason = absl::StrCat("grpc: NCCL on rank ", plan.rank(), ": ", mine);
+    } else if (!theirs.ok()) {
+      l.nccl = false;
+      l.reason =
+          absl::StrCat("grpc: no NCCL verdict from rank ", l.peer, ": ", theirs.status().message());
+    } else if (*theirs != "ok") {
+      l.nccl = false;
+      l.reason = absl::StrCat("grpc: NCCL on rank ", l.peer, ": ", *theirs);
+    } else {
+      l.reason = absl::StrCat("nccl: communicators up within ",
+                              absl::FormatDuration(options_.nccl_init_timeout));
+      any = true;
+    }
+  }
+  BATON_RETURN_IF_ERROR(refuse_if_required());
+  if (!any) nccl.reset();
+  return nccl;
 }
 
 void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {

@@ -32,7 +32,9 @@
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "common/pipeline/transport.h"
+#include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
+#include "worker/links.h"
 #include "worker/worker_metrics.h"
 
 namespace baton {
@@ -46,6 +48,12 @@ struct WorkerOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration register_retry = absl::Milliseconds(500);
   WorkerMetrics* metrics = nullptr;  // not owned; may be null
+  // Where peers' TensorService.Rendezvous messages land (NCCL bring-up); not owned; may be
+  // null (then no link uses NCCL).
+  RendezvousBox* rendezvous = nullptr;
+  // Bounds an NCCL bring-up (communicators up, handshakes and verdicts exchanged); past it
+  // a link falls back to gRPC (or the job fails, when its spec asks for NCCL).
+  absl::Duration nccl_init_timeout = absl::Seconds(30);
 };
 
 class WorkerAgent {
@@ -79,6 +87,12 @@ class WorkerAgent {
   void FinishJob(Job& job, const absl::Status& status);
   // Aborts `job` (once; later calls keep the first reason) and its transport.
   void Abort(Job& job, const absl::Status& why);
+  // Brings up NCCL on the links of `links` that are candidates, agrees with each peer on
+  // whether its link uses it (both ends' bring-up verdicts), and turns the others into
+  // gRPC links with the reason. Returns the NCCL transport when any link uses it.
+  absl::StatusOr<std::unique_ptr<Transport>> BringUpNccl(const baton::v1::JobPlan& plan,
+                                                         std::vector<LinkPlan>* links);
+  std::shared_ptr<grpc::Channel> TensorChannel(const std::string& address);
 
   WorkerOptions options_;  // advertise_address is set before Start, then never changes
   TensorInbox* const inbox_;

@@ -166,9 +166,12 @@ prometheus::Counter& WorkerMetrics::Bytes(bool sent, int stage, int peer_stage,
                                           bool activation) {
   prometheus::Counter*& c = bytes_now_[{sent, stage, peer_stage, activation}];
   if (c == nullptr) {
+    const auto link = job_.transport_by_stage.find(peer_stage);
+    const std::string& transport =
+        link != job_.transport_by_stage.end() ? link->second : job_.transport;
     c = &Track(sent ? sent_bytes_ : received_bytes_,
                {{"job_id", job_.job_id},
-                {"transport", job_.transport},
+                {"transport", transport},
                 {"stage", absl::StrCat(stage)},
                 {"peer_stage", absl::StrCat(peer_stage)},
                 {"kind", activation ? "activation" : "gradient"}});

@@ -36,6 +36,9 @@ struct JobMetricsInfo {
   int rank = 0;
   std::vector<int> stages;       // global stages this rank owns, ascending
   std::string transport;         // the transport backend: "grpc", "inproc", "nccl"
+  // The backend of the link to each stage's rank, by global stage (its `transport` label
+  // on the byte counters); stages not in it get `transport`.
+  std::map<int, std::string> transport_by_stage;
   int64_t samples_per_step = 0;  // the global batch
   int64_t tokens_per_step = 0;   // batch x context for gpt, 0 otherwise
 };

@@ -37,6 +37,10 @@ void PrintJob(const baton::v1::Job& job) {
   if (job.has_pipeline() && !job.pipeline().device().empty()) {
     std::printf("  device:     %s\n", job.pipeline().device().c_str());
   }
+  for (const baton::v1::LinkReport& l : job.pipeline().links()) {
+    std::printf("  link:       ranks %d-%d %s (%s)\n", l.rank(), l.peer(), l.transport().c_str(),
+                l.reason().c_str());
+  }
   if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
     std::printf("  stages:     %s (blocks per stage)\n",
                 absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());

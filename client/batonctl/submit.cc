@@ -31,6 +31,7 @@ const std::vector<FlagSpec>& Flags() {
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
+      {"transport", "", false, "override the transport: grpc, nccl or auto"},
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
@@ -41,7 +42,7 @@ const std::vector<FlagSpec>& Flags() {
 constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
-    "                       [--device cpu|cuda|auto]\n"
+    "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
@@ -117,6 +118,18 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       spec->set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);
     } else {
       return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got '" + d + "'");
+    }
+  }
+  if (args.Has("transport")) {
+    const std::string t = args.Get("transport");
+    if (t == "grpc") {
+      spec->set_transport(baton::v1::TRANSPORT_KIND_GRPC);
+    } else if (t == "nccl") {
+      spec->set_transport(baton::v1::TRANSPORT_KIND_NCCL);
+    } else if (t == "auto") {
+      spec->set_transport(baton::v1::TRANSPORT_KIND_UNSPECIFIED);
+    } else {
+      return absl::InvalidArgumentError("--transport must be grpc, nccl or auto, got '" + t + "'");
     }
   }
   return absl::OkStatus();

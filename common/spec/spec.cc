@@ -287,6 +287,14 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("device", absl::StrCat("unknown device kind ", spec->device(),
                                           " (want DEVICE_KIND_CPU or DEVICE_KIND_CUDA)"));
   }
+  if (!baton::v1::TransportKind_IsValid(spec->transport())) {
+    return Invalid("transport", absl::StrCat("unknown transport kind ", spec->transport(),
+                                             " (want TRANSPORT_KIND_GRPC or TRANSPORT_KIND_NCCL)"));
+  }
+  if (spec->transport() == baton::v1::TRANSPORT_KIND_NCCL &&
+      spec->device() == baton::v1::DEVICE_KIND_CPU) {
+    return Invalid("transport", "TRANSPORT_KIND_NCCL needs GPUs, but device is DEVICE_KIND_CPU");
+  }
   BATON_RETURN_IF_ERROR(ValidateModel(spec->model()));
   BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
   BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));

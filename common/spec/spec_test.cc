@@ -80,6 +80,19 @@ TEST(LocalDeviceTest, CpuAlwaysAutoByWhatIsVisibleCudaOnlyWithADevice) {
   }
 }
 
+TEST(ValidateTest, NcclTransportOnTheCpuIsRefused) {
+  JobSpec spec = ValidMlp();
+  spec.set_transport(baton::v1::TRANSPORT_KIND_NCCL);
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  absl::Status st = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("transport:", 0), 0u) << st;
+  spec.set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);  // auto: placement makes it cuda
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  spec.set_transport(static_cast<baton::v1::TransportKind>(9));
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ValidateTest, UnknownDeviceKindIsRefused) {
   JobSpec spec = ValidMlp();
   spec.set_device(static_cast<baton::v1::DeviceKind>(7));

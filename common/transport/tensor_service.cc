@@ -32,6 +32,15 @@ void TuneMalloc() {
 }
 }  // namespace
 
+grpc::Status TensorServiceImpl::Rendezvous(grpc::ServerContext* /*ctx*/,
+                                           const baton::v1::RendezvousMessage* request,
+                                           baton::v1::RendezvousAck* /*response*/) {
+  if (options_.rendezvous == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker takes no rendezvous");
+  }
+  return ToGrpcStatus(options_.rendezvous->Put(request->key(), request->value()));
+}
+
 TensorServiceImpl::TensorServiceImpl(TensorInbox* inbox, Options options)
     : inbox_(inbox), options_(options) {
   if (options_.tune_malloc) TuneMalloc();

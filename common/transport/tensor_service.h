@@ -16,7 +16,8 @@
 //
 // The generated service's Push (which would parse every chunk into a protobuf `bytes`
 // copy) is replaced by a handler on raw byte buffers; the method name and wire format are
-// unchanged.
+// unchanged. Rendezvous (the NCCL transport's out-of-band setup) files small messages in
+// a RendezvousBox.
 #ifndef BATON_COMMON_TRANSPORT_TENSOR_SERVICE_H_
 #define BATON_COMMON_TRANSPORT_TENSOR_SERVICE_H_
 
@@ -25,6 +26,7 @@
 
 #include "absl/time/time.h"
 #include "baton/v1/tensor.grpc.pb.h"
+#include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
 #include "grpcpp/grpcpp.h"
 
@@ -50,12 +52,18 @@ class TensorServiceImpl final : public baton::v1::TensorService::Service {
     // the next read page-faults and zeroes the memory all over again: a quarter of the
     // receiving CPU time at 4 MiB tensors (docs/benchmarks.md, "Tensor transport").
     bool tune_malloc = true;
+    // Where Rendezvous messages go (not owned); without one, Rendezvous is UNIMPLEMENTED.
+    RendezvousBox* rendezvous = nullptr;
   };
 
   explicit TensorServiceImpl(TensorInbox* inbox) : TensorServiceImpl(inbox, Options()) {}
   TensorServiceImpl(TensorInbox* inbox, Options options);
 
   TensorServiceStats Stats() const;
+
+  // Files the message in options.rendezvous (see rendezvous.h for its refusals).
+  grpc::Status Rendezvous(grpc::ServerContext* ctx, const baton::v1::RendezvousMessage* request,
+                          baton::v1::RendezvousAck* response) override;
 
  private:
   grpc::Status PushFrames(grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,

@@ -1,0 +1,85 @@
+#include "worker/links.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+const baton::v1::Peer* PeerOf(const baton::v1::JobPlan& plan, int rank) {
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (p.rank() == rank) return &p;
+  }
+  return nullptr;
+}
+
+bool HasNccl(const baton::v1::Peer& p) {
+  return std::find(p.capabilities().begin(), p.capabilities().end(), kNcclCapability) !=
+         p.capabilities().end();
+}
+
+}  // namespace
+
+std::set<int> Neighbours(const Schedule& schedule, int rank) {
+  std::set<int> out;
+  if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
+  for (const Action& a : schedule.ranks[rank]) {
+    int peer = -1;
+    switch (a.kind) {
+      case ActionKind::kSendF:
+      case ActionKind::kRecvB:
+        if (a.stage + 1 < schedule.num_stages()) peer = schedule.stage_to_rank[a.stage + 1];
+        break;
+      case ActionKind::kSendB:
+      case ActionKind::kRecvF:
+        if (a.stage >= 1) peer = schedule.stage_to_rank[a.stage - 1];
+        break;
+      default:
+        break;
+    }
+    if (peer >= 0 && peer != rank) out.insert(peer);
+  }
+  return out;
+}
+
+std::vector<LinkPlan> PlanLinks(const baton::v1::JobPlan& plan, const std::set<int>& neighbours) {
+  std::vector<LinkPlan> out;
+  const baton::v1::Peer* self = PeerOf(plan, plan.rank());
+  for (int peer : neighbours) {
+    LinkPlan link;
+    link.peer = peer;
+    const baton::v1::Peer* other = PeerOf(plan, peer);
+    if (plan.spec().transport() == baton::v1::TRANSPORT_KIND_GRPC) {
+      link.reason = "grpc: asked for";
+    } else if (plan.spec().device() != baton::v1::DEVICE_KIND_CUDA) {
+      link.reason = "grpc: the job computes on the CPU";
+    } else if (self == nullptr || other == nullptr) {
+      link.reason = "grpc: the plan does not describe both workers";
+    } else if (!HasNccl(*self) || !HasNccl(*other)) {
+      const baton::v1::Peer& without = HasNccl(*self) ? *other : *self;
+      link.reason = absl::StrCat("grpc: worker ", without.worker_id(), " (rank ", without.rank(),
+                                 ") cannot run NCCL");
+    } else if (!self->device().uuid().empty() && self->device().uuid() == other->device().uuid()) {
+      link.reason = absl::StrCat("grpc: ranks ", std::min(plan.rank(), peer), " and ",
+                                 std::max(plan.rank(), peer), " share GPU ", self->device().uuid(),
+                                 " (NCCL cannot connect two ranks on one device)");
+    } else {
+      link.nccl = true;
+      link.reason = "nccl";
+    }
+    out.push_back(link);
+  }
+  return out;
+}
+
+std::string JobRendezvousPrefix(uint64_t job_key) {
+  return absl::StrCat("baton/nccl/job/", job_key, "/");
+}
+
+std::string VerdictKey(uint64_t job_key, int64_t attempt, int from, int to) {
+  return absl::StrCat(JobRendezvousPrefix(job_key), "attempt/", attempt, "/verdict/", from, "->",
+                      to);
+}
+
+}  // namespace baton

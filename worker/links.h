@@ -1,0 +1,41 @@
+// Which transport each link of a rank uses: the decision a worker makes when a cluster job
+// starts, from facts every rank of the job shares (the plan: the spec, the device placement
+// chose, each peer's device and capabilities), so both ends of a link decide alike.
+#ifndef BATON_WORKER_LINKS_H_
+#define BATON_WORKER_LINKS_H_
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "baton/v1/worker.pb.h"
+#include "common/schedule/schedule.h"
+
+namespace baton {
+
+// The capability a worker registers when it can run the NCCL transport (a GPU and a
+// loadable libnccl.so.2).
+inline constexpr char kNcclCapability[] = "transport/nccl";
+
+struct LinkPlan {
+  int peer = 0;
+  bool nccl = false;   // a candidate for NCCL (its communicator still has to come up)
+  std::string reason;  // why gRPC, or "nccl" details
+};
+
+// The ranks `rank` sends to or receives from in `schedule`, ascending.
+std::set<int> Neighbours(const Schedule& schedule, int rank);
+
+// For each neighbour of plan.rank(): gRPC when the spec asks for it, when the job computes
+// on the CPU, when either worker lacks kNcclCapability, or when both ranks share a GPU
+// (same UUID: NCCL cannot connect two ranks on one device); else an NCCL candidate.
+std::vector<LinkPlan> PlanLinks(const baton::v1::JobPlan& plan, const std::set<int>& neighbours);
+
+// The rendezvous keys of the bring-up verdict that `from` sends `to` for a job attempt.
+std::string VerdictKey(uint64_t job_key, int64_t attempt, int from, int to);
+// What every key of a job starts with (for dropping its leftovers).
+std::string JobRendezvousPrefix(uint64_t job_key);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_LINKS_H_
