@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configures build/ once (Ninja, RelWithDebInfo) and builds incrementally.
+# Configures build/ (or $BATON_BUILD_DIR) once (Ninja, RelWithDebInfo) and builds
+# incrementally.
 # Extra CMake arguments come from BATON_CMAKE_ARGS, e.g.
 #   BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_SANITIZE=address" scripts/build.sh
 # CMake re-runs only when build/ has no build.ninja or BATON_CMAKE_ARGS changed since the
@@ -7,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-BUILD_DIR=build
+BUILD_DIR="${BATON_BUILD_DIR:-build}"
 ARGS_STAMP="$BUILD_DIR/.baton_cmake_args"
 read -r -a EXTRA_ARGS <<<"${BATON_CMAKE_ARGS:-}"
 

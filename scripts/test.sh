@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test. Extra arguments go to ctest
-# (e.g. scripts/test.sh -R core_test). Exits with ctest's status.
+# Installs what is missing, builds, and runs every test; when the build has CUDA, also builds
+# without it (build-nocuda/) and runs its unit tests. Extra arguments go to ctest (e.g.
+# scripts/test.sh -R core_test). Exits non-zero when a build or a test failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -9,4 +10,15 @@ scripts/build.sh
 
 status=0
 ctest --test-dir build --output-on-failure -j2 "$@" || status=$?
+
+# When the main build has CUDA, the build without it (what a machine without nvcc gets)
+# must build and pass too: its unit tests, in build-nocuda/ (the integration tests drive
+# the same services and run above).
+if [[ -x build/tests/cuda_kernels_test ]]; then  # built only with CUDA
+  echo "test: the build without CUDA, in build-nocuda/"
+  BATON_BUILD_DIR=build-nocuda BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_BUILD_BENCH=OFF" \
+    scripts/build.sh || status=1
+  ctest --test-dir build-nocuda --output-on-failure -j2 -LE 'integration|fuzz' "$@" ||
+    status=$?
+fi
 exit "$status"
