@@ -169,8 +169,25 @@ def cmd_compose(cpu_path, gpu_path, prometheus_path, grafana_dir):
                    and devs[0].get("driver") == "nvidia"
                    and devs[0].get("capabilities") == ["gpu"],
                    "with the GPU override, %s must reserve one nvidia GPU, has %s" % (name, devs))
+        elif name == "dcgm-exporter":  # watches every GPU, computes on none
+            expect(len(devs) == 1 and devs[0].get("count") == "all",
+                   "dcgm-exporter must see all GPUs, has %s" % devs)
         else:
             expect(not devs, "with the GPU override, %s reserves a GPU: %s" % (name, devs))
+    expect("dcgm-exporter" in gpu, "the GPU override runs no dcgm-exporter")
+    # The GPU Prometheus config is prometheus.yml plus the dcgm job, nothing else.
+    gpu_prom_path = os.path.join(os.path.dirname(prometheus_path), "prometheus.gpu.yml")
+    base, withgpu = load(prometheus_path), load(gpu_prom_path)
+    extra = [j for j in withgpu.get("scrape_configs", []) if j.get("job_name") == "dcgm"]
+    withgpu["scrape_configs"] = [j for j in withgpu.get("scrape_configs", [])
+                                 if j.get("job_name") != "dcgm"]
+    expect(extra and extra[0]["static_configs"][0]["targets"] == ["dcgm-exporter:9400"],
+           "prometheus.gpu.yml: no dcgm job scraping dcgm-exporter:9400")
+    expect(withgpu == base, "prometheus.gpu.yml differs from prometheus.yml beyond the dcgm job")
+    gpu_prom = [v for v in (gpu.get("prometheus") or {}).get("volumes", [])
+                if isinstance(v, str) and v.endswith(":/etc/prometheus/prometheus.yml:ro")]
+    expect(gpu_prom and "prometheus.gpu.yml" in gpu_prom[0],
+           "the GPU override does not give Prometheus prometheus.gpu.yml: %s" % gpu_prom)
 
     # Coordinator flags, volume, published port, healthcheck.
     c = cpu[coord]
@@ -605,6 +622,8 @@ check "compose: GPU reservations, flags and ports" compose_consistency
 # ---- Prometheus -------------------------------------------------------------------------
 check "promtool check config deploy/prometheus/prometheus.yml" \
   promtool check config deploy/prometheus/prometheus.yml
+check "promtool check config deploy/prometheus/prometheus.gpu.yml" \
+  promtool check config deploy/prometheus/prometheus.gpu.yml
 check "promtool check rules deploy/prometheus/rules.yml" \
   promtool check rules deploy/prometheus/rules.yml
 check "promtool test rules deploy/prometheus/rules.test.yml" \
