@@ -26,66 +26,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/gelu_math.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 
 namespace baton {
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-
-// exp(x) for x in [-87, 88]: Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial;
-// plain float arithmetic, so the loops calling it vectorise (no libm call) and give the
-// same bits scalar or vectorised (no FMA contraction, no fast-math).
-inline float ExpApprox(float x) {
-  x = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
-  const float round_magic = 12582912.0f;  // 1.5 * 2^23: rounds to nearest integer
-  const float fx = (x * 1.44269504088896341f + round_magic) - round_magic;
-  float r = x - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-// tanh within 2 ulp of the correctly rounded value: odd Taylor polynomial below |u| = 0.4,
-// 1 - 2 / (exp(2|u|) + 1) above. Branch-free so that it vectorises.
-inline float TanhApprox(float u) {
-  const float a = std::fabs(u);
-  const float e = ExpApprox(2.0f * (a > 10.0f ? 10.0f : a));  // tanh(10) rounds to 1
-  const float big = 1.0f - 2.0f / (e + 1.0f);
-  const float u2 = u * u;
-  float s = -1382.0f / 155925.0f;
-  s = s * u2 + 62.0f / 2835.0f;
-  s = s * u2 + -17.0f / 315.0f;
-  s = s * u2 + 2.0f / 15.0f;
-  s = s * u2 + -1.0f / 3.0f;
-  const float small = u + u * u2 * s;
-  const float signed_big = u < 0.0f ? -big : big;
-  return a < 0.4f ? small : signed_big;
-}
-
-inline float GeluOf(float x) {
-  const float inner = kGeluScale * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + TanhApprox(inner));
-}
-
-inline float GeluGrad(float x) {
-  const float x2 = x * x;
-  const float inner = kGeluScale * (x + kGeluCubic * x2 * x);
-  const float th = TanhApprox(inner);
-  const float sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x2);
-}
+using gelu_math::GeluGrad;
+using gelu_math::GeluOf;
 
 // Rows of C per single-threaded sgemm call. Fixed: changing it changes the bits of every
 // GEMM with more rows (and so every digest).

@@ -1,5 +1,5 @@
-#include "common/core/cuda_device.h"
 
+#include "common/core/cuda_test_util.h"
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -7,19 +7,6 @@
 namespace baton {
 namespace {
 
-// Skips without a device, unless BATON_REQUIRE_GPU is set (scripts/gpu-test.sh): then a
-// missing device is a failure, so a GPU run cannot pass by skipping.
-#define BATON_SKIP_WITHOUT_CUDA_DEVICE()                                              \
-  do {                                                                                \
-    if (CudaDeviceCount() == 0) {                                                     \
-      if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {                              \
-        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found (built with " \
-               << "CUDA: " << (BuiltWithCuda() ? "yes" : "no") << ")";                \
-      }                                                                               \
-      GTEST_SKIP() << "no CUDA device found (built with CUDA: "                       \
-                   << (BuiltWithCuda() ? "yes" : "no") << "); CUDA tests skipped";    \
-    }                                                                                 \
-  } while (false)
 
 TEST(CudaDeviceTest, NoDeviceMeansZeroNotError) {
   // Runs everywhere: the count is never negative, and a build without CUDA reports none.

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
+#include "common/core/gelu_math.h"
 
 namespace baton {
 namespace {
@@ -249,55 +250,9 @@ class Scratch {
 
 // ------------------------------------------------------------------ math shared with the CPU
 
-// The CPU backend's GELU (cpu_backend.cc), expression for expression; with --fmad=false
-// the bits are the same.
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float ExpApprox(float x) {
-  x = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
-  const float round_magic = 12582912.0f;
-  const float fx = (x * 1.44269504088896341f + round_magic) - round_magic;
-  float r = x - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-  return p * __int_as_float(bits);
-}
-
-__device__ __forceinline__ float TanhApprox(float u) {
-  const float a = fabsf(u);
-  const float e = ExpApprox(2.0f * (a > 10.0f ? 10.0f : a));
-  const float big = 1.0f - 2.0f / (e + 1.0f);
-  const float u2 = u * u;
-  float s = -1382.0f / 155925.0f;
-  s = s * u2 + 62.0f / 2835.0f;
-  s = s * u2 + -17.0f / 315.0f;
-  s = s * u2 + 2.0f / 15.0f;
-  s = s * u2 + -1.0f / 3.0f;
-  const float small = u + u * u2 * s;
-  const float signed_big = u < 0.0f ? -big : big;
-  return a < 0.4f ? small : signed_big;
-}
-
-__device__ __forceinline__ float GeluOf(float x) {
-  const float inner = kGeluScale * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + TanhApprox(inner));
-}
-
-__device__ __forceinline__ float GeluGrad(float x) {
-  const float x2 = x * x;
-  const float inner = kGeluScale * (x + kGeluCubic * x2 * x);
-  const float th = TanhApprox(inner);
-  const float sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x2);
-}
+// GELU: the CPU backend's arithmetic, from one header (bit-identical with --fmad=false).
+using gelu_math::GeluGrad;
+using gelu_math::GeluOf;
 
 // ------------------------------------------------------------------ reductions
 

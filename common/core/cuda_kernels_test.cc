@@ -7,6 +7,7 @@
 // with the bounds each test states. Every CUDA kernel must also give the same bits when run
 // twice. Skips without a CUDA device; fails instead under BATON_REQUIRE_GPU (ctest label
 // gpu, scripts/gpu-test.sh).
+#include "common/core/cuda_test_util.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,22 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
-#include "common/core/cuda_device.h"
 #include "common/core/rng.h"
 #include "common/core/tensor.h"
 
 namespace baton {
 namespace {
 
-#define BATON_SKIP_WITHOUT_CUDA_DEVICE()                                   \
-  do {                                                                     \
-    if (CudaDeviceCount() == 0) {                                          \
-      if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {                   \
-        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found"; \
-      }                                                                    \
-      GTEST_SKIP() << "no CUDA device found; CUDA kernel tests skipped";   \
-    }                                                                      \
-  } while (false)
 
 using Vec = std::vector<float>;
 

@@ -9,25 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "common/core/cuda_device.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
+#include "common/core/cuda_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
 
-#define BATON_SKIP_WITHOUT_CUDA_DEVICE()                                   \
-  do {                                                                     \
-    if (CudaDeviceCount() == 0) {                                          \
-      if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {                   \
-        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found"; \
-      }                                                                    \
-      GTEST_SKIP() << "no CUDA device found; CUDA training tests skipped"; \
-    }                                                                      \
-  } while (false)
 
 baton::v1::JobSpec Gpt(baton::v1::DeviceKind device, int steps) {
   absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(R"({
