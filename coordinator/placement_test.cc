@@ -39,7 +39,10 @@ baton::v1::JobSpec MlpSpec(baton::v1::Schedule schedule, int stages, int virtual
 std::vector<PlacedWorker> Workers(int n) {
   std::vector<PlacedWorker> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back({absl::StrCat("w-", i + 1), absl::StrCat("127.0.0.1:", 6000 + i)});
+    PlacedWorker w;
+    w.worker_id = absl::StrCat("w-", i + 1);
+    w.address = absl::StrCat("127.0.0.1:", 6000 + i);
+    out.push_back(std::move(w));
   }
   return out;
 }
