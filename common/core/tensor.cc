@@ -248,7 +248,7 @@ Tensor Tensor::Clone() const {
 }
 
 absl::StatusOr<Tensor> Tensor::CopyTo(Device device) const {
-  if (!defined()) return Tensor();
+  if (!defined()) return *this;  // undefined: nothing to copy
   absl::StatusOr<Tensor> t = TryEmpty(shape_, dtype_, device);
   if (!t.ok()) return t.status();
   absl::Status st = CopyBytes(device, t->data_, device_, data_, nbytes());
