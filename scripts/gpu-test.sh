@@ -71,8 +71,8 @@ case "${1:-}" in
     # The host's CUDA 13 runtime and cuBLAS: the toolkit's, else a pip wheel's.
     cuda_libs=""
     for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-      found="$(ls /usr/local/cuda/lib64/$lib /usr/local/cuda/lib/$lib 2>/dev/null | head -1)"
-      [[ -n "$found" ]] || found="$(find / -xdev -name "$lib" 2>/dev/null | head -1)"
+      found="$(ls /usr/local/cuda/lib64/$lib /usr/local/cuda/lib/$lib 2>/dev/null | head -1 || true)"
+      [[ -n "$found" ]] || found="$(find / -xdev -name "$lib" 2>/dev/null | head -1 || true)"
       [[ -n "$found" ]] || { log "$lib not found on this host"; continue; }
       cuda_libs="$cuda_libs:$(dirname "$found")"
     done
