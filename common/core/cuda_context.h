@@ -43,6 +43,10 @@ int CurrentCudaDevice();
 // The caching allocator of the current device's memory, or nullptr when no CUDA device is
 // present. Like the CPU allocator it caches freed blocks by size; ReleaseCached frees them.
 Allocator* CudaAllocator();
+// Page-locked host memory, cached like the device allocator (tensors on Device::kCpu), for
+// staging device tensors on the host: copies from and to it run at full PCIe speed.
+// nullptr until this process has allocated device memory (a CPU process never pins).
+Allocator* CudaPinnedHostAllocator();
 
 // The CUDA backend (backend.h) on the current device, or nullptr when no device is present.
 Backend* CudaBackend();
@@ -66,6 +70,7 @@ inline absl::Status SetCudaDevice(int /*index*/) {
 }
 inline int CurrentCudaDevice() { return 0; }
 inline Allocator* CudaAllocator() { return nullptr; }
+inline Allocator* CudaPinnedHostAllocator() { return nullptr; }
 inline Backend* CudaBackend() { return nullptr; }
 inline absl::Status CudaCopy(void*, const void*, size_t, CopyKind) {
   return absl::UnavailableError("built without CUDA");

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/caching_allocator.h"
 #include "common/core/cuda_context.h"
 #include "common/core/gelu_math.h"
 
@@ -150,90 +152,44 @@ int Blocks(int64_t n) {
 
 // ------------------------------------------------------------------ the allocator
 
-class CachingCudaAllocator final : public Allocator {
- public:
-  Device device() const override { return Device::kCuda; }
+// The device allocator and the page-locked host allocator are CachingAllocator over
+// cudaMalloc and cudaHostAlloc. Reusing a freed device block at once is safe: all work runs
+// on one stream, in issue order. Before cached blocks go back to CUDA the stream is drained.
 
-  void* Allocate(size_t bytes) override {
-    if (bytes > kMaxAllocation) return nullptr;  // no device has it; Round would wrap
-    const size_t rounded = Round(bytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = cache_.find(rounded);
-      if (it != cache_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        stats_.bytes_cached -= static_cast<int64_t>(rounded);
-        Account(rounded);
-        return p;
-      }
-    }
-    if (Enter() == nullptr) return nullptr;
-    void* p = nullptr;
-    if (!Malloc(&p, rounded)) {
-      ReleaseCached();  // give the cache back and try once more
-      if (!Malloc(&p, rounded)) return nullptr;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.system_allocations;
-    Account(rounded);
-    return p;
-  }
+// Out of memory is not sticky and not an error here (the caller gets nullptr); any other
+// failure (a sticky fault from an earlier kernel) is recorded, so CudaSynchronize names it
+// rather than the caller seeing only "out of memory".
+void* CheckedAlloc(cudaError_t err, void* p, const char* call) {
+  if (err == cudaSuccess) return p;
+  cudaGetLastError();
+  if (err != cudaErrorMemoryAllocation) RecordError(CudaError(err, call));
+  return nullptr;
+}
 
-  void Deallocate(void* p, size_t bytes) override {
-    if (p == nullptr) return;
-    const size_t rounded = Round(bytes);
-    // Reuse is safe at once: all work runs on one stream, in issue order.
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_in_use -= static_cast<int64_t>(rounded);
-    stats_.bytes_cached += static_cast<int64_t>(rounded);
-    cache_[rounded].push_back(p);
-  }
+void* DeviceSystemAlloc(size_t bytes) {
+  if (Enter() == nullptr) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  return CheckedAlloc(err, p, "cudaMalloc");
+}
+void DeviceSystemFree(void* p) { cudaFree(p); }
 
-  AllocatorStats Stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
+void* PinnedSystemAlloc(size_t bytes) {
+  if (Enter() == nullptr) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  return CheckedAlloc(err, p, "cudaHostAlloc");
+}
+void PinnedSystemFree(void* p) { cudaFreeHost(p); }
 
-  void ReleaseCached() override {
-    cudaStream_t stream = Enter();
-    if (stream != nullptr) cudaStreamSynchronize(stream);
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, blocks] : cache_) {
-      for (void* p : blocks) cudaFree(p);
-    }
-    cache_.clear();
-    stats_.bytes_cached = 0;
-  }
+void DrainStream() {
+  cudaStream_t stream = Enter();
+  if (stream != nullptr) cudaStreamSynchronize(stream);
+}
 
- private:
-  static constexpr size_t kMaxAllocation = size_t{1} << 62;
-
-  static size_t Round(size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  }
-  // cudaMalloc, clearing its error. Out of memory is not sticky and not an error here (the
-  // caller returns nullptr); any other failure (a sticky fault from an earlier kernel) is
-  // recorded too, so CudaSynchronize names it rather than the caller seeing only "out of
-  // memory".
-  static bool Malloc(void** p, size_t bytes) {
-    const cudaError_t err = cudaMalloc(p, bytes);
-    if (err == cudaSuccess) return true;
-    cudaGetLastError();
-    if (err != cudaErrorMemoryAllocation) RecordError(CudaError(err, "cudaMalloc"));
-    *p = nullptr;
-    return false;
-  }
-  void Account(size_t rounded) {
-    stats_.bytes_in_use += static_cast<int64_t>(rounded);
-    stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
-  }
-
-  mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> cache_;  // guarded by mu_
-  AllocatorStats stats_;                        // guarded by mu_
-};
+// Set once this process has allocated device memory: from then on it computes on CUDA and
+// host staging is worth page-locking.
+std::atomic<bool> g_device_memory_used{false};
 
 // Scratch device memory for the length of one kernel call, from the caching allocator.
 class Scratch {
@@ -886,7 +842,22 @@ int CurrentCudaDevice() {
 Allocator* CudaAllocator() {
   static const bool present = DeviceCountOrZero() > 0;
   if (!present) return nullptr;
-  static Allocator* const allocator = new CachingCudaAllocator();
+  static Allocator* const allocator = new CachingAllocator(
+      Device::kCuda,
+      CachingAllocator::System{[](size_t bytes) -> void* {
+                                 g_device_memory_used.store(true, std::memory_order_relaxed);
+                                 return DeviceSystemAlloc(bytes);
+                               },
+                               DeviceSystemFree, DrainStream},
+      kAlignment);
+  return allocator;
+}
+
+Allocator* CudaPinnedHostAllocator() {
+  if (!g_device_memory_used.load(std::memory_order_relaxed)) return nullptr;
+  static Allocator* const allocator = new CachingAllocator(
+      Device::kCpu, CachingAllocator::System{PinnedSystemAlloc, PinnedSystemFree, DrainStream},
+      kAlignment);
   return allocator;
 }
 

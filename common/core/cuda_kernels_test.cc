@@ -561,5 +561,29 @@ TEST_F(CudaKernelsTest, CudaCopyRoundTripAndZero) {
   EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
 }
 
+// A device tensor staged for the transports lands in page-locked host memory (a CUDA
+// process), with its bytes intact, and comes back to the device the same.
+TEST_F(CudaKernelsTest, StagingGoesThroughPageLockedHostMemory) {
+  const Vec v = Random(1000, "staging");
+  Tensor host = Tensor::Empty({1000});
+  std::memcpy(host.f32(), v.data(), v.size() * sizeof(float));
+  absl::StatusOr<Tensor> dev = host.CopyTo(Device::kCuda);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  Allocator* staging = HostStagingAllocator();
+  EXPECT_NE(staging, CpuAllocator()) << "a process holding device memory stages in pinned memory";
+  EXPECT_EQ(staging, CudaPinnedHostAllocator());
+  const int64_t before = staging->Stats().bytes_in_use;
+  absl::StatusOr<Tensor> staged = dev->StagedOnHost();
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->device(), Device::kCpu);
+  EXPECT_EQ(staging->Stats().bytes_in_use - before, 4096) << "1000 floats in a 256-byte-rounded block";
+  EXPECT_EQ(std::memcmp(staged->f32(), v.data(), v.size() * sizeof(float)), 0);
+  absl::StatusOr<Tensor> back = staged->CopyTo(Device::kCuda);
+  ASSERT_TRUE(back.ok()) << back.status();
+  Vec out(v.size());
+  ASSERT_TRUE(back->CopyToHost(out.data()).ok());
+  EXPECT_EQ(out, v);
+}
+
 }  // namespace
 }  // namespace baton

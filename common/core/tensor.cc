@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/caching_allocator.h"
 #include "common/core/check.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
@@ -54,81 +55,14 @@ int64_t NumElements(const Shape& s) {
 
 namespace {
 
-constexpr size_t kAlignment = 64;
-
-// Caches freed blocks by exact (rounded) size. Training allocates the same few shapes every
-// micro-batch, so exact-size reuse is enough and never wastes memory on splitting.
-class CachingCpuAllocator final : public Allocator {
- public:
-  Device device() const override { return Device::kCpu; }
-
-  void* Allocate(size_t bytes) override {
-    const size_t rounded = Round(bytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = cache_.find(rounded);
-      if (it != cache_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        stats_.bytes_cached -= static_cast<int64_t>(rounded);
-        Account(rounded);
-        return p;
-      }
-    }
-    void* p = std::aligned_alloc(kAlignment, rounded);
-    if (p == nullptr) return nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.system_allocations;
-    Account(rounded);
-    return p;
-  }
-
-  void Deallocate(void* p, size_t bytes) override {
-    if (p == nullptr) return;
-    const size_t rounded = Round(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.bytes_in_use -= static_cast<int64_t>(rounded);
-    stats_.bytes_cached += static_cast<int64_t>(rounded);
-    cache_[rounded].push_back(p);
-  }
-
-  AllocatorStats Stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
-  void ReleaseCached() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, blocks] : cache_) {
-      for (void* p : blocks) std::free(p);
-    }
-    cache_.clear();
-    stats_.bytes_cached = 0;
-  }
-
- private:
-  static size_t Round(size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  }
-  void Account(size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    stats_.bytes_in_use += static_cast<int64_t>(rounded);
-    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
-      stats_.peak_bytes_in_use = stats_.bytes_in_use;
-    }
-  }
-
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
-  // ThreadSanitizer, which would then report false races on everything it guards.
-  mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> cache_ ABSL_GUARDED_BY(mu_);
-  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
-};
+void* CpuSystemAlloc(size_t bytes) { return std::aligned_alloc(64, bytes); }
+void CpuSystemFree(void* p) { std::free(p); }
 
 }  // namespace
 
 Allocator* CpuAllocator() {
-  static Allocator* const allocator = new CachingCpuAllocator();
+  static Allocator* const allocator = new CachingAllocator(
+      Device::kCpu, CachingAllocator::System{CpuSystemAlloc, CpuSystemFree, nullptr}, 64);
   return allocator;
 }
 
@@ -140,6 +74,11 @@ Allocator* AllocatorFor(Device device) {
       return CudaAllocator();  // nullptr without CUDA or without a device
   }
   return nullptr;
+}
+
+Allocator* HostStagingAllocator() {
+  Allocator* pinned = CudaPinnedHostAllocator();
+  return pinned != nullptr ? pinned : CpuAllocator();
 }
 
 absl::Status DeviceSynchronize(Device device) {
@@ -173,18 +112,24 @@ struct Tensor::Storage {
 };
 
 absl::StatusOr<Tensor> Tensor::TryEmpty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor shape ", ShapeString(shape), " has a negative dimension"));
-    }
-  }
   Allocator* allocator = AllocatorFor(device);
   if (allocator == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "no ", DeviceName(device), " memory: ",
         device == Device::kCuda && BuiltWithCuda() ? "no CUDA device found" : "not in this build"));
   }
+  return TryEmptyWith(allocator, shape, dtype);
+}
+
+absl::StatusOr<Tensor> Tensor::TryEmptyWith(Allocator* allocator, const Shape& shape,
+                                            DType dtype) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor shape ", ShapeString(shape), " has a negative dimension"));
+    }
+  }
+  const Device device = allocator->device();
   const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
   void* p = allocator->Allocate(bytes);
   if (p == nullptr) {
@@ -249,11 +194,19 @@ Tensor Tensor::Clone() const {
 
 absl::StatusOr<Tensor> Tensor::CopyTo(Device device) const {
   if (!defined()) return *this;  // undefined: nothing to copy
-  absl::StatusOr<Tensor> t = TryEmpty(shape_, dtype_, device);
-  if (!t.ok()) return t.status();
-  absl::Status st = CopyBytes(device, t->data_, device_, data_, nbytes());
+  return CopyInto(TryEmpty(shape_, dtype_, device));
+}
+
+absl::StatusOr<Tensor> Tensor::CopyInto(absl::StatusOr<Tensor> dst) const {
+  if (!dst.ok()) return dst.status();
+  absl::Status st = CopyBytes(dst->device_, dst->data_, device_, data_, nbytes());
   if (!st.ok()) return st;
-  return t;
+  return dst;
+}
+
+absl::StatusOr<Tensor> Tensor::StagedOnHost() const {
+  if (!defined() || device_ == Device::kCpu) return *this;
+  return CopyInto(TryEmptyWith(HostStagingAllocator(), shape_, dtype_));
 }
 
 absl::StatusOr<Tensor> Tensor::On(Device device) const {

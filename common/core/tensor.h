@@ -68,6 +68,9 @@ absl::Status DeviceSynchronize(Device device);
 Allocator* CpuAllocator();
 // The allocator of `device`, or nullptr when this build or machine has none for it.
 Allocator* AllocatorFor(Device device);
+// Host memory for staging device tensors (transport buffers): page-locked once this process
+// computes on CUDA, else CpuAllocator(). Tensors from it are Device::kCpu tensors.
+Allocator* HostStagingAllocator();
 
 class Tensor {
  public:
@@ -81,6 +84,9 @@ class Tensor {
                                          Device device = Device::kCpu);
   static Tensor Zeros(const Shape& shape, DType dtype = DType::kFloat32,
                       Device device = Device::kCpu);
+  // TryEmpty from a given allocator, on its device.
+  static absl::StatusOr<Tensor> TryEmptyWith(Allocator* allocator, const Shape& shape,
+                                             DType dtype = DType::kFloat32);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -109,6 +115,8 @@ class Tensor {
   absl::StatusOr<Tensor> CopyTo(Device device) const;
   // This tensor if it already lives on `device`, else CopyTo(device).
   absl::StatusOr<Tensor> On(Device device) const;
+  // This tensor if it lives on the host, else a copy in HostStagingAllocator() memory.
+  absl::StatusOr<Tensor> StagedOnHost() const;
   // Copies nbytes() from / to host memory (the tensor on any device).
   absl::Status CopyFromHost(const void* src);
   absl::Status CopyToHost(void* dst) const;
@@ -122,6 +130,9 @@ class Tensor {
 
  private:
   struct Storage;
+  // Copies this tensor's bytes into `dst` (a fresh tensor of the same shape, or an error).
+  absl::StatusOr<Tensor> CopyInto(absl::StatusOr<Tensor> dst) const;
+
   std::shared_ptr<Storage> storage_;
   void* data_ = nullptr;
   Shape shape_;

@@ -240,8 +240,8 @@ std::unique_ptr<SendWork> GrpcTransport::Send(int peer, const TensorTag& tag, co
     return CompletedSend(absl::InvalidArgumentError(
         absl::StrCat(Where(*p, tag), ": cannot send an undefined tensor")));
   }
-  // A device tensor is staged through host memory: the bytes go out from there.
-  absl::StatusOr<Tensor> host = t.On(Device::kCpu);
+  // A device tensor is staged through (page-locked) host memory: the bytes go out from there.
+  absl::StatusOr<Tensor> host = t.StagedOnHost();
   if (!host.ok()) {
     return CompletedSend(absl::Status(
         host.status().code(),

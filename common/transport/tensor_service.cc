@@ -174,7 +174,9 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
             next.source_rank, next.tag, expected, absl::Now() + options_.space_timeout, cancelled);
         if (!r.ok()) return ToGrpcStatus(r.status());
         next.reservation = *std::move(r);
-        absl::StatusOr<Tensor> t = Tensor::TryEmpty(shape, *dtype);
+        // Lands in staging memory: page-locked when this worker computes on a GPU, so the
+        // executor's copy to the device runs at full speed.
+        absl::StatusOr<Tensor> t = Tensor::TryEmptyWith(HostStagingAllocator(), shape, *dtype);
         if (!t.ok()) {
           return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                               absl::StrCat(Describe(next), ": ", t.status().message()));

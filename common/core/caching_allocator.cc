@@ -1,0 +1,75 @@
+#include "common/core/caching_allocator.h"
+
+#include <algorithm>
+
+namespace baton {
+
+namespace {
+// Larger requests are refused before rounding could wrap; no system has that much memory.
+constexpr size_t kMaxAllocation = size_t{1} << 62;
+}  // namespace
+
+CachingAllocator::CachingAllocator(Device device, System system, size_t alignment)
+    : device_(device), system_(system), alignment_(alignment) {}
+
+size_t CachingAllocator::Round(size_t bytes) const {
+  if (bytes == 0) bytes = 1;
+  return (bytes + alignment_ - 1) / alignment_ * alignment_;
+}
+
+void CachingAllocator::Account(size_t rounded) {
+  stats_.bytes_in_use += static_cast<int64_t>(rounded);
+  stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+}
+
+void* CachingAllocator::Allocate(size_t bytes) {
+  if (bytes > kMaxAllocation) return nullptr;
+  const size_t rounded = Round(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(rounded);
+    if (it != cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_cached -= static_cast<int64_t>(rounded);
+      Account(rounded);
+      return p;
+    }
+  }
+  void* p = system_.alloc(rounded);
+  if (p == nullptr) {
+    ReleaseCached();
+    p = system_.alloc(rounded);
+    if (p == nullptr) return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.system_allocations;
+  Account(rounded);
+  return p;
+}
+
+void CachingAllocator::Deallocate(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  const size_t rounded = Round(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_in_use -= static_cast<int64_t>(rounded);
+  stats_.bytes_cached += static_cast<int64_t>(rounded);
+  cache_[rounded].push_back(p);
+}
+
+AllocatorStats CachingAllocator::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::ReleaseCached() {
+  if (system_.quiesce != nullptr) system_.quiesce();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, blocks] : cache_) {
+    for (void* p : blocks) system_.free(p);
+  }
+  cache_.clear();
+  stats_.bytes_cached = 0;
+}
+
+}  // namespace baton
