@@ -53,6 +53,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                           .Help("Time of one clock action by stage and kind (F, B, I, W, "
                                 "send, recv_wait, send_wait, optimizer).")
                           .Register(registry)),
+      action_device_seconds_(
+          prometheus::BuildHistogram()
+              .Name("baton_worker_action_device_seconds")
+              .Help("Device (GPU kernel) time of one compute action or optimizer step by stage "
+                    "and kind, from stream events; GPU workers only (on the CPU the action "
+                    "duration is the compute time).")
+              .Register(registry)),
       bubble_(prometheus::BuildGauge()
                   .Name("baton_worker_bubble_ratio")
                   .Help("Idle share of the last step on this rank: 1 - compute / step time.")
@@ -152,10 +159,10 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
 }
 
 prometheus::Histogram& WorkerMetrics::ActionHistogram(const std::string& stage,
-                                                      const std::string& kind) {
-  prometheus::Histogram*& h = actions_now_[{stage, kind}];
+                                                      const std::string& kind, bool device) {
+  prometheus::Histogram*& h = actions_now_[{stage, kind, device}];
   if (h == nullptr) {
-    h = &TrackWith(action_seconds_,
+    h = &TrackWith(device ? action_device_seconds_ : action_seconds_,
                    {{"job_id", job_.job_id}, {"stage", stage}, {"kind", kind}},
                    ActionSecondsBuckets());
   }
@@ -192,10 +199,17 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
   for (const ActionTiming& t : step.timeline) {
     const int64_t ns = t.end_ns - t.start_ns;
     const Action& a = t.action;
-    if (IsCompute(a.kind) || a.kind == ActionKind::kStep) compute_ns += ns;
+    // On a GPU the wall time of a compute action is its issue time; its device time is
+    // what it computed.
+    if (IsCompute(a.kind) || a.kind == ActionKind::kStep) {
+      compute_ns += t.device_ns >= 0 ? t.device_ns : ns;
+    }
     const std::string stage =
         a.kind == ActionKind::kStep ? rank_stages : absl::StrCat(a.stage);
     ActionHistogram(stage, KindLabel(a.kind)).Observe(Seconds(ns));
+    if (t.device_ns >= 0) {
+      ActionHistogram(stage, KindLabel(a.kind), /*device=*/true).Observe(Seconds(t.device_ns));
+    }
     switch (a.kind) {
       case ActionKind::kSendF: Bytes(true, a.stage, a.stage + 1, true).Increment(t.bytes); break;
       case ActionKind::kSendB: Bytes(true, a.stage, a.stage - 1, false).Increment(t.bytes); break;

@@ -60,7 +60,9 @@ class WorkerMetrics : private StepObserver {
   void OnAction(const ActionTiming& timing, int inflight) override;
   // Reads the device allocator's stats into baton_worker_device_memory_bytes.
   void UpdateMemory();
-  prometheus::Histogram& ActionHistogram(const std::string& stage, const std::string& kind);
+  // The action-time histogram of (stage, kind): wall time, or with `device` device time.
+  prometheus::Histogram& ActionHistogram(const std::string& stage, const std::string& kind,
+                                         bool device = false);
   prometheus::Counter& Bytes(bool sent, int stage, int peer_stage, bool activation);
   template <typename T>
   T& Track(prometheus::Family<T>& family, const prometheus::Labels& labels);
@@ -72,6 +74,7 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Histogram>& action_seconds_;
+  prometheus::Family<prometheus::Histogram>& action_device_seconds_;
   prometheus::Family<prometheus::Gauge>& bubble_;
   prometheus::Family<prometheus::Counter>& sent_bytes_;
   prometheus::Family<prometheus::Counter>& received_bytes_;
@@ -97,7 +100,8 @@ class WorkerMetrics : private StepObserver {
   prometheus::Counter* samples_now_ = nullptr;
   prometheus::Counter* tokens_now_ = nullptr;
   prometheus::Gauge* loss_now_ = nullptr;
-  std::map<std::pair<std::string, std::string>, prometheus::Histogram*> actions_now_;
+  // (stage, kind, device time) -> histogram
+  std::map<std::tuple<std::string, std::string, bool>, prometheus::Histogram*> actions_now_;
   std::map<std::tuple<bool, int, int, bool>, prometheus::Counter*> bytes_now_;
 };
 

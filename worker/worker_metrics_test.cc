@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/match.h"
 #include "prometheus/text_serializer.h"
 
 namespace baton {
@@ -116,6 +117,41 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   // No split backward in this clock: no empty I and W series.
   EXPECT_THAT(t, Not(HasSubstr("kind=\"I\"")));
   EXPECT_THAT(t, Not(HasSubstr("kind=\"W\"")));
+  // A CPU rank has no device times.
+  EXPECT_THAT(t, Not(HasSubstr("baton_worker_action_device_seconds_count")));
+}
+
+// On a GPU rank the compute actions' wall times are issue times: the device times the
+// executor measured are exported, and the bubble is computed from them.
+TEST(WorkerMetrics, GpuRanksExportDeviceTimeAndComputeTheBubbleFromIt) {
+  prometheus::Registry registry;
+  WorkerMetrics m(registry);
+  m.BeginJob(Info("job-000001"));
+  RankStepResult step = Step();
+  for (ActionTiming& t : step.timeline) {
+    // F and B took 2 us each on the device, the optimizer 0.5 us: 4.5 us of the 5 us step.
+    if (t.action.kind == ActionKind::kForward || t.action.kind == ActionKind::kBackward) {
+      t.device_ns = 2000;
+    } else if (t.action.kind == ActionKind::kStep) {
+      t.device_ns = 500;
+    }
+  }
+  m.RecordStep(step, std::nullopt);
+  const std::string t = Text(registry);
+  EXPECT_NEAR(Value(t, "baton_worker_bubble_ratio{job_id=\"job-000001\",rank=\"1\"}"), 0.1,
+              1e-12);
+  EXPECT_NEAR(Value(t, "baton_worker_action_device_seconds_sum{job_id=\"job-000001\","
+                       "kind=\"F\",stage=\"1\"}"),
+              2e-6, 1e-15);
+  EXPECT_NEAR(Value(t, "baton_worker_action_device_seconds_sum{job_id=\"job-000001\","
+                       "kind=\"optimizer\",stage=\"1\"}"),
+              5e-7, 1e-15);
+  // Wall times are still there, and communication has no device series.
+  EXPECT_NEAR(Value(t, "baton_worker_action_duration_seconds_sum{job_id=\"job-000001\","
+                       "kind=\"F\",stage=\"1\"}"),
+              1e-6, 1e-15);
+  EXPECT_FALSE(absl::StrContains(t, "baton_worker_action_device_seconds_count{job_id=\"job-000001\","
+                                    "kind=\"send\""));
 }
 
 TEST(WorkerMetrics, TheNextJobDropsThePreviousJobsSeries) {

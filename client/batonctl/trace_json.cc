@@ -92,6 +92,9 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
         absl::StrAppend(&args, ",\"stage\":", a->stage, ",\"microbatch\":", a->microbatch);
       }
       if (span.bytes() > 0) absl::StrAppend(&args, ",\"bytes\":", span.bytes());
+      if (span.device_ns() > 0) {
+        absl::StrAppend(&args, ",\"device_us\":", Micros(span.device_ns()));
+      }
       const int64_t start = r.start_unix_nanos() - origin + span.start_ns();
       body.push_back(absl::StrCat(
           "{\"name\":", Quote(name), ",\"cat\":\"",

@@ -48,7 +48,7 @@ baton::v1::JobTrace Interleaved() {
   r1->set_worker_id("w-\"b\"");
   r1->set_start_unix_nanos(1'000'002'000);  // started 2 us after rank 0
   Add(r1, "1RECV_F0", 0, 100, 4096);
-  Add(r1, "1F0", 100, 900);
+  Add(r1, "1F0", 100, 900)->set_device_ns(2500);  // a GPU rank: device time of the action
   Add(r1, "3F0", 900, 1900);
   Add(r1, "STEP", 1900, 2000);
   return t;
@@ -59,6 +59,25 @@ google::protobuf::Struct Parse(const std::string& json) {
   const auto status = google::protobuf::util::JsonStringToMessage(json, &out);
   EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
   return out;
+}
+
+// A measured device time goes into the event's args; unmeasured ones add nothing.
+TEST(ChromeTraceJson, DeviceTimeIsAnArgument) {
+  absl::StatusOr<std::string> json = ChromeTraceJson(Interleaved());
+  ASSERT_TRUE(json.ok()) << json.status();
+  const google::protobuf::Struct doc = Parse(*json);
+  int with_device = 0;
+  for (const auto& v : doc.fields().at("traceEvents").list_value().values()) {
+    const auto& e = v.struct_value().fields();
+    if (e.at("ph").string_value() != "X") continue;
+    const auto& args = e.at("args").struct_value().fields();
+    if (args.contains("device_us")) {
+      ++with_device;
+      EXPECT_EQ(args.at("action").string_value(), "1F0");
+      EXPECT_DOUBLE_EQ(args.at("device_us").number_value(), 2.5);
+    }
+  }
+  EXPECT_EQ(with_device, 1);
 }
 
 TEST(ChromeTraceJson, OneTrackPerStageAndOneEventPerAction) {

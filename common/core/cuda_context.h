@@ -23,7 +23,10 @@
 
 #include <cstddef>
 
+#include <memory>
+
 #include "absl/status/status.h"
+#include "common/core/device_timer.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -63,6 +66,9 @@ absl::Status CudaSynchronize();
 // streams after it, like the NCCL transport); nullptr when it cannot be created.
 void* CudaComputeStream();
 
+// A DeviceTimer on the compute stream (CUDA events), or nullptr when no device is present.
+std::unique_ptr<DeviceTimer> NewCudaTimer();
+
 #else  // !BATON_HAVE_CUDA
 
 inline absl::Status SetCudaDevice(int /*index*/) {
@@ -78,6 +84,7 @@ inline absl::Status CudaCopy(void*, const void*, size_t, CopyKind) {
 inline absl::Status CudaZero(void*, size_t) { return absl::UnavailableError("built without CUDA"); }
 inline absl::Status CudaSynchronize() { return absl::UnavailableError("built without CUDA"); }
 inline void* CudaComputeStream() { return nullptr; }
+inline std::unique_ptr<DeviceTimer> NewCudaTimer() { return nullptr; }
 
 #endif  // BATON_HAVE_CUDA
 

@@ -900,6 +900,68 @@ absl::Status CudaZero(void* p, size_t bytes) {
 
 void* CudaComputeStream() { return Enter(); }
 
+namespace {
+
+// Events are created once and reused step after step; a step marks the same number again.
+class CudaTimer final : public DeviceTimer {
+ public:
+  ~CudaTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+
+  void Reset() override { used_ = 0; }
+
+  int Mark() override {
+    cudaStream_t stream = Enter();
+    if (stream == nullptr) return -1;
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      const cudaError_t err = cudaEventCreate(&e);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+      }
+      events_.push_back(e);
+    }
+    if (cudaEventRecord(events_[used_], stream) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return static_cast<int>(used_++);
+  }
+
+  absl::StatusOr<int64_t> ElapsedNs(int from, int to) override {
+    if (from < 0 || to < 0 || static_cast<size_t>(from) >= used_ ||
+        static_cast<size_t>(to) >= used_) {
+      return absl::InvalidArgumentError(absl::StrCat("timer marks ", from, " and ", to,
+                                                     " are not both among ", used_));
+    }
+    cudaError_t err = cudaEventSynchronize(events_[to]);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(err, "cudaEventSynchronize");
+    }
+    float ms = 0.0f;
+    err = cudaEventElapsedTime(&ms, events_[from], events_[to]);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(err, "cudaEventElapsedTime");
+    }
+    return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceTimer> NewCudaTimer() {
+  if (CudaBackend() == nullptr) return nullptr;
+  return std::make_unique<CudaTimer>();
+}
+
 absl::Status CudaSynchronize() {
   cudaStream_t s = Enter();
   if (s != nullptr) {

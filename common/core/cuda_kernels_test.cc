@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
+#include "common/core/device_timer.h"
 #include "common/core/rng.h"
 #include "common/core/tensor.h"
 
@@ -583,6 +584,32 @@ TEST_F(CudaKernelsTest, StagingGoesThroughPageLockedHostMemory) {
   Vec out(v.size());
   ASSERT_TRUE(back->CopyToHost(out.data()).ok());
   EXPECT_EQ(out, v);
+}
+
+// The device timer brackets work on the compute stream: a large GEMM between two marks takes
+// measurable device time, the marks restart after Reset, and unknown marks are refused.
+TEST_F(CudaKernelsTest, DeviceTimerMeasuresStreamWork) {
+  std::unique_ptr<DeviceTimer> timer = NewDeviceTimer(Device::kCuda);
+  ASSERT_NE(timer, nullptr);
+  EXPECT_EQ(NewDeviceTimer(Device::kCpu), nullptr) << "the CPU computes synchronously";
+  const int64_t n = 1024;
+  Tensor a = Tensor::Zeros({n, n}, DType::kFloat32, Device::kCuda);
+  Tensor c = Tensor::Zeros({n, n}, DType::kFloat32, Device::kCuda);
+  for (int round = 0; round < 2; ++round) {
+    timer->Reset();
+    const int from = timer->Mark();
+    cuda_->Gemm(false, false, n, n, n, 1.0f, a.f32(), n, a.f32(), n, 0.0f, c.f32(), n);
+    const int to = timer->Mark();
+    EXPECT_EQ(from, 0);
+    EXPECT_EQ(to, 1);
+    absl::StatusOr<int64_t> ns = timer->ElapsedNs(from, to);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    // 2 GFLOP in fp32 without TF32: well over a microsecond on any GPU, under ten seconds.
+    EXPECT_GT(*ns, 1000);
+    EXPECT_LT(*ns, int64_t{10'000'000'000});
+  }
+  EXPECT_EQ(timer->ElapsedNs(0, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CudaSynchronize().ok());
 }
 
 }  // namespace

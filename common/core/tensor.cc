@@ -81,6 +81,10 @@ Allocator* HostStagingAllocator() {
   return pinned != nullptr ? pinned : CpuAllocator();
 }
 
+std::unique_ptr<DeviceTimer> NewDeviceTimer(Device device) {
+  return device == Device::kCuda ? NewCudaTimer() : nullptr;
+}
+
 absl::Status DeviceSynchronize(Device device) {
   return device == Device::kCpu ? absl::OkStatus() : CudaSynchronize();
 }

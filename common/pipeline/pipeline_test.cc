@@ -362,6 +362,78 @@ TEST(PipelineTimelineTest, RecordsBytesEndAndInflightForEveryAction) {
   EXPECT_EQ(sent[0], 2 * tensor_bytes);  // two micro-batches forward
 }
 
+// A device timer that hands out marks in order and reports each interval as 1000 ns per
+// mark between its ends, so the test can tell which marks framed which action.
+class CountingTimer : public DeviceTimer {
+ public:
+  void Reset() override {
+    ++resets;
+    marks = 0;
+  }
+  int Mark() override { return marks++; }
+  absl::StatusOr<int64_t> ElapsedNs(int from, int to) override {
+    if (from < 0 || to >= marks) return absl::InvalidArgumentError("unknown mark");
+    return int64_t{1000} * (to - from) + from;  // distinct per interval
+  }
+  int resets = 0;
+  int marks = 0;
+};
+
+// On a device that computes asynchronously the executor frames every compute action and the
+// optimizer step with device marks and reads them at the step's end; communication actions
+// stay unmeasured. On the CPU no timer exists and nothing is measured.
+TEST(PipelineTimelineTest, DeviceTimeFramesComputeActionsOnly) {
+  TwoStageMlp job;
+  InProcessHub hub(2);
+  CountingTimer timers[2];
+  std::vector<std::unique_ptr<StageExecutor>> ex;
+  for (int r = 0; r < 2; ++r) {
+    StageExecutorOptions opts;
+    opts.device_timer = &timers[r];
+    auto e = StageExecutor::Create(job.spec, job.sched, job.blocks, r, hub.transport(r), opts);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ex.push_back(*std::move(e));
+  }
+  for (int64_t step = 0; step < 2; ++step) {
+    absl::StatusOr<RankStepResult> results[2];
+    std::thread t1([&] { results[1] = ex[1]->RunStep(step); });
+    results[0] = ex[0]->RunStep(step);
+    t1.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(timers[r].resets, step + 1) << "one reset per step";
+      int next_mark = 0;
+      for (const ActionTiming& t : results[r]->timeline) {
+        const bool timed = IsCompute(t.action.kind) || t.action.kind == ActionKind::kStep;
+        if (timed) {
+          EXPECT_EQ(t.device_ns, 1000 + next_mark) << t.action.ToString();
+          next_mark += 2;
+        } else {
+          EXPECT_EQ(t.device_ns, -1) << t.action.ToString();
+        }
+      }
+      EXPECT_EQ(next_mark, timers[r].marks) << "two marks per timed action, no others";
+    }
+  }
+  // Without a timer (the CPU) nothing is measured.
+  InProcessHub cpu_hub(2);
+  std::vector<std::unique_ptr<StageExecutor>> cpu;
+  for (int r = 0; r < 2; ++r) {
+    auto e = StageExecutor::Create(job.spec, job.sched, job.blocks, r, cpu_hub.transport(r),
+                                   StageExecutorOptions{});
+    ASSERT_TRUE(e.ok()) << e.status();
+    cpu.push_back(*std::move(e));
+  }
+  absl::StatusOr<RankStepResult> results[2];
+  std::thread t1([&] { results[1] = cpu[1]->RunStep(0); });
+  results[0] = cpu[0]->RunStep(0);
+  t1.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    for (const ActionTiming& t : results[r]->timeline) EXPECT_EQ(t.device_ns, -1);
+  }
+}
+
 TEST(PipelineFailureTest, PeerAbortStopsEveryRank) {
   baton::v1::JobSpec spec = GptJob();
   auto* p = spec.mutable_pipeline();

@@ -72,6 +72,11 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   ex->rank_ = rank;
   ex->transport_ = transport;
   ex->options_ = options;
+  ex->timer_ = options.device_timer;
+  if (ex->timer_ == nullptr) {
+    ex->own_timer_ = NewDeviceTimer(options.device);
+    ex->timer_ = ex->own_timer_.get();
+  }
   BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(spec));
   for (int s = 0; s < schedule.num_stages(); ++s) {
     if (schedule.stage_to_rank[s] != rank) continue;
@@ -108,9 +113,22 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   result.start = absl::Now();
   absl::Status status;
   result.timeline.reserve(schedule_.ranks[rank_].size());
+  // Device marks around each timed action: (timeline index, first mark, second mark).
+  struct Marks {
+    size_t action;
+    int from, to;
+  };
+  std::vector<Marks> marks;
+  if (timer_ != nullptr) timer_->Reset();
   for (const Action& a : schedule_.ranks[rank_]) {
     ActionTiming t{a, ns_since_start(), 0, 0};
+    const bool timed = timer_ != nullptr && (IsCompute(a.kind) || a.kind == ActionKind::kStep);
+    const int from = timed ? timer_->Mark() : -1;
     status = Execute(a, st, &t.bytes);
+    if (from >= 0 && status.ok()) {
+      const int to = timer_->Mark();
+      if (to >= 0) marks.push_back({result.timeline.size(), from, to});
+    }
     if (!status.ok()) {
       status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step, " at ",
                                                         a.ToString(), ": ", status.message()));
@@ -149,6 +167,11 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
       for (int m = 0; m < st.M; ++m) c.model->Discard(m);
     }
     return status;
+  }
+  // The step's work is issued; read the device times (waits for the stream to finish it).
+  for (const Marks& m : marks) {
+    absl::StatusOr<int64_t> ns = timer_->ElapsedNs(m.from, m.to);
+    if (ns.ok()) result.timeline[m.action].device_ns = *ns;
   }
   result.losses = std::move(st.losses);
   result.peak_inflight = st.peak_inflight;

@@ -37,6 +37,7 @@
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
 #include "common/pipeline/partition.h"
+#include "common/core/device_timer.h"
 #include "common/pipeline/transport.h"
 #include "common/schedule/schedule.h"
 
@@ -48,6 +49,10 @@ struct ActionTiming {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   int64_t bytes = 0;  // tensor payload moved by a send or receive action
+  // Device time of a compute action or STEP on a rank whose device computes asynchronously
+  // (a GPU: there start/end above are issue times); -1 where not measured (the CPU, whose
+  // wall time is its compute time, and communication actions).
+  int64_t device_ns = -1;
 };
 
 // Sees each action as it ends (metrics that must be live, such as the in-flight count).
@@ -66,6 +71,9 @@ struct StageExecutorOptions {
   Device device = Device::kCpu;
   absl::Duration recv_timeout = absl::Seconds(60);  // deadline of every receive and send wait
   StepObserver* observer = nullptr;                 // not owned; may be null
+  // Measures ActionTiming::device_ns; not owned. When null the executor makes its own for
+  // `device` (NewDeviceTimer: none on the CPU).
+  DeviceTimer* device_timer = nullptr;
 };
 
 struct RankStepResult {
@@ -124,6 +132,8 @@ class StageExecutor {
   std::vector<Chunk> chunks_;  // ascending stage order
   std::vector<Parameter*> params_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DeviceTimer> own_timer_;
+  DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };
 
 }  // namespace baton

@@ -14,6 +14,7 @@ baton::v1::RankTrace RankTraceFromStep(const RankStepResult& step) {
     span->set_end_ns(t.end_ns);
     span->set_bytes(t.bytes);
     span->set_send_wait(send_wait);
+    if (t.device_ns >= 0) span->set_device_ns(t.device_ns);
   };
   for (const ActionTiming& t : step.timeline) add(t, false);
   for (const ActionTiming& t : step.send_waits) add(t, true);
