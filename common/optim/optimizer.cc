@@ -44,6 +44,14 @@ class Sgd final : public Optimizer {
     ++steps_;
   }
 
+  std::vector<Slot> Slots() override {
+    std::vector<Slot> out;
+    for (size_t i = 0; i < momentum_.size(); ++i) {
+      out.push_back(Slot{params_[i], "momentum_buffer", &momentum_[i]});
+    }
+    return out;
+  }
+
  private:
   const baton::v1::SgdSpec spec_;
   const std::vector<Parameter*> params_;
@@ -79,6 +87,15 @@ class AdamW final : public Optimizer {
                      spec_.epsilon(), spec_.weight_decay(), bc1, bc2, p->value.f32(),
                      p->grad.f32(), m_[i].f32(), v_[i].f32());
     }
+  }
+
+  std::vector<Slot> Slots() override {
+    std::vector<Slot> out;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      out.push_back(Slot{params_[i], "exp_avg", &m_[i]});
+      out.push_back(Slot{params_[i], "exp_avg_sq", &v_[i]});
+    }
+    return out;
   }
 
  private:

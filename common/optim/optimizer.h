@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,21 @@ class Optimizer {
   // Applies one update from the parameters' current gradients (it does not zero them).
   virtual void Step() = 0;
   int64_t steps_taken() const { return steps_; }
+
+  // One state tensor of one parameter, named as PyTorch's optimizers name it
+  // ("momentum_buffer"; "exp_avg", "exp_avg_sq"). `state` is the optimizer's own tensor: a
+  // checkpoint reads it, a resume writes it.
+  struct Slot {
+    Parameter* param = nullptr;
+    std::string name;
+    Tensor* state = nullptr;
+  };
+  // Every slot, parameter by parameter in the order given at construction.
+  virtual std::vector<Slot> Slots() = 0;
+  // Restores the count of updates taken, with the slots: a resumed run then continues
+  // AdamW's bias correction and SGD's first-step momentum rule where the checkpoint left
+  // them.
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
 
  protected:
   int64_t steps_ = 0;

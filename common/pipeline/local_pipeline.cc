@@ -124,6 +124,32 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
   return stats;
 }
 
+absl::Status LocalPipelineTrainer::SaveCheckpoint(const std::string& job_dir,
+                                                  const std::string& job) {
+  const std::string step_dir = CheckpointStepDir(job_dir, steps_done_);
+  for (auto& e : executors_) {
+    absl::StatusOr<std::vector<CheckpointBlockFile>> files =
+        e->SaveCheckpoint(step_dir, {job, e->rank(), steps_done_});
+    if (!files.ok()) return files.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalPipelineTrainer::LoadCheckpoint(const std::string& step_dir) {
+  int64_t step = -1;
+  for (auto& e : executors_) {
+    absl::StatusOr<int64_t> s = e->LoadCheckpoint(step_dir);
+    if (!s.ok()) {
+      failed_ = true;
+      return absl::Status(s.status().code(),
+                          absl::StrCat("rank ", e->rank(), ": ", s.status().message()));
+    }
+    step = *s;
+  }
+  steps_done_ = step;
+  return absl::OkStatus();
+}
+
 std::vector<Digest> LocalPipelineTrainer::BlockDigests() {
   std::vector<Digest> out(stage_blocks_.empty() ? 0 : stage_blocks_.back().last);
   for (auto& ex : executors_) {

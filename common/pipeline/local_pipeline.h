@@ -50,6 +50,13 @@ class LocalPipelineTrainer {
   Device device() const { return device_; }  // where every rank computes
   InProcessHub& hub() { return *hub_; }
 
+  // Every rank writes its blocks into checkpoint step steps_done() under `job_dir`, as
+  // job `job` (common/checkpoint/checkpoint.h).
+  absl::Status SaveCheckpoint(const std::string& job_dir, const std::string& job);
+  // Every rank loads its blocks from a complete checkpoint's step directory, written by any
+  // partition; steps_done() becomes its step. On an error the trainer is unusable.
+  absl::Status LoadCheckpoint(const std::string& step_dir);
+
   // Block digests in canonical block order, gathered from the ranks.
   std::vector<Digest> BlockDigests();
   Digest WeightsDigest() { return CombineBlockDigests(BlockDigests()); }

@@ -7,6 +7,7 @@
 // GPU, and skips without one (fails instead under BATON_REQUIRE_GPU).
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -168,6 +169,57 @@ INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases(
 // The comparison above can fail: the digest is sensitive to float rounding, so merely
 // splitting the same batch differently (same data, same maths, another summation order)
 // gives different weights.
+// Checkpoints are per block, so any partition resumes any other's: every schedule, on the
+// MLP (SGD momentum) and the GPT (AdamW), stops after step 1 or 2 on one partition (3
+// stages, or the reference trainer) and finishes on another (2 stages of the same schedule,
+// or the reference trainer); the final weights are the uninterrupted reference run's, bit
+// for bit.
+TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDigest) {
+  const std::string dir = testing::TempDir() + "/pipeline-ckpt";
+  for (bool gpt : {false, true}) {
+    baton::v1::JobSpec spec = gpt ? GptJob() : MlpJob();
+    spec.set_steps(4);
+    spec.mutable_pipeline()->set_microbatches(4);
+    const std::string want = Reference(spec).digest;
+    for (auto sched : {baton::v1::SCHEDULE_GPIPE, baton::v1::SCHEDULE_1F1B,
+                       baton::v1::SCHEDULE_INTERLEAVED_1F1B, baton::v1::SCHEDULE_ZB_H1}) {
+      const bool interleaved = sched == baton::v1::SCHEDULE_INTERLEAVED_1F1B;
+      for (int stop : {1, 2}) {
+        std::filesystem::remove_all(dir);
+        baton::v1::JobSpec first = spec;
+        first.mutable_pipeline()->set_schedule(sched);
+        first.mutable_pipeline()->set_stages(interleaved ? 2 : 3);
+        first.mutable_pipeline()->set_virtual_stages(interleaved ? 2 : 1);
+        auto a = LocalPipelineTrainer::Create(first);
+        ASSERT_TRUE(a.ok()) << a.status();
+        for (int i = 0; i < stop; ++i) ASSERT_TRUE((*a)->Step().ok());
+        ASSERT_TRUE((*a)->SaveCheckpoint(dir, "j").ok());
+        const std::string step_dir = CheckpointStepDir(dir, stop);
+        // Another pipeline partition finishes it...
+        baton::v1::JobSpec second = first;
+        second.mutable_pipeline()->set_stages(interleaved ? 4 : 2);
+        second.mutable_pipeline()->set_virtual_stages(1);
+        if (interleaved) second.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
+        auto b = LocalPipelineTrainer::Create(second);
+        ASSERT_TRUE(b.ok()) << b.status();
+        ASSERT_TRUE((*b)->LoadCheckpoint(step_dir).ok());
+        EXPECT_EQ((*b)->steps_done(), stop);
+        for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
+        EXPECT_EQ(DigestHex((*b)->WeightsDigest()), want)
+            << baton::v1::Schedule_Name(sched) << (gpt ? " gpt" : " mlp") << ", stopped after "
+            << stop;
+        // ... and so does the reference trainer.
+        auto r = ReferenceTrainer::Create(spec);
+        ASSERT_TRUE(r.ok());
+        ASSERT_TRUE((*r)->LoadCheckpoint(step_dir).ok());
+        for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*r)->Step().ok());
+        EXPECT_EQ(DigestHex((*r)->WeightsDigest()), want);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BitExactControlTest, DigestSeesSummationOrder) {
   baton::v1::JobSpec spec = GptJob();
   spec.mutable_pipeline()->set_microbatches(2);

@@ -99,6 +99,23 @@ StageExecutor::Chunk* StageExecutor::ChunkFor(int stage) {
   return nullptr;
 }
 
+std::vector<Module*> StageExecutor::Blocks() {
+  std::vector<Module*> out;
+  for (Chunk& c : chunks_) {
+    for (int i = 0; i < c.model->size(); ++i) out.push_back(&c.model->at(i));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
+    const std::string& step_dir, const CheckpointWriteInfo& info) {
+  return SaveBlocks(step_dir, info, Blocks(), *optimizer_);
+}
+
+absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_dir) {
+  return LoadBlocks(step_dir, Blocks(), *optimizer_);
+}
+
 absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   StepState st(step, schedule_.num_microbatches);
   ZeroGrad(params_);

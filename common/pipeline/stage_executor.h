@@ -37,6 +37,7 @@
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
 #include "common/pipeline/partition.h"
+#include "common/checkpoint/checkpoint.h"
 #include "common/core/device_timer.h"
 #include "common/pipeline/transport.h"
 #include "common/schedule/schedule.h"
@@ -109,6 +110,14 @@ class StageExecutor {
   // Parameters of this rank's chunks, in stage then block order.
   const std::vector<Parameter*>& parameters() const { return params_; }
 
+  // Writes this rank's blocks and their optimizer state into checkpoint directory
+  // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h). Between steps only.
+  absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(
+      const std::string& step_dir, const CheckpointWriteInfo& info);
+  // Loads this rank's blocks and optimizer state from a complete checkpoint written by any
+  // partition; returns its step (the next RunStep's step). Before the first step only.
+  absl::StatusOr<int64_t> LoadCheckpoint(const std::string& step_dir);
+
  private:
   struct Chunk {
     int stage = 0;
@@ -122,6 +131,7 @@ class StageExecutor {
   absl::Status Execute(const Action& a, StepState& st, int64_t* bytes);
   absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
   Chunk* ChunkFor(int stage);
+  std::vector<Module*> Blocks();  // every chunk's blocks, in stage then block order
 
   baton::v1::JobSpec spec_;
   Schedule schedule_;

@@ -299,6 +299,19 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
   BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));
   BATON_RETURN_IF_ERROR(ValidateOptimizer(spec->mutable_optimizer()));
+  if (spec->has_checkpoint()) {
+    baton::v1::CheckpointSpec* c = spec->mutable_checkpoint();
+    BATON_RETURN_IF_ERROR(AtLeastOne("checkpoint.every_steps", c->every_steps()));
+    if (c->dir().empty()) {
+      return Invalid("checkpoint.dir", "required: a directory every worker can write");
+    }
+    if (c->dir().find('\0') != std::string::npos || c->dir().size() > 4096) {
+      return Invalid("checkpoint.dir", "not a usable path");
+    }
+    int32_t keep = c->keep();
+    BATON_RETURN_IF_ERROR(DefaultPositive("checkpoint.keep", &keep, 2));
+    c->set_keep(keep);
+  }
 
   // Cross-field checks.
   const auto& data = spec->data();

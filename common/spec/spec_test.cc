@@ -93,6 +93,28 @@ TEST(ValidateTest, NcclTransportOnTheCpuIsRefused) {
   EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ValidateTest, CheckpointFieldsAreCheckedAndKeepDefaults) {
+  JobSpec spec = ValidMlp();
+  spec.mutable_checkpoint()->set_dir("/tmp/ckpt");
+  absl::Status st = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("checkpoint.every_steps: must be at least 1, got 0", 0), 0u) << st;
+  spec.mutable_checkpoint()->set_every_steps(-3);
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("checkpoint.every_steps:", 0), 0u);
+  spec.mutable_checkpoint()->set_every_steps(5);
+  spec.mutable_checkpoint()->set_dir("");
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("checkpoint.dir: required", 0), 0u);
+  spec.mutable_checkpoint()->set_dir("/tmp/ckpt");
+  spec.mutable_checkpoint()->set_keep(-1);
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("checkpoint.keep:", 0), 0u);
+  spec.mutable_checkpoint()->set_keep(0);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_EQ(spec.checkpoint().keep(), 2);
+  JobSpec none = ValidMlp();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&none).ok());
+  EXPECT_FALSE(none.has_checkpoint()) << "no checkpoint unless asked for";
+}
+
 TEST(ValidateTest, UnknownDeviceKindIsRefused) {
   JobSpec spec = ValidMlp();
   spec.set_device(static_cast<baton::v1::DeviceKind>(7));

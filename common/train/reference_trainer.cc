@@ -18,8 +18,21 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   BATON_ASSIGN_OR_RETURN(t->model_,
                          BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
   t->params_ = t->model_->Parameters();
+  for (int i = 0; i < t->model_->size(); ++i) t->blocks_.push_back(&t->model_->at(i));
   BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_));
   return t;
+}
+
+absl::StatusOr<std::vector<CheckpointBlockFile>> ReferenceTrainer::SaveCheckpoint(
+    const std::string& job_dir, const std::string& job) {
+  return SaveBlocks(CheckpointStepDir(job_dir, steps_done_), {job, 0, steps_done_}, blocks_,
+                    *optimizer_);
+}
+
+absl::Status ReferenceTrainer::LoadCheckpoint(const std::string& step_dir) {
+  BATON_ASSIGN_OR_RETURN(const int64_t step, LoadBlocks(step_dir, blocks_, *optimizer_));
+  steps_done_ = step;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepStats> ReferenceTrainer::Step() {

@@ -15,10 +15,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "baton/v1/job.pb.h"
+#include "common/checkpoint/checkpoint.h"
 #include "common/core/digest.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
@@ -50,6 +52,17 @@ class ReferenceTrainer {
   const baton::v1::JobSpec& spec() const { return spec_; }  // with defaults filled in
   const Dataset& dataset() const { return *dataset_; }
   Sequential& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+
+  // Writes the state after steps_done() (every block, with its optimizer state) as
+  // checkpoint step steps_done() under `job_dir` (common/checkpoint/checkpoint.h), as rank 0
+  // of job `job`.
+  absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& job_dir,
+                                                                  const std::string& job);
+  // Loads a complete checkpoint's step directory (written by any partition of the same
+  // model and optimizer): weights, optimizer state, and steps_done() becomes its step, so
+  // the next Step() trains the step after it. On an error the trainer is unusable.
+  absl::Status LoadCheckpoint(const std::string& step_dir);
 
   std::vector<Digest> BlockDigests() { return baton::BlockDigests(*model_); }
   Digest WeightsDigest() { return CombineBlockDigests(BlockDigests()); }
@@ -62,6 +75,7 @@ class ReferenceTrainer {
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<Sequential> model_;
   std::vector<Parameter*> params_;
+  std::vector<Module*> blocks_;  // model_'s blocks, in order
   std::unique_ptr<Optimizer> optimizer_;
   int64_t steps_done_ = 0;
 };

@@ -1,0 +1,120 @@
+// Checkpoints: a job's training state after a step, block by block.
+//
+// Layout, under the job's checkpoint directory (dir/JOB):
+//   step-N/<block>.safetensors   one file per block: its parameters under their own names
+//                                ("block.3.attn.qkv.weight") and its optimizer state as
+//                                "optimizer.<slot>.<parameter>" (slots named as PyTorch
+//                                names them: momentum_buffer; exp_avg, exp_avg_sq); metadata
+//                                format, job, step, block, optimizer_steps
+//   step-N/manifest.rank-R.json  what rank R wrote: each block's file, bytes and SHA-256
+// A step is a complete checkpoint when its manifests name every block of the model once and
+// every file matches its SHA-256. Because files are per block, a checkpoint written by one
+// partition of the model loads into any other (another number of stages, or one process).
+//
+// Every file is written atomically (a temporary file, fsync, rename, fsync of the
+// directory): a reader sees a whole file or none. A manifest is written after its block
+// files, so a manifest never names a file that is not there.
+//
+// Thread safety: functions touch only the paths they are given; concurrent writers must
+// write different blocks (each rank its own).
+#ifndef BATON_COMMON_CHECKPOINT_CHECKPOINT_H_
+#define BATON_COMMON_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/nn/module.h"
+#include "common/optim/optimizer.h"
+
+namespace baton {
+
+// The "format" metadata of every block file.
+inline constexpr char kCheckpointFormat[] = "baton-checkpoint-1";
+
+// dir/JOB/step-N (no trailing slash).
+std::string CheckpointJobDir(const std::string& dir, const std::string& job);
+std::string CheckpointStepDir(const std::string& job_dir, int64_t step);
+
+// Writes `bytes` to `path` atomically (see above). Errors name the path and the call.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+// Reads a whole file. NOT_FOUND when it does not exist.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+// Checks that `dir` can hold checkpoints: creates it if needed and writes and removes a
+// probe file. FAILED_PRECONDITION naming the directory and the reason otherwise.
+absl::Status CheckCheckpointDirWritable(const std::string& dir);
+
+struct CheckpointBlockFile {
+  std::string block;   // the block's name ("embed", "block.3", "head", "hidden.0", "out")
+  std::string file;    // relative to the step directory
+  std::string sha256;  // hex
+  int64_t bytes = 0;
+};
+
+struct CheckpointWriteInfo {
+  std::string job;   // recorded in the metadata
+  int rank = 0;      // names the manifest
+  int64_t step = 0;  // steps done: the state after step `step`
+};
+
+// Writes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's
+// manifest into `step_dir` (created if needed). The optimizer covers the blocks' parameters
+// (it may cover more: a rank's other chunks). Returns what was written.
+absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
+                                                            const CheckpointWriteInfo& info,
+                                                            const std::vector<Module*>& blocks,
+                                                            Optimizer& optimizer);
+
+// A step directory's manifests, merged.
+struct CheckpointIndex {
+  int64_t step = 0;
+  std::map<std::string, CheckpointBlockFile> blocks;  // by block name
+};
+// NOT_FOUND when the directory has no manifest; DATA_LOSS when a manifest cannot be parsed
+// or two name the same block differently.
+absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir);
+
+// Loads `blocks`' parameters and their optimizer slots from `step_dir` and sets the
+// optimizer's step count; returns the checkpoint's step. Every file is checked against its
+// manifest's SHA-256 first (DATA_LOSS naming the file on a mismatch). INVALID_ARGUMENT
+// naming the tensor when the checkpoint does not fit the model (a missing or extra tensor,
+// another shape, another optimizer). Nothing is partly loaded into a parameter, but on an
+// error some blocks may have been loaded: the caller discards the model.
+absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir,
+                                   const std::vector<Module*>& blocks, Optimizer& optimizer);
+
+// The steps that have a directory under `job_dir`, ascending (none when it does not exist).
+std::vector<int64_t> ListCheckpointSteps(const std::string& job_dir);
+
+// Whether step_dir is a complete checkpoint of the named blocks: OK, or why not (NOT_FOUND:
+// no manifest or a block missing; DATA_LOSS: a file missing or failing its SHA-256).
+absl::Status VerifyCheckpoint(const std::string& step_dir,
+                              const std::vector<std::string>& block_names);
+
+// The newest step <= `at_most` (-1: any) that is a complete checkpoint of the named blocks.
+// Each newer step skipped is appended to `skipped` with why. NOT_FOUND when there is none.
+absl::StatusOr<int64_t> LatestCompleteCheckpoint(const std::string& job_dir,
+                                                 const std::vector<std::string>& block_names,
+                                                 int64_t at_most,
+                                                 std::vector<std::string>* skipped);
+
+// Deletes all but the newest `keep` (>= 1) step directories that are complete checkpoints
+// of the named blocks, and every incomplete one older than the oldest of those kept.
+// Newer incomplete ones (being written) are left alone. Returns the steps deleted.
+absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir,
+                                                      const std::vector<std::string>& block_names,
+                                                      int keep);
+
+// The model's weights (no optimizer state) from a complete checkpoint, as one safetensors
+// file: every parameter under its name, blocks in the given (canonical) order; metadata
+// format, job, step. Files are checked against their SHA-256.
+absl::StatusOr<std::string> ExportWeights(const std::string& step_dir,
+                                          const std::vector<std::string>& block_names);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_CHECKPOINT_CHECKPOINT_H_
