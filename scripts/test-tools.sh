@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Python tools the offline deployment checks need (tests/deploy_test.sh) into
-# a virtual environment at build/test-tools, and prints its bin/ directory on stdout.
+# Installs the Python tools the offline deployment checks (tests/deploy_test.sh) and the
+# checkpoint interoperability test (tests/checkpoint_interop_test.py: the safetensors
+# package, with numpy) need into a virtual environment at build/test-tools, and prints its
+# bin/ directory on stdout.
 # Idempotent: when the pinned versions are already there it only reads the installed
 # packages' metadata and exits (well under a second). Everything else those checks use is
 # a Debian package from scripts/setup.sh (docker-compose, promtool, yamllint).
@@ -14,7 +16,7 @@ VENV="${BATON_TEST_TOOLS:-build/test-tools}"
 # Pinned: a new release can change which Kubernetes versions it bundles and how strict
 # --strict is, and a test should only change when this line does. PyYAML (a dependency of
 # kubernetes-validate) is named because the test's own checks import it.
-REQUIREMENTS=(kubernetes-validate==1.37.0 PyYAML==6.0.3)
+REQUIREMENTS=(kubernetes-validate==1.37.0 PyYAML==6.0.3 safetensors==0.8.0 numpy==2.3.5)
 
 log() { echo "test-tools: $*" >&2; }
 

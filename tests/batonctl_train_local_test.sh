@@ -89,4 +89,41 @@ if "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --trace "$tmp/t.json" >"
 fi
 grep -qF -- "--trace needs --pipeline" "$tmp/t.out" || fail "--trace without --pipeline: $(cat "$tmp/t.out")"
 
+# Checkpoints: refused before training when the directory cannot be written; --resume-from
+# names what is wrong; a run stopped at a checkpoint and resumed (on a pipeline) ends with
+# the uninterrupted digest.
+python3 - "$EXAMPLES/mlp-tiny.json" "$tmp" >"$tmp/ckpt.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["checkpoint"] = {"everySteps": 2, "dir": sys.argv[2] + "/ckpt", "keep": 3}
+spec["steps"] = 7
+print(json.dumps(spec))
+PY
+sed -e "s|$tmp/ckpt|/proc/no-such-dir|" "$tmp/ckpt.json" >"$tmp/ckpt-bad.json"
+if "$BATONCTL" train-local -f "$tmp/ckpt-bad.json" >"$tmp/cb.out" 2>&1; then
+  fail "an unwritable checkpoint.dir was accepted"
+fi
+grep -qF "checkpoint.dir: checkpoint directory /proc/no-such-dir" "$tmp/cb.out" \
+  || fail "unwritable checkpoint.dir: $(cat "$tmp/cb.out")"
+grep -q "^step" "$tmp/cb.out" && fail "trained before refusing the checkpoint directory"
+want="$("$BATONCTL" train-local -f "$tmp/ckpt.json" | sed -n 's/^weights digest //p')"
+# Every 2 steps and after the last: 2, 4, 6, 7; keep 3 leaves 4, 6, 7.
+[[ "$(ls "$tmp/ckpt/local" | tr '\n' ' ')" == "step-4 step-6 step-7 " ]] \
+  || fail "checkpoints kept: $(ls "$tmp/ckpt/local")"
+got="$("$BATONCTL" train-local -f "$tmp/ckpt.json" --pipeline --job-id again \
+        --resume-from "$tmp/ckpt/local@4" | sed -n 's/^weights digest //p')"
+[[ -n "$want" && "$got" == "$want" ]] || fail "resumed digest $got, uninterrupted $want"
+[[ "$(ls "$tmp/ckpt/again" | tr '\n' ' ')" == "step-6 step-7 " ]] \
+  || fail "the resumed run's checkpoints: $(ls "$tmp/ckpt/again")"
+for bad in "$tmp/ckpt/nothing" "$tmp/ckpt/local@2" "$tmp/ckpt/local@3" "$tmp/ckpt/local@x"; do
+  if "$BATONCTL" train-local -f "$tmp/ckpt.json" --resume-from "$bad" >"$tmp/rb.out" 2>&1; then
+    fail "--resume-from $bad accepted"
+  fi
+  grep -qE "no complete checkpoint|not a complete checkpoint|must be a step number" "$tmp/rb.out" \
+    || fail "--resume-from $bad: $(cat "$tmp/rb.out")"
+done
+"$BATONCTL" export --from "$tmp/ckpt/local" -o "$tmp/model.safetensors" 2>/dev/null \
+  || fail "export --from failed"
+[[ -s "$tmp/model.safetensors" ]] || fail "export wrote nothing"
+
 echo "batonctl train-local: all checks passed"

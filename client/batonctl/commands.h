@@ -48,6 +48,9 @@ int Workers(const std::vector<std::string>& argv);
 // Chrome trace-event JSON (Perfetto, chrome://tracing), one track per stage.
 int Trace(const std::vector<std::string>& argv);
 
+// batonctl export: a job's weights from a complete checkpoint, as one safetensors file.
+int Export(const std::vector<std::string>& argv);
+
 }  // namespace baton::cli
 
 #endif  // BATON_CLIENT_BATONCTL_COMMANDS_H_

@@ -23,6 +23,7 @@ constexpr char kUsage[] =
     "  cancel        cancel a queued or running job\n"
     "  workers       list the workers and what they run\n"
     "  trace         write one step's action timeline as Chrome trace-event JSON\n"
+    "  export        write a job's weights from a checkpoint as one safetensors file\n"
     "\n"
     "Run 'batonctl COMMAND --help' for a command's flags.\n";
 }  // namespace
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return baton::cli::Cancel(rest);
   if (command == "workers") return baton::cli::Workers(rest);
   if (command == "trace") return baton::cli::Trace(rest);
+  if (command == "export") return baton::cli::Export(rest);
   std::fprintf(stderr, "batonctl: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

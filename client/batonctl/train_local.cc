@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
 #include "client/batonctl/trace_json.h"
+#include "common/checkpoint/checkpoint.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
 #include "common/pipeline/local_pipeline.h"
@@ -36,6 +38,9 @@ const std::vector<FlagSpec>& Flags() {
       {"blas-threads", "", false, "CPU GEMM threads (default 1; results do not depend on it)"},
       {"device", "", false,
        "cpu, cuda or cuda:N (default: the spec's device; auto is cuda when a GPU is visible)"},
+      {"resume-from", "", false,
+       "resume from a checkpoint: DIR/JOB (its newest complete one) or DIR/JOB@STEP"},
+      {"job-id", "", false, "the job name checkpoints are written under (default local)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
   };
@@ -76,9 +81,27 @@ struct Runner {
   std::function<absl::StatusOr<StepStats>()> step;
   std::function<std::vector<Digest>()> digests;
   std::function<int64_t()> parameters;
+  std::function<absl::Status(const std::string& job_dir, const std::string& job)> save;
+  std::function<absl::Status(const std::string& step_dir)> load;
+  std::function<int64_t()> steps_done;
   std::string data;  // one line describing the data (reference only)
   Device device = Device::kCpu;
 };
+
+// Splits "PATH@STEP" (STEP >= 0) or "PATH" (step -1: the newest complete checkpoint).
+absl::Status ParseResumeFrom(const std::string& arg, std::string* job_dir, int64_t* step) {
+  *step = -1;
+  *job_dir = arg;
+  const size_t at = arg.rfind('@');
+  if (at != std::string::npos) {
+    *job_dir = arg.substr(0, at);
+    if (!absl::SimpleAtoi(arg.substr(at + 1), step) || *step < 0) {
+      return absl::InvalidArgumentError("--resume-from " + arg + ": STEP after @ must be a step number");
+    }
+  }
+  if (job_dir->empty()) return absl::InvalidArgumentError("--resume-from needs DIR/JOB[@STEP]");
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -156,6 +179,9 @@ int TrainLocal(const std::vector<std::string>& argv) {
       return static_cast<StepStats>(*s);
     };
     run.digests = [&] { return pipe->BlockDigests(); };
+    run.save = [&](const std::string& d, const std::string& j) { return pipe->SaveCheckpoint(d, j); };
+    run.load = [&](const std::string& d) { return pipe->LoadCheckpoint(d); };
+    run.steps_done = [&] { return pipe->steps_done(); };
     run.device = pipe->device();
   } else {
     absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t =
@@ -165,6 +191,11 @@ int TrainLocal(const std::vector<std::string>& argv) {
     run.spec = reference->spec();
     run.step = [&] { return reference->Step(); };
     run.digests = [&] { return reference->BlockDigests(); };
+    run.save = [&](const std::string& d, const std::string& j) {
+      return reference->SaveCheckpoint(d, j).status();
+    };
+    run.load = [&](const std::string& d) { return reference->LoadCheckpoint(d); };
+    run.steps_done = [&] { return reference->steps_done(); };
     run.data = reference->dataset().Describe();
     run.device = reference->device();
   }
@@ -195,11 +226,52 @@ int TrainLocal(const std::vector<std::string>& argv) {
     }
     std::fflush(stdout);
   }
+  std::vector<std::string> block_names;
+  for (const BlockInfo& b : blocks) block_names.push_back(b.name);
+  if (args->Has("resume-from")) {
+    std::string from;
+    int64_t at = -1;
+    if (absl::Status p = ParseResumeFrom(args->Get("resume-from"), &from, &at); !p.ok()) {
+      return Fail(std::string(p.message()));
+    }
+    std::vector<std::string> skipped;
+    absl::StatusOr<int64_t> step = LatestCompleteCheckpoint(from, block_names, at, &skipped);
+    for (const std::string& why : skipped) std::fprintf(stderr, "batonctl train-local: %s\n", why.c_str());
+    if (!step.ok()) return Fail("--resume-from: " + std::string(step.status().message()));
+    if (at >= 0 && *step != at) {
+      return Fail(absl::StrFormat("--resume-from: step %d is not a complete checkpoint", at));
+    }
+    if (*step >= s.steps()) {
+      return Fail(absl::StrFormat("--resume-from: the checkpoint is after step %d, but the job has %d steps",
+                                  *step, s.steps()));
+    }
+    if (absl::Status l = run.load(CheckpointStepDir(from, *step)); !l.ok()) {
+      return Fail("--resume-from: " + std::string(l.message()));
+    }
+    if (text) std::printf("resumed from %s after step %lld\n", from.c_str(), static_cast<long long>(*step));
+  }
+  std::string checkpoint_job_dir;
+  const std::string job_id = args->Get("job-id", "local");
+  if (s.has_checkpoint()) {
+    checkpoint_job_dir = CheckpointJobDir(s.checkpoint().dir(), job_id);
+    if (absl::Status w = CheckCheckpointDirWritable(checkpoint_job_dir); !w.ok()) {
+      return Fail("checkpoint.dir: " + std::string(w.message()));
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
   const bool is_text_data = s.data().has_text();
-  for (int64_t i = 0; i < s.steps(); ++i) {
+  for (int64_t i = run.steps_done(); i < s.steps(); ++i) {
     absl::StatusOr<StepStats> st = run.step();
     if (!st.ok()) return Fail(absl::StrFormat("step %d: %s", i + 1, st.status().message()));
+    if (!checkpoint_job_dir.empty() &&
+        (st->step % s.checkpoint().every_steps() == 0 || st->step == s.steps())) {
+      if (absl::Status w = run.save(checkpoint_job_dir, job_id); !w.ok()) {
+        return Fail(absl::StrFormat("checkpoint after step %d: %s", st->step, w.message()));
+      }
+      absl::StatusOr<std::vector<int64_t>> pruned =
+          PruneCheckpoints(checkpoint_job_dir, block_names, s.checkpoint().keep());
+      if (!pruned.ok()) return Fail(std::string(pruned.status().message()));
+    }
     baton::v1::StepReport* r = report.add_steps();
     r->set_step(st->step);
     r->set_loss(st->loss);

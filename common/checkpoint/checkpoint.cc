@@ -200,6 +200,10 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
                                                             const CheckpointWriteInfo& info,
                                                             const std::vector<Module*>& blocks,
                                                             Optimizer& optimizer) {
+  if (info.block_indices.size() != blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", blocks.size(), " blocks but ",
+                                                   info.block_indices.size(), " indices"));
+  }
   if (absl::Status st = MakeDirs(step_dir); !st.ok()) return st;
   const auto params = ParamsOf(blocks);
   const auto slots = SlotsByParam(optimizer);
@@ -220,7 +224,7 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
                                     {"block", name},
                                     {"optimizer_steps", absl::StrCat(optimizer.steps_taken())}});
     if (!bytes.ok()) return bytes.status();
-    CheckpointBlockFile f{name, BlockFileName(name), Sha256Hex(*bytes),
+    CheckpointBlockFile f{name, info.block_indices[b], BlockFileName(name), Sha256Hex(*bytes),
                           static_cast<int64_t>(bytes->size())};
     if (absl::Status st = WriteFileAtomically((fs::path(step_dir) / f.file).string(), *bytes);
         !st.ok()) {
@@ -230,10 +234,11 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
   }
   std::string manifest = absl::StrCat("{\"format\":", Quote(kCheckpointFormat),
                                       ",\"job\":", Quote(info.job), ",\"step\":", info.step,
-                                      ",\"rank\":", info.rank, ",\"blocks\":[");
+                                      ",\"rank\":", info.rank, ",\"num_blocks\":", info.num_blocks,
+                                      ",\"blocks\":[");
   for (size_t i = 0; i < written.size(); ++i) {
     const CheckpointBlockFile& f = written[i];
-    absl::StrAppend(&manifest, i ? "," : "", "{\"block\":", Quote(f.block),
+    absl::StrAppend(&manifest, i ? "," : "", "{\"block\":", Quote(f.block), ",\"index\":", f.index,
                     ",\"file\":", Quote(f.file), ",\"sha256\":", Quote(f.sha256),
                     ",\"bytes\":", f.bytes, "}");
   }
@@ -279,16 +284,26 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir)
     }
     index.step = s;
     any = true;
+    const auto num = f.find("num_blocks");
+    const int num_blocks = num == f.end() ? 0 : static_cast<int>(num->second.number_value());
+    if (num_blocks < 1 || (index.num_blocks != 0 && num_blocks != index.num_blocks)) {
+      return absl::DataLossError(absl::StrCat(m.string(), " has num_blocks ", num_blocks,
+                                              index.num_blocks ? absl::StrCat(", another ", index.num_blocks) : ""));
+    }
+    index.num_blocks = num_blocks;
     for (const auto& v : blocks->second.list_value().values()) {
       const auto& bf = v.struct_value().fields();
       auto str = [&bf](const char* k) {
         const auto i = bf.find(k);
         return i == bf.end() ? std::string() : i->second.string_value();
       };
-      CheckpointBlockFile b{str("block"), str("file"), str("sha256"), 0};
+      CheckpointBlockFile b{str("block"), -1, str("file"), str("sha256"), 0};
       const auto bytes = bf.find("bytes");
       if (bytes != bf.end()) b.bytes = static_cast<int64_t>(bytes->second.number_value());
-      if (b.block.empty() || b.file.empty() || b.sha256.empty() ||
+      const auto idx = bf.find("index");
+      if (idx != bf.end()) b.index = static_cast<int>(idx->second.number_value());
+      if (b.block.empty() || b.file.empty() || b.sha256.empty() || b.index < 0 ||
+          b.index >= num_blocks ||
           b.file.find('/') != std::string::npos || b.file.find("..") != std::string::npos) {
         return absl::DataLossError(absl::StrCat(m.string(), ": a block entry is malformed"));
       }
@@ -465,28 +480,37 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir
   return deleted;
 }
 
-absl::StatusOr<std::string> ExportWeights(const std::string& step_dir,
-                                          const std::vector<std::string>& block_names) {
+absl::StatusOr<std::vector<std::string>> CheckpointBlockOrder(const CheckpointIndex& index) {
+  std::vector<std::string> names(static_cast<size_t>(index.num_blocks));
+  for (const auto& [name, f] : index.blocks) names[static_cast<size_t>(f.index)] = name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) {
+      return absl::NotFoundError(absl::StrCat("the checkpoint of step ", index.step,
+                                              " has no file for block ", i, " of ",
+                                              index.num_blocks));
+    }
+  }
+  return names;
+}
+
+absl::StatusOr<std::string> ExportWeights(const std::string& step_dir) {
   absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(step_dir);
   if (!index.ok()) return index.status();
-  // The files stay in memory while the export is assembled; tensors point into them.
+  absl::StatusOr<std::vector<std::string>> block_names = CheckpointBlockOrder(*index);
+  if (!block_names.ok()) return block_names.status();
   std::vector<std::string> files;
-  files.reserve(block_names.size());
+  files.reserve(block_names->size());
   std::vector<Tensor> tensors;
   std::vector<std::string> names;
   std::string job;
-  for (const std::string& b : block_names) {
-    const auto f = index->blocks.find(b);
-    if (f == index->blocks.end()) {
-      return absl::NotFoundError(absl::StrCat(step_dir, " has no file for block ", b));
-    }
-    absl::StatusOr<std::string> bytes = ReadVerified(step_dir, f->second);
+  for (const std::string& b : *block_names) {
+    const CheckpointBlockFile& f = index->blocks.at(b);
+    absl::StatusOr<std::string> bytes = ReadVerified(step_dir, f);
     if (!bytes.ok()) return bytes.status();
     files.push_back(*std::move(bytes));
     absl::StatusOr<Safetensors> st = ParseSafetensors(files.back());
     if (!st.ok()) {
-      return absl::DataLossError(absl::StrCat(step_dir, "/", f->second.file, ": ",
-                                              st.status().message()));
+      return absl::DataLossError(absl::StrCat(step_dir, "/", f.file, ": ", st.status().message()));
     }
     job = st->metadata["job"];
     for (const std::string& tname : st->order) {

@@ -50,6 +50,7 @@ absl::Status CheckCheckpointDirWritable(const std::string& dir);
 
 struct CheckpointBlockFile {
   std::string block;   // the block's name ("embed", "block.3", "head", "hidden.0", "out")
+  int index = 0;       // its place in the model's canonical block order
   std::string file;    // relative to the step directory
   std::string sha256;  // hex
   int64_t bytes = 0;
@@ -59,6 +60,8 @@ struct CheckpointWriteInfo {
   std::string job;   // recorded in the metadata
   int rank = 0;      // names the manifest
   int64_t step = 0;  // steps done: the state after step `step`
+  int num_blocks = 0;               // blocks in the whole model
+  std::vector<int> block_indices;   // the canonical index of each block written, in order
 };
 
 // Writes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's
@@ -72,6 +75,7 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
 // A step directory's manifests, merged.
 struct CheckpointIndex {
   int64_t step = 0;
+  int num_blocks = 0;  // blocks in the whole model, as the manifests say
   std::map<std::string, CheckpointBlockFile> blocks;  // by block name
 };
 // NOT_FOUND when the directory has no manifest; DATA_LOSS when a manifest cannot be parsed
@@ -109,11 +113,14 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir
                                                       const std::vector<std::string>& block_names,
                                                       int keep);
 
+// The block names of a complete index in canonical order; NOT_FOUND naming the first
+// missing index when the manifests do not cover every block.
+absl::StatusOr<std::vector<std::string>> CheckpointBlockOrder(const CheckpointIndex& index);
+
 // The model's weights (no optimizer state) from a complete checkpoint, as one safetensors
-// file: every parameter under its name, blocks in the given (canonical) order; metadata
-// format, job, step. Files are checked against their SHA-256.
-absl::StatusOr<std::string> ExportWeights(const std::string& step_dir,
-                                          const std::vector<std::string>& block_names);
+// file: every parameter under its name, blocks in canonical order; metadata format, job,
+// step. Files are checked against their SHA-256.
+absl::StatusOr<std::string> ExportWeights(const std::string& step_dir);
 
 }  // namespace baton
 

@@ -120,8 +120,11 @@ TEST_F(CheckpointTest, FilesAreSafetensorsWithManifestHashes) {
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_EQ(index->step, 2);
   EXPECT_EQ(index->blocks.size(), 4u);  // hidden.0..2, out
+  EXPECT_EQ(index->num_blocks, 4);
+  EXPECT_EQ(*CheckpointBlockOrder(*index), BlockNames(*t));
   const CheckpointBlockFile& f = index->blocks.at("hidden.1");
   EXPECT_EQ(f.file, "hidden.1.safetensors");
+  EXPECT_EQ(f.index, 1);
   absl::StatusOr<std::string> bytes = ReadWholeFile((fs::path(step_dir) / f.file).string());
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(static_cast<int64_t>(bytes->size()), f.bytes);
@@ -238,7 +241,7 @@ TEST_F(CheckpointTest, ExportHoldsEveryWeightInBlockOrderAndNoOptimizerState) {
   auto t = Trainer(kGptAdamW);
   Steps(*t, 2);
   ASSERT_TRUE(t->SaveCheckpoint(JobDir(), "job-9").ok());
-  absl::StatusOr<std::string> bytes = ExportWeights(CheckpointStepDir(JobDir(), 2), BlockNames(*t));
+  absl::StatusOr<std::string> bytes = ExportWeights(CheckpointStepDir(JobDir(), 2));
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   absl::StatusOr<Safetensors> st = ParseSafetensors(*bytes);
   ASSERT_TRUE(st.ok()) << st.status();

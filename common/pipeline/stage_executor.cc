@@ -109,7 +109,13 @@ std::vector<Module*> StageExecutor::Blocks() {
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
     const std::string& step_dir, const CheckpointWriteInfo& info) {
-  return SaveBlocks(step_dir, info, Blocks(), *optimizer_);
+  CheckpointWriteInfo full = info;
+  full.num_blocks = static_cast<int>(DescribeBlocks(spec_.model()).size());
+  full.block_indices.clear();
+  for (const Chunk& c : chunks_) {
+    for (int b = c.blocks.first; b < c.blocks.last; ++b) full.block_indices.push_back(b);
+  }
+  return SaveBlocks(step_dir, full, Blocks(), *optimizer_);
 }
 
 absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_dir) {

@@ -111,7 +111,8 @@ class StageExecutor {
   const std::vector<Parameter*>& parameters() const { return params_; }
 
   // Writes this rank's blocks and their optimizer state into checkpoint directory
-  // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h). Between steps only.
+  // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h); `info` gives the
+  // job, rank and step, the executor the block indices. Between steps only.
   absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(
       const std::string& step_dir, const CheckpointWriteInfo& info);
   // Loads this rank's blocks and optimizer state from a complete checkpoint written by any

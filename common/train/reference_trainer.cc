@@ -25,8 +25,9 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> ReferenceTrainer::SaveCheckpoint(
     const std::string& job_dir, const std::string& job) {
-  return SaveBlocks(CheckpointStepDir(job_dir, steps_done_), {job, 0, steps_done_}, blocks_,
-                    *optimizer_);
+  CheckpointWriteInfo info{job, 0, steps_done_, static_cast<int>(blocks_.size()), {}};
+  for (int i = 0; i < static_cast<int>(blocks_.size()); ++i) info.block_indices.push_back(i);
+  return SaveBlocks(CheckpointStepDir(job_dir, steps_done_), info, blocks_, *optimizer_);
 }
 
 absl::Status ReferenceTrainer::LoadCheckpoint(const std::string& step_dir) {
