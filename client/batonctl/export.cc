@@ -76,41 +76,21 @@ int Export(const std::vector<std::string>& argv) {
     }
     job_dir = CheckpointJobDir(job.spec().checkpoint().dir(), job.id());
   }
+  // Complete by the manifests' own block list: export needs no spec.
   std::vector<std::string> skipped;
-  // Completeness needs the model's block list, which the manifests carry.
-  int64_t step = -1;
-  for (const int64_t s : ListCheckpointSteps(job_dir)) {
-    if (*at >= 0 && s != *at) continue;
-    absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(CheckpointStepDir(job_dir, s));
-    if (!index.ok()) {
-      skipped.push_back(absl::StrCat("step ", s, ": ", index.status().message()));
-      continue;
-    }
-    absl::StatusOr<std::vector<std::string>> names = CheckpointBlockOrder(*index);
-    absl::Status ok = names.ok() ? VerifyCheckpoint(CheckpointStepDir(job_dir, s), *names)
-                                 : names.status();
-    if (!ok.ok()) {
-      skipped.push_back(absl::StrCat("step ", s, ": ", ok.message()));
-      continue;
-    }
-    step = s;  // ascending: the last one kept is the newest
-  }
+  absl::StatusOr<int64_t> step = FindCheckpoint(job_dir, {}, *at, &skipped);
   for (const std::string& why : skipped) {
-    std::fprintf(stderr, "batonctl export: skipped %s\n", why.c_str());
+    std::fprintf(stderr, "batonctl export: %s\n", why.c_str());
   }
-  if (step < 0) {
-    return CommandFail(kCommand, absl::StrCat("no complete checkpoint",
-                                              *at >= 0 ? absl::StrCat(" of step ", *at) : "",
-                                              " under ", job_dir));
-  }
-  absl::StatusOr<std::string> bytes = ExportWeights(CheckpointStepDir(job_dir, step));
+  if (!step.ok()) return CommandFail(kCommand, std::string(step.status().message()));
+  absl::StatusOr<std::string> bytes = ExportWeights(CheckpointStepDir(job_dir, *step));
   if (!bytes.ok()) return CommandFail(kCommand, std::string(bytes.status().message()));
   const std::string path = args->Get("output");
   if (absl::Status s = WriteFileAtomically(path, *bytes); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()));
   }
   std::fprintf(stderr, "wrote %s: the weights after step %lld from %s (%zu bytes)\n", path.c_str(),
-               static_cast<long long>(step), job_dir.c_str(), bytes->size());
+               static_cast<long long>(*step), job_dir.c_str(), bytes->size());
   return 0;
 }
 

@@ -96,7 +96,8 @@ absl::Status ParseResumeFrom(const std::string& arg, std::string* job_dir, int64
   if (at != std::string::npos) {
     *job_dir = arg.substr(0, at);
     if (!absl::SimpleAtoi(arg.substr(at + 1), step) || *step < 0) {
-      return absl::InvalidArgumentError("--resume-from " + arg + ": STEP after @ must be a step number");
+      return absl::InvalidArgumentError("--resume-from " + arg +
+                                        ": STEP after @ must be a step number");
     }
   }
   if (job_dir->empty()) return absl::InvalidArgumentError("--resume-from needs DIR/JOB[@STEP]");
@@ -235,20 +236,23 @@ int TrainLocal(const std::vector<std::string>& argv) {
       return Fail(std::string(p.message()));
     }
     std::vector<std::string> skipped;
-    absl::StatusOr<int64_t> step = LatestCompleteCheckpoint(from, block_names, at, &skipped);
-    for (const std::string& why : skipped) std::fprintf(stderr, "batonctl train-local: %s\n", why.c_str());
-    if (!step.ok()) return Fail("--resume-from: " + std::string(step.status().message()));
-    if (at >= 0 && *step != at) {
-      return Fail(absl::StrFormat("--resume-from: step %d is not a complete checkpoint", at));
+    absl::StatusOr<int64_t> step = FindCheckpoint(from, block_names, at, &skipped);
+    for (const std::string& why : skipped) {
+      std::fprintf(stderr, "batonctl train-local: %s\n", why.c_str());
     }
+    if (!step.ok()) return Fail("--resume-from: " + std::string(step.status().message()));
     if (*step >= s.steps()) {
-      return Fail(absl::StrFormat("--resume-from: the checkpoint is after step %d, but the job has %d steps",
-                                  *step, s.steps()));
+      return Fail(absl::StrFormat(
+          "--resume-from: the checkpoint is after step %d, but the job has %d steps", *step,
+          s.steps()));
     }
     if (absl::Status l = run.load(CheckpointStepDir(from, *step)); !l.ok()) {
       return Fail("--resume-from: " + std::string(l.message()));
     }
-    if (text) std::printf("resumed from %s after step %lld\n", from.c_str(), static_cast<long long>(*step));
+    if (text) {
+      std::printf("resumed from %s after step %lld\n", from.c_str(),
+                  static_cast<long long>(*step));
+    }
   }
   std::string checkpoint_job_dir;
   const std::string job_id = args->Get("job-id", "local");

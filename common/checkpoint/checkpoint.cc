@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,20 +41,6 @@ std::string Sha256Hex(absl::string_view bytes) {
 }
 
 std::string BlockFileName(const std::string& block) { return block + ".safetensors"; }
-
-// A JSON string literal (names here are baton's own; escaped anyway).
-std::string Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 absl::Status Fsync(const std::string& path, bool directory) {
   const int fd = open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -129,9 +116,11 @@ std::string CheckpointStepDir(const std::string& job_dir, int64_t step) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+  // Unique per call in this process, so concurrent writers never share a temporary file.
+  static std::atomic<uint64_t> temp_counter{0};
   const fs::path target(path);
   const std::string tmp =
-      absl::StrCat(path, ".tmp-", getpid(), "-", reinterpret_cast<uintptr_t>(&bytes));
+      absl::StrCat(path, ".tmp-", getpid(), "-", temp_counter.fetch_add(1));
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create", tmp, errno);
   size_t done = 0;
@@ -232,17 +221,27 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
     }
     written.push_back(std::move(f));
   }
-  std::string manifest = absl::StrCat("{\"format\":", Quote(kCheckpointFormat),
-                                      ",\"job\":", Quote(info.job), ",\"step\":", info.step,
-                                      ",\"rank\":", info.rank, ",\"num_blocks\":", info.num_blocks,
-                                      ",\"blocks\":[");
-  for (size_t i = 0; i < written.size(); ++i) {
-    const CheckpointBlockFile& f = written[i];
-    absl::StrAppend(&manifest, i ? "," : "", "{\"block\":", Quote(f.block), ",\"index\":", f.index,
-                    ",\"file\":", Quote(f.file), ",\"sha256\":", Quote(f.sha256),
-                    ",\"bytes\":", f.bytes, "}");
+  google::protobuf::Struct doc;
+  auto& fields = *doc.mutable_fields();
+  fields["format"].set_string_value(kCheckpointFormat);
+  fields["job"].set_string_value(info.job);
+  fields["step"].set_number_value(static_cast<double>(info.step));
+  fields["rank"].set_number_value(info.rank);
+  fields["num_blocks"].set_number_value(info.num_blocks);
+  auto* list = fields["blocks"].mutable_list_value();
+  for (const CheckpointBlockFile& f : written) {
+    auto& b = *list->add_values()->mutable_struct_value()->mutable_fields();
+    b["block"].set_string_value(f.block);
+    b["index"].set_number_value(f.index);
+    b["file"].set_string_value(f.file);
+    b["sha256"].set_string_value(f.sha256);
+    b["bytes"].set_number_value(static_cast<double>(f.bytes));
   }
-  manifest += "]}\n";
+  std::string manifest;
+  if (!google::protobuf::util::MessageToJsonString(doc, &manifest).ok()) {
+    return absl::InternalError(absl::StrCat(step_dir, ": cannot print the manifest"));
+  }
+  manifest += "\n";
   const std::string path =
       (fs::path(step_dir) / absl::StrCat(kManifestPrefix, info.rank, kManifestSuffix)).string();
   if (absl::Status st = WriteFileAtomically(path, manifest); !st.ok()) return st;
@@ -416,7 +415,9 @@ absl::Status VerifyCheckpoint(const std::string& step_dir,
                               const std::vector<std::string>& block_names) {
   absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(step_dir);
   if (!index.ok()) return index.status();
-  for (const std::string& b : block_names) {
+  absl::StatusOr<std::vector<std::string>> own = CheckpointBlockOrder(*index);
+  if (!own.ok()) return own.status();
+  for (const std::string& b : block_names.empty() ? *own : block_names) {
     const auto f = index->blocks.find(b);
     if (f == index->blocks.end()) {
       return absl::NotFoundError(absl::StrCat(step_dir, " has no file for block ", b));
@@ -445,6 +446,15 @@ absl::StatusOr<int64_t> LatestCompleteCheckpoint(const std::string& job_dir,
       " under ", job_dir));
 }
 
+absl::StatusOr<int64_t> FindCheckpoint(const std::string& job_dir,
+                                       const std::vector<std::string>& block_names, int64_t step,
+                                       std::vector<std::string>* skipped) {
+  absl::StatusOr<int64_t> found = LatestCompleteCheckpoint(job_dir, block_names, step, skipped);
+  if (!found.ok() || step < 0 || *found == step) return found;
+  return absl::NotFoundError(absl::StrCat("step ", step, " is not a complete checkpoint under ",
+                                          job_dir));
+}
+
 absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir,
                                                       const std::vector<std::string>& block_names,
                                                       int keep) {
@@ -460,9 +470,7 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir
     if (all) complete.push_back(s);
   }
   std::vector<int64_t> deleted;
-  if (complete.size() <= static_cast<size_t>(keep)) {
-    if (complete.empty()) return deleted;
-  }
+  if (complete.empty()) return deleted;
   const size_t first_kept = complete.size() > static_cast<size_t>(keep)
                                 ? complete.size() - static_cast<size_t>(keep)
                                 : 0;
@@ -498,8 +506,6 @@ absl::StatusOr<std::string> ExportWeights(const std::string& step_dir) {
   if (!index.ok()) return index.status();
   absl::StatusOr<std::vector<std::string>> block_names = CheckpointBlockOrder(*index);
   if (!block_names.ok()) return block_names.status();
-  std::vector<std::string> files;
-  files.reserve(block_names->size());
   std::vector<Tensor> tensors;
   std::vector<std::string> names;
   std::string job;
@@ -507,8 +513,7 @@ absl::StatusOr<std::string> ExportWeights(const std::string& step_dir) {
     const CheckpointBlockFile& f = index->blocks.at(b);
     absl::StatusOr<std::string> bytes = ReadVerified(step_dir, f);
     if (!bytes.ok()) return bytes.status();
-    files.push_back(*std::move(bytes));
-    absl::StatusOr<Safetensors> st = ParseSafetensors(files.back());
+    absl::StatusOr<Safetensors> st = ParseSafetensors(*bytes);  // tensors are copied out below
     if (!st.ok()) {
       return absl::DataLossError(absl::StrCat(step_dir, "/", f.file, ": ", st.status().message()));
     }

@@ -94,8 +94,9 @@ absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir,
 // The steps that have a directory under `job_dir`, ascending (none when it does not exist).
 std::vector<int64_t> ListCheckpointSteps(const std::string& job_dir);
 
-// Whether step_dir is a complete checkpoint of the named blocks: OK, or why not (NOT_FOUND:
-// no manifest or a block missing; DATA_LOSS: a file missing or failing its SHA-256).
+// Whether step_dir is a complete checkpoint of the named blocks (empty: of every block its
+// manifests say the model has): OK, or why not (NOT_FOUND: no manifest or a block missing;
+// DATA_LOSS: a file missing or failing its SHA-256).
 absl::Status VerifyCheckpoint(const std::string& step_dir,
                               const std::vector<std::string>& block_names);
 
@@ -105,6 +106,12 @@ absl::StatusOr<int64_t> LatestCompleteCheckpoint(const std::string& job_dir,
                                                  const std::vector<std::string>& block_names,
                                                  int64_t at_most,
                                                  std::vector<std::string>* skipped);
+
+// The checkpoint to resume or export: the newest complete one when `step` is -1, else step
+// `step`, which must be complete (NOT_FOUND naming it otherwise). `skipped` as above.
+absl::StatusOr<int64_t> FindCheckpoint(const std::string& job_dir,
+                                       const std::vector<std::string>& block_names, int64_t step,
+                                       std::vector<std::string>* skipped);
 
 // Deletes all but the newest `keep` (>= 1) step directories that are complete checkpoints
 // of the named blocks, and every incomplete one older than the oldest of those kept.

@@ -29,8 +29,8 @@ struct NamedTensor {
   const Tensor* tensor = nullptr;
 };
 
-// The file's bytes. INVALID_ARGUMENT for an empty or duplicate name, an undefined tensor,
-// or a metadata key "__metadata__"; a device copy's error as it comes.
+// The file's bytes. INVALID_ARGUMENT for an empty, reserved ("__metadata__") or duplicate
+// name, or an undefined tensor; a device copy's error as it comes.
 absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& tensors,
                                               const std::map<std::string, std::string>& metadata);
 

@@ -129,7 +129,7 @@ absl::Status LocalPipelineTrainer::SaveCheckpoint(const std::string& job_dir,
   const std::string step_dir = CheckpointStepDir(job_dir, steps_done_);
   for (auto& e : executors_) {
     absl::StatusOr<std::vector<CheckpointBlockFile>> files =
-        e->SaveCheckpoint(step_dir, {job, e->rank(), steps_done_});
+        e->SaveCheckpoint(step_dir, job, steps_done_);
     if (!files.ok()) return files.status();
   }
   return absl::OkStatus();

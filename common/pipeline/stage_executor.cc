@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/status.h"
+#include "common/spec/spec.h"
 
 namespace baton {
 
@@ -108,14 +109,13 @@ std::vector<Module*> StageExecutor::Blocks() {
 }
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
-    const std::string& step_dir, const CheckpointWriteInfo& info) {
-  CheckpointWriteInfo full = info;
-  full.num_blocks = static_cast<int>(DescribeBlocks(spec_.model()).size());
-  full.block_indices.clear();
+    const std::string& step_dir, const std::string& job, int64_t step) {
+  CheckpointWriteInfo info{job, rank_, step, static_cast<int>(ModelBlockCount(spec_.model())),
+                           {}};
   for (const Chunk& c : chunks_) {
-    for (int b = c.blocks.first; b < c.blocks.last; ++b) full.block_indices.push_back(b);
+    for (int b = c.blocks.first; b < c.blocks.last; ++b) info.block_indices.push_back(b);
   }
-  return SaveBlocks(step_dir, full, Blocks(), *optimizer_);
+  return SaveBlocks(step_dir, info, Blocks(), *optimizer_);
 }
 
 absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_dir) {

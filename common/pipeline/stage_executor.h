@@ -111,10 +111,11 @@ class StageExecutor {
   const std::vector<Parameter*>& parameters() const { return params_; }
 
   // Writes this rank's blocks and their optimizer state into checkpoint directory
-  // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h); `info` gives the
-  // job, rank and step, the executor the block indices. Between steps only.
-  absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(
-      const std::string& step_dir, const CheckpointWriteInfo& info);
+  // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h), as the state of
+  // job `job` after step `step`. Between steps only.
+  absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& step_dir,
+                                                                  const std::string& job,
+                                                                  int64_t step);
   // Loads this rank's blocks and optimizer state from a complete checkpoint written by any
   // partition; returns its step (the next RunStep's step). Before the first step only.
   absl::StatusOr<int64_t> LoadCheckpoint(const std::string& step_dir);
