@@ -10,6 +10,9 @@
 //                          backward needs, then Discard releases the stash.
 //   BM_GptTrainerStep      one whole ReferenceTrainer::Step: zero grads, every micro-batch
 //                          of the global batch (data generation included), AdamW update.
+//   BM_GptCheckpointSave   one whole-model checkpoint after a step (safetensors per block
+//                          with AdamW state, fsync, rename, manifest) under $TMPDIR: the
+//                          cost checkpoint.every_steps adds, against BM_GptTrainerStep.
 //   BM_Kernel_*            the Backend kernels at the exact shapes the model calls them with,
 //                          to see where a micro-batch's time goes (docs/benchmarks.md).
 //
@@ -29,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -240,6 +244,45 @@ void BM_GptTrainerStep(benchmark::State& state) {
                     3 * ForwardFlopsPerSequence() * Spec().data().batch_size(), allocs_before);
 }
 
+// One checkpoint of the whole model after a step (what every_steps costs a step, summed
+// over the ranks): every block's safetensors file with its AdamW state, fsync, rename, the
+// manifest. Written under $TMPDIR (default /tmp); the same step is rewritten each time.
+void BM_GptCheckpointSave(benchmark::State& state) {
+  SetBlasThreads(1);
+  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
+  if (!t.ok()) {
+    state.SkipWithError(t.status().ToString().c_str());
+    return;
+  }
+  ReferenceTrainer& trainer = **t;
+  for (int i = 0; i < kWarmup; ++i) {
+    if (absl::StatusOr<StepStats> s = trainer.Step(); !s.ok()) {
+      state.SkipWithError(s.status().ToString().c_str());
+      return;
+    }
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                    "/gpt_bench_ckpt.XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    state.SkipWithError("mkdtemp failed");
+    return;
+  }
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    absl::StatusOr<std::vector<CheckpointBlockFile>> files = trainer.SaveCheckpoint(dir, "bench");
+    if (!files.ok()) {
+      state.SkipWithError(files.status().ToString().c_str());
+      break;
+    }
+    bytes = 0;
+    for (const CheckpointBlockFile& f : *files) bytes += f.bytes;
+  }
+  std::filesystem::remove_all(dir);
+  state.counters["checkpoint_bytes"] = static_cast<double>(bytes);
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 // ---------------------------------------------------------------- kernels at model shapes
 
 struct Dims {
@@ -436,6 +479,7 @@ void RegisterKernelBenchmarks() {
 BENCHMARK(baton::BM_GptForwardBackward)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(baton::BM_GptForward)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(baton::BM_GptTrainerStep)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(baton::BM_GptCheckpointSave)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   // Our own flag first: Google Benchmark rejects flags it does not know.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint/checkpoint.h"
 #include "common/core/digest.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
@@ -577,6 +578,12 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                    absl::StrCat("placement failed: ", placement.status().message()), effects);
       continue;
     }
+    if (!j->job.checkpoints().resumed_from_dir().empty()) {
+      for (baton::v1::JobPlan& plan : placement->plans) {
+        plan.set_resume_job_dir(j->job.checkpoints().resumed_from_dir());
+        plan.set_resume_step(j->job.checkpoints().resumed_from_step());
+      }
+    }
     j->layout = std::move(placement->layout);
     j->ranks.clear();
     std::vector<std::string> names;
@@ -647,6 +654,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
 
   std::lock_guard<std::mutex> lock(mu_);
+  baton::v1::JobCheckpoints checkpoints;
+  if (spec.has_resume_from()) BATON_RETURN_IF_ERROR(ResolveResumeLocked(spec, &checkpoints));
   if (!request.submission_id().empty()) {
     BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
                            store_->FindBySubmission(request.submission_id()));
@@ -665,6 +674,13 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   Job& job = active->job;
   job.set_id(absl::StrFormat("job-%06d", active->seq));
   job.set_submission_id(request.submission_id());
+  if (spec.has_checkpoint()) {
+    checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
+  }
+  if (spec.has_checkpoint() || spec.has_resume_from()) {
+    *job.mutable_checkpoints() = std::move(checkpoints);
+    job.set_steps_done(job.checkpoints().resumed_from_step());
+  }
   *job.mutable_spec() = std::move(spec);
   job.set_state(baton::v1::JOB_STATE_QUEUED);
   const absl::Time now = Now();
@@ -923,7 +939,7 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
 }
 
 absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLocked(
-    const baton::v1::ReportProgressRequest& request) {
+    const baton::v1::ReportProgressRequest& request, Effects* effects) {
   baton::v1::ReportProgressResponse response;
   std::lock_guard<std::mutex> lock(mu_);
   ActiveJob* j = FindActiveLocked(request.job_id());
@@ -947,8 +963,17 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     response.set_keep_running(false);
     return response;
   }
+  if (request.resumed_from_step() > 0) {
+    const std::string failure = RecordResumeLocked(j, request);
+    if (!failure.empty()) {
+      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, failure, effects);
+      response.set_keep_running(false);
+      return response;
+    }
+  }
   j->timings[request.step()][request.rank()] = request.timing();
   if (!request.links().empty()) RecordLinksLocked(j, request);
+  if (request.has_checkpoint()) RecordCheckpointLocked(j, request.rank(), request.checkpoint());
   int& peak = j->peak_inflight[request.rank()];
   peak = std::max(peak, request.timing().peak_inflight());
   if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);
@@ -958,8 +983,11 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
 
 absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
     const baton::v1::ReportProgressRequest& request) {
-  BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressResponse response,
-                         ReportProgressLocked(request));
+  Effects effects;
+  absl::StatusOr<baton::v1::ReportProgressResponse> result =
+      ReportProgressLocked(request, &effects);
+  Run(std::move(effects), /*wait=*/false);
+  BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressResponse response, std::move(result));
   // The trace goes to the store outside mu_: it is the bulk of the request, and only
   // GetJobTrace reads it back.
   if (response.keep_running() && request.has_trace()) {
@@ -1109,6 +1137,124 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
   }
   Run(std::move(effects), /*wait=*/false);
   return baton::v1::ReportResultResponse();
+}
+
+void Coordinator::RecordCheckpointLocked(ActiveJob* j, int rank,
+                                         const baton::v1::CheckpointWrite& write) {
+  baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
+  if (!c->complete().empty() && write.step() <= c->complete().rbegin()->step()) return;
+  ActiveJob::CheckpointTally& t = j->checkpoints[write.step()];
+  if (!t.ranks.insert(rank).second) return;  // a repeat
+  t.bytes += write.bytes();
+  t.write_time = std::max(t.write_time, FromProtoDuration(write.duration()));
+  if (t.ranks.size() < j->ranks.size()) return;
+  baton::v1::CheckpointRecord* r = c->add_complete();
+  r->set_step(write.step());
+  r->set_bytes(t.bytes);
+  *r->mutable_time() = ToProtoTime(Now());
+  *r->mutable_write_time() = ToProtoDuration(t.write_time);
+  // The ranks prune the files by the same rule (rank 0, after its writes): the newest
+  // `keep` complete ones stay.
+  const int keep = std::max(1, j->job.spec().checkpoint().keep());
+  if (c->complete_size() > keep) {
+    c->mutable_complete()->DeleteSubrange(0, c->complete_size() - keep);
+  }
+  j->checkpoints.erase(j->checkpoints.begin(), j->checkpoints.upper_bound(write.step()));
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveCheckpoint(t.write_time, t.bytes);
+  }
+  LogWarning(absl::StrCat(j->job.id(), " checkpoint after step ", write.step(), " complete (",
+                          t.bytes, " bytes, slowest rank ", absl::FormatDuration(t.write_time),
+                          ")"));
+  PersistLocked(j);
+}
+
+std::string Coordinator::RecordResumeLocked(ActiveJob* j,
+                                            const baton::v1::ReportProgressRequest& request) {
+  const int64_t step = request.resumed_from_step();
+  auto [it, fresh] = j->resumed_from.emplace(request.rank(), step);
+  if (!fresh) return "";
+  for (const auto& [rank, other] : j->resumed_from) {
+    if (other != step) {
+      // Ranks that saw different files (one written or damaged in between) would train a
+      // model that never existed: stop.
+      return absl::StrCat("ranks resumed from different checkpoints: rank ", rank, " from step ",
+                          other, ", rank ", request.rank(), " from step ", step);
+    }
+  }
+  if (j->resumed_from.size() == 1) {
+    baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
+    std::string reason = absl::StrCat("resumed from ", c->resumed_from_job(), " step ", step);
+    if (step != c->resumed_from_step()) {
+      absl::StrAppend(&reason, " (asked for step ", c->resumed_from_step(), "; skipped: ",
+                      absl::StrJoin(request.checkpoints_skipped(), "; "), ")");
+    }
+    c->set_resumed_from_step(step);
+    j->job.set_steps_done(std::max<int64_t>(j->job.steps_done(), step));
+    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING, reason);
+  }
+  return "";
+}
+
+absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
+                                              baton::v1::JobCheckpoints* checkpoints) {
+  const baton::v1::ResumeFrom& from = spec.resume_from();
+  Job source;
+  if (ActiveJob* a = FindActiveLocked(from.job_id())) {
+    std::string name = baton::v1::JobState_Name(a->job.state());
+    if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from.job_id: ", from.job_id(), " is still ", name,
+                     "; resume from it once it has ended (its checkpoints are still changing)"));
+  }
+  absl::StatusOr<Job> stored = store_->Get(from.job_id());
+  if (!stored.ok()) {
+    if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from.job_id: there is no job ", from.job_id()));
+  }
+  source = *std::move(stored);
+  const auto& complete = source.checkpoints().complete();
+  if (complete.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_from.job_id: ", source.id(), " has no complete checkpoint",
+        source.spec().has_checkpoint() ? " (it ended before every rank wrote one)"
+                                       : " (its spec asks for none)"));
+  }
+  int64_t step = complete.rbegin()->step();
+  if (from.step() > 0) {
+    std::vector<std::string> kept;
+    bool found = false;
+    for (const baton::v1::CheckpointRecord& r : complete) {
+      kept.push_back(absl::StrCat(r.step()));
+      found = found || r.step() == from.step();
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_from.step: ", source.id(), " has no complete checkpoint after step ",
+                       from.step(), " (it keeps steps ", absl::StrJoin(kept, ", "), ")"));
+    }
+    step = from.step();
+  }
+  if (!google::protobuf::util::MessageDifferencer::Equals(source.spec().model(), spec.model())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from: the spec's model differs from ", source.id(),
+                     "'s; a checkpoint loads only into the model it was written for"));
+  }
+  if (source.spec().optimizer().algorithm_case() != spec.optimizer().algorithm_case()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from: the spec's optimizer differs in kind from ", source.id(),
+                     "'s; its checkpoint holds that optimizer's state"));
+  }
+  if (step >= spec.steps()) {
+    return absl::InvalidArgumentError(absl::StrCat("steps: ", spec.steps(), " leaves nothing to ",
+                                                   "train after ", source.id(), "'s checkpoint of step ",
+                                                   step));
+  }
+  checkpoints->set_resumed_from_job(source.id());
+  checkpoints->set_resumed_from_step(step);
+  checkpoints->set_resumed_from_dir(source.checkpoints().job_dir());
+  return absl::OkStatus();
 }
 
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {

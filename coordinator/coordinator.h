@@ -54,6 +54,17 @@
 // last_loss are written to the store at most every progress_persist_interval, and at every
 // state change.
 //
+// Checkpoints (spec checkpoint): a rank's progress report carries its part of a checkpoint
+// (CheckpointWrite) after the steps it writes one; when every rank has reported step N, N is
+// recorded in Job.checkpoints.complete (persisted at once), of which the newest spec keep
+// are remembered (the ranks delete older files by the same rule). Resume (spec
+// resume_from): SubmitJob resolves it against the named job's records (it must have ended,
+// have that complete checkpoint, and the same model and optimizer kind; INVALID_ARGUMENT
+// naming the field otherwise) and the plans carry the checkpoint directory and step. The
+// ranks load the newest complete checkpoint at or before it, skipping damaged ones; their
+// first reports say which (history: "resumed from job-000003 step 8"), and ranks that
+// loaded different steps fail the job.
+//
 // WORKER CONTRACT (what the core relies on):
 //  - RegisterWorker with the host:port its WorkerService and TensorService listen on
 //    (reachable from the coordinator and the peers; re-registering from the same address or
@@ -257,6 +268,15 @@ class Coordinator {
     // unless a root cause arrives within root_cause_wait.
     std::string echo_failure;
     absl::Time echo_since;
+    // Checkpoints being written: step -> what the ranks that wrote their part reported.
+    struct CheckpointTally {
+      std::set<int> ranks;
+      int64_t bytes = 0;
+      absl::Duration write_time;  // the longest rank's
+    };
+    std::map<int64_t, CheckpointTally> checkpoints;
+    // A resumed job: the checkpoint step each rank loaded (from its first report).
+    std::map<int, int64_t> resumed_from;
   };
   struct StartCall {
     std::string job_id;
@@ -311,7 +331,7 @@ class Coordinator {
   absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<baton::v1::ReportProgressResponse> ReportProgressLocked(
-      const baton::v1::ReportProgressRequest& request);
+      const baton::v1::ReportProgressRequest& request, Effects* effects);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
   // Keeps the transport of each link a rank reported (once per pair) in the job's
@@ -321,6 +341,19 @@ class Coordinator {
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a rank's checkpoint write; once every rank wrote step N it is the job's newest
+  // complete checkpoint (persisted), and older ones beyond spec keep are forgotten.
+  void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A resumed job's first reports: the ranks must have loaded the same checkpoint. Returns
+  // the failure reason when they did not.
+  std::string RecordResumeLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob: checks spec.resume_from against the job it names and fills in `checkpoints`
+  // (INVALID_ARGUMENT naming the field otherwise).
+  absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,
+                                   baton::v1::JobCheckpoints* checkpoints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
   std::unique_ptr<JobStore> store_;

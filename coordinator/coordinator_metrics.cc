@@ -62,7 +62,23 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                              .Help("Worker leases that expired.")
                              .Register(registry)
                              .Add({})),
+      checkpoint_write_(prometheus::BuildHistogram()
+                            .Name("baton_coordinator_checkpoint_write_seconds")
+                            .Help("Per complete checkpoint: the slowest rank's write time (how "
+                                  "long the pipeline stood still for it).")
+                            .Register(registry)
+                            .Add({}, StepSecondsBuckets())),
+      checkpoint_bytes_(prometheus::BuildCounter()
+                            .Name("baton_coordinator_checkpoint_bytes_total")
+                            .Help("Bytes of block files in complete checkpoints.")
+                            .Register(registry)
+                            .Add({})),
       collector_(std::make_shared<Collector>()) {}
+
+void CoordinatorMetrics::ObserveCheckpoint(absl::Duration slowest_write, int64_t bytes) {
+  checkpoint_write_.Observe(absl::ToDoubleSeconds(slowest_write));
+  checkpoint_bytes_.Increment(static_cast<double>(bytes));
+}
 
 void CoordinatorMetrics::ObserveQueueWait(absl::Duration wait) {
   queue_wait_.Observe(absl::ToDoubleSeconds(wait));

@@ -38,6 +38,8 @@ class CoordinatorMetrics {
   void ObserveQueueWait(absl::Duration wait);
   void AddHeartbeatsMissed(int64_t n);
   void AddLeaseExpiration();
+  // A job's checkpoint became complete: the slowest rank's write time and every rank's bytes.
+  void ObserveCheckpoint(absl::Duration slowest_write, int64_t bytes);
 
   // The collector of baton_coordinator_workers and baton_coordinator_jobs; serve it beside
   // the registry. Until SetStateSource is called it reports nothing.
@@ -51,6 +53,8 @@ class CoordinatorMetrics {
   prometheus::Histogram& queue_wait_;
   prometheus::Counter& heartbeats_missed_;
   prometheus::Counter& lease_expirations_;
+  prometheus::Histogram& checkpoint_write_;
+  prometheus::Counter& checkpoint_bytes_;
   std::shared_ptr<Collector> collector_;
 };
 

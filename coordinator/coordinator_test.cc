@@ -462,6 +462,139 @@ TEST_F(CoordinatorTest, ResultsFromEveryRankSucceedWithTheCombinedDigest) {
   EXPECT_EQ(FromProtoDuration(step.stages(0).forward()), absl::Milliseconds(30));
 }
 
+// Reports step `step` of rank `rank`, with its part of a checkpoint when `bytes` > 0.
+absl::StatusOr<baton::v1::ReportProgressResponse> Progress(Coordinator& core, const Job& job,
+                                                            int rank, int64_t step,
+                                                            int64_t checkpoint_bytes,
+                                                            int64_t resumed_from = 0) {
+  baton::v1::ReportProgressRequest p;
+  p.set_job_id(job.id());
+  p.set_worker_id(job.workers(rank));
+  p.set_rank(rank);
+  p.set_step(step);
+  if (checkpoint_bytes > 0) {
+    p.mutable_checkpoint()->set_step(step);
+    p.mutable_checkpoint()->set_bytes(checkpoint_bytes);
+    *p.mutable_checkpoint()->mutable_duration() = ToProtoDuration(absl::Milliseconds(rank + 1));
+  }
+  if (resumed_from > 0) {
+    p.set_resumed_from_step(resumed_from);
+    p.add_checkpoints_skipped("step-6: DATA_LOSS: block.1.safetensors fails its SHA-256");
+  }
+  return core.ReportProgress(p);
+}
+
+TEST_F(CoordinatorTest, CheckpointIsCompleteOnlyWhenEveryRankWroteItAndOldOnesAreForgotten) {
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/6);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  spec.mutable_checkpoint()->set_keep(2);
+  const Job submitted = Submit(spec);
+  EXPECT_EQ(submitted.checkpoints().job_dir(), "/shared/ckpt/" + submitted.id());
+  core_->Tick();
+  const Job job = Get(submitted.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int64_t step : {2, 4, 6}) {
+    ASSERT_TRUE(Progress(*core_, job, 0, step, 100).ok());
+    // One rank's part is not a checkpoint.
+    EXPECT_TRUE(Get(job.id()).checkpoints().complete().empty() ||
+                Get(job.id()).checkpoints().complete().rbegin()->step() < step);
+    ASSERT_TRUE(Progress(*core_, job, 1, step, 50).ok());
+    const Job now = Get(job.id());
+    ASSERT_FALSE(now.checkpoints().complete().empty());
+    const baton::v1::CheckpointRecord& last = *now.checkpoints().complete().rbegin();
+    EXPECT_EQ(last.step(), step);
+    EXPECT_EQ(last.bytes(), 150);
+    EXPECT_EQ(FromProtoDuration(last.write_time()), absl::Milliseconds(2));  // the slowest
+  }
+  // keep 2: step 2 is forgotten (the workers delete its files by the same rule).
+  const Job now = Get(job.id());
+  ASSERT_EQ(now.checkpoints().complete_size(), 2);
+  EXPECT_EQ(now.checkpoints().complete(0).step(), 4);
+  EXPECT_EQ(now.checkpoints().complete(1).step(), 6);
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_checkpoint_write_seconds_count 3"));
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_checkpoint_bytes_total 450"));
+}
+
+TEST_F(CoordinatorTest, ResumeFromIsResolvedAgainstTheJobItNamesAndTravelsInThePlans) {
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/8);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  const Job plain = Submit(Spec(2, 2));
+  core_->Tick();
+  FinishAllRanks(Get(plain.id()));
+  const Job first = Submit(spec);
+  core_->Tick();
+  const Job running = Get(first.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int64_t step : {2, 4}) {
+    for (int rank : {0, 1}) ASSERT_TRUE(Progress(*core_, running, rank, step, 10).ok());
+  }
+
+  auto resume = [&](const std::string& from, int64_t step, baton::v1::JobSpec s) {
+    s.mutable_resume_from()->set_job_id(from);
+    s.mutable_resume_from()->set_step(step);
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = s;
+    return core_->SubmitJob(r);
+  };
+  auto refused = [&](absl::StatusOr<Job> got, const std::string& prefix) {
+    ASSERT_FALSE(got.ok()) << "accepted, want " << prefix;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(got.status().message().substr(0, prefix.size()), prefix) << got.status();
+  };
+  refused(resume(first.id(), 0, spec), "resume_from.job_id: " + first.id() + " is still RUNNING");
+  FinishAllRanks(running);
+  ASSERT_EQ(Get(first.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+  refused(resume("job-999999", 0, spec), "resume_from.job_id: there is no job job-999999");
+  refused(resume(plain.id(), 0, spec),
+          "resume_from.job_id: " + plain.id() + " has no complete checkpoint (its spec asks");
+  refused(resume(first.id(), 3, spec),
+          "resume_from.step: " + first.id() + " has no complete checkpoint after step 3 (it "
+          "keeps steps 2, 4)");
+  baton::v1::JobSpec wider = spec;
+  wider.mutable_model()->mutable_mlp()->set_width(16);
+  refused(resume(first.id(), 0, wider), "resume_from: the spec's model differs");
+  baton::v1::JobSpec adam = spec;
+  adam.mutable_optimizer()->mutable_adamw()->set_learning_rate(0.1f);
+  refused(resume(first.id(), 0, adam), "resume_from: the spec's optimizer differs");
+
+  // The newest complete one (4), written under the first job's directory.
+  absl::StatusOr<Job> resumed = resume(first.id(), 0, spec);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->checkpoints().resumed_from_job(), first.id());
+  EXPECT_EQ(resumed->checkpoints().resumed_from_step(), 4);
+  EXPECT_EQ(resumed->checkpoints().resumed_from_dir(), "/shared/ckpt/" + first.id());
+  EXPECT_EQ(resumed->checkpoints().job_dir(), "/shared/ckpt/" + resumed->id());
+  EXPECT_EQ(resumed->steps_done(), 4);
+  core_->Tick();
+  const auto plans = client_->Plans(resumed->id());
+  ASSERT_EQ(plans.size(), 2u);
+  for (const auto& plan : plans) {
+    EXPECT_EQ(plan.resume_job_dir(), "/shared/ckpt/" + first.id());
+    EXPECT_EQ(plan.resume_step(), 4);
+  }
+  // The ranks found step 4 damaged and loaded 2: the history says so.
+  const Job r2 = Get(resumed->id());
+  ASSERT_TRUE(Progress(*core_, r2, 0, 3, 0, /*resumed_from=*/2).ok());
+  Job now = Get(resumed->id());
+  EXPECT_EQ(now.checkpoints().resumed_from_step(), 2);
+  EXPECT_THAT(Reason(now), testing::StartsWith("resumed from " + first.id() +
+                                              " step 2 (asked for step 4; skipped: step-6"));
+  // A rank that loaded another checkpoint fails the job: the model would be a chimera.
+  auto second = Progress(*core_, r2, 1, 5, 0, /*resumed_from=*/4);
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->keep_running());
+  now = Get(resumed->id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(now),
+            "ranks resumed from different checkpoints: rank 0 from step 2, rank 1 from step 4");
+}
+
 TEST_F(CoordinatorTest, RankErrorFailsTheJobAndAbortsTheOthers) {
   const std::string w1 = Register(1), w2 = Register(2);
   const Job job = Submit(Spec(2));

@@ -1,12 +1,16 @@
 #include "worker/worker_agent.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint/checkpoint.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
@@ -227,6 +231,23 @@ void WorkerAgent::HeartbeatLoop() {
 }
 
 absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
+  // Refuse a job this worker cannot checkpoint or resume now, not at its first checkpoint.
+  // INVALID_ARGUMENT, not FAILED_PRECONDITION: the coordinator retries the latter (busy).
+  if (plan.spec().has_checkpoint()) {
+    const std::string dir = CheckpointJobDir(plan.spec().checkpoint().dir(), plan.job_id());
+    if (absl::Status w = CheckCheckpointDirWritable(dir); !w.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint.dir on worker ", worker_id(), ": ", w.message()));
+    }
+  }
+  if (!plan.resume_job_dir().empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(plan.resume_job_dir(), ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resume_from: worker ", worker_id(), " cannot see the checkpoint directory ",
+          plan.resume_job_dir(), " (is checkpoint.dir mounted on every worker?)"));
+    }
+  }
   std::thread previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -404,8 +425,35 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     return ex.status();
   }
   const bool owns_last = schedule.stage_to_rank.back() == plan.rank();
+  std::vector<std::string> block_names;
+  for (const BlockInfo& b : DescribeBlocks(spec.model())) block_names.push_back(b.name);
+  // Resume: every rank picks the same checkpoint (the newest complete one at or before the
+  // plan's step, by the same files) and says which in its first report.
+  int64_t first_step = 0;
+  std::vector<std::string> skipped;
+  if (!plan.resume_job_dir().empty()) {
+    absl::StatusOr<int64_t> at =
+        LatestCompleteCheckpoint(plan.resume_job_dir(), block_names, plan.resume_step(), &skipped);
+    absl::StatusOr<int64_t> loaded =
+        at.ok() ? (*ex)->LoadCheckpoint(CheckpointStepDir(plan.resume_job_dir(), *at))
+                : at.status();
+    if (!loaded.ok()) {
+      cleanup();
+      std::string why = absl::StrJoin(skipped, "; ");
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("resume from ", plan.resume_job_dir(), ": ",
+                                       loaded.status().message(),
+                                       why.empty() ? "" : absl::StrCat(" (", why, ")")));
+    }
+    first_step = *loaded;
+    job.steps_done.store(first_step);
+    Log(absl::StrCat("job ", plan.job_id(), " resumes from ", plan.resume_job_dir(), " step ",
+                     first_step));
+  }
+  const std::string checkpoint_dir =
+      spec.has_checkpoint() ? CheckpointJobDir(spec.checkpoint().dir(), plan.job_id()) : "";
   absl::Status status;
-  for (int64_t step = 0; step < spec.steps() && status.ok(); ++step) {
+  for (int64_t step = first_step; step < spec.steps() && status.ok(); ++step) {
     if (job.aborted.load()) {
       status = absl::AbortedError("aborted");
       break;
@@ -427,11 +475,49 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       for (float l : r->losses) sum += l;  // micro-batch order, as the reference trainer
       loss = static_cast<float>(sum / static_cast<double>(schedule.num_microbatches));
       req.set_loss(*loss);
+      if (!std::isfinite(*loss)) {
+        // Divergence is a failure: the weights are garbage from here on.
+        status = absl::FailedPreconditionError(
+            absl::StrCat("training diverged: step ", step + 1, " loss is ", *loss,
+                         " on stage ", schedule.num_stages() - 1, " (rank ", plan.rank(), ")"));
+        break;
+      }
     }
     if (options_.metrics != nullptr) options_.metrics->RecordStep(*r, loss);
+    if (!checkpoint_dir.empty() &&
+        ((step + 1) % spec.checkpoint().every_steps() == 0 || step + 1 == spec.steps())) {
+      // The step waits for the write: the state must not move while it is being saved.
+      const absl::Time t0 = absl::Now();
+      absl::StatusOr<std::vector<CheckpointBlockFile>> files = (*ex)->SaveCheckpoint(
+          CheckpointStepDir(checkpoint_dir, step + 1), plan.job_id(), step + 1);
+      if (!files.ok()) {
+        status = absl::Status(files.status().code(),
+                              absl::StrCat("checkpoint after step ", step + 1, ": ",
+                                           files.status().message()));
+        break;
+      }
+      const absl::Duration took = absl::Now() - t0;
+      int64_t bytes = 0;
+      for (const CheckpointBlockFile& f : *files) bytes += f.bytes;
+      baton::v1::CheckpointWrite* w = req.mutable_checkpoint();
+      w->set_step(step + 1);
+      w->set_bytes(bytes);
+      *w->mutable_duration() = ToProtoDuration(took);
+      if (options_.metrics != nullptr) options_.metrics->RecordCheckpoint(took, bytes);
+      // Every rank prunes after its write; the last to finish a checkpoint sees it complete.
+      // Pruning keeps the newest `keep` complete checkpoints (by their manifests) and leaves
+      // newer incomplete ones alone, so it is safe while other ranks still write.
+      absl::StatusOr<std::vector<int64_t>> pruned =
+          PruneCheckpoints(checkpoint_dir, block_names, spec.checkpoint().keep());
+      if (!pruned.ok()) Log(absl::StrCat("pruning checkpoints: ", pruned.status().ToString()));
+    }
+    if (step == first_step && !plan.resume_job_dir().empty()) {
+      req.set_resumed_from_step(first_step);
+      for (const std::string& why : skipped) req.add_checkpoints_skipped(why);
+    }
     *req.mutable_timing() = Timing(*r);
     *req.mutable_trace() = RankTraceFromStep(*r);
-    if (step == 0) {
+    if (step == first_step) {
       for (const LinkPlan& l : links) {
         baton::v1::LinkReport* link = req.add_links();
         link->set_rank(std::min(plan.rank(), l.peer));

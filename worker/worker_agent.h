@@ -5,6 +5,11 @@
 //   StartJob(plan)  -> a job thread builds the rank's chunks, opens the tensor inbox for the
 //                      job, connects a GrpcTransport to the peers, and runs the clock step
 //                      after step through a StageExecutor, reporting progress each step;
+//                      with spec checkpoint, after every every_steps-th and the last step
+//                      it writes its blocks (StageExecutor::SaveCheckpoint), prunes, and
+//                      reports the write with the step; with a plan's resume_job_dir it
+//                      first loads the newest complete checkpoint at or before resume_step;
+//                      a non-finite loss or gradient ends it ("training diverged");
 //   at the end      -> ReportResult with the block digests (or the error);
 //   AbortJob(id)    -> aborts the transport, so the running step ends within a receive's
 //                      wake-up, and the job thread reports the abort (ABORTED: an echo);

@@ -98,6 +98,15 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                   .Help("Memory of the worker's device held by its allocator: in_use by "
                         "tensors, cached for reuse, peak in_use since the worker started.")
                   .Register(registry)),
+      checkpoint_seconds_(prometheus::BuildHistogram()
+                              .Name("baton_worker_checkpoint_write_seconds")
+                              .Help("Time a step waited for this rank's checkpoint write "
+                                    "(block files, fsync, manifest).")
+                              .Register(registry)),
+      checkpoint_bytes_(prometheus::BuildCounter()
+                            .Name("baton_worker_checkpoint_bytes_total")
+                            .Help("Bytes of checkpoint block files this rank wrote.")
+                            .Register(registry)),
       memory_in_use_(memory_.Add({{"state", "in_use"}})),
       memory_cached_(memory_.Add({{"state", "cached"}})),
       memory_peak_(memory_.Add({{"state", "peak"}})) {}
@@ -155,7 +164,19 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
   inflight_peak_now_ = &Track(inflight_peak_, rank);
   samples_now_ = &Track(samples_, rank);
   tokens_now_ = &Track(tokens_, rank);
+  checkpoint_seconds_now_ = nullptr;
+  checkpoint_bytes_now_ = nullptr;
   return this;
+}
+
+void WorkerMetrics::RecordCheckpoint(absl::Duration took, int64_t bytes) {
+  const prometheus::Labels rank = {{"job_id", job_.job_id}, {"rank", absl::StrCat(job_.rank)}};
+  if (checkpoint_seconds_now_ == nullptr) {
+    checkpoint_seconds_now_ = &TrackWith(checkpoint_seconds_, rank, StepSecondsBuckets());
+    checkpoint_bytes_now_ = &Track(checkpoint_bytes_, rank);
+  }
+  checkpoint_seconds_now_->Observe(absl::ToDoubleSeconds(took));
+  checkpoint_bytes_now_->Increment(static_cast<double>(bytes));
 }
 
 prometheus::Histogram& WorkerMetrics::ActionHistogram(const std::string& stage,

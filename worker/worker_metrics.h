@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "baton/v1/cluster.pb.h"
 #include "common/pipeline/stage_executor.h"
 #include "prometheus/counter.h"
@@ -55,6 +56,9 @@ class WorkerMetrics : private StepObserver {
   StepObserver* BeginJob(const JobMetricsInfo& info);
   // Records one finished step of the current job. `loss` only on the last stage's rank.
   void RecordStep(const RankStepResult& step, std::optional<float> loss);
+  // Records one checkpoint write of the current job: how long the step waited for it and
+  // the bytes of the block files.
+  void RecordCheckpoint(absl::Duration took, int64_t bytes);
 
  private:
   void OnAction(const ActionTiming& timing, int inflight) override;
@@ -84,6 +88,8 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Histogram>& checkpoint_seconds_;
+  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
   prometheus::Gauge& memory_in_use_;
   prometheus::Gauge& memory_cached_;
   prometheus::Gauge& memory_peak_;
@@ -100,6 +106,8 @@ class WorkerMetrics : private StepObserver {
   prometheus::Counter* samples_now_ = nullptr;
   prometheus::Counter* tokens_now_ = nullptr;
   prometheus::Gauge* loss_now_ = nullptr;
+  prometheus::Histogram* checkpoint_seconds_now_ = nullptr;
+  prometheus::Counter* checkpoint_bytes_now_ = nullptr;
   // (stage, kind, device time) -> histogram
   std::map<std::tuple<std::string, std::string, bool>, prometheus::Histogram*> actions_now_;
   std::map<std::tuple<bool, int, int, bool>, prometheus::Counter*> bytes_now_;

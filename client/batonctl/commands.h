@@ -26,7 +26,8 @@ int Plan(const std::vector<std::string>& argv);
 
 // batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule gpipe|1f1b|...]
 //                 [--stages N] [--virtual N] [--microbatches N] [--name X]
-//                 [--submission-id ID] [--watch]
+//                 [--submission-id ID] [--watch] [--resume-from JOB[@STEP]]
+// batonctl submit --resume-from JOB[@STEP] [overrides]: JOB's spec, from its checkpoint.
 int Submit(const std::vector<std::string>& argv);
 
 // batonctl get JOB

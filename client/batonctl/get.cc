@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "baton/v1/jobs.pb.h"
 #include "client/batonctl/args.h"
@@ -44,6 +45,21 @@ void PrintJob(const baton::v1::Job& job) {
   if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
     std::printf("  stages:     %s (blocks per stage)\n",
                 absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());
+  }
+  if (job.has_checkpoints()) {
+    const baton::v1::JobCheckpoints& c = job.checkpoints();
+    if (!c.resumed_from_job().empty()) {
+      std::printf("  resumed:    from %s step %lld (%s)\n", c.resumed_from_job().c_str(),
+                  static_cast<long long>(c.resumed_from_step()), c.resumed_from_dir().c_str());
+    }
+    if (!c.job_dir().empty()) {
+      std::vector<std::string> steps;
+      for (const baton::v1::CheckpointRecord& r : c.complete()) {
+        steps.push_back(absl::StrCat(r.step()));
+      }
+      std::printf("  checkpoints: %s, complete after step %s\n", c.job_dir().c_str(),
+                  steps.empty() ? "none yet" : absl::StrJoin(steps, ", ").c_str());
+    }
   }
   if (!job.weights_digest().empty()) {
     std::printf("  digest:     %s\n", job.weights_digest().c_str());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
@@ -32,6 +33,9 @@ const std::vector<FlagSpec>& Flags() {
       {"microbatches", "m", false, "override pipeline.microbatches"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
       {"transport", "", false, "override the transport: grpc, nccl or auto"},
+      {"resume-from", "", false,
+       "start from JOB's checkpoint: JOB (its newest complete one) or JOB@STEP; without -f, "
+       "with JOB's spec"},
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
@@ -41,13 +45,19 @@ const std::vector<FlagSpec>& Flags() {
 
 constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
+    "                       [--resume-from JOB[@STEP]]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
     "defaults and validates the spec: a bad spec is refused with INVALID_ARGUMENT naming\n"
-    "the field.\n\n";
+    "the field.\n"
+    "\n"
+    "--resume-from JOB[@STEP] starts from JOB's checkpoint (its newest complete one, or the\n"
+    "one after STEP) and trains the remaining steps; without -f it reuses JOB's spec, so the\n"
+    "result equals the run JOB would have finished, bit for bit. Overrides apply on top\n"
+    "(another --schedule or --stages loads the same checkpoint).\n\n";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
   const std::string s = absl::AsciiStrToLower(text);
@@ -135,6 +145,23 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// "JOB" or "JOB@STEP".
+absl::StatusOr<baton::v1::ResumeFrom> ParseResumeFromJob(const std::string& arg) {
+  baton::v1::ResumeFrom from;
+  const size_t at = arg.rfind('@');
+  from.set_job_id(arg.substr(0, at));
+  if (at != std::string::npos) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(arg.substr(at + 1), &step) || step < 1) {
+      return absl::InvalidArgumentError("--resume-from " + arg +
+                                        ": STEP after @ must be a step number (1 or more)");
+    }
+    from.set_step(step);
+  }
+  if (from.job_id().empty()) return absl::InvalidArgumentError("--resume-from needs JOB[@STEP]");
+  return from;
+}
+
 }  // namespace
 
 int Submit(const std::vector<std::string>& argv) {
@@ -147,14 +174,37 @@ int Submit(const std::vector<std::string>& argv) {
   if (!args->positional().empty()) {
     return CommandFail(kCommand, "unexpected argument '" + args->positional()[0] + "'", 2);
   }
-  if (!args->Has("file")) return CommandFail(kCommand, "missing -f SPEC.json", 2);
+  const bool resume = args->Has("resume-from");
+  if (!args->Has("file") && !resume) {
+    return CommandFail(kCommand, "missing -f SPEC.json (or --resume-from JOB)", 2);
+  }
+  baton::v1::ResumeFrom from;
+  if (resume) {
+    absl::StatusOr<baton::v1::ResumeFrom> parsed = ParseResumeFromJob(args->Get("resume-from"));
+    if (!parsed.ok()) return CommandFail(kCommand, std::string(parsed.status().message()), 2);
+    from = *std::move(parsed);
+  }
   absl::StatusOr<std::unique_ptr<ClusterClient>> client =
       ClusterClient::Create(kCommand, *args, absl::Seconds(10));
   if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
   const ClusterClient& c = **client;
 
-  absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args->Get("file"));
+  absl::StatusOr<baton::v1::JobSpec> spec;
+  if (args->Has("file")) {
+    spec = LoadJobSpecFile(args->Get("file"));
+  } else {
+    // The spec of the job resumed from, as the coordinator stored it (defaults filled in).
+    baton::v1::GetJobRequest get;
+    get.set_job_id(from.job_id());
+    baton::v1::Job source;
+    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+    if (const grpc::Status st = c.stub().GetJob(ctx.get(), get, &source); !st.ok()) {
+      return c.Fail(st);
+    }
+    spec = source.spec();
+  }
   if (!spec.ok()) return c.Fail(spec.status());
+  if (resume) *spec->mutable_resume_from() = from;
   if (absl::Status s = ApplyOverrides(*args, &*spec); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()), 2);
   }

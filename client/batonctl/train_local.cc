@@ -1,6 +1,7 @@
 // batonctl train-local: train a job in this process, with the reference trainer or, with
 // --pipeline, as a pipeline of stage threads running the job's schedule.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -267,6 +268,10 @@ int TrainLocal(const std::vector<std::string>& argv) {
   for (int64_t i = run.steps_done(); i < s.steps(); ++i) {
     absl::StatusOr<StepStats> st = run.step();
     if (!st.ok()) return Fail(absl::StrFormat("step %d: %s", i + 1, st.status().message()));
+    if (!std::isfinite(st->loss)) {
+      // As a cluster job does: divergence is a failure, not a result.
+      return Fail(absl::StrFormat("training diverged: step %d loss is %f", st->step, st->loss));
+    }
     if (!checkpoint_job_dir.empty() &&
         (st->step % s.checkpoint().every_steps() == 0 || st->step == s.steps())) {
       if (absl::Status w = run.save(checkpoint_job_dir, job_id); !w.ok()) {

@@ -479,7 +479,8 @@ absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir
     if (s >= oldest_kept) continue;
     std::error_code ec;
     fs::remove_all(CheckpointStepDir(job_dir, s), ec);
-    if (ec) {
+    // Another rank pruning the same directory at the same time is not an error.
+    if (ec && ec != std::errc::no_such_file_or_directory) {
       return absl::InternalError(absl::StrCat("removing ", CheckpointStepDir(job_dir, s), ": ",
                                               ec.message()));
     }

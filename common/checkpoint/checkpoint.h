@@ -115,7 +115,8 @@ absl::StatusOr<int64_t> FindCheckpoint(const std::string& job_dir,
 
 // Deletes all but the newest `keep` (>= 1) step directories that are complete checkpoints
 // of the named blocks, and every incomplete one older than the oldest of those kept.
-// Newer incomplete ones (being written) are left alone. Returns the steps deleted.
+// Newer incomplete ones (being written) are left alone. Returns the steps deleted. Safe to
+// run from every rank at once (a directory another pruner removed first is not an error).
 absl::StatusOr<std::vector<int64_t>> PruneCheckpoints(const std::string& job_dir,
                                                       const std::vector<std::string>& block_names,
                                                       int keep);

@@ -1,6 +1,7 @@
 #include "common/pipeline/stage_executor.h"
 
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -312,6 +313,20 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
           return absl::FailedPreconditionError(
               absl::StrCat("optimizer step before every weight gradient of stage ", c.stage,
                            " ran (", done, " of ", st.M, ")"));
+        }
+      }
+      // Divergence is a failure: a non-finite gradient would make every weight it touches
+      // garbage. One sum per gradient (inf and nan survive a double sum of floats).
+      for (const Chunk& c : chunks_) {
+        for (Parameter* p : c.model->Parameters()) {
+          if (!p->grad.defined()) continue;
+          BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(p->grad.device()));
+          const double sum = be->Sum(p->grad.numel(), p->grad.f32());
+          if (!std::isfinite(sum)) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("training diverged: the gradient of ", p->name, " (stage ", c.stage,
+                             ") is not finite"));
+          }
         }
       }
       optimizer_->Step();

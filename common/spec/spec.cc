@@ -312,6 +312,20 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     BATON_RETURN_IF_ERROR(DefaultPositive("checkpoint.keep", &keep, 2));
     c->set_keep(keep);
   }
+  if (spec->has_resume_from()) {
+    const baton::v1::ResumeFrom& r = spec->resume_from();
+    if (r.job_id().empty()) return Invalid("resume_from.job_id", "required: the job to resume from");
+    if (r.step() < 0) {
+      return Invalid("resume_from.step",
+                     absl::StrCat("must be a step (0: the newest complete checkpoint), got ",
+                                  r.step()));
+    }
+    if (r.step() >= spec->steps()) {
+      return Invalid("resume_from.step",
+                     absl::StrCat("checkpoint step ", r.step(), " leaves nothing to train: steps is ",
+                                  spec->steps()));
+    }
+  }
 
   // Cross-field checks.
   const auto& data = spec->data();

@@ -115,6 +115,24 @@ TEST(ValidateTest, CheckpointFieldsAreCheckedAndKeepDefaults) {
   EXPECT_FALSE(none.has_checkpoint()) << "no checkpoint unless asked for";
 }
 
+TEST(ValidateTest, ResumeFromNamesTheJobAndAStepBeforeTheLast) {
+  JobSpec spec = ValidMlp();
+  spec.set_steps(10);
+  spec.mutable_resume_from();
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("resume_from.job_id: required", 0),
+            0u);
+  spec.mutable_resume_from()->set_job_id("job-000001");
+  spec.mutable_resume_from()->set_step(-1);
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("resume_from.step: must be", 0), 0u);
+  spec.mutable_resume_from()->set_step(10);
+  absl::Status st = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(st.message().rfind("resume_from.step: checkpoint step 10 leaves nothing", 0), 0u) << st;
+  spec.mutable_resume_from()->set_step(0);  // the newest complete one
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  spec.mutable_resume_from()->set_step(9);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+}
+
 TEST(ValidateTest, UnknownDeviceKindIsRefused) {
   JobSpec spec = ValidMlp();
   spec.set_device(static_cast<baton::v1::DeviceKind>(7));

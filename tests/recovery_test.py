@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Jobs that survive failures, end to end: checkpoints, resume, divergence, on loopback.
+
+A coordinator and workers as real processes (the harness of cluster_test.py), driven
+through `batonctl`. Every wait is bounded; every process is stopped at the end.
+
+Cases:
+  1. A job with checkpoint {every_steps 4, keep 2} writes them as it trains; the coordinator
+     records steps 8 and 12 as complete, the files of step 4 are pruned, and the digest
+     equals `batonctl train-local`'s.
+  2. `submit --resume-from JOB@8` on another schedule, and `--resume-from JOB` on three
+     stages training further, end with train-local's digest for the same steps: bit-exact
+     resume on any partition.
+  3. Bad resumes and checkpoint dirs are refused naming the field: an unknown job, a step
+     that is not a kept complete checkpoint, a job that wrote none; a checkpoint.dir the
+     workers cannot write fails the job before its first step.
+  4. A corrupted block file (SHA-256 mismatch): resuming skips that checkpoint, says so in
+     the history, loads the older one, and still ends with the reference digest.
+  5. A worker killed with SIGKILL mid-job: the job fails; resuming it from its last complete
+     checkpoint ends with the uninterrupted run's digest, losing at most every_steps steps.
+  6. A diverging job (a non-finite loss or gradient) ends FAILED naming the step and stage,
+     not SUCCEEDED.
+
+usage: recovery_test.py --bin-dir build/bin [--only 1,2] [--keep]
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_test import (Cluster, Failure, check, last_reason, tiny_gpt,  # noqa: E402
+                          wait_for)
+
+TERMINAL = ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"]
+
+
+def complete_steps(job):
+    return [int(r["step"]) for r in job.get("checkpoints", {}).get("complete", [])]
+
+
+def step_dirs(job_dir):
+    if not os.path.isdir(job_dir):
+        return []
+    return sorted(int(d[5:]) for d in os.listdir(job_dir) if d.startswith("step-"))
+
+
+def reasons(job):
+    return [h.get("reason", "") for h in job.get("history", [])]
+
+
+class State:
+    """What the cases share: the first case's job, its spec and its checkpoint dir."""
+    def __init__(self, tmp):
+        self.ckpt = os.path.join(tmp, "ckpt")
+        self.job = None
+        self.spec = None      # spec file of the checkpointed job
+        self.plain = None     # the same spec without checkpoints (for train-local)
+
+
+def gpt_spec(c, s, name, steps, every=None, keep=None, **pipeline):
+    spec = tiny_gpt(name, steps=steps, **pipeline)
+    plain = c.write_spec(spec)
+    if every is not None:
+        spec["checkpoint"] = {"everySteps": every, "dir": s.ckpt}
+        if keep is not None:
+            spec["checkpoint"]["keep"] = keep
+    return c.write_spec(spec), plain
+
+
+def run_to_end(c, job_id, timeout=120):
+    job = c.wait_state(job_id, TERMINAL, timeout)
+    check(job["state"] == "JOB_STATE_SUCCEEDED",
+          f"{job_id} ended {job['state']}: {last_reason(job)}")
+    return job
+
+
+def case_checkpoints(c, s):
+    c.ensure_workers(2)
+    s.spec, s.plain = gpt_spec(c, s, "ckpt-gpt", 12, every=4, keep=2, stages=2)
+    job = run_to_end(c, c.submit(s.spec, "--schedule", "1f1b")["id"])
+    s.job = job["id"]
+    ref = c.reference_digest(s.plain)
+    print(f"  {s.job}: digest {job['weights_digest'][:16]}..., train-local {ref[:16]}...")
+    check(job["weights_digest"] == ref, "the checkpointed job's digest differs from train-local's")
+    ck = job.get("checkpoints", {})
+    job_dir = os.path.join(s.ckpt, s.job)
+    check(ck.get("job_dir") == job_dir, f"checkpoints.job_dir is {ck.get('job_dir')}, "
+                                        f"want {job_dir}")
+    check(complete_steps(job) == [8, 12],
+          f"complete checkpoints {complete_steps(job)}, want [8, 12] (keep 2, final always)")
+    for r in ck["complete"]:
+        check(int(r.get("bytes", 0)) > 0, f"checkpoint record without bytes: {r}")
+    on_disk = step_dirs(job_dir)
+    print(f"  recorded complete: {complete_steps(job)}; on disk: {on_disk}")
+    check(on_disk == [8, 12], f"step directories {on_disk}, want [8, 12] (step 4 pruned)")
+    for step in (8, 12):
+        files = os.listdir(os.path.join(job_dir, f"step-{step}"))
+        check(sum(f.startswith("manifest.rank-") for f in files) == 2,
+              f"step-{step} lacks a manifest per rank: {sorted(files)}")
+    out = os.path.join(c.tmp, "model.safetensors")
+    c.ctl_ok("export", s.job, "-o", out)
+    check(os.path.getsize(out) > 1000, "export wrote an (almost) empty file")
+    text = c.ctl_ok("get", s.job).stdout
+    check("complete after step 8, 12" in text, f"batonctl get does not list the checkpoints:\n{text}")
+
+
+def case_resume(c, s):
+    check(s.job, "case 1 did not run")
+    c.ensure_workers(3)
+    # From step 8 on GPipe: the 12-step run's digest.
+    job = run_to_end(c, c.ctl_json("submit", "--resume-from", f"{s.job}@8", "--schedule",
+                                   "gpipe")["id"])
+    check(job["weights_digest"] == c.reference_digest(s.plain),
+          f"{job['id']} resumed at step 8 on gpipe ends with another digest")
+    check(int(job["checkpoints"].get("resumed_from_step", 0)) == 8 and
+          job["checkpoints"].get("resumed_from_job") == s.job,
+          f"checkpoints say {job['checkpoints']}")
+    check(any(r.startswith(f"resumed from {s.job} step 8") for r in reasons(job)),
+          f"the history does not say where it resumed from: {reasons(job)}")
+    print(f"  {job['id']}: from {s.job}@8 on gpipe, 2 stages: digest matches")
+    # From the newest (12) on three stages, training on to 16: the 16-step run's digest.
+    job = run_to_end(c, c.ctl_json("submit", "--resume-from", s.job, "--stages", "3",
+                                   "--steps", "16")["id"])
+    check(int(job["checkpoints"].get("resumed_from_step", 0)) == 12,
+          f"resumed from {job['checkpoints'].get('resumed_from_step')}, want 12 (the newest)")
+    check(job["weights_digest"] == c.reference_digest(s.plain, steps=16),
+          f"{job['id']} resumed at step 12 on 3 stages ends with another digest than 16 steps")
+    print(f"  {job['id']}: from {s.job} (step 12) on 3 stages to step 16: digest matches")
+
+
+def case_bad_input(c, s):
+    check(s.job, "case 1 did not run")
+    c.ensure_workers(2)
+
+    def refused(args, want):
+        r = c.ctl("submit", *args)
+        check(r.returncode != 0, f"submit {' '.join(args)} was accepted")
+        check(want in r.stderr, f"submit {' '.join(args)}: want '{want}' in: {r.stderr.strip()}")
+        print(f"  refused: {r.stderr.strip()[:160]}")
+
+    refused(["-f", s.spec, "--resume-from", "job-999999"],
+            "resume_from.job_id: there is no job job-999999")
+    refused(["--resume-from", f"{s.job}@5"],
+            f"resume_from.step: {s.job} has no complete checkpoint after step 5 "
+            "(it keeps steps 8, 12)")
+    refused(["--resume-from", f"{s.job}@x"], "STEP after @ must be a step number")
+    refused(["--resume-from", s.job, "--steps", "12"], "leaves nothing to train")
+    other = tiny_gpt("other-model", steps=16, stages=2)
+    other["model"]["gpt"]["layers"] = 2
+    refused(["-f", c.write_spec(other), "--resume-from", s.job], "model differs")
+    plain_job = run_to_end(c, c.submit(c.write_spec(tiny_gpt("plain", steps=2, stages=2)))["id"])
+    refused(["--resume-from", plain_job["id"]], "its spec asks for none")
+    # A checkpoint.dir the workers cannot write (a path through a regular file): the job
+    # fails when it starts, before any step, naming the field.
+    blocker = os.path.join(c.tmp, "not-a-dir")
+    with open(blocker, "w") as f:
+        f.write("x")
+    spec = tiny_gpt("unwritable", steps=4, stages=2)
+    spec["checkpoint"] = {"everySteps": 2, "dir": os.path.join(blocker, "ckpt")}
+    job = c.wait_state(c.submit(c.write_spec(spec))["id"], TERMINAL, 30)
+    reason = last_reason(job)
+    print(f"  {job['id']}: {job['state']}: {reason[:160]}")
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    check("checkpoint.dir on worker" in reason, f"the reason does not name checkpoint.dir: {reason}")
+    check(int(job.get("steps_done", 0)) == 0, f"{job['id']} ran {job.get('steps_done')} steps")
+    c.wait_idle(2)
+
+
+def case_corrupted(c, s):
+    check(s.job, "case 1 did not run")
+    c.ensure_workers(2)
+    step_dir = os.path.join(s.ckpt, s.job, "step-12")
+    victim = sorted(f for f in os.listdir(step_dir) if f.endswith(".safetensors"))[0]
+    path = os.path.join(step_dir, victim)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 1)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([last[0] ^ 0x01]))
+    print(f"  flipped a bit in {path}")
+    job = run_to_end(c, c.ctl_json("submit", "--resume-from", s.job, "--steps", "16")["id"])
+    ck = job["checkpoints"]
+    said = [r for r in reasons(job) if r.startswith("resumed from")]
+    print(f"  {job['id']}: {said}")
+    check(int(ck.get("resumed_from_step", 0)) == 8,
+          f"resumed from step {ck.get('resumed_from_step')}, want 8 (12 is corrupted)")
+    check(said and "skipped" in said[0] and "step-12" in said[0] and victim in said[0],
+          f"the history does not say step 12 was skipped and why: {said}")
+    check(job["weights_digest"] == c.reference_digest(s.plain, steps=16),
+          "resuming from the older checkpoint ends with another digest")
+
+
+def case_worker_killed(c, s):
+    c.ensure_workers(3)
+    # Long enough that the kill lands mid-job (a step takes milliseconds here).
+    spec, plain = gpt_spec(c, s, "killed-gpt", 400, every=5, stages=3)
+    job_id = c.submit(spec, "--schedule", "1f1b")["id"]
+    wait_for(lambda: max(complete_steps(c.get(job_id)) or [0]) >= 10, 60,
+             f"{job_id} to complete a checkpoint at step 10 or later")
+    job = c.get(job_id)
+    victim = job["workers"][1]
+    c.stop(victim, signal.SIGKILL)
+    job = c.wait_state(job_id, TERMINAL, 30)
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    killed_at = int(job["steps_done"])
+    last = complete_steps(job)[-1]
+    print(f"  killed {victim}; {job_id} FAILED after {killed_at} steps: {last_reason(job)[:100]}; "
+          f"last complete checkpoint: step {last}")
+    c.ensure_workers(3)
+    start = time.monotonic()
+    resumed = run_to_end(c, c.ctl_json("submit", "--resume-from", job_id)["id"])
+    ck = resumed["checkpoints"]
+    check(int(ck["resumed_from_step"]) == last,
+          f"resumed from {ck['resumed_from_step']}, want the last complete {last}")
+    check(killed_at - last <= 5, f"lost {killed_at - last} steps, every_steps is 5")
+    check(resumed["weights_digest"] == c.reference_digest(plain),
+          "the resumed job's digest differs from the uninterrupted run's")
+    print(f"  {resumed['id']} resumed from step {last} (lost {killed_at - last} steps), finished in "
+          f"{time.monotonic() - start:.1f} s: digest equals the uninterrupted run's")
+
+
+def case_divergence(c, s):
+    c.ensure_workers(2)
+    spec = tiny_gpt("diverging", steps=6, stages=2)
+    spec["optimizer"] = {"sgd": {"learningRate": 1e30}}
+    job = c.wait_state(c.submit(c.write_spec(spec))["id"], TERMINAL, 60)
+    reason = last_reason(job)
+    print(f"  {job['id']}: {job['state']}: {reason[:200]}")
+    check(job["state"] == "JOB_STATE_FAILED", f"a diverging job ended {job['state']}")
+    check("training diverged" in reason and "stage" in reason and "step" in reason,
+          f"the reason does not name the divergence, step and stage: {reason}")
+    c.wait_idle(2)
+
+
+CASES = [
+    ("1", "checkpoints written, recorded, pruned to keep; digest == train-local", case_checkpoints),
+    ("2", "resume on another schedule and on 3 stages: bit-exact", case_resume),
+    ("3", "bad resumes and an unwritable checkpoint.dir refused naming the field", case_bad_input),
+    ("4", "a corrupted checkpoint is skipped with a reason; the older one is used", case_corrupted),
+    ("5", "a worker killed mid-job; resume from the last complete checkpoint: bit-exact",
+     case_worker_killed),
+    ("6", "a diverging job fails naming the step and stage", case_divergence),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin-dir", required=True, help="where batonctl, coordinator, worker are")
+    parser.add_argument("--only", default="", help="comma-separated case numbers to run")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, db)")
+    args = parser.parse_args()
+    for binary in ("batonctl", "coordinator", "worker"):
+        if not os.access(os.path.join(args.bin_dir, binary), os.X_OK):
+            print(f"recovery_test: {binary} is missing in {args.bin_dir} (not built?)")
+            print("0 passed, 1 failed")
+            return 1
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+
+    tmp = tempfile.mkdtemp(prefix="baton-recovery-test.")
+    c = Cluster(args.bin_dir, "", tmp)
+    s = State(tmp)
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    passed, failed = [], []
+    try:
+        c.start_coordinator()
+        for number, title, fn in CASES:
+            if only and number not in only:
+                continue
+            print(f"\n[case {number}] {title}")
+            start = time.monotonic()
+            try:
+                fn(c, s)
+                passed.append(number)
+                print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
+            except Failure as e:
+                failed.append(number)
+                print(f"[case {number}] FAIL: {e}")
+                for name in list(c.procs):
+                    print(f"  --- last lines of {name}'s log ---")
+                    print("  " + c.tail(name, 12).replace("\n", "\n  "))
+            except Exception:
+                failed.append(number)
+                print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+    except Failure as e:
+        print(f"recovery_test: {e}")
+        failed.append("setup")
+    except KeyboardInterrupt as e:
+        print(f"recovery_test: interrupted ({e})")
+        failed.append("interrupted")
+    finally:
+        c.stop_all()
+        if args.keep or failed:
+            print(f"\nlogs, db and checkpoints kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{len(passed)} passed, {len(failed)} failed"
+          + (f" (failed: {', '.join(failed)})" if failed else ""))
+    return 0 if not failed and passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
