@@ -600,15 +600,18 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     starting_.insert(id);
     effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
   }
-  // Say why the others wait.
+  // Say why the others wait: a new history entry only when what a job waits for changes
+  // (behind older jobs; for N idle workers), not when the queue moves or an idle count
+  // changes, so history stays short however deep the queue.
+  auto what = [](const std::string& reason) { return reason.substr(0, reason.find(" (")); };
   for (size_t i = 0; i < queue_.size(); ++i) {
     ActiveJob* j = FindActiveLocked(queue_[i]);
     if (j == nullptr) continue;
-    const std::string reason =
-        i == 0 ? waiting : absl::StrCat("waiting behind ", queue_[0], " (first in the queue)");
+    const std::string reason = i == 0 ? waiting : "waiting behind older jobs in the queue (FIFO)";
     const auto& history = j->job.history();
-    if (history.empty() || history.rbegin()->reason() != reason) {
-      AppendStateLocked(j, baton::v1::JOB_STATE_QUEUED, reason);
+    if (history.empty() || history.rbegin()->state() != j->job.state() ||
+        what(history.rbegin()->reason()) != what(reason)) {
+      AppendStateLocked(j, j->job.state(), reason);
     }
   }
 }

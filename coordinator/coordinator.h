@@ -12,8 +12,9 @@
 // Every change appends a StateChange (time, reason) to Job.history, is written to the job
 // store (SQLite) before anyone can observe it, and is sent to watchers. Reasons:
 //   QUEUED     "submitted"; then, while it waits, "waiting for 4 idle workers (2 idle)" or
-//              "waiting behind job-000003 (first in the queue)" (a new entry each time the
-//              reason changes).
+//              "waiting behind older jobs in the queue (FIFO)" (a new entry only when what
+//              it waits for changes, not when the idle count or the queue moves: history
+//              stays a handful of entries however deep the queue).
 //   PLACING    "placing on w-1, w-2": workers chosen and marked busy, plans being sent.
 //   RUNNING    "all 2 ranks started": every worker accepted StartJob.
 //   SUCCEEDED  "all 2 ranks finished 200 steps": every rank reported a result without an

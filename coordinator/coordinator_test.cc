@@ -284,7 +284,7 @@ TEST_F(CoordinatorTest, QueueIsStrictlyFifo) {
   EXPECT_EQ(Reason(Get(b.id())), "waiting for 2 idle workers (1 idle)");
   // c would fit on w-3, but b is older.
   EXPECT_EQ(Get(c.id()).state(), baton::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(Reason(Get(c.id())), absl::StrCat("waiting behind ", b.id(), " (first in the queue)"));
+  EXPECT_EQ(Reason(Get(c.id())), "waiting behind older jobs in the queue (FIFO)");
 
   FinishAllRanks(Get(a.id()));
   EXPECT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
@@ -296,6 +296,26 @@ TEST_F(CoordinatorTest, QueueIsStrictlyFifo) {
   EXPECT_EQ(b2.workers(0), w1);
   EXPECT_EQ(b2.workers(1), w2);
   EXPECT_EQ(c2.workers(0), w3);
+}
+
+TEST_F(CoordinatorTest, QueuedJobsHistoryRecordsWhatTheyWaitForNotEveryQueueMove) {
+  Register(1);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 200; ++i) jobs.push_back(Submit(Spec(1)));
+  core_->Tick();
+  for (int i = 0; i < 199; ++i) {
+    FinishAllRanks(Get(jobs[i].id()));
+    core_->Tick();
+  }
+  // submitted, behind older jobs, first in line waiting for the worker, PLACING, RUNNING:
+  // the queue moved 199 times meanwhile.
+  const Job last = Get(jobs[199].id());
+  ASSERT_EQ(last.state(), baton::v1::JOB_STATE_RUNNING) << Reason(last);
+  std::vector<std::string> reasons;
+  for (const auto& h : last.history()) reasons.push_back(h.reason());
+  ASSERT_EQ(last.history_size(), 5) << testing::PrintToString(reasons);
+  EXPECT_EQ(reasons[1], "waiting behind older jobs in the queue (FIFO)");
+  EXPECT_EQ(reasons[2], "waiting for 1 idle worker (0 idle)");
 }
 
 TEST_F(CoordinatorTest, CancelQueuedJobAtOnce) {
