@@ -1,5 +1,7 @@
 #include "coordinator/coordinator.h"
 
+#include "coordinator/job_lifecycle.h"
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -36,13 +38,29 @@ constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
 constexpr int64_t kKeptStepTimings = 8;
 
-bool IsTerminal(JobState s) {
-  return s == baton::v1::JOB_STATE_SUCCEEDED || s == baton::v1::JOB_STATE_FAILED ||
-         s == baton::v1::JOB_STATE_CANCELLED;
+bool IsTerminal(JobState s) { return IsTerminalState(s); }
+bool IsPlaced(JobState s) { return IsPlacedState(s); }
+
+// A failed StartJob's kind: a worker that refuses the plan as given will refuse it again.
+baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kNotFound:
+      return baton::v1::FAILURE_CAUSE_CONFIG;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return baton::v1::FAILURE_CAUSE_WORKER_LOST;
+    default:
+      return baton::v1::FAILURE_CAUSE_INTERNAL;
+  }
 }
 
-bool IsPlaced(JobState s) {
-  return s == baton::v1::JOB_STATE_PLACING || s == baton::v1::JOB_STATE_RUNNING;
+// The tensor-tag key of a placement attempt: distinct per attempt, so tensors of an
+// earlier attempt (a worker that was stopped and came back) never match a later one's.
+uint64_t JobKey(int64_t seq, int attempt) {
+  return static_cast<uint64_t>(seq) | (static_cast<uint64_t>(attempt) << 40);
 }
 
 std::string Truncate(std::string s) {
@@ -198,7 +216,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
 absl::Status Coordinator::Recover() {
   BATON_ASSIGN_OR_RETURN(
       auto jobs, store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
-                                       baton::v1::JOB_STATE_RUNNING}));
+                                       baton::v1::JOB_STATE_RUNNING,
+                                       baton::v1::JOB_STATE_RECOVERING}));
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [seq, job] : jobs) {
     auto active = std::make_unique<ActiveJob>();
@@ -210,12 +229,15 @@ absl::Status Coordinator::Recover() {
     active_[id] = std::move(active);
     if (j->job.state() == baton::v1::JOB_STATE_QUEUED) {
       queue_.push_back(id);
+    } else if (j->job.state() == baton::v1::JOB_STATE_RECOVERING) {
+      queue_.push_front(id);  // it was waiting to be placed again; it still is
     } else {
       Effects none;
       // Its workers are not known any more (the registry is empty); their heartbeats will
-      // be told to abort it.
-      EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
-                   "coordinator restarted while the job was running", &none);
+      // be told to abort it (they register again and are idle). With spec restart it is
+      // recovered on them from its last complete checkpoint.
+      FailLocked(id, "coordinator restarted while the job was running",
+                 baton::v1::FAILURE_CAUSE_WORKER_LOST, &none);
     }
   }
   return absl::OkStatus();
@@ -345,6 +367,12 @@ void Coordinator::RunNow(Effects effects) {
       }
       std::lock_guard<std::mutex> lock(mu_);
       FreeWorkersLocked(a.job_id, to_free);
+      if (a.counted) {
+        if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
+          --j->pending_aborts;
+          WakeLoop();
+        }
+      }
     }
   }
   for (const StartCall& s : effects.starts) {
@@ -396,6 +424,10 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
       again.job_id = job_id;
       again.reason = "the job ended while it was being started";
       again.workers = workers;
+      if (j != nullptr) {  // recovering: it waits for these workers
+        again.counted = true;
+        ++j->pending_aborts;
+      }
       effects.aborts.push_back(std::move(again));
     } else {
       int failed = -1;
@@ -416,11 +448,11 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
                           absl::StrCat(Ranks(workers.size()), " started"));
       } else {
         const absl::Status& s = results[failed];
-        EndJobLocked(
-            job_id, baton::v1::JOB_STATE_FAILED,
+        FailLocked(
+            job_id,
             absl::StrCat("StartJob on ", WorkerName(workers[failed]), " for rank ", failed,
                          " failed: ", absl::StatusCodeToString(s.code()), ": ", s.message()),
-            &effects);
+            StartFailureCause(s), &effects);
       }
     }
   }
@@ -534,14 +566,19 @@ void Coordinator::ExpireLeasesLocked(Effects* effects) {
     if (w.state() != baton::v1::WORKER_STATE_BUSY || w.job_id().empty()) continue;
     ActiveJob* j = FindActiveLocked(w.job_id());
     if (j == nullptr) continue;
+    bool held = false;
     for (RankSlot& slot : j->ranks) {
-      if (slot.worker.worker_id == w.worker_id()) slot.held = false;  // dead: not contacted
+      if (slot.worker.worker_id == w.worker_id() && slot.held) {
+        slot.held = false;  // dead: not contacted
+        held = true;
+      }
     }
-    EndJobLocked(w.job_id(), baton::v1::JOB_STATE_FAILED,
-                 absl::StrCat("worker ", w.worker_id(), " (", w.address(),
-                              ") lease expired (no heartbeat for ",
-                              absl::FormatDuration(registry_.lease_ttl()), ")"),
-                 effects);
+    if (!held) continue;  // it ran an earlier attempt of a recovering job
+    FailLocked(w.job_id(),
+               absl::StrCat("worker ", w.worker_id(), " (", w.address(),
+                            ") lease expired (no heartbeat for ",
+                            absl::FormatDuration(registry_.lease_ttl()), ")"),
+               baton::v1::FAILURE_CAUSE_WORKER_LOST, effects);
   }
 }
 
@@ -556,7 +593,26 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       queue_.pop_front();
       continue;
     }
-    std::optional<WorkerChoice> choice = ChooseWorkers(j->job.spec(), idle, taken, &waiting);
+    // A recovering job is planned again, on fewer stages if it must (restart.min_stages),
+    // once its previous workers were told to stop.
+    baton::v1::JobSpec spec = j->job.spec();
+    const bool recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
+    if (recovering) {
+      if (j->pending_aborts > 0 || starting_.count(id) > 0) {
+        waiting = "stopping the job's other workers";
+        break;
+      }
+      int free = 0;
+      for (size_t i = 0; i < idle.size(); ++i) free += taken[i] ? 0 : 1;
+      const int stages = RecoveryStages(spec, free);
+      if (stages == 0) {
+        waiting = absl::StrCat("waiting for ", spec.restart().min_stages(), " idle workers to ",
+                               "recover on (", free, " idle)");
+        break;
+      }
+      spec.mutable_pipeline()->set_stages(stages);
+    }
+    std::optional<WorkerChoice> choice = ChooseWorkers(spec, idle, taken, &waiting);
     if (!choice.has_value()) break;
     queue_.pop_front();
     std::vector<PlacedWorker> placed;
@@ -570,18 +626,20 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
       if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
     }
-    absl::StatusOr<Placement> placement = PlaceJob(j->job.spec(), id, static_cast<uint64_t>(j->seq),
-                                                   placed, options_.recv_timeout, choice->device);
+    absl::StatusOr<Placement> placement = PlaceJob(spec, id, JobKey(j->seq, j->attempt()), placed,
+                                                   options_.recv_timeout, choice->device);
     if (!placement.ok()) {
       for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
       EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
                    absl::StrCat("placement failed: ", placement.status().message()), effects);
       continue;
     }
-    if (!j->job.checkpoints().resumed_from_dir().empty()) {
-      for (baton::v1::JobPlan& plan : placement->plans) {
-        plan.set_resume_job_dir(j->job.checkpoints().resumed_from_dir());
-        plan.set_resume_step(j->job.checkpoints().resumed_from_step());
+    const auto [resume_dir, resume_step] = ResumePointLocked(*j);
+    for (baton::v1::JobPlan& plan : placement->plans) {
+      plan.set_attempt(j->attempt());
+      if (!resume_dir.empty()) {
+        plan.set_resume_job_dir(resume_dir);
+        plan.set_resume_step(resume_step);
       }
     }
     j->layout = std::move(placement->layout);
@@ -594,9 +652,17 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     }
     *j->job.mutable_pipeline() = placement->report;
     j->peak_inflight.assign(placed.size(), 0);
-    AppendStateLocked(
-        j, baton::v1::JOB_STATE_PLACING,
-        absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", choice->why, ")"));
+    std::string recovery;
+    if (recovering) {
+      baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
+      r->set_stages_after(static_cast<int32_t>(placed.size()));
+      for (const std::string& n : names) r->add_workers_after(n);
+      recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
+                              placed.size(), " stages, from step ", resume_step, "; ");
+    }
+    AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
+                      absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
+                                   choice->why, ")"));
     starting_.insert(id);
     effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
   }
@@ -630,7 +696,7 @@ void Coordinator::Tick() {
     }
     for (const std::string& id : echoed) {
       ActiveJob* j = FindActiveLocked(id);
-      EndJobLocked(id, baton::v1::JOB_STATE_FAILED, std::string(j->echo_failure), &effects);
+      FailLocked(id, std::string(j->echo_failure), baton::v1::FAILURE_CAUSE_ABORTED, &effects);
     }
     PlaceQueuedLocked(&effects);
   }
@@ -793,7 +859,7 @@ StateCounts Coordinator::CountStates() {
     LogWarning(absl::StrCat("metrics: ", by_state.status().ToString()));
     return counts;
   }
-  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_CANCELLED; ++s) {
+  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_RECOVERING; ++s) {
     const auto it = by_state->find(static_cast<JobState>(s));
     std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
     counts.jobs[name.substr(std::string("job_state_").size())] =
@@ -877,15 +943,16 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
         if (j == nullptr) continue;
         int rank = -1;
         for (size_t r = 0; r < j->ranks.size(); ++r) {
-          if (j->ranks[r].worker.worker_id == old.worker_id()) {
+          if (j->ranks[r].worker.worker_id == old.worker_id() && j->ranks[r].held) {
             j->ranks[r].held = false;  // gone; the new process runs nothing
             rank = static_cast<int>(r);
           }
         }
-        EndJobLocked(old.job_id(), baton::v1::JOB_STATE_FAILED,
-                     absl::StrCat("worker ", old.worker_id(), " (", old.address(),
-                                  ") registered again while running rank ", rank),
-                     &effects);
+        if (rank < 0) continue;  // it ran an earlier attempt of a recovering job
+        FailLocked(old.job_id(),
+                   absl::StrCat("worker ", old.worker_id(), " (", old.address(),
+                                ") registered again while running rank ", rank),
+                   baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
       }
       LogWarning(absl::StrCat("worker ", reg->worker.worker_id(), " registered from ",
                               reg->worker.address()));
@@ -962,9 +1029,19 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     }
     return slot.status();
   }
-  if (!(*slot)->held || !j->echo_failure.empty()) {
+  if (!(*slot)->held || !j->echo_failure.empty() || request.attempt() != j->attempt()) {
     response.set_keep_running(false);
     return response;
+  }
+  if (j->attempt() > 0) {
+    baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
+    if (!r->has_resumed()) {
+      // The first step after the resume: the recovery is over.
+      *r->mutable_resumed() = ToProtoTime(Now());
+      if (options_.metrics != nullptr) {
+        options_.metrics->ObserveRecovery(Now() - FromProtoTime(r->detected()));
+      }
+    }
   }
   if (request.resumed_from_step() > 0) {
     const std::string failure = RecordResumeLocked(j, request);
@@ -1077,6 +1154,8 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
       if (j == nullptr) BATON_RETURN_IF_ERROR(store_->Get(request.job_id()).status());
       return baton::v1::ReportResultResponse();
     }
+    // An earlier attempt's rank (a worker stopped and continued) has nothing to say.
+    if (request.attempt() != j->attempt()) return baton::v1::ReportResultResponse();
     BATON_ASSIGN_OR_RETURN(RankSlot * slot, RankLocked(j, request.rank(), request.worker_id()));
     if (slot->finished || !slot->held) return baton::v1::ReportResultResponse();
     const std::string who =
@@ -1118,7 +1197,12 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
         j->digests.insert(got.begin(), got.end());
       }
     }
-    const bool echo = absl::StartsWith(request.error(), "ABORTED");
+    const bool echo = !request.error().empty() &&
+                      request.cause() == baton::v1::FAILURE_CAUSE_ABORTED;
+    const baton::v1::FailureCause cause =
+        request.error().empty() || request.cause() == baton::v1::FAILURE_CAUSE_UNSPECIFIED
+            ? baton::v1::FAILURE_CAUSE_INTERNAL  // a malformed report, or no cause given
+            : request.cause();
     const bool all_reported =
         std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
     if (!failure.empty() && echo && !all_reported) {
@@ -1129,9 +1213,10 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
         j->echo_since = Now();
       }
     } else if (!failure.empty()) {
-      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, failure, &effects);
+      FailLocked(request.job_id(), failure, cause, &effects);
     } else if (!j->echo_failure.empty() && all_reported) {
-      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, j->echo_failure, &effects);
+      FailLocked(request.job_id(), std::string(j->echo_failure),
+                 baton::v1::FAILURE_CAUSE_ABORTED, &effects);
     } else if (std::all_of(j->ranks.begin(), j->ranks.end(),
                            [](const RankSlot& s) { return s.finished; })) {
       SucceedLocked(j, &effects);
@@ -1187,12 +1272,19 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
   }
   if (j->resumed_from.size() == 1) {
     baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
-    std::string reason = absl::StrCat("resumed from ", c->resumed_from_job(), " step ", step);
-    if (step != c->resumed_from_step()) {
-      absl::StrAppend(&reason, " (asked for step ", c->resumed_from_step(), "; skipped: ",
+    const auto [dir, asked] = ResumePointLocked(*j);
+    const bool own = j->attempt() > 0 && dir == c->job_dir();
+    std::string reason = absl::StrCat("resumed from ", own ? "its own checkpoint" : c->resumed_from_job(),
+                                      " step ", step);
+    if (step != asked) {
+      absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ",
                       absl::StrJoin(request.checkpoints_skipped(), "; "), ")");
     }
-    c->set_resumed_from_step(step);
+    if (j->attempt() > 0) {
+      j->job.mutable_recoveries(j->attempt() - 1)->set_from_step(step);
+    } else {
+      c->set_resumed_from_step(step);
+    }
     j->job.set_steps_done(std::max<int64_t>(j->job.steps_done(), step));
     AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING, reason);
   }
@@ -1258,6 +1350,92 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
   checkpoints->set_resumed_from_step(step);
   checkpoints->set_resumed_from_dir(source.checkpoints().job_dir());
   return absl::OkStatus();
+}
+
+void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& reason,
+                             baton::v1::FailureCause cause, Effects* effects) {
+  const std::string job_id = job_id_ref;  // the reference may point into the job itself
+  ActiveJob* j = FindActiveLocked(job_id);
+  if (j == nullptr) return;
+  FailureFacts facts;
+  facts.state = j->job.state();
+  facts.cause = cause;
+  facts.max_restarts = j->job.spec().has_restart() ? j->job.spec().restart().max_restarts() : 0;
+  facts.restarts_done = j->job.recoveries_size();
+  for (const baton::v1::Recovery& r : j->job.recoveries()) {
+    facts.diverged_before |= r.cause() == baton::v1::FAILURE_CAUSE_DIVERGED;
+  }
+  const FailureVerdict verdict = DecideOnFailure(facts);
+  if (verdict.recover) {
+    RecoverLocked(j, reason, cause, effects);
+    return;
+  }
+  EndJobLocked(job_id, baton::v1::JOB_STATE_FAILED,
+               verdict.why_not.empty() ? reason : absl::StrCat(reason, " (", verdict.why_not, ")"),
+               effects);
+}
+
+std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& j) {
+  const baton::v1::JobCheckpoints& c = j.job.checkpoints();
+  if (j.attempt() > 0) {
+    const baton::v1::Recovery& r = j.job.recoveries(j.attempt() - 1);
+    if (r.from_step() > 0 && !c.complete().empty()) return {c.job_dir(), r.from_step()};
+  }
+  // The first attempt, or a recovery before the job wrote a checkpoint of its own: where the
+  // job itself started.
+  if (!c.resumed_from_dir().empty()) return {c.resumed_from_dir(), c.resumed_from_step()};
+  return {"", 0};
+}
+
+void Coordinator::RecoverLocked(ActiveJob* j, const std::string& reason,
+                                baton::v1::FailureCause cause, Effects* effects) {
+  const std::string id = j->job.id();
+  const baton::v1::JobCheckpoints& c = j->job.checkpoints();
+  const int64_t from = !c.complete().empty() ? c.complete().rbegin()->step()
+                       : !c.resumed_from_dir().empty() ? c.resumed_from_step()
+                                                       : 0;
+  const int64_t lost = std::max<int64_t>(0, j->job.steps_done() - from);
+  const int stages_before =
+      j->ranks.empty() ? j->job.workers_size() : static_cast<int>(j->ranks.size());
+  baton::v1::Recovery* r = j->job.add_recoveries();
+  r->set_reason(Truncate(reason));
+  r->set_cause(cause);
+  *r->mutable_detected() = ToProtoTime(Now());
+  r->set_from_step(from);
+  r->set_lost_steps(lost);
+  r->set_stages_before(stages_before);
+  if (options_.metrics != nullptr) options_.metrics->AddRecovery();
+  AppendStateLocked(j, baton::v1::JOB_STATE_RECOVERING,
+                    absl::StrCat(reason, "; recovering (", j->attempt(), " of ",
+                                 j->job.spec().restart().max_restarts(), ") from ",
+                                 from > 0 ? absl::StrCat("step ", from) : "the start", ", ",
+                                 lost, lost == 1 ? " step" : " steps", " to train again"));
+  AbortCall abort;
+  abort.job_id = id;
+  abort.reason = Truncate(absl::StrCat("recovering: ", reason));
+  for (RankSlot& slot : j->ranks) {
+    if (!slot.held) continue;
+    slot.held = false;
+    abort.workers.push_back(slot.worker);
+  }
+  if (!abort.workers.empty()) {
+    abort.counted = true;
+    ++j->pending_aborts;
+    effects->aborts.push_back(std::move(abort));
+  }
+  j->ranks.clear();
+  j->digests.clear();
+  j->timings.clear();
+  j->checkpoints.clear();
+  j->resumed_from.clear();
+  j->peak_inflight.clear();
+  j->echo_failure.clear();
+  j->job.clear_workers();
+  j->job.set_steps_done(from);
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  queue_.push_front(id);  // it held workers a moment ago: ahead of jobs still waiting
+  PersistLocked(j);
+  WakeLoop();
 }
 
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {

@@ -278,6 +278,11 @@ class Coordinator {
     std::map<int64_t, CheckpointTally> checkpoints;
     // A resumed job: the checkpoint step each rank loaded (from its first report).
     std::map<int, int64_t> resumed_from;
+    // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
+    // again only once they returned (so it gets its own workers back, not fewer stages).
+    int pending_aborts = 0;
+    // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
+    int attempt() const { return job.recoveries_size(); }
   };
   struct StartCall {
     std::string job_id;
@@ -289,6 +294,8 @@ class Coordinator {
     std::string reason;
     std::vector<PlacedWorker> workers;
     bool free_after = true;
+    // Counted in the job's pending_aborts (a recovering job waits for it).
+    bool counted = false;
   };
   struct Effects {
     std::vector<StartCall> starts;
@@ -342,6 +349,19 @@ class Coordinator {
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A placed job failed: FAILED, or RECOVERING when DecideOnFailure says so
+  // (coordinator/job_lifecycle.h).
+  void FailLocked(const std::string& job_id, const std::string& reason,
+                  baton::v1::FailureCause cause, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RECOVERING: records the recovery, stops the job's remaining ranks (their workers are
+  // freed as their aborts return), forgets the attempt's ranks, and puts the job first in
+  // the queue to be placed again from its last complete checkpoint.
+  void RecoverLocked(ActiveJob* job, const std::string& reason, baton::v1::FailureCause cause,
+                     Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a (re)placement of `job` starts: a checkpoint directory ("" for the seed) and step.
+  std::pair<std::string, int64_t> ResumePointLocked(const ActiveJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a rank's checkpoint write; once every rank wrote step N it is the job's newest
   // complete checkpoint (persisted), and older ones beyond spec keep are forgotten.
   void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)

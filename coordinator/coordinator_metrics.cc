@@ -73,7 +73,24 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             .Help("Bytes of block files in complete checkpoints.")
                             .Register(registry)
                             .Add({})),
+      recoveries_(prometheus::BuildCounter()
+                      .Name("baton_coordinator_recoveries_total")
+                      .Help("Jobs that went RECOVERING after losing a worker (spec restart).")
+                      .Register(registry)
+                      .Add({})),
+      recovery_seconds_(prometheus::BuildHistogram()
+                            .Name("baton_coordinator_recovery_seconds")
+                            .Help("From detecting the failure to the first step after the "
+                                  "resume, per recovery.")
+                            .Register(registry)
+                            .Add({}, StepSecondsBuckets())),
       collector_(std::make_shared<Collector>()) {}
+
+void CoordinatorMetrics::AddRecovery() { recoveries_.Increment(); }
+
+void CoordinatorMetrics::ObserveRecovery(absl::Duration d) {
+  recovery_seconds_.Observe(absl::ToDoubleSeconds(d));
+}
 
 void CoordinatorMetrics::ObserveCheckpoint(absl::Duration slowest_write, int64_t bytes) {
   checkpoint_write_.Observe(absl::ToDoubleSeconds(slowest_write));

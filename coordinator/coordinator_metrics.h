@@ -40,6 +40,9 @@ class CoordinatorMetrics {
   void AddLeaseExpiration();
   // A job's checkpoint became complete: the slowest rank's write time and every rank's bytes.
   void ObserveCheckpoint(absl::Duration slowest_write, int64_t bytes);
+  // A job went RECOVERING; and, once it ran a step again, how long that took from detection.
+  void AddRecovery();
+  void ObserveRecovery(absl::Duration detection_to_first_step);
 
   // The collector of baton_coordinator_workers and baton_coordinator_jobs; serve it beside
   // the registry. Until SetStateSource is called it reports nothing.
@@ -55,6 +58,8 @@ class CoordinatorMetrics {
   prometheus::Counter& lease_expirations_;
   prometheus::Histogram& checkpoint_write_;
   prometheus::Counter& checkpoint_bytes_;
+  prometheus::Counter& recoveries_;
+  prometheus::Histogram& recovery_seconds_;
   std::shared_ptr<Collector> collector_;
 };
 

@@ -692,18 +692,21 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   const Job job = Submit(Spec(3));
   core_->Tick();
-  auto report = [&](int rank, const std::string& worker, const std::string& error) {
+  // The kind of failure travels typed (ReportResultRequest.cause), not in the message.
+  auto report = [&](int rank, const std::string& worker, const std::string& error,
+                    baton::v1::FailureCause cause) {
     baton::v1::ReportResultRequest r;
     r.set_job_id(job.id());
     r.set_worker_id(worker);
     r.set_rank(rank);
     r.set_error(error);
+    r.set_cause(cause);
     ASSERT_TRUE(core_->ReportResult(r).ok());
   };
-  report(2, w3, "ABORTED: rank 2 at 2RECV_F0: rank 1 aborted");
+  report(2, w3, "rank 2 at 2RECV_F0: rank 1 aborted", baton::v1::FAILURE_CAUSE_ABORTED);
   EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(WorkerState(w3), baton::v1::WORKER_STATE_IDLE);
-  report(1, w2, "UNAVAILABLE: the stream to rank 0 failed");
+  report(1, w2, "UNAVAILABLE: the stream to rank 0 failed", baton::v1::FAILURE_CAUSE_PEER);
   Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
   EXPECT_EQ(Reason(failed),
@@ -719,6 +722,7 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   r.set_worker_id(Get(other.id()).workers(2));
   r.set_rank(2);
   r.set_error("ABORTED: first echo");
+  r.set_cause(baton::v1::FAILURE_CAUSE_ABORTED);
   ASSERT_TRUE(core_->ReportResult(r).ok());
   core_->Tick();
   EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
@@ -880,6 +884,141 @@ TEST_F(CoordinatorTest, ReRegisteringBusyWorkerFailsItsJob) {
                                          ") registered again while running rank 1"));
   EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
   EXPECT_EQ(WorkerState(w2b), baton::v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoint) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  baton::v1::JobSpec spec = Spec(3, /*steps=*/10);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  spec.mutable_restart()->set_max_restarts(1);
+  spec.mutable_restart()->set_min_stages(2);
+  const Job submitted = Submit(spec);
+  core_->Tick();
+  const Job job = Get(submitted.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  const auto first_plans = client_->Plans(job.id());
+  ASSERT_EQ(first_plans.size(), 3u);
+  // Steps 1..3 done everywhere, checkpoint 2 complete.
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(Progress(*core_, job, rank, step, step == 2 ? 10 : 0).ok());
+    }
+  }
+  ASSERT_EQ(Get(job.id()).steps_done(), 3);
+  // w-2 (rank 1) goes silent past its lease.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(3));
+    Beat(w1, job.id());
+    Beat(w3, job.id());
+  }
+  core_->Tick();  // RECOVERING; w-1 and w-3 aborted (and freed when the calls return)
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING);
+  core_->Tick();  // placed again on them
+  Job now = Get(job.id());
+  ASSERT_EQ(now.recoveries_size(), 1);
+  const baton::v1::Recovery& r = now.recoveries(0);
+  EXPECT_EQ(r.reason(), absl::StrCat("worker ", w2, " (", Address(2),
+                                     ") lease expired (no heartbeat for 5s)"));
+  EXPECT_EQ(r.cause(), baton::v1::FAILURE_CAUSE_WORKER_LOST);
+  EXPECT_EQ(r.from_step(), 2);
+  EXPECT_EQ(r.lost_steps(), 1);
+  EXPECT_EQ(r.stages_before(), 3);
+  EXPECT_EQ(r.stages_after(), 2);
+  std::vector<std::string> states;
+  for (const auto& h : now.history()) states.push_back(baton::v1::JobState_Name(h.state()));
+  ASSERT_GE(states.size(), 3u);
+  EXPECT_EQ(states[states.size() - 4], "JOB_STATE_RECOVERING");
+  EXPECT_THAT(now.history(now.history_size() - 4).reason(),
+              testing::HasSubstr("; recovering (1 of 1) from step 2, 1 step to train again"));
+  EXPECT_EQ(now.history(now.history_size() - 3).reason(), "stopping the job's other workers");
+  EXPECT_THAT(now.history(now.history_size() - 2).reason(),
+              testing::HasSubstr("(recovery 1: 3 -> 2 stages, from step 2; "));
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(now.steps_done(), 2);
+  EXPECT_EQ(now.workers_size(), 2);
+  auto aborts = client_->Calls("abort", job.id());
+  EXPECT_EQ(aborts.size(), 2u);  // w-1 and w-3, not the dead w-2
+  // The new attempt's plans: 2 stages, attempt 1, another tensor key, resume from step 2.
+  auto plans = client_->Plans(job.id());
+  ASSERT_EQ(plans.size(), 5u);
+  for (size_t i = 3; i < 5; ++i) {
+    EXPECT_EQ(plans[i].attempt(), 1);
+    EXPECT_EQ(plans[i].num_ranks(), 2);
+    EXPECT_NE(plans[i].job_key(), first_plans[0].job_key());
+    EXPECT_EQ(plans[i].resume_job_dir(), "/shared/ckpt/" + job.id());
+    EXPECT_EQ(plans[i].resume_step(), 2);
+    EXPECT_EQ(plans[i].spec().pipeline().stages(), 2);
+  }
+  EXPECT_EQ(now.spec().pipeline().stages(), 3) << "the spec stays as submitted";
+  // The old attempt's late reports are refused; the new attempt's count.
+  baton::v1::ReportProgressRequest late;
+  late.set_job_id(job.id());
+  late.set_worker_id(now.workers(0));
+  late.set_rank(0);
+  late.set_step(4);
+  late.set_attempt(0);
+  EXPECT_FALSE(core_->ReportProgress(late)->keep_running());
+  late.set_attempt(1);
+  late.set_resumed_from_step(2);
+  EXPECT_TRUE(core_->ReportProgress(late)->keep_running());
+  now = Get(job.id());
+  EXPECT_TRUE(now.recoveries(0).has_resumed());
+  EXPECT_EQ(Reason(now), "resumed from its own checkpoint step 2");
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_recoveries_total 1"));
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_recovery_seconds_count 1"));
+  // A second loss: no restarts left.
+  baton::v1::ReportResultRequest fail;
+  fail.set_job_id(job.id());
+  fail.set_worker_id(now.workers(1));
+  fail.set_rank(1);
+  fail.set_attempt(1);
+  fail.set_error("UNAVAILABLE: the stream to rank 0 failed");
+  fail.set_cause(baton::v1::FAILURE_CAUSE_PEER);
+  ASSERT_TRUE(core_->ReportResult(fail).ok());
+  now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Reason(now), testing::HasSubstr("(no restarts left (1 of 1 used))"));
+}
+
+TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/10);
+  spec.mutable_restart()->set_max_restarts(3);  // min_stages: 2 (never fewer)
+  const Job job = Submit(spec);
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(3));
+    Beat(w1, job.id());
+  }
+  core_->Tick();
+  core_->Tick();
+  Job now = Get(job.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(Reason(now), "waiting for 2 idle workers to recover on (1 idle)");
+  EXPECT_EQ(now.recoveries(0).from_step(), 0) << "no checkpoint: from the start";
+  // A new worker comes: placed again on 2 stages.
+  const std::string w3 = Register(3);
+  core_->Tick();
+  now = Get(job.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING) << Reason(now);
+  EXPECT_EQ(now.workers_size(), 2);
+  for (const auto& plan : client_->Plans(job.id())) {
+    if (plan.attempt() == 1) EXPECT_TRUE(plan.resume_job_dir().empty());
+  }
+  // A configuration error fails at once, restarts or not.
+  baton::v1::ReportResultRequest fail;
+  fail.set_job_id(job.id());
+  fail.set_worker_id(now.workers(0));
+  fail.set_rank(0);
+  fail.set_attempt(1);
+  fail.set_error("INVALID_ARGUMENT: data.text.path: no such file");
+  fail.set_cause(baton::v1::FAILURE_CAUSE_CONFIG);
+  ASSERT_TRUE(core_->ReportResult(fail).ok());
+  now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Reason(now), testing::HasSubstr("a configuration error would fail again"));
 }
 
 TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {

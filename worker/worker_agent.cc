@@ -104,6 +104,35 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
   return out;
 }
 
+// What kind of failure ended a rank, for the coordinator's decision to recover or fail.
+baton::v1::FailureCause FailureCauseOf(const absl::Status& s, bool aborted) {
+  if (IsDiverged(s)) return baton::v1::FAILURE_CAUSE_DIVERGED;
+  if (aborted) {
+    // Told to stop (ABORTED), or stopping because this worker shuts down (UNAVAILABLE).
+    return s.code() == absl::StatusCode::kUnavailable ? baton::v1::FAILURE_CAUSE_SHUTDOWN
+                                                      : baton::v1::FAILURE_CAUSE_ABORTED;
+  }
+  switch (s.code()) {
+    case absl::StatusCode::kAborted:  // a peer's abort reached this rank
+      return baton::v1::FAILURE_CAUSE_ABORTED;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+      return baton::v1::FAILURE_CAUSE_PEER;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kAlreadyExists:
+      return baton::v1::FAILURE_CAUSE_CONFIG;
+    default:
+      return baton::v1::FAILURE_CAUSE_INTERNAL;
+  }
+}
+
 }  // namespace
 
 WorkerAgent::WorkerAgent(WorkerOptions options, TensorInbox* inbox)
@@ -324,7 +353,7 @@ absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
     }
   }
   if (names.empty()) return s;
-  return absl::Status(s.code(), absl::StrCat(msg, " [", names, "]"));
+  return WithMessage(s, absl::StrCat(msg, " [", names, "]"));
 }
 }  // namespace
 
@@ -447,6 +476,19 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     }
     first_step = *loaded;
     job.steps_done.store(first_step);
+    // A recovery resumes from the job's own checkpoints: what an earlier attempt wrote
+    // after this step (perhaps by another partition, with other manifests) goes. Rank 0
+    // alone, before its first step: no rank can finish a step, let alone write one, before
+    // rank 0 has started it.
+    if (plan.rank() == 0 && spec.has_checkpoint() &&
+        plan.resume_job_dir() == CheckpointJobDir(spec.checkpoint().dir(), plan.job_id())) {
+      for (int64_t later : ListCheckpointSteps(plan.resume_job_dir())) {
+        if (later <= first_step) continue;
+        std::error_code ec;
+        std::filesystem::remove_all(CheckpointStepDir(plan.resume_job_dir(), later), ec);
+        if (ec) Log(absl::StrCat("removing an earlier attempt's step ", later, ": ", ec.message()));
+      }
+    }
     Log(absl::StrCat("job ", plan.job_id(), " resumes from ", plan.resume_job_dir(), " step ",
                      first_step));
   }
@@ -469,6 +511,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     req.set_job_id(plan.job_id());
     req.set_rank(plan.rank());
     req.set_step(step + 1);
+    req.set_attempt(plan.attempt());
     std::optional<float> loss;
     if (owns_last) {
       double sum = 0.0;
@@ -477,9 +520,9 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       req.set_loss(*loss);
       if (!std::isfinite(*loss)) {
         // Divergence is a failure: the weights are garbage from here on.
-        status = absl::FailedPreconditionError(
-            absl::StrCat("training diverged: step ", step + 1, " loss is ", *loss,
-                         " on stage ", schedule.num_stages() - 1, " (rank ", plan.rank(), ")"));
+        status = DivergedError(absl::StrCat("training diverged: step ", step + 1, " loss is ",
+                                            *loss, " on stage ", schedule.num_stages() - 1,
+                                            " (rank ", plan.rank(), ")"));
         break;
       }
     }
@@ -661,7 +704,11 @@ void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {
   req.set_worker_id(worker_id());
   req.set_job_id(job.plan.job_id());
   req.set_rank(job.plan.rank());
-  if (!status.ok()) req.set_error(status.ToString());
+  req.set_attempt(job.plan.attempt());
+  if (!status.ok()) {
+    req.set_error(status.ToString());
+    req.set_cause(FailureCauseOf(status, job.aborted.load()));
+  }
   Log(absl::StrCat("job ", job.plan.job_id(), " rank ", job.plan.rank(), " ended: ",
                    status.ok() ? std::string("ok") : status.ToString()));
   // The coordinator may be restarting: retry for a while, then give up (the lease logic

@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 #define BATON_STATUS_CONCAT_INNER_(a, b) a##b
 #define BATON_STATUS_CONCAT_(a, b) BATON_STATUS_CONCAT_INNER_(a, b)
@@ -26,5 +28,31 @@
   auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
+
+namespace baton {
+
+// `s` with another message, its code and payloads kept (adding context to an error must not
+// lose what kind of error it is).
+inline absl::Status WithMessage(const absl::Status& s, absl::string_view message) {
+  absl::Status out(s.code(), message);
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
+
+// Training diverged: a non-finite loss or gradient. FAILED_PRECONDITION marked with a
+// payload, so the worker can tell the coordinator the cause without matching messages.
+inline constexpr char kDivergedPayload[] = "type.baton.dev/diverged";
+inline absl::Status DivergedError(absl::string_view message) {
+  absl::Status s = absl::FailedPreconditionError(message);
+  s.SetPayload(kDivergedPayload, absl::Cord("1"));
+  return s;
+}
+inline bool IsDiverged(const absl::Status& s) {
+  return s.GetPayload(kDivergedPayload).has_value();
+}
+
+}  // namespace baton
 
 #endif  // BATON_COMMON_CORE_STATUS_H_

@@ -154,7 +154,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
       if (to >= 0) marks.push_back({result.timeline.size(), from, to});
     }
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step, " at ",
+      status = WithMessage(status, absl::StrCat("rank ", rank_, " step ", step, " at ",
                                                         a.ToString(), ": ", status.message()));
       break;
     }
@@ -175,7 +175,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
       result.send_waits.push_back(t);
     }
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("rank ", rank_, " step ", step,
+      status = WithMessage(status, absl::StrCat("rank ", rank_, " step ", step,
                                                         " waiting for ", action.ToString(), ": ",
                                                         status.message()));
     }
@@ -323,9 +323,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
           BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(p->grad.device()));
           const double sum = be->Sum(p->grad.numel(), p->grad.f32());
           if (!std::isfinite(sum)) {
-            return absl::FailedPreconditionError(
-                absl::StrCat("training diverged: the gradient of ", p->name, " (stage ", c.stage,
-                             ") is not finite"));
+            return DivergedError(absl::StrCat("training diverged: the gradient of ", p->name,
+                                              " (stage ", c.stage, ") is not finite"));
           }
         }
       }

@@ -312,6 +312,17 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     BATON_RETURN_IF_ERROR(DefaultPositive("checkpoint.keep", &keep, 2));
     c->set_keep(keep);
   }
+  if (spec->has_restart()) {
+    baton::v1::RestartSpec* r = spec->mutable_restart();
+    BATON_RETURN_IF_ERROR(AtLeastOne("restart.max_restarts", r->max_restarts()));
+    if (r->min_stages() < 0 || r->min_stages() > spec->pipeline().stages()) {
+      return Invalid("restart.min_stages",
+                     absl::StrCat("must be between 1 and pipeline.stages=",
+                                  spec->pipeline().stages(), " (0: pipeline.stages), got ",
+                                  r->min_stages()));
+    }
+    if (r->min_stages() == 0) r->set_min_stages(spec->pipeline().stages());
+  }
   if (spec->has_resume_from()) {
     const baton::v1::ResumeFrom& r = spec->resume_from();
     if (r.job_id().empty()) return Invalid("resume_from.job_id", "required: the job to resume from");

@@ -133,6 +133,20 @@ TEST(ValidateTest, ResumeFromNamesTheJobAndAStepBeforeTheLast) {
   EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
 }
 
+TEST(ValidateTest, RestartNeedsARestartAndMinStagesWithinTheStages) {
+  JobSpec spec = ValidMlp();
+  spec.mutable_restart();
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("restart.max_restarts:", 0), 0u);
+  spec.mutable_restart()->set_max_restarts(2);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_EQ(spec.restart().min_stages(), spec.pipeline().stages()) << "0 means never fewer";
+  spec.mutable_restart()->set_min_stages(spec.pipeline().stages() + 1);
+  absl::Status st = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(st.message().rfind("restart.min_stages: must be between 1 and", 0), 0u) << st;
+  spec.mutable_restart()->set_min_stages(-1);
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("restart.min_stages:", 0), 0u);
+}
+
 TEST(ValidateTest, UnknownDeviceKindIsRefused) {
   JobSpec spec = ValidMlp();
   spec.set_device(static_cast<baton::v1::DeviceKind>(7));

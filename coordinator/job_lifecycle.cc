@@ -1,0 +1,86 @@
+#include "coordinator/job_lifecycle.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/spec.h"
+#include "coordinator/placement.h"
+
+namespace baton {
+
+using baton::v1::JobState;
+
+bool IsTerminalState(JobState s) {
+  return s == baton::v1::JOB_STATE_SUCCEEDED || s == baton::v1::JOB_STATE_FAILED ||
+         s == baton::v1::JOB_STATE_CANCELLED;
+}
+
+bool IsPlacedState(JobState s) {
+  return s == baton::v1::JOB_STATE_PLACING || s == baton::v1::JOB_STATE_RUNNING;
+}
+
+bool TransitionAllowed(JobState from, JobState to) {
+  using baton::v1::JOB_STATE_CANCELLED;
+  using baton::v1::JOB_STATE_FAILED;
+  using baton::v1::JOB_STATE_PLACING;
+  using baton::v1::JOB_STATE_QUEUED;
+  using baton::v1::JOB_STATE_RECOVERING;
+  using baton::v1::JOB_STATE_RUNNING;
+  using baton::v1::JOB_STATE_SUCCEEDED;
+  switch (from) {
+    case JOB_STATE_QUEUED:
+      return to == JOB_STATE_QUEUED || to == JOB_STATE_PLACING || to == JOB_STATE_CANCELLED ||
+             to == JOB_STATE_FAILED;  // placement itself failed
+    case JOB_STATE_PLACING:
+      return to == JOB_STATE_RUNNING || to == JOB_STATE_FAILED || to == JOB_STATE_CANCELLED ||
+             to == JOB_STATE_RECOVERING;
+    case JOB_STATE_RUNNING:
+      return to == JOB_STATE_RUNNING || to == JOB_STATE_SUCCEEDED || to == JOB_STATE_FAILED ||
+             to == JOB_STATE_CANCELLED || to == JOB_STATE_RECOVERING;
+    case JOB_STATE_RECOVERING:
+      return to == JOB_STATE_RECOVERING || to == JOB_STATE_PLACING || to == JOB_STATE_FAILED ||
+             to == JOB_STATE_CANCELLED;
+    default:
+      return false;  // terminal states end here
+  }
+}
+
+FailureVerdict DecideOnFailure(const FailureFacts& f) {
+  FailureVerdict v;
+  if (f.max_restarts <= 0) return v;
+  if (!IsPlacedState(f.state) && f.state != baton::v1::JOB_STATE_RECOVERING) {
+    v.why_not = "the job was not running";
+    return v;
+  }
+  if (f.cause == baton::v1::FAILURE_CAUSE_CONFIG) {
+    v.why_not = "not recovering: a configuration error would fail again";
+    return v;
+  }
+  if (f.cause == baton::v1::FAILURE_CAUSE_DIVERGED && f.diverged_before) {
+    v.why_not = "not recovering: it diverged again after a roll-back";
+    return v;
+  }
+  if (f.restarts_done >= f.max_restarts) {
+    v.why_not = absl::StrCat("no restarts left (", f.restarts_done, " of ", f.max_restarts,
+                             " used)");
+    return v;
+  }
+  v.recover = true;
+  return v;
+}
+
+int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {
+  const int want = spec.pipeline().stages();
+  if (idle >= want) return want;
+  const int floor = spec.has_restart() && spec.restart().min_stages() > 0
+                        ? spec.restart().min_stages()
+                        : want;
+  for (int s = std::min(idle, want); s >= floor && s >= 1; --s) {
+    baton::v1::JobSpec fewer = spec;
+    fewer.mutable_pipeline()->set_stages(s);
+    if (ValidateAndDefaultJobSpec(&fewer).ok() && BuildPipelineLayout(fewer).ok()) return s;
+  }
+  return 0;
+}
+
+}  // namespace baton
