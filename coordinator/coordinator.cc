@@ -658,7 +658,11 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       r->set_stages_after(static_cast<int32_t>(placed.size()));
       for (const std::string& n : names) r->add_workers_after(n);
       recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
-                              placed.size(), " stages, from step ", resume_step, "; ");
+                              placed.size(), " stages, from ",
+                              resume_dir.empty() ? std::string("the start")
+                              : resume_step > 0  ? absl::StrCat("step ", resume_step)
+                                                 : std::string("the newest checkpoint"),
+                              "; ");
     }
     AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
                       absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
@@ -696,7 +700,27 @@ void Coordinator::Tick() {
     }
     for (const std::string& id : echoed) {
       ActiveJob* j = FindActiveLocked(id);
-      FailLocked(id, std::string(j->echo_failure), baton::v1::FAILURE_CAUSE_ABORTED, &effects);
+      // No rank said what went wrong: a worker that stopped heartbeating (killed, frozen,
+      // cut off) is the likely root cause, and is named, before its lease runs out.
+      std::vector<std::string> silent;
+      for (const RankSlot& slot : j->ranks) {
+        if (!slot.held) continue;
+        const std::optional<baton::v1::WorkerInfo> w = registry_.Get(slot.worker.worker_id);
+        if (!w.has_value() || !w->has_last_heartbeat()) continue;
+        const absl::Duration quiet = Now() - FromProtoTime(w->last_heartbeat());
+        if (quiet > options_.heartbeat_interval * 1.5) {
+          silent.push_back(absl::StrCat(WorkerName(slot.worker), " silent for ",
+                                        absl::FormatDuration(absl::Trunc(quiet, absl::Milliseconds(1)))));
+        }
+      }
+      if (!silent.empty()) {
+        FailLocked(id,
+                   absl::StrCat(absl::StrJoin(silent, ", "), " (no heartbeat; presumed lost); ",
+                                "first report: ", j->echo_failure),
+                   baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
+      } else {
+        FailLocked(id, std::string(j->echo_failure), baton::v1::FAILURE_CAUSE_ABORTED, &effects);
+      }
     }
     PlaceQueuedLocked(&effects);
   }
@@ -899,8 +923,11 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   out.set_step(step);
   out.set_first_kept_step(kept.first);
   out.set_last_kept_step(kept.last);
-  // The layout placement built, from the spec (the same function the placement used).
-  absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(job.spec());
+  // The layout placement built, from the spec (the same function the placement used) with
+  // the stages it ran on (a recovery may have re-planned onto fewer).
+  baton::v1::JobSpec planned = job.spec();
+  if (job.pipeline().stages() > 0) planned.mutable_pipeline()->set_stages(job.pipeline().stages());
+  absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(planned);
   if (layout.ok()) {
     out.set_num_stages(static_cast<int>(layout->schedule.stage_to_rank.size()));
     for (int r : layout->schedule.stage_to_rank) out.add_stage_to_rank(r);
@@ -1274,14 +1301,20 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
     baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
     const auto [dir, asked] = ResumePointLocked(*j);
     const bool own = j->attempt() > 0 && dir == c->job_dir();
-    std::string reason = absl::StrCat("resumed from ", own ? "its own checkpoint" : c->resumed_from_job(),
-                                      " step ", step);
-    if (step != asked) {
-      absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ",
-                      absl::StrJoin(request.checkpoints_skipped(), "; "), ")");
+    std::string reason = absl::StrCat(
+        "resumed from ", own ? "its own checkpoint" : c->resumed_from_job(), " step ", step);
+    const std::string skipped = absl::StrJoin(request.checkpoints_skipped(), "; ");
+    if (asked > 0 && step != asked) {
+      absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ", skipped, ")");
+    } else if (!skipped.empty()) {
+      absl::StrAppend(&reason, " (skipped: ", skipped, ")");
     }
     if (j->attempt() > 0) {
-      j->job.mutable_recoveries(j->attempt() - 1)->set_from_step(step);
+      // What the ranks loaded, which may be newer than the coordinator knew.
+      baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
+      const int64_t done_at_detection = r->from_step() + r->lost_steps();
+      r->set_from_step(step);
+      r->set_lost_steps(std::max<int64_t>(0, done_at_detection - step));
     } else {
       c->set_resumed_from_step(step);
     }
@@ -1377,9 +1410,11 @@ void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& r
 
 std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& j) {
   const baton::v1::JobCheckpoints& c = j.job.checkpoints();
-  if (j.attempt() > 0) {
-    const baton::v1::Recovery& r = j.job.recoveries(j.attempt() - 1);
-    if (r.from_step() > 0 && !c.complete().empty()) return {c.job_dir(), r.from_step()};
+  if (j.attempt() > 0 && !c.complete().empty()) {
+    // The newest complete one the ranks find (step 0): the workers may have written newer
+    // ones than the coordinator recorded (it was restarting), and older ones than its
+    // record may already be pruned.
+    return {c.job_dir(), 0};
   }
   // The first attempt, or a recovery before the job wrote a checkpoint of its own: where the
   // job itself started.

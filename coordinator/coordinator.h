@@ -1,13 +1,15 @@
 // The coordinator's core: jobs, workers, placement and progress, behind methods that mirror
 // the JobService and ClusterService RPCs (coordinator/service.h only converts statuses).
 //
-// JOB STATES
+// JOB STATES (the allowed transitions and the fail-or-recover decision are pure functions
+// in coordinator/job_lifecycle.h, tested by table)
 //
 //   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
 //     │           │           ├──────> FAILED
-//     │           ├───────────┴──────> CANCELLED
-//     └──────────────────────────────> CANCELLED
-//               PLACING ─────────────> FAILED
+//     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
+//     │           ├──────────> RECOVERING   ├──────> FAILED
+//     │           ├──────────> FAILED       │
+//     └───────────┴──────────> CANCELLED <──┘
 //
 // Every change appends a StateChange (time, reason) to Job.history, is written to the job
 // store (SQLite) before anyone can observe it, and is sent to watchers. Reasons:
@@ -21,14 +23,26 @@
 //              error; Job.weights_digest = CombineBlockDigests(block digests in block order),
 //              Job.block_digests named by DescribeBlocks.
 //   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
-//              an error starting "ABORTED" is taken for an echo of another rank's failure,
-//              and the job waits up to root_cause_wait for a different one to report)
+//              one whose cause is FAILURE_CAUSE_ABORTED is taken for an echo of another
+//              rank's failure, and the job waits up to root_cause_wait for a different one
+//              to report; if none does, a worker of the job that stopped heartbeating is
+//              named: "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost)")
 //              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
 //              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
 //              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"
 //              "coordinator restarted while the job was running"   (found PLACING/RUNNING
 //              in the store at start-up)
 //   CANCELLED  "cancelled: <client's reason>" or "cancelled by request".
+//   RECOVERING instead of FAILED when the spec has restart and DecideOnFailure allows it:
+//              "<the failure>; recovering (1 of 2) from step 40, 3 steps to train again";
+//              then "stopping the job's other workers" while its aborts are in flight, or
+//              "waiting for 2 idle workers to recover on (1 idle)". It is first in the queue
+//              and placed on RecoveryStages(spec, idle) stages (fewer than the spec's, down
+//              to restart.min_stages, when it must) with plans of the next attempt (a new
+//              job_key; reports of other attempts are refused) resuming from the newest
+//              complete checkpoint; Job.recoveries records each (lost steps, stages before
+//              and after, detection and first step after the resume). A restarted
+//              coordinator recovers jobs it finds PLACING, RUNNING or RECOVERING this way.
 //
 // Queue: strictly FIFO. Only the oldest QUEUED job is placed, when at least
 // pipeline.stages workers are idle; it takes the idle workers that registered first (rank

@@ -8,6 +8,10 @@
 #
 #   scripts/demo.sh [--steps N] [--seed S]    the cluster demo (overrides go to the job and
 #                                             to the reference run alike)
+#   scripts/demo.sh --chaos [--steps N]       the same job with checkpoints and restart:
+#                                             a worker is killed (SIGKILL) mid-job, the job
+#                                             recovers on the 3 left from its last
+#                                             checkpoint, and the digest still matches
 #   scripts/demo.sh --local [ARGS...]         the reference trainer only (the old demo);
 #                                             ARGS go to `batonctl train-local`
 set -euo pipefail
@@ -22,15 +26,17 @@ SCHEDULE=1f1b
 BIN=build/bin
 
 local_only=0
+chaos=0
 overrides=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --local) local_only=1; shift; break ;;
+    --chaos) chaos=1; shift ;;
     --steps | --seed)
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
@@ -65,6 +71,10 @@ cleanup() {
   if [[ -n "$fg_pid" ]]; then
     kill -TERM "$fg_pid" 2>/dev/null
     wait "$fg_pid" 2>/dev/null
+  fi
+  if [[ -n "${chaos_pid:-}" ]]; then
+    kill -TERM "$chaos_pid" 2>/dev/null
+    wait "$chaos_pid" 2>/dev/null
   fi
   if [[ ${#pids[@]} -gt 0 ]]; then
     section "shutting down"
@@ -160,13 +170,50 @@ done
 [[ "$idle" -ge "$NUM_WORKERS" ]] || die "only $idle of $NUM_WORKERS workers registered within 30 s"
 "$BIN/batonctl" workers
 
+job_spec="$SPEC"
+if [[ $chaos -eq 1 ]]; then
+  # Checkpoints every 20 steps and up to 2 automatic recoveries, down to 3 stages.
+  job_spec="$tmp/chaos.json"
+  python3 - "$SPEC" "$tmp/ckpt" "$job_spec" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["checkpoint"] = {"everySteps": 20, "dir": sys.argv[2], "keep": 2}
+spec["restart"] = {"maxRestarts": 2, "minStages": 3}
+json.dump(spec, open(sys.argv[3], "w"), indent=2)
+PY
+fi
 section "job: $SPEC, schedule $SCHEDULE, ${NUM_WORKERS} stages${overrides[*]:+ (${overrides[*]})}"
-job="$("$BIN/batonctl" submit -f "$SPEC" --schedule "$SCHEDULE" --stages "$NUM_WORKERS" \
+[[ $chaos -eq 1 ]] && echo "chaos: checkpoint every 20 steps, restart {maxRestarts 2, minStages 3}; worker w-2 will be killed"
+job="$("$BIN/batonctl" submit -f "$job_spec" --schedule "$SCHEDULE" --stages "$NUM_WORKERS" \
   ${overrides[@]+"${overrides[@]}"})"
 echo "submitted $job"
 job_start=$SECONDS
+if [[ $chaos -eq 1 ]]; then
+  # The chaos monkey: once the job has a complete checkpoint, SIGKILL the worker running
+  # rank 1. Bounded: it gives up after 10 minutes.
+  victim_pid=""
+  for i in "${!names[@]}"; do [[ "${names[$i]}" == worker-2 ]] && victim_pid="${pids[$i]}"; done
+  (
+    for _ in $(seq 6000); do
+      n="$("$BIN/batonctl" get "$job" --output json 2>/dev/null | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+print(len(j.get("checkpoints", {}).get("complete", [])) if j["state"] == "JOB_STATE_RUNNING" else -1)
+' 2>/dev/null || echo 0)"
+      if [[ "$n" -ge 1 ]]; then
+        echo ">>> chaos: killing worker w-2 (pid $victim_pid) with SIGKILL"
+        kill -9 "$victim_pid"
+        exit 0
+      fi
+      [[ "$n" -lt 0 ]] && exit 0
+      sleep 0.1
+    done
+  ) &
+  chaos_pid=$!
+fi
 watch_rc=0
 run "$BIN/batonctl" watch "$job" || watch_rc=$?
+[[ $chaos -eq 1 ]] && wait "$chaos_pid" 2>/dev/null || true
 job_seconds=$((SECONDS - job_start))
 "$BIN/batonctl" get "$job" --output json >"$tmp/job.json"
 # The last step's measured timeline, to open in https://ui.perfetto.dev beside the
@@ -196,6 +243,11 @@ print(f"job {job['id']}: {state}{': ' + reason if reason and state != 'SUCCEEDED
       f" in {sys.argv[3]} s on workers {' '.join(job.get('workers', []))}")
 print(f"final loss:        job {job.get('last_loss', 0):.4f}   reference {ref_loss:.4f}"
       f" (reference took {sys.argv[4]} s)")
+for r in job.get("recoveries", []):
+    print(f"recovery:          {r['reason']}")
+    print(f"                   resumed from step {r.get('from_step', 0)} "
+          f"({r.get('lost_steps', 0)} steps trained again), {r.get('stages_before')} -> "
+          f"{r.get('stages_after')} stages on {' '.join(r.get('workers_after', []))}")
 print(f"job digest:        {job.get('weights_digest') or '(none)'}")
 print(f"reference digest:  {ref['weights_digest']}")
 if state != "SUCCEEDED":

@@ -238,6 +238,144 @@ def case_divergence(c, s):
     c.wait_idle(2)
 
 
+LEASE_TTL_S = 2.0  # cluster_test's coordinator flags
+
+
+def recovery_spec(c, s, name, steps, stages, min_stages, every=5, max_restarts=2):
+    spec = tiny_gpt(name, steps=steps, stages=stages)
+    plain = c.write_spec(spec)
+    spec["checkpoint"] = {"everySteps": every, "dir": s.ckpt}
+    spec["restart"] = {"maxRestarts": max_restarts, "minStages": min_stages}
+    return c.write_spec(spec), plain
+
+
+def wait_checkpoint(c, job_id, at_least, timeout=60):
+    return wait_for(lambda: max(complete_steps(c.get(job_id)) or [0]) >= at_least, timeout,
+                    f"{job_id} to complete a checkpoint at step {at_least} or later")
+
+
+def check_recovered(c, job, plain, stages_after, ttl_slack=5.0):
+    """The job SUCCEEDED after one recovery onto `stages_after` stages, within the targets,
+    with the uninterrupted run's digest."""
+    check(job["state"] == "JOB_STATE_SUCCEEDED", f"{job['id']} ended {job['state']}: "
+                                                 f"{last_reason(job)}")
+    recs = job.get("recoveries", [])
+    check(len(recs) == 1, f"want 1 recovery, got {len(recs)}: {recs}")
+    r = recs[0]
+    check(int(r.get("stages_after", 0)) == stages_after,
+          f"recovered onto {r.get('stages_after')} stages, want {stages_after}")
+    detected = parse_time(r["detected"])
+    resumed = parse_time(r["resumed"])
+    took = resumed - detected
+    print(f"  recovery: {r['reason'][:90]}; from step {r.get('from_step', 0)}, "
+          f"{r.get('lost_steps', 0)} steps lost, {r.get('stages_before')} -> "
+          f"{r.get('stages_after')} stages on {r.get('workers_after')}, first step after "
+          f"{took:.2f} s")
+    check(took <= LEASE_TTL_S + ttl_slack,
+          f"recovery took {took:.1f} s (target: lease TTL {LEASE_TTL_S:g} s + 5 s)")
+    check(job["weights_digest"] == c.reference_digest(plain),
+          f"{job['id']}'s digest after recovery differs from the uninterrupted run's")
+    return r, took
+
+
+def parse_time(text):
+    # RFC 3339 with Z and up to nanoseconds.
+    from datetime import datetime, timezone
+    base, _, frac = text.rstrip("Z").partition(".")
+    t = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return t + (float("0." + frac) if frac else 0.0)
+
+
+def case_auto_recovery_kill(c, s):
+    """A worker SIGKILLed mid-job: RECOVERING within the lease TTL, re-planned onto the 3
+    workers left (4 -> 3 stages), resumed from the last checkpoint, digest unchanged."""
+    c.ensure_workers(4)
+    spec, plain = recovery_spec(c, s, "auto-kill", 400, stages=4, min_stages=2)
+    job_id = c.submit(spec, "--schedule", "1f1b")["id"]
+    wait_checkpoint(c, job_id, 10)
+    victim = c.get(job_id)["workers"][2]
+    start = time.monotonic()
+    c.stop(victim, signal.SIGKILL)
+    job = wait_for(lambda: (lambda j: j if j.get("recoveries") or
+                            j["state"] in TERMINAL else None)(c.get(job_id)),
+                   LEASE_TTL_S + 10, f"{job_id} to start recovering")
+    detect = time.monotonic() - start
+    print(f"  killed {victim} (rank 2); {job_id} {job['state']} after {detect:.1f} s: "
+          f"{job['recoveries'][0]['reason'][:100] if job.get('recoveries') else last_reason(job)}")
+    check(detect <= LEASE_TTL_S + 3.0, f"detected after {detect:.1f} s (lease TTL {LEASE_TTL_S} s)")
+    job = c.wait_state(job_id, TERMINAL, 120)
+    check_recovered(c, job, plain, stages_after=3)
+    check(victim not in job["workers"], f"the dead {victim} is among {job['workers']}")
+    c.ensure_workers(4)
+
+
+def case_auto_recovery_sigstop(c, s):
+    """A worker SIGSTOPped past its lease, then continued: the job recovers without it; its
+    late reports are refused (another attempt), it is told to drop the job, and ends IDLE;
+    the digest is the uninterrupted run's."""
+    c.ensure_workers(4)
+    spec, plain = recovery_spec(c, s, "auto-stop", 400, stages=3, min_stages=3)
+    job_id = c.submit(spec)["id"]
+    wait_checkpoint(c, job_id, 10)
+    job = c.get(job_id)
+    victim = job["workers"][1]
+    spare = [w for w in ("w-1", "w-2", "w-3", "w-4") if w not in job["workers"]]
+    pid = c.procs[victim].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        job = wait_for(lambda: (lambda j: j if j["state"] in ["JOB_STATE_RUNNING", *TERMINAL]
+                                and j.get("recoveries") and j["recoveries"][0].get("resumed")
+                                else None)(c.get(job_id)),
+                       LEASE_TTL_S + 30, f"{job_id} to recover without the stopped {victim}")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    print(f"  SIGSTOPped {victim} (rank 1) past its lease; recovered onto {job['workers']} "
+          f"(spare {spare}); continued {victim}")
+    job = c.wait_state(job_id, TERMINAL, 120)
+    check_recovered(c, job, plain, stages_after=3)
+    check(victim not in job["workers"], f"the stopped {victim} is among {job['workers']}")
+    # The continued worker learns it lost its lease, drops the job, registers again: IDLE.
+    c.wait_idle(4, timeout=LEASE_TTL_S + 15, ids=["w-1", "w-2", "w-3", "w-4"])
+    log = open(c.logs[victim], errors="replace").read()
+    check("aborting job " + job_id in log or "registering again" in log,
+          f"{victim}'s log does not show it dropped the job:\n{c.tail(victim)}")
+
+
+def case_auto_recovery_coordinator_killed(c, s):
+    """The coordinator SIGKILLed mid-job and started again on the same database: the running
+    job recovers on the workers when they register again; digest unchanged."""
+    c.ensure_workers(3)
+    spec, plain = recovery_spec(c, s, "coord-kill", 400, stages=3, min_stages=3)
+    job_id = c.submit(spec)["id"]
+    wait_checkpoint(c, job_id, 10)
+    c.stop("coordinator", signal.SIGKILL)
+    start = time.monotonic()
+    address = c.address
+    c.start_coordinator(listen=address)  # same port: the workers reconnect to it
+    job = c.wait_state(job_id, TERMINAL, 180)
+    print(f"  coordinator killed and restarted; {job_id} {job['state']} "
+          f"{time.monotonic() - start:.1f} s later")
+    check_recovered(c, job, plain, stages_after=3, ttl_slack=15.0)
+    check("coordinator restarted" in job["recoveries"][0]["reason"],
+          f"the recovery does not say the coordinator restarted: {job['recoveries'][0]}")
+
+
+def case_divergence_rolled_back_once(c, s):
+    """With restart, a diverging job is rolled back once to its last checkpoint; it diverges
+    again (training is deterministic) and then fails, saying so."""
+    c.ensure_workers(2)
+    spec = tiny_gpt("diverging-restart", steps=6, stages=2)
+    spec["optimizer"] = {"sgd": {"learningRate": 1e30}}
+    spec["restart"] = {"maxRestarts": 3}
+    job = c.wait_state(c.submit(c.write_spec(spec))["id"], TERMINAL, 60)
+    reason = last_reason(job)
+    print(f"  {job['id']}: {job['state']} after {len(job.get('recoveries', []))} roll-back: "
+          f"{reason[:200]}")
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    check(len(job.get("recoveries", [])) == 1, f"want one roll-back, got {job.get('recoveries')}")
+    check("diverged again after a roll-back" in reason, f"reason: {reason}")
+
+
 CASES = [
     ("1", "checkpoints written, recorded, pruned to keep; digest == train-local", case_checkpoints),
     ("2", "resume on another schedule and on 3 stages: bit-exact", case_resume),
@@ -246,6 +384,13 @@ CASES = [
     ("5", "a worker killed mid-job; resume from the last complete checkpoint: bit-exact",
      case_worker_killed),
     ("6", "a diverging job fails naming the step and stage", case_divergence),
+    ("7", "restart: a worker SIGKILLed mid-job; recovered onto the 3 left, bit-exact",
+     case_auto_recovery_kill),
+    ("8", "restart: a worker SIGSTOPped past its lease then continued; recovered on a spare, "
+          "its late messages refused, bit-exact", case_auto_recovery_sigstop),
+    ("9", "restart: the coordinator SIGKILLed mid-job and restarted; recovered, bit-exact",
+     case_auto_recovery_coordinator_killed),
+    ("10", "restart: divergence rolled back once, then FAILED", case_divergence_rolled_back_once),
 ]
 
 

@@ -461,8 +461,10 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   int64_t first_step = 0;
   std::vector<std::string> skipped;
   if (!plan.resume_job_dir().empty()) {
-    absl::StatusOr<int64_t> at =
-        LatestCompleteCheckpoint(plan.resume_job_dir(), block_names, plan.resume_step(), &skipped);
+    // resume_step 0: the newest complete one (a recovery).
+    absl::StatusOr<int64_t> at = LatestCompleteCheckpoint(
+        plan.resume_job_dir(), block_names, plan.resume_step() > 0 ? plan.resume_step() : -1,
+        &skipped);
     absl::StatusOr<int64_t> loaded =
         at.ok() ? (*ex)->LoadCheckpoint(CheckpointStepDir(plan.resume_job_dir(), *at))
                 : at.status();

@@ -61,6 +61,13 @@ void PrintJob(const baton::v1::Job& job) {
                   steps.empty() ? "none yet" : absl::StrJoin(steps, ", ").c_str());
     }
   }
+  for (const baton::v1::Recovery& r : job.recoveries()) {
+    std::printf("  recovery:   %s -> %s stages, from step %lld (%lld steps again)%s: %s\n",
+                absl::StrCat(r.stages_before()).c_str(),
+                r.stages_after() > 0 ? absl::StrCat(r.stages_after()).c_str() : "?",
+                static_cast<long long>(r.from_step()), static_cast<long long>(r.lost_steps()),
+                r.has_resumed() ? "" : " (recovering)", r.reason().c_str());
+  }
   if (!job.weights_digest().empty()) {
     std::printf("  digest:     %s\n", job.weights_digest().c_str());
   }
