@@ -201,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
         absl::StrCat("--trace_steps: must be at least 1, got ", options.trace_steps));
   }
   if (!options.clock) options.clock = [] { return absl::Now(); };
+  if (!options.sleep) options.sleep = [](absl::Duration d) { absl::SleepFor(d); };
   if (options.worker_client == nullptr)
     options.worker_client = std::make_shared<GrpcWorkerClient>();
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options)));
@@ -392,12 +393,12 @@ void Coordinator::RunNow(Effects effects) {
 
 absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker& worker,
                                    const baton::v1::JobPlan& plan) {
-  const absl::Time give_up = absl::Now() + options_.busy_retry;
+  const absl::Time give_up = Now() + options_.busy_retry;
   absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
     const absl::Status s =
         options_.worker_client->StartJob(worker.address, plan, options_.start_timeout);
-    if (s.code() != absl::StatusCode::kFailedPrecondition || absl::Now() + backoff > give_up) {
+    if (s.code() != absl::StatusCode::kFailedPrecondition || Now() + backoff > give_up) {
       return s;
     }
     {
@@ -405,7 +406,7 @@ absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker
       ActiveJob* j = FindActiveLocked(job_id);
       if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) return s;
     }
-    absl::SleepFor(backoff);
+    options_.sleep(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(200));
   }
 }

@@ -164,8 +164,11 @@ struct CoordinatorOptions {
   absl::Duration root_cause_wait = absl::Milliseconds(500);
   // steps_done/last_loss reach the store at most this often (and at every state change).
   absl::Duration progress_persist_interval = absl::Seconds(1);
-  // Time for leases and time stamps; null means absl::Now. Tests pass a fake.
+  // Time for leases, time stamps and retries; null means absl::Now. Tests pass a fake.
   ClockFn clock;
+  // Waits between StartJob retries; null means absl::SleepFor. Tests pass one that
+  // advances their fake clock, so no test waits for real time.
+  std::function<void(absl::Duration)> sleep;
   // null: a GrpcWorkerClient.
   std::shared_ptr<WorkerClient> worker_client;
   // Log job state changes and worker events to stderr ("coordinator: job-000001 RUNNING:

@@ -142,6 +142,7 @@ class CoordinatorTest : public testing::Test {
     CoordinatorOptions o;
     o.db_path = db;
     o.clock = clock_.fn();
+    o.sleep = [this](absl::Duration d) { clock_.Advance(d); };
     o.worker_client = client_;
     o.background = false;
     o.busy_retry = absl::Milliseconds(500);
@@ -760,13 +761,17 @@ TEST_F(CoordinatorTest, StartJobIsRetriedWhileAWorkerWindsDownItsLastJob) {
   client_->BusyFor(Address(3), 1000);
   Register(3);
   const Job stuck = Submit(Spec(1));
-  const absl::Time start = absl::Now();
+  // The retries wait on the injected clock (the fake advances as they sleep): no real time.
+  const absl::Time start = clock_.fn()();
   core_->Tick();
   const Job failed = Get(stuck.id());
   EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
   EXPECT_NE(Reason(failed).find("FAILED_PRECONDITION"), std::string::npos) << Reason(failed);
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  const absl::Duration waited = clock_.fn()() - start;
+  EXPECT_GE(waited, absl::Milliseconds(300));
+  EXPECT_LE(waited, absl::Milliseconds(500));
+  // Backoff 20, 40, 80, 160, 200 ms: 6 calls before the next wait would pass busy_retry.
+  EXPECT_EQ(client_->Calls("start", stuck.id()).size(), 6u);
 }
 
 TEST_F(CoordinatorTest, BadSpecsAreInvalidArgumentNamingTheField) {
