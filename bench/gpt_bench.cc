@@ -13,6 +13,9 @@
 //   BM_GptCheckpointSave   one whole-model checkpoint after a step (safetensors per block
 //                          with AdamW state, fsync, rename, manifest) under $TMPDIR: the
 //                          cost checkpoint.every_steps adds, against BM_GptTrainerStep.
+//   BM_GptCheckpointSnapshot the part of it a cluster rank's step stands still for: the
+//                          checkpoint encoded in memory (the files are written while the
+//                          next steps run).
 //   BM_Kernel_*            the Backend kernels at the exact shapes the model calls them with,
 //                          to see where a micro-batch's time goes (docs/benchmarks.md).
 //
@@ -283,6 +286,36 @@ void BM_GptCheckpointSave(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// What a step stands still for when the write overlaps training (the cluster workers):
+// encoding the whole model's checkpoint in memory (safetensors + SHA-256), no file I/O.
+void BM_GptCheckpointSnapshot(benchmark::State& state) {
+  SetBlasThreads(1);
+  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
+  if (!t.ok()) {
+    state.SkipWithError(t.status().ToString().c_str());
+    return;
+  }
+  ReferenceTrainer& trainer = **t;
+  for (int i = 0; i < kWarmup; ++i) {
+    if (absl::StatusOr<StepStats> s = trainer.Step(); !s.ok()) {
+      state.SkipWithError(s.status().ToString().c_str());
+      return;
+    }
+  }
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    absl::StatusOr<CheckpointSnapshot> snap = trainer.SnapshotCheckpoint("/nonexistent", "bench");
+    if (!snap.ok()) {
+      state.SkipWithError(snap.status().ToString().c_str());
+      break;
+    }
+    bytes = snap->file_bytes();
+    benchmark::DoNotOptimize(snap->manifest.data());
+  }
+  state.counters["checkpoint_bytes"] = static_cast<double>(bytes);
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 // ---------------------------------------------------------------- kernels at model shapes
 
 struct Dims {
@@ -480,6 +513,7 @@ BENCHMARK(baton::BM_GptForwardBackward)->UseRealTime()->MinTime(2.0)->Unit(bench
 BENCHMARK(baton::BM_GptForward)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(baton::BM_GptTrainerStep)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(baton::BM_GptCheckpointSave)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(baton::BM_GptCheckpointSnapshot)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
   // Our own flag first: Google Benchmark rejects flags it does not know.

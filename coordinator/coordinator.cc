@@ -702,7 +702,8 @@ void Coordinator::Tick() {
     for (const std::string& id : echoed) {
       ActiveJob* j = FindActiveLocked(id);
       // No rank said what went wrong: a worker that stopped heartbeating (killed, frozen,
-      // cut off) is the likely root cause, and is named, before its lease runs out.
+      // cut off) is the likely root cause, and is named, before its lease runs out. Give
+      // its silence two heartbeat intervals to show before settling for the echo.
       std::vector<std::string> silent;
       for (const RankSlot& slot : j->ranks) {
         if (!slot.held) continue;
@@ -714,6 +715,7 @@ void Coordinator::Tick() {
                                         absl::FormatDuration(absl::Trunc(quiet, absl::Milliseconds(1)))));
         }
       }
+      if (silent.empty() && Now() - j->echo_since < options_.heartbeat_interval * 2) continue;
       if (!silent.empty()) {
         FailLocked(id,
                    absl::StrCat(absl::StrJoin(silent, ", "), " (no heartbeat; presumed lost); ",
@@ -1081,7 +1083,9 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   }
   j->timings[request.step()][request.rank()] = request.timing();
   if (!request.links().empty()) RecordLinksLocked(j, request);
-  if (request.has_checkpoint()) RecordCheckpointLocked(j, request.rank(), request.checkpoint());
+  for (const baton::v1::CheckpointWrite& w : request.checkpoints()) {
+    RecordCheckpointLocked(j, request.rank(), w);
+  }
   int& peak = j->peak_inflight[request.rank()];
   peak = std::max(peak, request.timing().peak_inflight());
   if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);

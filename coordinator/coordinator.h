@@ -25,8 +25,9 @@
 //   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
 //              one whose cause is FAILURE_CAUSE_ABORTED is taken for an echo of another
 //              rank's failure, and the job waits up to root_cause_wait for a different one
-//              to report; if none does, a worker of the job that stopped heartbeating is
-//              named: "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost)")
+//              to report; if none does, a worker of the job that stopped heartbeating
+//              (for 1.5 heartbeat intervals; the job waits up to 2 for one) is named:
+//              "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost)")
 //              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
 //              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
 //              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"

@@ -494,9 +494,10 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Progress(Coordinator& core, co
   p.set_rank(rank);
   p.set_step(step);
   if (checkpoint_bytes > 0) {
-    p.mutable_checkpoint()->set_step(step);
-    p.mutable_checkpoint()->set_bytes(checkpoint_bytes);
-    *p.mutable_checkpoint()->mutable_duration() = ToProtoDuration(absl::Milliseconds(rank + 1));
+    baton::v1::CheckpointWrite* w = p.add_checkpoints();
+    w->set_step(step);
+    w->set_bytes(checkpoint_bytes);
+    *w->mutable_duration() = ToProtoDuration(absl::Milliseconds(rank + 1));
   }
   if (resumed_from > 0) {
     p.set_resumed_from_step(resumed_from);
@@ -727,11 +728,40 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   ASSERT_TRUE(core_->ReportResult(r).ok());
   core_->Tick();
   EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  auto beat_all = [&](const Job& j) {  // the ranks still running (0 and 1)
+    const Job now = Get(j.id());
+    Beat(now.workers(0), j.id());
+    Beat(now.workers(1), j.id());
+  };
   clock_.Advance(absl::Milliseconds(600));
+  beat_all(other);
+  core_->Tick();
+  // Every worker heartbeats: it waits up to two heartbeat intervals for one to fall silent.
+  EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(1500));
+  beat_all(other);
   core_->Tick();
   failed = Get(other.id());
   EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
   EXPECT_NE(Reason(failed).find("ABORTED: first echo"), std::string::npos);
+
+  // A worker of the job that stopped heartbeating is named as the likely root cause.
+  const Job third = Submit(Spec(3));
+  core_->Tick();
+  const Job running = Get(third.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING) << Reason(running);
+  r.set_job_id(third.id());
+  r.set_worker_id(running.workers(2));
+  ASSERT_TRUE(core_->ReportResult(r).ok());
+  clock_.Advance(absl::Milliseconds(1600));
+  Beat(running.workers(0), third.id());  // rank 1's worker is silent
+  core_->Tick();
+  failed = Get(third.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Reason(failed),
+              testing::StartsWith(absl::StrCat("worker ", running.workers(1), " (")));
+  EXPECT_THAT(Reason(failed), testing::HasSubstr("silent for 1.6s (no heartbeat; presumed lost); "
+                                                 "first report: rank 2 on worker "));
 }
 
 TEST_F(CoordinatorTest, FailedStartJobFailsTheJobNamingTheWorker) {

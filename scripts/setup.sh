@@ -11,7 +11,8 @@ PACKAGES=(
   libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   python3 python3-venv clang libclang-rt-14-dev
-  prometheus docker-compose yamllint iproute2
+  prometheus docker-compose yamllint
+  iproute2  # tests only: network namespaces and links for tests/netfault_test.py
 )
 
 missing=()

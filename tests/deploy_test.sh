@@ -539,7 +539,7 @@ def cmd_docker(dockerfile, setup_sh, bin_dir):
     m = re.search(r"^PACKAGES=\((.*?)^\)", open(setup_sh).read(), re.M | re.S)
     setup = set(re.sub(r"#.*", "", m.group(1)).split()) if m else set()
     not_for_image = {"ccache", "python3", "python3-venv", "libbenchmark-dev", "prometheus",
-                     "docker-compose", "yamllint", "clang", "libclang-rt-14-dev"}
+                     "docker-compose", "yamllint", "clang", "libclang-rt-14-dev", "iproute2"}
     missing = sorted(setup - not_for_image - set(build))
     expect(setup and not missing, "Dockerfile BUILD_PACKAGES lacks %s from %s"
            % (missing, setup_sh))

@@ -1,5 +1,7 @@
 #include "worker/worker_agent.h"
 
+#include "worker/checkpoint_writer.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -496,6 +498,12 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   }
   const std::string checkpoint_dir =
       spec.has_checkpoint() ? CheckpointJobDir(spec.checkpoint().dir(), plan.job_id()) : "";
+  // Its destructor waits for a write in flight, on every way out of this function.
+  std::unique_ptr<CheckpointWriter> writer;
+  if (!checkpoint_dir.empty()) {
+    writer = std::make_unique<CheckpointWriter>(checkpoint_dir, block_names,
+                                                spec.checkpoint().keep());
+  }
   absl::Status status;
   for (int64_t step = first_step; step < spec.steps() && status.ok(); ++step) {
     if (job.aborted.load()) {
@@ -529,32 +537,37 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       }
     }
     if (options_.metrics != nullptr) options_.metrics->RecordStep(*r, loss);
-    if (!checkpoint_dir.empty() &&
-        ((step + 1) % spec.checkpoint().every_steps() == 0 || step + 1 == spec.steps())) {
-      // The step waits for the write: the state must not move while it is being saved.
-      const absl::Time t0 = absl::Now();
-      absl::StatusOr<std::vector<CheckpointBlockFile>> files = (*ex)->SaveCheckpoint(
-          CheckpointStepDir(checkpoint_dir, step + 1), plan.job_id(), step + 1);
-      if (!files.ok()) {
-        status = absl::Status(files.status().code(),
-                              absl::StrCat("checkpoint after step ", step + 1, ": ",
-                                           files.status().message()));
-        break;
+    if (writer != nullptr) {
+      const bool last = step + 1 == spec.steps();
+      if ((step + 1) % spec.checkpoint().every_steps() == 0 || last) {
+        // Training stands still only while the snapshot is taken; the files are written
+        // while the next steps run. The last step's write is waited for: the job is done
+        // only with its final checkpoint complete.
+        const absl::Time t0 = absl::Now();
+        absl::StatusOr<CheckpointSnapshot> snap = (*ex)->SnapshotCheckpoint(
+            CheckpointStepDir(checkpoint_dir, step + 1), plan.job_id(), step + 1);
+        if (!snap.ok()) {
+          status = absl::Status(snap.status().code(),
+                                absl::StrCat("checkpoint after step ", step + 1, ": ",
+                                             snap.status().message()));
+          break;
+        }
+        writer->Start(*std::move(snap), step + 1, absl::Now() - t0);
       }
-      const absl::Duration took = absl::Now() - t0;
-      int64_t bytes = 0;
-      for (const CheckpointBlockFile& f : *files) bytes += f.bytes;
-      baton::v1::CheckpointWrite* w = req.mutable_checkpoint();
-      w->set_step(step + 1);
-      w->set_bytes(bytes);
-      *w->mutable_duration() = ToProtoDuration(took);
-      if (options_.metrics != nullptr) options_.metrics->RecordCheckpoint(took, bytes);
-      // Every rank prunes after its write; the last to finish a checkpoint sees it complete.
-      // Pruning keeps the newest `keep` complete checkpoints (by their manifests) and leaves
-      // newer incomplete ones alone, so it is safe while other ranks still write.
-      absl::StatusOr<std::vector<int64_t>> pruned =
-          PruneCheckpoints(checkpoint_dir, block_names, spec.checkpoint().keep());
-      if (!pruned.ok()) Log(absl::StrCat("pruning checkpoints: ", pruned.status().ToString()));
+      std::vector<CheckpointWriter::Done> done = last ? writer->Wait() : writer->Poll();
+      for (const CheckpointWriter::Done& d : done) {
+        if (!d.status.ok()) {
+          status = d.status;
+          break;
+        }
+        baton::v1::CheckpointWrite* w = req.add_checkpoints();
+        w->set_step(d.step);
+        w->set_bytes(d.bytes);
+        *w->mutable_duration() = ToProtoDuration(d.stall);
+        *w->mutable_write() = ToProtoDuration(d.write);
+        if (options_.metrics != nullptr) options_.metrics->RecordCheckpoint(d.stall, d.bytes);
+      }
+      if (!status.ok()) break;
     }
     if (step == first_step && !plan.resume_job_dir().empty()) {
       req.set_resumed_from_step(first_step);
@@ -708,7 +721,8 @@ void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {
   req.set_rank(job.plan.rank());
   req.set_attempt(job.plan.attempt());
   if (!status.ok()) {
-    req.set_error(status.ToString());
+    // Code and message (the cause travels typed, not as a printed payload).
+    req.set_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
     req.set_cause(FailureCauseOf(status, job.aborted.load()));
   }
   Log(absl::StrCat("job ", job.plan.job_id(), " rank ", job.plan.rank(), " ended: ",

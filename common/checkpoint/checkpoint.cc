@@ -185,18 +185,24 @@ absl::Status CheckCheckpointDirWritable(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
-                                                            const CheckpointWriteInfo& info,
-                                                            const std::vector<Module*>& blocks,
-                                                            Optimizer& optimizer) {
+int64_t CheckpointSnapshot::file_bytes() const {
+  int64_t n = 0;
+  for (const CheckpointBlockFile& f : files) n += f.bytes;
+  return n;
+}
+
+absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
+                                                  const CheckpointWriteInfo& info,
+                                                  const std::vector<Module*>& blocks,
+                                                  Optimizer& optimizer) {
   if (info.block_indices.size() != blocks.size()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", blocks.size(), " blocks but ",
                                                    info.block_indices.size(), " indices"));
   }
-  if (absl::Status st = MakeDirs(step_dir); !st.ok()) return st;
   const auto params = ParamsOf(blocks);
   const auto slots = SlotsByParam(optimizer);
-  std::vector<CheckpointBlockFile> written;
+  CheckpointSnapshot snap;
+  snap.step_dir = step_dir;
   for (size_t b = 0; b < blocks.size(); ++b) {
     const std::string& name = blocks[b]->name();
     std::vector<NamedTensor> tensors;
@@ -213,13 +219,10 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
                                     {"block", name},
                                     {"optimizer_steps", absl::StrCat(optimizer.steps_taken())}});
     if (!bytes.ok()) return bytes.status();
-    CheckpointBlockFile f{name, info.block_indices[b], BlockFileName(name), Sha256Hex(*bytes),
-                          static_cast<int64_t>(bytes->size())};
-    if (absl::Status st = WriteFileAtomically((fs::path(step_dir) / f.file).string(), *bytes);
-        !st.ok()) {
-      return st;
-    }
-    written.push_back(std::move(f));
+    snap.files.push_back(CheckpointBlockFile{name, info.block_indices[b], BlockFileName(name),
+                                             Sha256Hex(*bytes),
+                                             static_cast<int64_t>(bytes->size())});
+    snap.contents.push_back(*std::move(bytes));
   }
   google::protobuf::Struct doc;
   auto& fields = *doc.mutable_fields();
@@ -229,7 +232,7 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
   fields["rank"].set_number_value(info.rank);
   fields["num_blocks"].set_number_value(info.num_blocks);
   auto* list = fields["blocks"].mutable_list_value();
-  for (const CheckpointBlockFile& f : written) {
+  for (const CheckpointBlockFile& f : snap.files) {
     auto& b = *list->add_values()->mutable_struct_value()->mutable_fields();
     b["block"].set_string_value(f.block);
     b["index"].set_number_value(f.index);
@@ -237,15 +240,36 @@ absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& s
     b["sha256"].set_string_value(f.sha256);
     b["bytes"].set_number_value(static_cast<double>(f.bytes));
   }
-  std::string manifest;
-  if (!google::protobuf::util::MessageToJsonString(doc, &manifest).ok()) {
+  if (!google::protobuf::util::MessageToJsonString(doc, &snap.manifest).ok()) {
     return absl::InternalError(absl::StrCat(step_dir, ": cannot print the manifest"));
   }
-  manifest += "\n";
-  const std::string path =
-      (fs::path(step_dir) / absl::StrCat(kManifestPrefix, info.rank, kManifestSuffix)).string();
-  if (absl::Status st = WriteFileAtomically(path, manifest); !st.ok()) return st;
-  return written;
+  snap.manifest += "\n";
+  snap.manifest_file = absl::StrCat(kManifestPrefix, info.rank, kManifestSuffix);
+  return snap;
+}
+
+absl::Status WriteSnapshot(const CheckpointSnapshot& snap) {
+  if (absl::Status st = MakeDirs(snap.step_dir); !st.ok()) return st;
+  for (size_t i = 0; i < snap.files.size(); ++i) {
+    if (absl::Status st = WriteFileAtomically((fs::path(snap.step_dir) / snap.files[i].file).string(),
+                                              snap.contents[i]);
+        !st.ok()) {
+      return st;
+    }
+  }
+  // Last: a manifest never names a file that is not there.
+  return WriteFileAtomically((fs::path(snap.step_dir) / snap.manifest_file).string(),
+                             snap.manifest);
+}
+
+absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
+                                                            const CheckpointWriteInfo& info,
+                                                            const std::vector<Module*>& blocks,
+                                                            Optimizer& optimizer) {
+  absl::StatusOr<CheckpointSnapshot> snap = SnapshotBlocks(step_dir, info, blocks, optimizer);
+  if (!snap.ok()) return snap.status();
+  if (absl::Status st = WriteSnapshot(*snap); !st.ok()) return st;
+  return snap->files;
 }
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir) {

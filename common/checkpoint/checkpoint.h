@@ -67,10 +67,31 @@ struct CheckpointWriteInfo {
 // Writes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's
 // manifest into `step_dir` (created if needed). The optimizer covers the blocks' parameters
 // (it may cover more: a rank's other chunks). Returns what was written.
+// = SnapshotBlocks, then WriteSnapshot.
 absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
                                                             const CheckpointWriteInfo& info,
                                                             const std::vector<Module*>& blocks,
                                                             Optimizer& optimizer);
+
+// A rank's checkpoint encoded in memory: every block file's bytes and the manifest, taken
+// between steps so that writing it can overlap the next steps (the model may change while
+// a snapshot is written; the snapshot does not). Holds a copy of the rank's weights and
+// optimizer state in host memory until written.
+struct CheckpointSnapshot {
+  std::string step_dir;
+  std::vector<CheckpointBlockFile> files;
+  std::vector<std::string> contents;  // parallel to files
+  std::string manifest;               // its JSON
+  std::string manifest_file;          // "manifest.rank-R.json"
+  int64_t file_bytes() const;         // sum of files[].bytes
+};
+absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
+                                                  const CheckpointWriteInfo& info,
+                                                  const std::vector<Module*>& blocks,
+                                                  Optimizer& optimizer);
+// Writes a snapshot: the block files, then the manifest, each atomically. Thread-safe for
+// different snapshots; touches nothing but the files.
+absl::Status WriteSnapshot(const CheckpointSnapshot& snap);
 
 // A step directory's manifests, merged.
 struct CheckpointIndex {

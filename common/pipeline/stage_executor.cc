@@ -109,14 +109,22 @@ std::vector<Module*> StageExecutor::Blocks() {
   return out;
 }
 
-absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
-    const std::string& step_dir, const std::string& job, int64_t step) {
+absl::StatusOr<CheckpointSnapshot> StageExecutor::SnapshotCheckpoint(const std::string& step_dir,
+                                                                     const std::string& job,
+                                                                     int64_t step) {
   CheckpointWriteInfo info{job, rank_, step, static_cast<int>(ModelBlockCount(spec_.model())),
                            {}};
   for (const Chunk& c : chunks_) {
     for (int b = c.blocks.first; b < c.blocks.last; ++b) info.block_indices.push_back(b);
   }
-  return SaveBlocks(step_dir, info, Blocks(), *optimizer_);
+  return SnapshotBlocks(step_dir, info, Blocks(), *optimizer_);
+}
+
+absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
+    const std::string& step_dir, const std::string& job, int64_t step) {
+  BATON_ASSIGN_OR_RETURN(CheckpointSnapshot snap, SnapshotCheckpoint(step_dir, job, step));
+  BATON_RETURN_IF_ERROR(WriteSnapshot(snap));
+  return snap.files;
 }
 
 absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_dir) {

@@ -116,6 +116,10 @@ class StageExecutor {
   absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& step_dir,
                                                                   const std::string& job,
                                                                   int64_t step);
+  // The same checkpoint encoded in memory (common/checkpoint/checkpoint.h), to be written
+  // with WriteSnapshot while later steps run. Between steps only.
+  absl::StatusOr<CheckpointSnapshot> SnapshotCheckpoint(const std::string& step_dir,
+                                                        const std::string& job, int64_t step);
   // Loads this rank's blocks and optimizer state from a complete checkpoint written by any
   // partition; returns its step (the next RunStep's step). Before the first step only.
   absl::StatusOr<int64_t> LoadCheckpoint(const std::string& step_dir);

@@ -23,11 +23,18 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   return t;
 }
 
-absl::StatusOr<std::vector<CheckpointBlockFile>> ReferenceTrainer::SaveCheckpoint(
+absl::StatusOr<CheckpointSnapshot> ReferenceTrainer::SnapshotCheckpoint(
     const std::string& job_dir, const std::string& job) {
   CheckpointWriteInfo info{job, 0, steps_done_, static_cast<int>(blocks_.size()), {}};
   for (int i = 0; i < static_cast<int>(blocks_.size()); ++i) info.block_indices.push_back(i);
-  return SaveBlocks(CheckpointStepDir(job_dir, steps_done_), info, blocks_, *optimizer_);
+  return SnapshotBlocks(CheckpointStepDir(job_dir, steps_done_), info, blocks_, *optimizer_);
+}
+
+absl::StatusOr<std::vector<CheckpointBlockFile>> ReferenceTrainer::SaveCheckpoint(
+    const std::string& job_dir, const std::string& job) {
+  BATON_ASSIGN_OR_RETURN(CheckpointSnapshot snap, SnapshotCheckpoint(job_dir, job));
+  BATON_RETURN_IF_ERROR(WriteSnapshot(snap));
+  return snap.files;
 }
 
 absl::Status ReferenceTrainer::LoadCheckpoint(const std::string& step_dir) {

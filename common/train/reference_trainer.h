@@ -59,6 +59,9 @@ class ReferenceTrainer {
   // of job `job`.
   absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& job_dir,
                                                                   const std::string& job);
+  // The same, encoded in memory and not written (WriteSnapshot writes it).
+  absl::StatusOr<CheckpointSnapshot> SnapshotCheckpoint(const std::string& job_dir,
+                                                        const std::string& job);
   // Loads a complete checkpoint's step directory (written by any partition of the same
   // model and optimizer): weights, optimizer state, and steps_done() becomes its step, so
   // the next Step() trains the step after it. On an error the trainer is unusable.
