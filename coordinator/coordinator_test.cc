@@ -1057,6 +1057,47 @@ TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
   EXPECT_THAT(Reason(now), testing::HasSubstr("a configuration error would fail again"));
 }
 
+TEST_F(CoordinatorTest, RestartedCoordinatorRecoversRunningJobsThatAskForIt) {
+  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string db = tmpl + "/jobs.db";
+  Start(db);
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/10);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  spec.mutable_restart()->set_max_restarts(1);
+  const Job job = Submit(spec);
+  core_->Tick();
+  const Job running = Get(job.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int rank : {0, 1}) ASSERT_TRUE(Progress(*core_, running, rank, 2, 10).ok());
+
+  core_.reset();  // the coordinator dies mid-job
+  Start(db);
+  Job now = Get(job.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RECOVERING) << Reason(now);
+  ASSERT_EQ(now.recoveries_size(), 1);
+  EXPECT_EQ(now.recoveries(0).reason(), "coordinator restarted while the job was running");
+  EXPECT_EQ(now.recoveries(0).from_step(), 2);
+  // The workers register again (their old job is dropped on their side); it is placed again.
+  Register(1);
+  Register(2);
+  core_->Tick();
+  now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING) << Reason(now);
+  int attempt1 = 0;
+  for (const auto& plan : client_->Plans(job.id())) {
+    if (plan.attempt() != 1) continue;
+    ++attempt1;
+    EXPECT_EQ(plan.resume_job_dir(), "/shared/ckpt/" + job.id());
+  }
+  EXPECT_EQ(attempt1, 2);
+  core_.reset();
+  std::filesystem::remove_all(tmpl);
+}
+
 TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
   std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
