@@ -1312,7 +1312,7 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
     if (asked > 0 && step != asked) {
       absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ", skipped, ")");
     } else if (!skipped.empty()) {
-      absl::StrAppend(&reason, " (skipped: ", skipped, ")");
+      absl::StrAppend(&reason, " (the newest complete; skipped: ", skipped, ")");
     }
     if (j->attempt() > 0) {
       // What the ranks loaded, which may be newer than the coordinator knew.
@@ -1422,8 +1422,12 @@ std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& 
     return {c.job_dir(), 0};
   }
   // The first attempt, or a recovery before the job wrote a checkpoint of its own: where the
-  // job itself started.
-  if (!c.resumed_from_dir().empty()) return {c.resumed_from_dir(), c.resumed_from_step()};
+  // job itself started: the step the user named, or (step 0) the newest complete one the
+  // ranks find, which may be newer than the record (its last writes reported late).
+  if (!c.resumed_from_dir().empty()) {
+    return {c.resumed_from_dir(),
+            j.job.spec().resume_from().step() > 0 ? c.resumed_from_step() : 0};
+  }
   return {"", 0};
 }
 

@@ -585,7 +585,15 @@ TEST_F(CoordinatorTest, ResumeFromIsResolvedAgainstTheJobItNamesAndTravelsInTheP
   adam.mutable_optimizer()->mutable_adamw()->set_learning_rate(0.1f);
   refused(resume(first.id(), 0, adam), "resume_from: the spec's optimizer differs");
 
-  // The newest complete one (4), written under the first job's directory.
+  // A named step travels as it is.
+  absl::StatusOr<Job> at_two = resume(first.id(), 2, spec);
+  ASSERT_TRUE(at_two.ok()) << at_two.status();
+  core_->Tick();
+  for (const auto& plan : client_->Plans(at_two->id())) EXPECT_EQ(plan.resume_step(), 2);
+  baton::v1::CancelJobRequest cancel;
+  cancel.set_job_id(at_two->id());
+  ASSERT_TRUE(core_->CancelJob(cancel).ok());
+  // The newest complete one (4 by the record), written under the first job's directory.
   absl::StatusOr<Job> resumed = resume(first.id(), 0, spec);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->checkpoints().resumed_from_job(), first.id());
@@ -598,15 +606,16 @@ TEST_F(CoordinatorTest, ResumeFromIsResolvedAgainstTheJobItNamesAndTravelsInTheP
   ASSERT_EQ(plans.size(), 2u);
   for (const auto& plan : plans) {
     EXPECT_EQ(plan.resume_job_dir(), "/shared/ckpt/" + first.id());
-    EXPECT_EQ(plan.resume_step(), 4);
+    // 0: the newest complete one the ranks find (the record may lag the files).
+    EXPECT_EQ(plan.resume_step(), 0);
   }
-  // The ranks found step 4 damaged and loaded 2: the history says so.
+  // The ranks found a newer step damaged and loaded 2: the history says so.
   const Job r2 = Get(resumed->id());
   ASSERT_TRUE(Progress(*core_, r2, 0, 3, 0, /*resumed_from=*/2).ok());
   Job now = Get(resumed->id());
   EXPECT_EQ(now.checkpoints().resumed_from_step(), 2);
   EXPECT_THAT(Reason(now), testing::StartsWith("resumed from " + first.id() +
-                                              " step 2 (asked for step 4; skipped: step-6"));
+                                              " step 2 (the newest complete; skipped: step-6"));
   // A rank that loaded another checkpoint fails the job: the model would be a chimera.
   auto second = Progress(*core_, r2, 1, 5, 0, /*resumed_from=*/4);
   ASSERT_TRUE(second.ok());

@@ -490,7 +490,10 @@ def case_cancel(c):
 def case_device(c):
     """8. device placement: a cuda job with no GPU workers waits, saying so; auto runs on
     the CPU and says why."""
-    ids = c.ensure_workers(2)
+    # The workers this case relies on: ensure_workers returns every IDLE worker, which may
+    # include one a previous case stopped whose lease has not run out yet.
+    c.ensure_workers(2)
+    ids = ["w-1", "w-2"]
     kinds = {w["worker_id"]: w.get("device", {}).get("kind") for w in c.workers()}
     if any(k == "cuda" for k in kinds.values()):
         print(f"  skipped: GPU workers present ({kinds}); this case is for CPU-only clusters")

@@ -216,12 +216,17 @@ def case_worker_killed(c, s):
     start = time.monotonic()
     resumed = run_to_end(c, c.ctl_json("submit", "--resume-from", job_id)["id"])
     ck = resumed["checkpoints"]
-    check(int(ck["resumed_from_step"]) == last,
-          f"resumed from {ck['resumed_from_step']}, want the last complete {last}")
-    check(killed_at - last <= 5, f"lost {killed_at - last} steps, every_steps is 5")
+    check(int(ck["resumed_from_step"]) >= last,
+          f"resumed from {ck['resumed_from_step']}, want the last complete {last} or newer")
+    # Writes overlap training, one at a time: a checkpoint still being written when the
+    # worker died is incomplete, so the bound is every_steps plus the steps that write
+    # overlapped, at most 2 x every_steps (the next checkpoint waits for it).
+    lost = killed_at - int(ck["resumed_from_step"])
+    check(lost <= 2 * 5, f"lost {lost} steps, every_steps is 5 (bound: 2 x every_steps)")
     check(resumed["weights_digest"] == c.reference_digest(plain),
           "the resumed job's digest differs from the uninterrupted run's")
-    print(f"  {resumed['id']} resumed from step {last} (lost {killed_at - last} steps), finished in "
+    print(f"  {resumed['id']} resumed from step {ck['resumed_from_step']} (recorded: {last}; "
+          f"lost {lost} steps), finished in "
           f"{time.monotonic() - start:.1f} s: digest equals the uninterrupted run's")
 
 
