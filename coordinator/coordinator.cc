@@ -488,6 +488,13 @@ void Coordinator::EmitLocked(ActiveJob* job, JobEvent event) {
 }
 
 void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::string& reason) {
+  if (!TransitionAllowed(job->job.state(), state)) {
+    // A bug: the job life's table (job_lifecycle.h) does not allow this change. It is made
+    // (refusing it would strand the job) but counted and logged; tests require none.
+    ++invalid_transitions_;
+    LogWarning(absl::StrCat("BUG: ", job->job.id(), " ", JobState_Name(job->job.state()), " -> ",
+                            JobState_Name(state), " is not an allowed transition"));
+  }
   baton::v1::StateChange change;
   change.set_state(state);
   *change.mutable_time() = ToProtoTime(Now());

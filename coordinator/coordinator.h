@@ -265,6 +265,13 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
 
+  // State changes made that job_lifecycle.h's TransitionAllowed does not allow (each is
+  // logged as a bug). Always 0 unless the coordinator has a bug; tests check it.
+  int64_t InvalidTransitions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return invalid_transitions_;
+  }
+
  private:
   struct RankSlot {
     PlacedWorker worker;
@@ -407,6 +414,7 @@ class Coordinator {
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // QUEUED job ids, oldest first
   // Jobs whose StartJob calls are in flight: their workers are freed when those return.
   std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
+  int64_t invalid_transitions_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::thread loop_;
   std::mutex threads_mu_;

@@ -138,7 +138,13 @@ class CoordinatorTest : public testing::Test {
  protected:
   void SetUp() override { Start(":memory:"); }
 
+  // Every scenario's state changes follow the job life's table.
+  void TearDown() override {
+    if (core_ != nullptr) EXPECT_EQ(core_->InvalidTransitions(), 0);
+  }
+
   void Start(const std::string& db) {
+    if (core_ != nullptr) EXPECT_EQ(core_->InvalidTransitions(), 0);
     CoordinatorOptions o;
     o.db_path = db;
     o.clock = clock_.fn();
@@ -1083,6 +1089,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorRecoversRunningJobsThatAskForIt) {
   ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
   for (int rank : {0, 1}) ASSERT_TRUE(Progress(*core_, running, rank, 2, 10).ok());
 
+  EXPECT_EQ(core_->InvalidTransitions(), 0);
   core_.reset();  // the coordinator dies mid-job
   Start(db);
   Job now = Get(job.id());
@@ -1103,6 +1110,7 @@ TEST_F(CoordinatorTest, RestartedCoordinatorRecoversRunningJobsThatAskForIt) {
     EXPECT_EQ(plan.resume_job_dir(), "/shared/ckpt/" + job.id());
   }
   EXPECT_EQ(attempt1, 2);
+  EXPECT_EQ(core_->InvalidTransitions(), 0);
   core_.reset();
   std::filesystem::remove_all(tmpl);
 }
@@ -1123,6 +1131,7 @@ TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
   ASSERT_EQ(Get(running.id()).state(), baton::v1::JOB_STATE_RUNNING);
   ASSERT_EQ(Get(queued.id()).state(), baton::v1::JOB_STATE_QUEUED);
 
+  EXPECT_EQ(core_->InvalidTransitions(), 0);
   core_.reset();  // the coordinator goes away
   Start(db);
   auto list = core_->ListJobs({});
@@ -1144,6 +1153,7 @@ TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
   EXPECT_EQ(Get(queued.id()).state(), baton::v1::JOB_STATE_RUNNING);
   // New ids continue after the old ones.
   EXPECT_EQ(Submit(Spec(1)).id(), "job-000004");
+  EXPECT_EQ(core_->InvalidTransitions(), 0);
   core_.reset();
   std::filesystem::remove_all(tmpl);
 }
