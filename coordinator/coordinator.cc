@@ -844,7 +844,8 @@ absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& re
     const std::string reason = request.reason().empty()
                                    ? "cancelled by request"
                                    : absl::StrCat("cancelled: ", request.reason());
-    result = EndJobLocked(request.job_id(), baton::v1::JOB_STATE_CANCELLED, reason, &effects);
+    const JobTransition t = OnCancel(reason);
+    result = EndJobLocked(request.job_id(), t.next, t.reason, &effects);
   }
   Run(std::move(effects), /*wait=*/true);  // the workers are stopped (and idle) on return
   return result;
@@ -1410,14 +1411,76 @@ void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& r
   for (const baton::v1::Recovery& r : j->job.recoveries()) {
     facts.diverged_before |= r.cause() == baton::v1::FAILURE_CAUSE_DIVERGED;
   }
-  const FailureVerdict verdict = DecideOnFailure(facts);
-  if (verdict.recover) {
-    RecoverLocked(j, reason, cause, effects);
-    return;
+  const baton::v1::JobCheckpoints& c = j->job.checkpoints();
+  facts.steps_done = j->job.steps_done();
+  facts.resume_step = !c.complete().empty()        ? c.complete().rbegin()->step()
+                      : !c.resumed_from_dir().empty() ? c.resumed_from_step()
+                                                      : 0;
+  ApplyLocked(j, OnFailure(facts, reason), facts, reason, effects);
+}
+
+void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const FailureFacts& facts,
+                              const std::string& what, Effects* effects) {
+  using Effect = JobTransition::Effect;
+  const std::string id = j->job.id();
+  for (Effect e : t.effects) {
+    if (e == Effect::kEnd) {
+      EndJobLocked(id, t.next, t.reason, effects);
+      return;  // j is gone
+    }
   }
-  EndJobLocked(job_id, baton::v1::JOB_STATE_FAILED,
-               verdict.why_not.empty() ? reason : absl::StrCat(reason, " (", verdict.why_not, ")"),
-               effects);
+  const int stages_before =
+      j->ranks.empty() ? j->job.workers_size() : static_cast<int>(j->ranks.size());
+  for (Effect e : t.effects) {
+    switch (e) {
+      case Effect::kRecordRecovery: {
+        baton::v1::Recovery* r = j->job.add_recoveries();
+        r->set_reason(Truncate(what));
+        r->set_cause(facts.cause);
+        *r->mutable_detected() = ToProtoTime(Now());
+        r->set_from_step(facts.resume_step);
+        r->set_lost_steps(std::max<int64_t>(0, facts.steps_done - facts.resume_step));
+        r->set_stages_before(stages_before);
+        if (options_.metrics != nullptr) options_.metrics->AddRecovery();
+        break;
+      }
+      case Effect::kStopRanks: {
+        AbortCall abort;
+        abort.job_id = id;
+        abort.reason = Truncate(absl::StrCat("recovering: ", what));
+        for (RankSlot& slot : j->ranks) {
+          if (!slot.held) continue;
+          slot.held = false;
+          abort.workers.push_back(slot.worker);
+        }
+        if (!abort.workers.empty()) {
+          abort.counted = true;  // it is placed again once these returned
+          ++j->pending_aborts;
+          effects->aborts.push_back(std::move(abort));
+        }
+        break;
+      }
+      case Effect::kForgetAttempt:
+        j->ranks.clear();
+        j->digests.clear();
+        j->timings.clear();
+        j->checkpoints.clear();
+        j->resumed_from.clear();
+        j->peak_inflight.clear();
+        j->echo_failure.clear();
+        j->job.clear_workers();
+        j->job.set_steps_done(facts.resume_step);
+        break;
+      case Effect::kQueueFirst:
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+        queue_.push_front(id);  // it held workers a moment ago: ahead of jobs still waiting
+        WakeLoop();
+        break;
+      case Effect::kEnd:
+        break;  // handled above
+    }
+  }
+  AppendStateLocked(j, t.next, t.reason);  // persists
 }
 
 std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& j) {
@@ -1438,57 +1501,6 @@ std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& 
   return {"", 0};
 }
 
-void Coordinator::RecoverLocked(ActiveJob* j, const std::string& reason,
-                                baton::v1::FailureCause cause, Effects* effects) {
-  const std::string id = j->job.id();
-  const baton::v1::JobCheckpoints& c = j->job.checkpoints();
-  const int64_t from = !c.complete().empty() ? c.complete().rbegin()->step()
-                       : !c.resumed_from_dir().empty() ? c.resumed_from_step()
-                                                       : 0;
-  const int64_t lost = std::max<int64_t>(0, j->job.steps_done() - from);
-  const int stages_before =
-      j->ranks.empty() ? j->job.workers_size() : static_cast<int>(j->ranks.size());
-  baton::v1::Recovery* r = j->job.add_recoveries();
-  r->set_reason(Truncate(reason));
-  r->set_cause(cause);
-  *r->mutable_detected() = ToProtoTime(Now());
-  r->set_from_step(from);
-  r->set_lost_steps(lost);
-  r->set_stages_before(stages_before);
-  if (options_.metrics != nullptr) options_.metrics->AddRecovery();
-  AppendStateLocked(j, baton::v1::JOB_STATE_RECOVERING,
-                    absl::StrCat(reason, "; recovering (", j->attempt(), " of ",
-                                 j->job.spec().restart().max_restarts(), ") from ",
-                                 from > 0 ? absl::StrCat("step ", from) : "the start", ", ",
-                                 lost, lost == 1 ? " step" : " steps", " to train again"));
-  AbortCall abort;
-  abort.job_id = id;
-  abort.reason = Truncate(absl::StrCat("recovering: ", reason));
-  for (RankSlot& slot : j->ranks) {
-    if (!slot.held) continue;
-    slot.held = false;
-    abort.workers.push_back(slot.worker);
-  }
-  if (!abort.workers.empty()) {
-    abort.counted = true;
-    ++j->pending_aborts;
-    effects->aborts.push_back(std::move(abort));
-  }
-  j->ranks.clear();
-  j->digests.clear();
-  j->timings.clear();
-  j->checkpoints.clear();
-  j->resumed_from.clear();
-  j->peak_inflight.clear();
-  j->echo_failure.clear();
-  j->job.clear_workers();
-  j->job.set_steps_done(from);
-  queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-  queue_.push_front(id);  // it held workers a moment ago: ahead of jobs still waiting
-  PersistLocked(j);
-  WakeLoop();
-}
-
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
   std::vector<Digest> digests;
   Job& job = j->job;
@@ -1504,10 +1516,10 @@ void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
   job.set_steps_done(job.spec().steps());
   job.mutable_pipeline()->clear_peak_inflight();
   for (int p : j->peak_inflight) job.mutable_pipeline()->add_peak_inflight(p);
-  EndJobLocked(job.id(), baton::v1::JOB_STATE_SUCCEEDED,
-               absl::StrCat(Ranks(j->ranks.size()), " finished ", job.spec().steps(),
-                            job.spec().steps() == 1 ? " step" : " steps"),
-               effects);
+  const JobTransition t = OnSuccess(absl::StrCat(Ranks(j->ranks.size()), " finished ",
+                                                job.spec().steps(),
+                                                job.spec().steps() == 1 ? " step" : " steps"));
+  EndJobLocked(job.id(), t.next, t.reason, effects);
 }
 
 }  // namespace baton

@@ -137,6 +137,7 @@
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
@@ -379,11 +380,10 @@ class Coordinator {
   void FailLocked(const std::string& job_id, const std::string& reason,
                   baton::v1::FailureCause cause, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RECOVERING: records the recovery, stops the job's remaining ranks (their workers are
-  // freed as their aborts return), forgets the attempt's ranks, and puts the job first in
-  // the queue to be placed again from its last complete checkpoint.
-  void RecoverLocked(ActiveJob* job, const std::string& reason, baton::v1::FailureCause cause,
-                     Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out a transition decided by job_lifecycle.h (OnFailure): its effects in order,
+  // then the state change. `facts` and `what` describe the failure for a recovery record.
+  void ApplyLocked(ActiveJob* job, const JobTransition& t, const FailureFacts& facts,
+                   const std::string& what, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a (re)placement of `job` starts: a checkpoint directory ("" for the seed) and step.
   std::pair<std::string, int64_t> ResumePointLocked(const ActiveJob& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

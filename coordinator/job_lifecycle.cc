@@ -69,6 +69,36 @@ FailureVerdict DecideOnFailure(const FailureFacts& f) {
   return v;
 }
 
+JobTransition OnFailure(const FailureFacts& facts, const std::string& what) {
+  using Effect = JobTransition::Effect;
+  JobTransition t;
+  const FailureVerdict v = DecideOnFailure(facts);
+  if (!v.recover) {
+    t.next = baton::v1::JOB_STATE_FAILED;
+    t.reason = v.why_not.empty() ? what : absl::StrCat(what, " (", v.why_not, ")");
+    t.effects = {Effect::kEnd};
+    return t;
+  }
+  const int64_t lost = std::max<int64_t>(0, facts.steps_done - facts.resume_step);
+  t.next = baton::v1::JOB_STATE_RECOVERING;
+  t.reason = absl::StrCat(what, "; recovering (", facts.restarts_done + 1, " of ",
+                          facts.max_restarts, ") from ",
+                          facts.resume_step > 0 ? absl::StrCat("step ", facts.resume_step)
+                                                : std::string("the start"),
+                          ", ", lost, lost == 1 ? " step" : " steps", " to train again");
+  t.effects = {Effect::kRecordRecovery, Effect::kStopRanks, Effect::kForgetAttempt,
+               Effect::kQueueFirst};
+  return t;
+}
+
+JobTransition OnCancel(const std::string& reason) {
+  return JobTransition{baton::v1::JOB_STATE_CANCELLED, reason, {JobTransition::Effect::kEnd}};
+}
+
+JobTransition OnSuccess(const std::string& reason) {
+  return JobTransition{baton::v1::JOB_STATE_SUCCEEDED, reason, {JobTransition::Effect::kEnd}};
+}
+
 int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {
   const int want = spec.pipeline().stages();
   if (idle >= want) return want;

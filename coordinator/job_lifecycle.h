@@ -12,7 +12,9 @@
 #ifndef BATON_COORDINATOR_JOB_LIFECYCLE_H_
 #define BATON_COORDINATOR_JOB_LIFECYCLE_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/job.pb.h"
@@ -35,6 +37,10 @@ struct FailureFacts {
   // Recoveries so far, and whether one of them rolled back a divergence.
   int restarts_done = 0;
   bool diverged_before = false;
+  // Steps done when the failure was seen, and the step a recovery would resume from (its
+  // newest complete checkpoint as recorded; 0: the start).
+  int64_t steps_done = 0;
+  int64_t resume_step = 0;
 };
 
 struct FailureVerdict {
@@ -50,6 +56,30 @@ struct FailureVerdict {
 // transient fault rolled back once). A configuration error never recovers: it would fail
 // again the same way.
 FailureVerdict DecideOnFailure(const FailureFacts& facts);
+
+// What an event does to a job: its next state, the history reason, and the effects the
+// coordinator carries out, in this order. The coordinator (coordinator.cc, ApplyLocked)
+// only executes these; deciding is here.
+struct JobTransition {
+  enum class Effect {
+    kRecordRecovery,  // add a Job.recoveries entry (reason, cause, from step, lost steps)
+    kStopRanks,       // AbortJob to every worker still holding a rank of this attempt
+    kForgetAttempt,   // drop the attempt's ranks and progress; steps_done = resume step
+    kQueueFirst,      // to be placed again before every queued job
+    kEnd,             // terminal: stop its ranks, close its watchers, leave queue and memory
+  };
+  baton::v1::JobState next = baton::v1::JOB_STATE_UNSPECIFIED;
+  std::string reason;
+  std::vector<Effect> effects;
+};
+
+// A placed (or recovering) job failed because of `what` ("worker w-3 (...) lease
+// expired"): FAILED, saying why it does not recover when it asked to, or RECOVERING.
+JobTransition OnFailure(const FailureFacts& facts, const std::string& what);
+// The client cancelled it (reason: "cancelled: <why>" or "cancelled by request").
+JobTransition OnCancel(const std::string& reason);
+// Every rank finished every step.
+JobTransition OnSuccess(const std::string& reason);
 
 // The stages a recovery re-plans `spec` onto with `idle` idle workers: pipeline.stages when
 // there are enough, else the most stages in [restart.min_stages, idle] for which the

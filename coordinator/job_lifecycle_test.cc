@@ -84,6 +84,51 @@ TEST(JobLifecycleTest, FailureRecoversOnlyWhenAllowedAndWorthIt) {
   }
 }
 
+TEST(JobLifecycleTest, EventsGiveTheNextStateReasonAndEffects) {
+  using Effect = JobTransition::Effect;
+  FailureFacts f;
+  f.state = R;
+  f.cause = baton::v1::FAILURE_CAUSE_WORKER_LOST;
+  f.max_restarts = 2;
+  f.restarts_done = 0;
+  f.steps_done = 43;
+  f.resume_step = 40;
+  JobTransition t = OnFailure(f, "worker w-3 (h:1) lease expired");
+  EXPECT_EQ(t.next, V);
+  EXPECT_EQ(t.reason,
+            "worker w-3 (h:1) lease expired; recovering (1 of 2) from step 40, 3 steps to train "
+            "again");
+  EXPECT_EQ(t.effects, (std::vector<Effect>{Effect::kRecordRecovery, Effect::kStopRanks,
+                                            Effect::kForgetAttempt, Effect::kQueueFirst}));
+  f.resume_step = 0;
+  f.steps_done = 1;
+  f.restarts_done = 1;
+  EXPECT_EQ(OnFailure(f, "x").reason, "x; recovering (2 of 2) from the start, 1 step to train again");
+  f.restarts_done = 2;
+  t = OnFailure(f, "worker w-3 (h:1) lease expired");
+  EXPECT_EQ(t.next, F);
+  EXPECT_EQ(t.reason, "worker w-3 (h:1) lease expired (no restarts left (2 of 2 used))");
+  EXPECT_EQ(t.effects, std::vector<Effect>{Effect::kEnd});
+  f.max_restarts = 0;  // no restart spec: the failure as it is
+  EXPECT_EQ(OnFailure(f, "rank 1 on worker w-2: INTERNAL: boom").reason,
+            "rank 1 on worker w-2: INTERNAL: boom");
+  t = OnCancel("cancelled by request");
+  EXPECT_EQ(t.next, C);
+  EXPECT_EQ(t.effects, std::vector<Effect>{Effect::kEnd});
+  t = OnSuccess("all 2 ranks finished 10 steps");
+  EXPECT_EQ(t.next, S);
+  EXPECT_EQ(t.reason, "all 2 ranks finished 10 steps");
+  // Whatever an event decides is an allowed transition from where it can happen.
+  for (JobState from : {P, R, V}) {
+    f.state = from;
+    f.max_restarts = 2;
+    f.restarts_done = 0;
+    EXPECT_TRUE(TransitionAllowed(from, OnFailure(f, "x").next));
+    EXPECT_TRUE(TransitionAllowed(from, OnCancel("c").next));
+  }
+  EXPECT_TRUE(TransitionAllowed(R, OnSuccess("s").next));
+}
+
 baton::v1::JobSpec Gpt(int stages, int min_stages, int layers = 4) {
   baton::v1::JobSpec spec;
   auto* g = spec.mutable_model()->mutable_gpt();
