@@ -8,7 +8,9 @@
 //     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
 //     │           ├──────────> RECOVERING   │
 //     │           ├──────────> FAILED       ├──────> FAILED
-//     └───────────┴──────────> CANCELLED <──┘
+//     ├───────────┴──────────> CANCELLED <──┘
+//     └──────────────────────> FAILED   (placement itself failed)
+// A state may also follow itself (QUEUED, RUNNING, RECOVERING): a new history reason.
 #ifndef BATON_COORDINATOR_JOB_LIFECYCLE_H_
 #define BATON_COORDINATOR_JOB_LIFECYCLE_H_
 
