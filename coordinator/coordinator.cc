@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -57,10 +58,14 @@ baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
   }
 }
 
-// The tensor-tag key of a placement attempt: distinct per attempt, so tensors of an
-// earlier attempt (a worker that was stopped and came back) never match a later one's.
-uint64_t JobKey(int64_t seq, int attempt) {
-  return static_cast<uint64_t>(seq) | (static_cast<uint64_t>(attempt) << 40);
+// The tensor-tag key of a placement attempt: random (64 bits from the OS's generator), so
+// tensors of an earlier attempt (a worker that was stopped and came back) never match a
+// later one's, and a stranger cannot guess the tags of a running job from its id.
+uint64_t NewJobKey() {
+  std::random_device os;  // /dev/urandom
+  uint64_t key = 0;
+  while (key == 0) key = (static_cast<uint64_t>(os()) << 32) ^ static_cast<uint64_t>(os());
+  return key;
 }
 
 std::string Truncate(std::string s) {
@@ -634,7 +639,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
       if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
     }
-    absl::StatusOr<Placement> placement = PlaceJob(spec, id, JobKey(j->seq, j->attempt()), placed,
+    absl::StatusOr<Placement> placement = PlaceJob(spec, id, NewJobKey(), placed,
                                                    options_.recv_timeout, choice->device);
     if (!placement.ok()) {
       for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
@@ -750,8 +755,13 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   baton::v1::JobSpec spec = request.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
+  // A text file lives on the workers and is read there, but only under the data roots:
+  // a spec naming /etc/shadow is refused now, naming the field.
+  if (spec.data().has_text() && spec.data().text().has_path()) {
+    BATON_RETURN_IF_ERROR(ConfineDataPath(spec.data().text().path(), options_.data_roots).status());
+  }
   // Data the coordinator can see is checked now (inline text against the vocabulary and
-  // context, the synthetic teacher); a text file lives on the workers and is read there.
+  // context, the synthetic teacher); a text file is read on the workers.
   if (!spec.data().has_text() || spec.data().text().has_inline_text()) {
     BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
   }

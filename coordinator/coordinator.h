@@ -184,6 +184,10 @@ struct CoordinatorOptions {
   CoordinatorMetrics* metrics = nullptr;
   // Action timelines (batonctl trace) are kept for each job's latest this many steps.
   int64_t trace_steps = 200;
+  // Directories a spec's data.text.path must lie under (after symlinks, as far as this
+  // host can resolve them), refused at submit otherwise; empty: any (tests). The workers
+  // check again with their own --data_root.
+  std::vector<std::string> data_roots;
 };
 
 // A WatchJob subscription. Not thread-safe (one stream handler owns it).
@@ -280,7 +284,7 @@ class Coordinator {
     bool finished = false;  // reported a result without error
   };
   struct ActiveJob {
-    int64_t seq = 0;  // the store's sequence number; the job key in tensor tags
+    int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
     baton::v1::Job job;
     std::shared_ptr<JobWatch::EventLog> log;
     // Set from PLACING on.

@@ -21,6 +21,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
+#include "common/data/dataset.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/service.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
           "no metrics)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics host:port is written to this file once serving");
+ABSL_FLAG(std::string, data_root, "",
+          "comma-separated directories jobs' text files may name (default: data/ beside this "
+          "binary, and /usr/share/common-licenses); the workers check again with theirs");
 ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
   options.trace_steps = absl::GetFlag(FLAGS_trace_steps);
+  options.data_roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
 
   auto registry = std::make_shared<prometheus::Registry>();
   baton::AddBuildInfo(*registry, "coordinator");

@@ -335,6 +335,13 @@ def case_invalid_specs(c):
                "optimizer": {"sgd": {"learningRate": 0.1}}, "steps": 1}
     refused("zero mlp width", "INVALID_ARGUMENT", "model.mlp.width",
             "submit", "-f", c.write_spec(bad_mlp))
+    # Text files only under the data roots (the coordinator's defaults: data/ beside it and
+    # /usr/share/common-licenses); the workers check again with theirs.
+    shadow = tiny_gpt("reads-shadow")
+    shadow["data"]["text"] = {"path": "/etc/shadow"}
+    refused("a text file outside the data roots", "INVALID_ARGUMENT",
+            "data.text.path: '/etc/shadow' is outside the directories",
+            "submit", "-f", c.write_spec(shadow))
     malformed = os.path.join(c.tmp, "malformed.json")
     with open(malformed, "w") as f:
         f.write('{"model": ')

@@ -29,6 +29,10 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, worker_id, "", "stable worker name (default: assigned)");
 ABSL_FLAG(std::string, port_file, "", "write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, inbox_mb, 512, "bound on received tensors not yet consumed, in MiB");
+ABSL_FLAG(std::string, data_root, "",
+          "comma-separated directories jobs' text files may be read from (default: data/ "
+          "beside this binary, and /usr/share/common-licenses)");
+ABSL_FLAG(int64_t, data_max_mb, 1024, "bound on one job text file, in MiB");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "host:port serving Prometheus metrics at /metrics (port 0: any free port; empty: "
           "no metrics)");
@@ -56,6 +60,8 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
+  options.data.roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
+  options.data.max_file_bytes = absl::GetFlag(FLAGS_data_max_mb) << 20;
   absl::StatusOr<baton::v1::DeviceInfo> device = baton::ClaimDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
     std::fprintf(stderr, "worker: --device: %s\n", std::string(device.status().message()).c_str());

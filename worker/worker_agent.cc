@@ -429,6 +429,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   };
   StageExecutorOptions eo;
   eo.job_id = plan.job_key();
+  eo.data = options_.data;
   eo.recv_timeout = recv_timeout;
   // Placement wrote the device every rank computes on into the plan's spec.
   eo.device = spec.device() == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu;

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
+#include "common/data/dataset.h"
 #include "common/pipeline/transport.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
@@ -59,6 +60,8 @@ struct WorkerOptions {
   // Bounds an NCCL bring-up (communicators up, handshakes and verdicts exchanged); past it
   // a link falls back to gRPC (or the job fails, when its spec asks for NCCL).
   absl::Duration nccl_init_timeout = absl::Seconds(30);
+  // Where jobs' text files may be read from (--data_root), and their size bound.
+  DataAccess data;
 };
 
 class WorkerAgent {

@@ -1,13 +1,20 @@
 #include "common/data/dataset.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
+#include <iterator>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
 
@@ -30,19 +37,43 @@ absl::Status CheckRange(int64_t step, int64_t first, int64_t count, int64_t batc
 
 namespace {
 
+namespace fs = std::filesystem;
+
 absl::Status FileError(int err, const std::string& what, const std::string& path) {
   // ErrnoToStatus appends ": <strerror>".
   return absl::ErrnoToStatus(err, absl::StrCat("data.text.path: cannot ", what, " '", path, "'"));
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return FileError(errno, "open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return FileError(err, "stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.text.path: '", path, "' is not a regular file"));
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path, "' has ",
+                                                   st.st_size, " bytes, over the bound of ",
+                                                   max_bytes));
+  }
   std::string out;
   char buf[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n == 0) break;
+    if (n > 0 && static_cast<int64_t>(out.size()) + n > max_bytes) {
+      ::close(fd);  // it grew while read
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.text.path: '", path, "' is over the bound of ", max_bytes, " bytes"));
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -57,10 +88,50 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text) {
+absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
+                                            const std::vector<std::string>& roots) {
+  if (roots.empty()) return path;
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.text.path: '", path, "' cannot be resolved: ", ec.message()));
+  }
+  for (const std::string& root : roots) {
+    std::error_code rec;
+    const fs::path r = fs::weakly_canonical(fs::absolute(root, rec), rec);
+    if (rec) continue;
+    // Component by component: /data2 is not under /data.
+    auto [ri, pi] = std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end());
+    bool under = ri == r.end() || (std::next(ri) == r.end() && ri->empty());
+    if (under && pi != resolved.end()) return resolved.string();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.text.path: '", path, "' is outside the directories this cluster reads data from (",
+      absl::StrJoin(roots, ", "), ")", resolved.string() != path
+          ? absl::StrCat("; it resolves to '", resolved.string(), "'")
+          : std::string()));
+}
+
+std::vector<std::string> DataRootsFromFlag(const std::string& flag) {
+  std::vector<std::string> roots;
+  for (absl::string_view r : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    roots.emplace_back(absl::StripAsciiWhitespace(r));
+  }
+  if (!roots.empty()) return roots;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back((exe.parent_path() / "data").string());
+  roots.push_back("/usr/share/common-licenses");
+  return roots;
+}
+
+absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text, const DataAccess& access) {
   switch (text.content_case()) {
-    case baton::v1::TextData::kPath:
-      return ReadWholeFile(text.path());
+    case baton::v1::TextData::kPath: {
+      BATON_ASSIGN_OR_RETURN(std::string path, ConfineDataPath(text.path(), access.roots));
+      return ReadWholeFile(path, access.max_file_bytes);
+    }
     case baton::v1::TextData::kInlineText:
       return text.inline_text();
     case baton::v1::TextData::CONTENT_NOT_SET:
@@ -69,7 +140,12 @@ absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text) {
   return absl::InvalidArgumentError("data.text: no content set (want path or inline_text)");
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& original) {
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec) {
+  return MakeDataset(spec, DataAccess());
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& original,
+                                                     const DataAccess& access) {
   baton::v1::JobSpec spec = original;
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   const auto& data = spec.data();
@@ -85,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& o
       options.field = "data.text.path";
       options.source = data.text().path();
     }
-    BATON_ASSIGN_OR_RETURN(std::string text, LoadText(data.text()));
+    BATON_ASSIGN_OR_RETURN(std::string text, LoadText(data.text(), access));
     BATON_ASSIGN_OR_RETURN(std::unique_ptr<TextDataset> dataset,
                            TextDataset::Create(std::move(text), options));
     return std::unique_ptr<Dataset>(std::move(dataset));

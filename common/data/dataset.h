@@ -67,10 +67,34 @@ class Dataset {
 // data.text.path and the path.
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec);
 
+// Where a process may read training text from. A worker reads only under its data roots
+// (so a job cannot make it read /etc/shadow); `batonctl train-local` reads the user's own
+// files (no roots). Every file must be a regular file of at most max_file_bytes (so
+// /dev/zero or a FIFO cannot make a worker read forever).
+struct DataAccess {
+  // Directories text files must lie under, after symlinks are resolved; empty: anywhere.
+  std::vector<std::string> roots;
+  int64_t max_file_bytes = int64_t{1} << 30;
+};
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec,
+                                                     const DataAccess& access);
+// The roots a service's --data_root flag names: comma-separated directories; empty means
+// the defaults, data/ beside the running binary and /usr/share/common-licenses (the demo's
+// text).
+std::vector<std::string> DataRootsFromFlag(const std::string& flag);
+
+// `path` with symlinks resolved (as far as it exists) when it lies under one of `roots`
+// (also resolved); INVALID_ARGUMENT naming data.text.path, the path and the roots when it
+// does not. With no roots, `path` itself.
+absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
+                                            const std::vector<std::string>& roots);
+
 // The content of a TextData: the whole file at `path` (read as bytes), or the inline text.
 // File errors carry the errno's code (NOT_FOUND for a missing file) and name
-// data.text.path and the path. Does not check the content.
-absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text);
+// data.text.path and the path; a path outside access.roots, a file that is not a regular
+// file, or one over access.max_file_bytes is INVALID_ARGUMENT. Does not check the content.
+absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text,
+                                     const DataAccess& access = DataAccess());
 
 // Character-level text for the gpt (see the file comment for the sampling scheme).
 class TextDataset final : public Dataset {

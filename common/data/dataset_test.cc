@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -242,6 +243,56 @@ TEST(TextDatasetTest, ReadsFileAndRefusesEmptyOrMissingFile) {
   const std::string missing = testing::TempDir() + "/baton-no-such-file.txt";
   spec.mutable_data()->mutable_text()->set_path(missing);
   ExpectError(MakeDataset(spec).status(), absl::StatusCode::kNotFound, {"data.text.path", missing});
+}
+
+// Workers read text only under their data roots, and only regular files of bounded size:
+// a job cannot make one read /etc/shadow, escape through a symlink or "..", or read forever.
+TEST(TextDatasetTest, FilesAreConfinedToTheDataRootsAndBounded) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::path(testing::TempDir()) / "baton-data-roots";
+  fs::remove_all(base);
+  fs::create_directories(base / "data" / "sub");
+  fs::create_directories(base / "data2");
+  { std::ofstream((base / "data" / "sub" / "t.txt").string()) << kText; }
+  { std::ofstream((base / "data2" / "t.txt").string()) << kText; }
+  fs::create_symlink(base / "data2" / "t.txt", base / "data" / "escape.txt");
+  DataAccess access;
+  access.roots = {(base / "data").string()};
+  JobSpec spec = GptSpec(kText);
+  auto with_path = [&](const fs::path& p) {
+    spec.mutable_data()->mutable_text()->set_path(p.string());
+    return MakeDataset(spec, access).status();
+  };
+  EXPECT_TRUE(with_path(base / "data" / "sub" / "t.txt").ok());
+  EXPECT_TRUE(with_path(base / "data" / "sub" / ".." / "sub" / "t.txt").ok());
+  ExpectError(with_path("/etc/shadow"), absl::StatusCode::kInvalidArgument,
+              {"data.text.path: '/etc/shadow' is outside the directories this cluster reads "
+               "data from (", (base / "data").string()});
+  ExpectError(with_path(base / "data" / ".." / "data2" / "t.txt"),
+              absl::StatusCode::kInvalidArgument, {"is outside", "resolves to"});
+  ExpectError(with_path(base / "data2" / "t.txt"), absl::StatusCode::kInvalidArgument,
+              {"is outside"});  // data2 is not under data
+  ExpectError(with_path(base / "data" / "escape.txt"), absl::StatusCode::kInvalidArgument,
+              {"is outside", (base / "data2" / "t.txt").string()});  // symlink out
+  ExpectError(with_path(base / "data" / "sub"), absl::StatusCode::kInvalidArgument,
+              {"is not a regular file"});  // a directory
+  // Not a regular file, or too big: refused before reading (anywhere, roots or not).
+  ExpectError(LoadText([] {
+                baton::v1::TextData t;
+                t.set_path("/dev/zero");
+                return t;
+              }()).status(),
+              absl::StatusCode::kInvalidArgument, {"'/dev/zero' is not a regular file"});
+  access.max_file_bytes = 10;
+  ExpectError(with_path(base / "data" / "sub" / "t.txt"), absl::StatusCode::kInvalidArgument,
+              {"bytes, over the bound of 10"});
+  fs::remove_all(base);
+  // The defaults: data/ beside the binary and the demo's licenses directory.
+  const std::vector<std::string> defaults = DataRootsFromFlag("");
+  ASSERT_EQ(defaults.size(), 2u);
+  EXPECT_TRUE(absl::EndsWith(defaults[0], "/data")) << defaults[0];
+  EXPECT_EQ(defaults[1], "/usr/share/common-licenses");
+  EXPECT_EQ(DataRootsFromFlag(" /a, /b ,"), (std::vector<std::string>{"/a", "/b"}));
 }
 
 TEST(TextDatasetTest, GptExampleOnGpl3) {

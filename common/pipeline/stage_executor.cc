@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     ex->own_timer_ = NewDeviceTimer(options.device);
     ex->timer_ = ex->own_timer_.get();
   }
-  BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(spec));
+  BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(spec, options.data));
   for (int s = 0; s < schedule.num_stages(); ++s) {
     if (schedule.stage_to_rank[s] != rank) continue;
     Chunk c;

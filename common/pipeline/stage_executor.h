@@ -75,6 +75,8 @@ struct StageExecutorOptions {
   // Measures ActionTiming::device_ns; not owned. When null the executor makes its own for
   // `device` (NewDeviceTimer: none on the CPU).
   DeviceTimer* device_timer = nullptr;
+  // Where the job's text file may be read from (a worker's --data_root); default: anywhere.
+  DataAccess data;
 };
 
 struct RankStepResult {
