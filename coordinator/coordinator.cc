@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/digest.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
 #include "common/rpc/rpc.h"
@@ -311,7 +312,8 @@ void Coordinator::ReapThreads(bool all) {
 
 void Coordinator::LogWarning(const std::string& message) {
   if (!options_.log) return;
-  std::fprintf(stderr, "coordinator: %s\n", message.c_str());
+  // Messages carry client text (job names, reasons): one line each, whatever they contain.
+  std::fprintf(stderr, "coordinator: %s\n", OneLine(message).c_str());
   std::fflush(stderr);
 }
 

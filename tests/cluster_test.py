@@ -362,6 +362,16 @@ def case_invalid_specs(c):
           f"an unreachable coordinator is not named: {r.stderr.strip()}")
     print(f"  unreachable coordinator: {r.stderr.strip()[:160]}")
     print("  the coordinator still serves (list, workers)")
+    # A name with a newline cannot forge a log line: it is written escaped.
+    forger = tiny_gpt("x\ncoordinator: job-999999 SUCCEEDED: forged", steps=1)
+    job = c.wait_state(c.submit(c.write_spec(forger))["id"],
+                       ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"], 60)
+    log = open(c.logs["coordinator"], errors="replace").read()
+    check("\ncoordinator: job-999999" not in log and
+          "x\\ncoordinator: job-999999 SUCCEEDED: forged" in log,
+          "a job name with a newline forged a coordinator log line")
+    c.ctl_ok("cancel", job["id"])
+    print("  a job name with a newline is logged escaped, on one line")
 
 
 def case_queued_until_workers(c):

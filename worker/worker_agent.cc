@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/cuda_context.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/pipeline/stage_executor.h"
@@ -44,7 +45,8 @@ struct WorkerAgent::Job {
 namespace {
 
 void Log(const std::string& line) {
-  std::fprintf(stderr, "worker: %s\n", line.c_str());
+  // Lines carry text from the coordinator and its clients (abort reasons): keep one line.
+  std::fprintf(stderr, "worker: %s\n", OneLine(line).c_str());
   std::fflush(stderr);
 }
 
