@@ -83,8 +83,9 @@
 //
 // WORKER CONTRACT (what the core relies on):
 //  - RegisterWorker with the host:port its WorkerService and TensorService listen on
-//    (reachable from the coordinator and the peers; re-registering from the same address or
-//    under the same worker_id replaces the old entry, failing a job it ran). Then Heartbeat
+//    (reachable from the coordinator and the peers; re-registering from the same address
+//    replaces the old entry, failing a job it ran; the worker_id of a live worker at another
+//    address is refused, ALREADY_EXISTS, until its lease runs out). Then Heartbeat
 //    at least every heartbeat_interval with job_id = the job it runs ("" when none), from
 //    StartJob until the job has stopped.
 //  - known=false: the coordinator forgot it (restart, expired lease): abort any job it runs

@@ -61,6 +61,17 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
   }
   Registration out;
   std::string id = request.worker_id();
+  const absl::Time now = Now();
+  if (auto it = workers_.find(id); !id.empty() && it != workers_.end()) {
+    const Entry& e = it->second;
+    if (e.info.state() != baton::v1::WORKER_STATE_DEAD && now < e.lease_expiry &&
+        e.info.address() != request.address()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker_id: \"", id, "\" is registered from ", e.info.address(),
+          " and alive; another address can take the name once its lease runs out (in ",
+          absl::FormatDuration(absl::Ceil(e.lease_expiry - now, absl::Milliseconds(1))), ")"));
+    }
+  }
   // Replace live entries with this id or this address.
   for (auto it = workers_.begin(); it != workers_.end();) {
     const WorkerInfo& w = it->second.info;
@@ -80,7 +91,6 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
       id = absl::StrCat("w-", next_id_++);
     } while (workers_.count(id) > 0);
   }
-  const absl::Time now = Now();
   Entry e;
   e.info.set_worker_id(id);
   e.info.set_address(request.address());

@@ -39,12 +39,15 @@ class WorkerRegistry {
 
   struct Registration {
     baton::v1::WorkerInfo worker;  // the new entry, IDLE
-    // Live entries this registration replaced: the same worker id, or another id at the
-    // same address (a worker process restarted under a new name). They are gone from the
-    // registry; if one was BUSY its job lost a rank.
+    // Live entries this registration replaced: the same worker id at the same address (the
+    // process restarted), or another id at the same address (restarted under a new name).
+    // They are gone from the registry; if one was BUSY its job lost a rank.
     std::vector<baton::v1::WorkerInfo> replaced;
   };
   // INVALID_ARGUMENT naming the field for an empty or malformed address or worker id.
+  // ALREADY_EXISTS when the id belongs to a live worker at another address: a stranger
+  // cannot take over a worker's name (and its job) by registering it; a worker that really
+  // moved registers once the old lease ran out (its register loop retries).
   absl::StatusOr<Registration> Register(const baton::v1::RegisterWorkerRequest& request);
 
   // Renews the lease and records the job the worker says it runs ("" for none). False when

@@ -114,11 +114,24 @@ TEST(WorkerRegistryTest, ReRegistrationReplacesTheOldEntry) {
   EXPECT_EQ(again->replaced[0].job_id(), "job-1");
   EXPECT_FALSE(reg.Get("w-1").has_value());
   EXPECT_EQ(again->worker.worker_id(), "w-2");
-  // The same name at a new address.
+  // The same name at a new address, while the worker is alive: refused (it would hijack
+  // the name and its job); once the lease ran out, it is the worker that moved.
   auto moved = reg.Register(Req("h:9", "w-2"));
-  ASSERT_TRUE(moved.ok());
-  ASSERT_EQ(moved->replaced.size(), 1u);
+  ASSERT_FALSE(moved.ok());
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(moved.status().message().rfind("worker_id: \"w-2\" is registered from h:1 and alive", 0),
+            0u)
+      << moved.status();
+  EXPECT_EQ(reg.Get("w-2")->address(), "h:1");
+  clock.now += absl::Seconds(6);
+  reg.ExpireLeases();
+  moved = reg.Register(Req("h:9", "w-2"));
+  ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(reg.Get("w-2")->address(), "h:9");
+  // The same name at the same address: the process restarted; the old entry goes.
+  auto restarted = reg.Register(Req("h:9", "w-2"));
+  ASSERT_TRUE(restarted.ok());
+  ASSERT_EQ(restarted->replaced.size(), 1u);
 }
 
 TEST(WorkerRegistryTest, AWorkerReportingAForeignJobIsNotHandedOut) {
