@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/rpc.h"
 
 namespace baton {
@@ -48,9 +49,42 @@ grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext*,
   return Reply(core_->GetJobTrace(*request), response);
 }
 
+namespace {
+// "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1"; "ipv6:[::1]:5555" -> "ipv6:[::1]".
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  const size_t first = peer.find(':');
+  return colon != std::string::npos && colon != first ? peer.substr(0, colon) : peer;
+}
+}  // namespace
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const baton::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<baton::v1::JobEvent>* writer) {
+  const std::string host = PeerHost(context->peer());
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (watches_ >= limits_.total) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+          "too many watch streams open (", watches_, "; the limit is ", limits_.total, ")")));
+    }
+    if (watches_by_host_[host] >= limits_.per_host) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("too many watch streams from ", host, " (", watches_by_host_[host],
+                       " open; the limit per client host is ", limits_.per_host, ")")));
+    }
+    ++watches_;
+    ++watches_by_host_[host];
+  }
+  struct Release {
+    JobServiceImpl* self;
+    std::string host;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(self->watch_mu_);
+      --self->watches_;
+      if (--self->watches_by_host_[host] == 0) self->watches_by_host_.erase(host);
+    }
+  } release{this, host};
   absl::StatusOr<std::unique_ptr<JobWatch>> watch = core_->WatchJob(request->job_id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   bool done = false;

@@ -3,16 +3,29 @@
 #ifndef BATON_COORDINATOR_SERVICE_H_
 #define BATON_COORDINATOR_SERVICE_H_
 
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/jobs.grpc.pb.h"
 #include "coordinator/coordinator.h"
 
 namespace baton {
 
+// Each open WatchJob stream holds a server thread: they are capped in all and per client
+// host, and a stream past a cap is refused with RESOURCE_EXHAUSTED naming it.
+struct WatchLimits {
+  int total = 512;
+  int per_host = 64;
+};
+
 // baton.v1.JobService (clients). `core` is not owned and must outlive the service.
 class JobServiceImpl final : public baton::v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* core) : core_(core) {}
+  explicit JobServiceImpl(Coordinator* core, WatchLimits limits = WatchLimits())
+      : core_(core), limits_(limits) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const baton::v1::SubmitJobRequest* request,
                          baton::v1::Job* response) override;
@@ -35,6 +48,10 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
 
  private:
   Coordinator* const core_;
+  const WatchLimits limits_;
+  std::mutex watch_mu_;
+  int watches_ ABSL_GUARDED_BY(watch_mu_) = 0;
+  std::map<std::string, int> watches_by_host_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 // baton.v1.ClusterService (workers). `core` is not owned and must outlive the service.

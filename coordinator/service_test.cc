@@ -54,7 +54,7 @@ class ServiceTest : public testing::Test {
     auto core = Coordinator::Create(o);
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
-    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get());
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits{100, 2});
     cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
     ServerOptions so;
     so.services = {jobs_service_.get(), cluster_service_.get()};
@@ -262,6 +262,59 @@ TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
   ASSERT_TRUE(jobs_->ListWorkers(ctx3.get(), {}, &workers).ok());
   ASSERT_EQ(workers.workers_size(), 1);
   EXPECT_EQ(workers.workers(0).state(), baton::v1::WORKER_STATE_IDLE);
+}
+
+// Each watch stream holds a server thread: a client host gets at most per_host of them
+// (2 here), the next is refused naming the limit, and a closed one frees its slot.
+TEST_F(ServiceTest, WatchStreamsPerClientHostAreCapped) {
+  baton::v1::JobSpec spec;
+  spec.mutable_model()->mutable_mlp()->set_input_dim(2);
+  spec.mutable_model()->mutable_mlp()->set_width(4);
+  spec.mutable_model()->mutable_mlp()->set_depth(1);
+  spec.mutable_model()->mutable_mlp()->set_output_dim(1);
+  spec.mutable_data()->mutable_synthetic();
+  spec.mutable_data()->set_batch_size(4);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(1);
+  baton::v1::Job job;  // no workers: it stays QUEUED, so its watches stay open
+  ASSERT_TRUE(Submit(spec, &job).ok());
+  baton::v1::WatchJobRequest r;
+  r.set_job_id(job.id());
+  auto open = [&](std::unique_ptr<grpc::ClientContext>* ctx) {
+    *ctx = ContextWithTimeout(absl::Seconds(10));
+    auto reader = jobs_->WatchJob(ctx->get(), r);
+    baton::v1::JobEvent first;
+    const bool got = reader->Read(&first);  // the current state: the stream is open
+    return std::make_pair(std::move(reader), got);
+  };
+  std::unique_ptr<grpc::ClientContext> c1, c2, c3, c4;
+  auto [w1, got1] = open(&c1);
+  auto [w2, got2] = open(&c2);
+  EXPECT_TRUE(got1 && got2);
+  auto [w3, got3] = open(&c3);
+  EXPECT_FALSE(got3);
+  const grpc::Status refused = w3->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("the limit per client host is 2"), std::string::npos)
+      << refused.error_message();
+  c1->TryCancel();
+  w1->Finish();
+  // The server sees the cancellation within its poll interval; then the slot is free.
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    auto [w4, got4] = open(&c4);
+    reopened = got4;
+    if (!reopened) {
+      w4->Finish();
+      absl::SleepFor(absl::Milliseconds(100));
+    } else {
+      c4->TryCancel();
+      w4->Finish();
+    }
+  }
+  EXPECT_TRUE(reopened);
+  c2->TryCancel();
+  w2->Finish();
 }
 
 TEST_F(ServiceTest, CancelRunningJobOverGrpc) {
