@@ -36,6 +36,9 @@ namespace {
 constexpr size_t kMaxBufferedEvents = 4096;
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
+// A ListJobs page ends before its jobs pass this many bytes (gRPC's default limit on a
+// received message is 4 MiB; large inline texts made default pages fail).
+constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
 constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
 constexpr int64_t kKeptStepTimings = 8;
@@ -833,7 +836,8 @@ absl::StatusOr<baton::v1::ListJobsResponse> Coordinator::ListJobs(
   }
   if (page_size == 0) page_size = kDefaultPageSize;
   page_size = std::min(page_size, kMaxPageSize);
-  BATON_ASSIGN_OR_RETURN(JobStore::Page page, store_->List(page_size, request.page_token()));
+  BATON_ASSIGN_OR_RETURN(JobStore::Page page,
+                         store_->List(page_size, request.page_token(), kMaxPageBytes));
   baton::v1::ListJobsResponse response;
   std::lock_guard<std::mutex> lock(mu_);
   for (Job& job : page.jobs) {

@@ -266,7 +266,8 @@ absl::StatusOr<std::optional<baton::v1::Job>> JobStore::FindBySubmission(
   return std::optional<baton::v1::Job>(std::move(job));
 }
 
-absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& page_token) {
+absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& page_token,
+                                              int64_t max_bytes) {
   if (page_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size: must be at least 1, got ", page_size));
@@ -283,13 +284,17 @@ absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& 
   st.BindInt(2, static_cast<int64_t>(page_size) + 1);
   Page page;
   int64_t last_seq = 0;
+  int64_t bytes = 0;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-    if (static_cast<int>(page.jobs.size()) == page_size) {
+    const std::string blob = st.ColumnBlob(0);
+    if (static_cast<int>(page.jobs.size()) == page_size ||
+        (!page.jobs.empty() && bytes + static_cast<int64_t>(blob.size()) > max_bytes)) {
       page.next_page_token = EncodeToken(last_seq);
       break;
     }
+    bytes += static_cast<int64_t>(blob.size());
     baton::v1::Job job;
-    if (!job.ParseFromString(st.ColumnBlob(0))) {
+    if (!job.ParseFromString(blob)) {
       return absl::DataLossError(absl::StrCat("job database ", path_, ": the record with seq ",
                                               st.ColumnInt(1), " does not parse"));
     }

@@ -71,7 +71,10 @@ class JobStore {
   // Newest first (by sequence). `page_size` must be >= 1; `page_token` is empty or a
   // next_page_token from an earlier List (an opaque string; INVALID_ARGUMENT naming
   // page_token otherwise). Jobs inserted after the first page do not disturb later pages.
-  absl::StatusOr<Page> List(int page_size, const std::string& page_token);
+  // A page also ends before its records would pass `max_bytes` (serialized), so a response
+  // stays under gRPC's message limit however large jobs are; it holds at least one job.
+  absl::StatusOr<Page> List(int page_size, const std::string& page_token,
+                            int64_t max_bytes = INT64_MAX);
 
   // Every job in one of `states`, oldest first, with its sequence number (start-up
   // recovery).

@@ -122,6 +122,34 @@ TEST(JobStoreTest, ListPagesNewestFirst) {
   EXPECT_EQ((*store)->List(0, "").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(JobStoreTest, PagesEndBeforeTheirBytesPassTheBound) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 5; ++i) {
+    const int64_t seq = (*store)->NextSequence();
+    Job job = MakeJob(seq);
+    job.mutable_spec()->mutable_data()->mutable_text()->set_inline_text(std::string(10000, 'a'));
+    ASSERT_TRUE((*store)->Insert(seq, job).ok());
+  }
+  std::vector<std::string> ids;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = (*store)->List(50, token, /*max_bytes=*/25000);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->jobs.size(), page->next_page_token.empty() ? 1u : 2u);
+    for (const Job& j : page->jobs) ids.push_back(j.id());
+    token = page->next_page_token;
+  } while (!token.empty() && ++pages < 10);
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-000005", "job-000004", "job-000003", "job-000002",
+                                           "job-000001"}));
+  // A single job larger than the bound still comes, alone.
+  auto one = (*store)->List(50, "", /*max_bytes=*/100);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->jobs.size(), 1u);
+  EXPECT_FALSE(one->next_page_token.empty());
+}
+
 TEST(JobStoreTest, ReopenedFileKeepsEveryJob) {
   const std::string dir = MakeTempDir();
   const std::string path = dir + "/jobs.db";
