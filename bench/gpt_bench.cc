@@ -247,23 +247,31 @@ void BM_GptTrainerStep(benchmark::State& state) {
                     3 * ForwardFlopsPerSequence() * Spec().data().batch_size(), allocs_before);
 }
 
-// One checkpoint of the whole model after a step (what every_steps costs a step, summed
-// over the ranks): every block's safetensors file with its AdamW state, fsync, rename, the
-// manifest. Written under $TMPDIR (default /tmp); the same step is rewritten each time.
-void BM_GptCheckpointSave(benchmark::State& state) {
+// A reference trainer on the default spec after kWarmup steps (its optimizer state filled
+// in, as a checkpoint holds it); null, with the benchmark skipped, on an error.
+std::unique_ptr<ReferenceTrainer> WarmTrainer(benchmark::State& state) {
   SetBlasThreads(1);
   absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
   if (!t.ok()) {
     state.SkipWithError(t.status().ToString().c_str());
-    return;
+    return nullptr;
   }
-  ReferenceTrainer& trainer = **t;
   for (int i = 0; i < kWarmup; ++i) {
-    if (absl::StatusOr<StepStats> s = trainer.Step(); !s.ok()) {
+    if (absl::StatusOr<StepStats> s = (*t)->Step(); !s.ok()) {
       state.SkipWithError(s.status().ToString().c_str());
-      return;
+      return nullptr;
     }
   }
+  return *std::move(t);
+}
+
+// One checkpoint of the whole model after a step (what every_steps costs a step, summed
+// over the ranks): every block's safetensors file with its AdamW state, fsync, rename, the
+// manifest. Written under $TMPDIR (default /tmp); the same step is rewritten each time.
+void BM_GptCheckpointSave(benchmark::State& state) {
+  std::unique_ptr<ReferenceTrainer> t = WarmTrainer(state);
+  if (t == nullptr) return;
+  ReferenceTrainer& trainer = *t;
   const char* tmp = std::getenv("TMPDIR");
   std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
                     "/gpt_bench_ckpt.XXXXXX";
@@ -289,19 +297,9 @@ void BM_GptCheckpointSave(benchmark::State& state) {
 // What a step stands still for when the write overlaps training (the cluster workers):
 // encoding the whole model's checkpoint in memory (safetensors + SHA-256), no file I/O.
 void BM_GptCheckpointSnapshot(benchmark::State& state) {
-  SetBlasThreads(1);
-  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
-  if (!t.ok()) {
-    state.SkipWithError(t.status().ToString().c_str());
-    return;
-  }
-  ReferenceTrainer& trainer = **t;
-  for (int i = 0; i < kWarmup; ++i) {
-    if (absl::StatusOr<StepStats> s = trainer.Step(); !s.ok()) {
-      state.SkipWithError(s.status().ToString().c_str());
-      return;
-    }
-  }
+  std::unique_ptr<ReferenceTrainer> t = WarmTrainer(state);
+  if (t == nullptr) return;
+  ReferenceTrainer& trainer = *t;
   int64_t bytes = 0;
   for (auto _ : state) {
     absl::StatusOr<CheckpointSnapshot> snap = trainer.SnapshotCheckpoint("/nonexistent", "bench");

@@ -43,9 +43,6 @@ constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
 constexpr int64_t kKeptStepTimings = 8;
 
-bool IsTerminal(JobState s) { return IsTerminalState(s); }
-bool IsPlaced(JobState s) { return IsPlacedState(s); }
-
 // A failed StartJob's kind: a worker that refuses the plan as given will refuse it again.
 baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
   switch (s.code()) {
@@ -138,7 +135,7 @@ absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, boo
   std::vector<JobEvent> out;
   auto note_terminal = [this](const std::vector<JobEvent>& events) {
     for (const JobEvent& e : events) {
-      if (e.has_state_change() && IsTerminal(e.state_change().state())) done_ = true;
+      if (e.has_state_change() && IsTerminalState(e.state_change().state())) done_ = true;
     }
   };
   if (done_) {
@@ -1051,7 +1048,8 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     return response;
   }
   bool wanted = false;
-  if (ActiveJob* j = FindActiveLocked(request.job_id()); j != nullptr && IsPlaced(j->job.state())) {
+  if (ActiveJob* j = FindActiveLocked(request.job_id());
+      j != nullptr && IsPlacedState(j->job.state())) {
     for (const RankSlot& slot : j->ranks) {
       if (slot.worker.worker_id == request.worker_id() && slot.held && !slot.finished) {
         wanted = true;
@@ -1067,7 +1065,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   baton::v1::ReportProgressResponse response;
   std::lock_guard<std::mutex> lock(mu_);
   ActiveJob* j = FindActiveLocked(request.job_id());
-  if (j == nullptr || !IsPlaced(j->job.state())) {
+  if (j == nullptr || !IsPlacedState(j->job.state())) {
     response.set_keep_running(false);
     return response;
   }
@@ -1204,7 +1202,7 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
   {
     std::lock_guard<std::mutex> lock(mu_);
     ActiveJob* j = FindActiveLocked(request.job_id());
-    if (j == nullptr || !IsPlaced(j->job.state())) {
+    if (j == nullptr || !IsPlacedState(j->job.state())) {
       // Already ended (an abort echo from a rank, say): nothing to do, unless the id is not
       // a job at all.
       if (j == nullptr) BATON_RETURN_IF_ERROR(store_->Get(request.job_id()).status());

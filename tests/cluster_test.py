@@ -299,6 +299,37 @@ class Cluster:
         return self.reference_cache[key]
 
 
+def run_cases(c, cases, only, args=(), tail_all=False, tail_lines=15):
+    """Runs each (number, title, fn) of `cases` (all, or those in `only`) as fn(c, *args),
+    printing PASS / FAIL / SKIPPED; a case skips by returning "skipped". On a failure it
+    prints the last lines of the coordinator's and every exited process's log (of every
+    process with tail_all). Returns (passed, failed, skipped) lists of case numbers."""
+    passed, failed, skipped = [], [], []
+    for number, title, fn in cases:
+        if only and number not in only:
+            continue
+        print(f"\n[case {number}] {title}")
+        start = time.monotonic()
+        try:
+            if fn(c, *args) == "skipped":
+                skipped.append(number)
+                print(f"[case {number}] SKIPPED")
+            else:
+                passed.append(number)
+                print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
+        except Failure as e:
+            failed.append(number)
+            print(f"[case {number}] FAIL: {e}")
+            for name in list(c.procs):
+                if tail_all or name == "coordinator" or c.procs[name].poll() is not None:
+                    print(f"  --- last lines of {name}'s log ---")
+                    print("  " + c.tail(name, tail_lines).replace("\n", "\n  "))
+        except Exception:  # a bug in the test or an unexpected output
+            failed.append(number)
+            print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+    return passed, failed, skipped
+
+
 def last_reason(job):
     history = job.get("history") or []
     return history[-1].get("reason", "") if history else ""
@@ -700,25 +731,7 @@ def main():
         c.start_coordinator()
         c.start_worker("w-1")
         c.start_worker("w-2")
-        for number, title, fn in CASES:
-            if only and number not in only:
-                continue
-            print(f"\n[case {number}] {title}")
-            start = time.monotonic()
-            try:
-                fn(c)
-                passed.append(number)
-                print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
-            except Failure as e:
-                failed.append(number)
-                print(f"[case {number}] FAIL: {e}")
-                for name in list(c.procs):
-                    if name == "coordinator" or c.procs[name].poll() is not None:
-                        print(f"  --- last lines of {name}'s log ---")
-                        print("  " + c.tail(name, 15).replace("\n", "\n  "))
-            except Exception:  # a bug in the test or an unexpected output
-                failed.append(number)
-                print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+        passed, failed, _ = run_cases(c, CASES, only)
     except Failure as e:
         print(f"cluster_test: {e}")
         failed.append("setup")

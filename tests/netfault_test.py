@@ -25,10 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_test import Cluster, Failure, check, last_reason, tiny_gpt, wait_for  # noqa: E402
+from cluster_test import (Cluster, Failure, check, last_reason, run_cases,  # noqa: E402
+                          tiny_gpt, wait_for)
 from recovery_test import (LEASE_TTL_S, TERMINAL, check_recovered, complete_steps,  # noqa: E402
                            wait_checkpoint)
 
@@ -209,25 +209,8 @@ def main():
     passed, failed, skipped = [], [], []
     try:
         c.start_coordinator(listen=f"{net.hub_ip}:0")
-        for number, title, fn in CASES:
-            print(f"\n[case {number}] {title}")
-            start = time.monotonic()
-            try:
-                if fn(c, ckpt) == "skipped":
-                    skipped.append(number)
-                    print(f"[case {number}] SKIPPED")
-                else:
-                    passed.append(number)
-                    print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
-            except Failure as e:
-                failed.append(number)
-                print(f"[case {number}] FAIL: {e}")
-                for name in list(c.procs):
-                    print(f"  --- last lines of {name}'s log ---")
-                    print("  " + c.tail(name, 10).replace("\n", "\n  "))
-            except Exception:
-                failed.append(number)
-                print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+        passed, failed, skipped = run_cases(c, CASES, set(), args=(ckpt,), tail_all=True,
+                                            tail_lines=10)
     except Failure as e:
         print(f"netfault_test: {e}")
         failed.append("setup")

@@ -31,11 +31,10 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_test import (Cluster, Failure, check, last_reason, tiny_gpt,  # noqa: E402
-                          wait_for)
+from cluster_test import (Cluster, Failure, check, last_reason, run_cases,  # noqa: E402
+                          tiny_gpt, wait_for)
 
 TERMINAL = ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"]
 
@@ -422,24 +421,7 @@ def main():
     passed, failed = [], []
     try:
         c.start_coordinator()
-        for number, title, fn in CASES:
-            if only and number not in only:
-                continue
-            print(f"\n[case {number}] {title}")
-            start = time.monotonic()
-            try:
-                fn(c, s)
-                passed.append(number)
-                print(f"[case {number}] PASS ({time.monotonic() - start:.1f} s)")
-            except Failure as e:
-                failed.append(number)
-                print(f"[case {number}] FAIL: {e}")
-                for name in list(c.procs):
-                    print(f"  --- last lines of {name}'s log ---")
-                    print("  " + c.tail(name, 12).replace("\n", "\n  "))
-            except Exception:
-                failed.append(number)
-                print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
+        passed, failed, _ = run_cases(c, CASES, only, args=(s,), tail_all=True, tail_lines=12)
     except Failure as e:
         print(f"recovery_test: {e}")
         failed.append("setup")
