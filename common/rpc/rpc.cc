@@ -19,13 +19,22 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+namespace {
+
+std::string WithPort(const std::string& address, int port) {
+  return absl::StrCat(address.substr(0, address.rfind(':')), ":", port);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& options,
                                                           std::string* bound_address) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.address,
+                           MakeServerCredentials(options.tls, options.client_certs), &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* s : options.services) builder.RegisterService(s);
@@ -37,10 +46,25 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServerOptions& o
   if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
     health->SetServingStatus(true);
   }
-  if (bound_address != nullptr) {
-    const std::string host = options.address.substr(0, options.address.rfind(':'));
-    *bound_address = absl::StrCat(host, ":", port);
+  if (bound_address != nullptr) *bound_address = WithPort(options.address, port);
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& address,
+                                                                std::string* bound_address) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(4096);  // health checks are a few bytes
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (health)"));
   }
+  if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+  }
+  if (bound_address != nullptr) *bound_address = WithPort(address, port);
   return server;
 }
 
@@ -61,7 +85,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = MakeChannelCredentials(ProcessTls(), &args);
+  return grpc::CreateCustomChannel(address, creds, args);
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {

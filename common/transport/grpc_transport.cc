@@ -115,7 +115,8 @@ std::shared_ptr<grpc::Channel> MakeTensorChannel(const std::string& address) {
   // the call commits, delaying the release of the tensors' memory, and nothing about a
   // half-sent tensor stream is safe to replay anyway.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = MakeChannelCredentials(ProcessTls(), &args);
+  return grpc::CreateCustomChannel(address, creds, args);
 }
 
 class GrpcTransport::Work final : public SendWork {
