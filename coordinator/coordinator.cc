@@ -358,7 +358,8 @@ void Coordinator::RunNow(Effects effects) {
     std::vector<char> reached(a.workers.size(), 0);
     FanOut(static_cast<int>(a.workers.size()), [&](int i) {
       const PlacedWorker& w = a.workers[i];
-      const absl::Status s = client.AbortJob(w.address, a.job_id, a.reason, options_.abort_timeout);
+      const absl::Status s =
+          client.AbortJob({w.address, w.session}, a.job_id, a.reason, options_.abort_timeout);
       // Any answer but "unreachable" means the worker is there and has the message.
       reached[i] = s.code() != absl::StatusCode::kUnavailable &&
                    s.code() != absl::StatusCode::kDeadlineExceeded;
@@ -404,7 +405,8 @@ absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker
   absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
     const absl::Status s =
-        options_.worker_client->StartJob(worker.address, plan, options_.start_timeout);
+        options_.worker_client->StartJob({worker.address, worker.session}, plan,
+                                         options_.start_timeout);
     if (s.code() != absl::StatusCode::kFailedPrecondition || Now() + backoff > give_up) {
       return s;
     }
@@ -637,7 +639,9 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       placed.push_back({w.worker_id(),
                         w.address(),
                         w.device(),
-                        {w.capabilities().begin(), w.capabilities().end()}});
+                        {w.capabilities().begin(), w.capabilities().end()},
+                        w.identity(),
+                        registry_.SessionOf(w.worker_id())});
       const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
       if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
     }
@@ -747,7 +751,8 @@ void Coordinator::Tick() {
 // ---------------------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& request) {
+absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& request,
+                                           const std::string& submitted_by) {
   if (request.submission_id().size() > kMaxSubmissionIdChars) {
     return absl::InvalidArgumentError(absl::StrCat("submission_id: at most ", kMaxSubmissionIdChars,
                                                    " characters, got ",
@@ -789,6 +794,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   Job& job = active->job;
   job.set_id(absl::StrFormat("job-%06d", active->seq));
   job.set_submission_id(request.submission_id());
+  job.set_submitted_by(submitted_by);
   if (spec.has_checkpoint()) {
     checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
   }
@@ -975,14 +981,27 @@ baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
 // ClusterService
 
 absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const baton::v1::RegisterWorkerRequest& request) {
+    const baton::v1::RegisterWorkerRequest& request, const WorkerCaller& caller) {
+  if (options_.require_worker_certificate && caller.identity.empty()) {
+    return absl::UnauthenticatedError(
+        "registering a worker needs a certificate signed by the cluster CA (mutual TLS)");
+  }
+  if (!options_.join_token.empty()) {
+    if (caller.join_token.empty()) {
+      return absl::UnauthenticatedError(
+          "registering a worker needs the cluster's join token (worker --join_token_file)");
+    }
+    if (!SecretsEqual(caller.join_token, options_.join_token)) {
+      return absl::PermissionDeniedError("wrong join token");
+    }
+  }
   Effects effects;
   baton::v1::RegisterWorkerResponse response;
   absl::Status status;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLeasesLocked(&effects);  // an expired lease is reported as such, not as "replaced"
-    absl::StatusOr<WorkerRegistry::Registration> reg = registry_.Register(request);
+    absl::StatusOr<WorkerRegistry::Registration> reg = registry_.Register(request, caller.identity);
     if (!reg.ok()) {
       status = reg.status();
     } else {
@@ -1006,7 +1025,8 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
                    baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
       }
       LogWarning(absl::StrCat("worker ", reg->worker.worker_id(), " registered from ",
-                              reg->worker.address()));
+                              reg->worker.address(),
+                              caller.identity.empty() ? "" : " as " + caller.identity));
       response.set_worker_id(reg->worker.worker_id());
       *response.mutable_heartbeat_interval() = ToProtoDuration(options_.heartbeat_interval);
       *response.mutable_lease_ttl() = ToProtoDuration(options_.lease_ttl);
@@ -1016,6 +1036,12 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   Run(std::move(effects), /*wait=*/false);
   if (!status.ok()) return status;
   return response;
+}
+
+absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
+                                             const WorkerCaller& caller) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registry_.CheckSession(worker_id, caller.session, caller.identity);
 }
 
 absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(

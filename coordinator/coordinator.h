@@ -189,6 +189,20 @@ struct CoordinatorOptions {
   // host can resolve them), refused at submit otherwise; empty: any (tests). The workers
   // check again with their own --data_root.
   std::vector<std::string> data_roots;
+  // Who may register as a worker. require_worker_certificate (set when the coordinator
+  // verifies client certificates against the cluster CA): only callers whose certificate
+  // verified. join_token non-empty: only callers sending it as x-baton-join-token. With
+  // neither, anyone who reaches the port (the loopback demo).
+  bool require_worker_certificate = false;
+  std::string join_token;
+};
+
+// What a ClusterService call presents besides its request: its verified certificate's
+// common name ("" without), the join token and the session secret it sent ("" if not).
+struct WorkerCaller {
+  std::string identity;
+  std::string join_token;
+  std::string session;
 };
 
 // A WatchJob subscription. Not thread-safe (one stream handler owns it).
@@ -232,7 +246,9 @@ class Coordinator {
   // INVALID_ARGUMENT whose message starts with the field path. A non-empty submission_id
   // makes it idempotent: the same id with the same (defaulted) spec returns the first job;
   // with a different spec, ALREADY_EXISTS.
-  absl::StatusOr<baton::v1::Job> SubmitJob(const baton::v1::SubmitJobRequest& request);
+  // `submitted_by` is recorded in Job.submitted_by (the caller's token name).
+  absl::StatusOr<baton::v1::Job> SubmitJob(const baton::v1::SubmitJobRequest& request,
+                                           const std::string& submitted_by = "anonymous");
   // NOT_FOUND for unknown ids.
   absl::StatusOr<baton::v1::Job> GetJob(const std::string& job_id);
   // Newest first; page_size 0 means 50, at most 1000.
@@ -256,8 +272,15 @@ class Coordinator {
   StateCounts CountStates();
 
   // ---- ClusterService ----
+  // UNAUTHENTICATED when the options require a certificate or a join token the caller did
+  // not present (PERMISSION_DENIED for a wrong join token); otherwise as
+  // WorkerRegistry::Register, recording caller.identity.
   absl::StatusOr<baton::v1::RegisterWorkerResponse> RegisterWorker(
-      const baton::v1::RegisterWorkerRequest& request);
+      const baton::v1::RegisterWorkerRequest& request, const WorkerCaller& caller = {});
+  // Whether a Heartbeat, ReportProgress or ReportResult naming `worker_id` comes from the
+  // process that registered it (WorkerRegistry::CheckSession). The service checks before
+  // each such call; the calls themselves then check the job and rank are the worker's.
+  absl::Status AuthenticateWorker(const std::string& worker_id, const WorkerCaller& caller);
   absl::StatusOr<baton::v1::HeartbeatResponse> Heartbeat(
       const baton::v1::HeartbeatRequest& request);
   absl::StatusOr<baton::v1::ReportProgressResponse> ReportProgress(

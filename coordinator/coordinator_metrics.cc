@@ -84,7 +84,27 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                                   "resume, per recovery.")
                             .Register(registry)
                             .Add({}, StepSecondsBuckets())),
-      collector_(std::make_shared<Collector>()) {}
+      auth_refusals_(prometheus::BuildCounter()
+                         .Name("baton_coordinator_auth_refusals_total")
+                         .Help("Calls refused for their credentials, by service (jobs, "
+                               "cluster) and code (unauthenticated, permission_denied).")
+                         .Register(registry)),
+      collector_(std::make_shared<Collector>()) {
+  // Present from the start, so a dashboard's rate() has a zero to start from.
+  for (const char* service : {"jobs", "cluster"}) {
+    for (const char* code : {"unauthenticated", "permission_denied"}) {
+      auth_refusals_.Add({{"service", service}, {"code", code}});
+    }
+  }
+}
+
+void CoordinatorMetrics::AddAuthRefusal(absl::string_view service, absl::StatusCode code) {
+  const char* name = code == absl::StatusCode::kUnauthenticated    ? "unauthenticated"
+                     : code == absl::StatusCode::kPermissionDenied ? "permission_denied"
+                                                                   : nullptr;
+  if (name == nullptr) return;
+  auth_refusals_.Add({{"service", std::string(service)}, {"code", name}}).Increment();
+}
 
 void CoordinatorMetrics::AddRecovery() { recoveries_.Increment(); }
 

@@ -17,7 +17,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "prometheus/family.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
@@ -43,6 +46,9 @@ class CoordinatorMetrics {
   // A job went RECOVERING; and, once it ran a step again, how long that took from detection.
   void AddRecovery();
   void ObserveRecovery(absl::Duration detection_to_first_step);
+  // A call refused for its credentials: `service` "jobs" or "cluster", `code`
+  // UNAUTHENTICATED or PERMISSION_DENIED (other codes are ignored).
+  void AddAuthRefusal(absl::string_view service, absl::StatusCode code);
 
   // The collector of baton_coordinator_workers and baton_coordinator_jobs; serve it beside
   // the registry. Until SetStateSource is called it reports nothing.
@@ -60,6 +66,7 @@ class CoordinatorMetrics {
   prometheus::Counter& checkpoint_bytes_;
   prometheus::Counter& recoveries_;
   prometheus::Histogram& recovery_seconds_;
+  prometheus::Family<prometheus::Counter>& auth_refusals_;
   std::shared_ptr<Collector> collector_;
 };
 

@@ -50,8 +50,9 @@ class FakeWorkerClient final : public WorkerClient {
     std::string job_id;
     int rank = -1;
   };
-  absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+  absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                         absl::Duration) override {
+    const std::string& address = worker.address;
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back({"start", address, plan.job_id(), plan.rank()});
     plans_.push_back(plan);
@@ -67,8 +68,9 @@ class FakeWorkerClient final : public WorkerClient {
     std::lock_guard<std::mutex> lock(mu_);
     busy_[address] = n;
   }
-  absl::Status AbortJob(const std::string& address, const std::string& job_id, const std::string&,
-                        absl::Duration) override {
+  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
+                        const std::string&, absl::Duration) override {
+    const std::string& address = worker.address;
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back({"abort", address, job_id, -1});
     if (unreachable_.count(address) > 0) return absl::UnavailableError("connection refused");

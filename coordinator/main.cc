@@ -3,9 +3,12 @@
 //
 //   coordinator --listen=127.0.0.1:7070 --db=baton-coordinator.db
 //               --heartbeat_interval=1s --lease_ttl=5s --recv_timeout=60s [--port_file=F]
+//               [--tls_cert=F --tls_key=F --tls_ca=F] [--auth_tokens=F] [--join_token_file=F]
+//               [--health_listen=HOST:PORT]
 //
 // Prints "coordinator listening on HOST:PORT" (the bound port, also with --listen
-// HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully.
+// HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully; SIGHUP
+// re-reads --auth_tokens (certificates are re-read by themselves, security.h).
 #include <signal.h>
 
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
+#include "common/rpc/security_flags.h"
 #include "common/data/dataset.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
@@ -45,6 +49,13 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories jobs' text files may name (default: data/ beside this "
           "binary, and /usr/share/common-licenses); the workers check again with theirs");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of client tokens, one 'TOKEN NAME ROLE' per line (roles viewer, submitter, "
+          "admin); JobService then needs 'authorization: Bearer TOKEN' (empty: anyone is admin)");
+ABSL_FLAG(std::string, join_token_file, "",
+          "file holding the cluster's join token: workers must send it to register");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, host:port of a plaintext server answering grpc.health.v1 only (probes)");
 ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
@@ -67,7 +78,20 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const baton::TlsConfig tls = baton::TlsConfigFromFlags();
+  if (absl::Status s = baton::CheckServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  baton::SetProcessTls(tls);  // the coordinator's calls to workers
+  std::unique_ptr<baton::Authenticator> auth;
+  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens); !f.empty()) {
+    auto loaded = baton::Authenticator::FromFile(f);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    auth = *std::move(loaded);
+  }
 
   baton::CoordinatorOptions options;
   options.db_path = absl::GetFlag(FLAGS_db);
@@ -76,6 +100,12 @@ int main(int argc, char** argv) {
   options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
   options.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   options.data_roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
+  options.require_worker_certificate = tls.mutual();
+  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
+    absl::StatusOr<std::string> token = baton::ReadSecretFile(f, "--join_token_file");
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    options.join_token = *std::move(token);
+  }
 
   auto registry = std::make_shared<prometheus::Registry>();
   baton::AddBuildInfo(*registry, "coordinator");
@@ -94,10 +124,14 @@ int main(int argc, char** argv) {
       baton::Coordinator::Create(std::move(options));
   if (!core.ok()) return Fail(core.status().ToString());
 
-  baton::JobServiceImpl jobs(core->get());
+  baton::JobServiceImpl jobs(core->get(), baton::WatchLimits(), auth.get());
   baton::ClusterServiceImpl cluster(core->get());
   baton::ServerOptions server_options;
   server_options.address = absl::GetFlag(FLAGS_listen);
+  server_options.tls = tls;
+  // People call JobService with tokens and no certificate; workers present theirs, and
+  // ClusterService requires it (options.require_worker_certificate).
+  server_options.client_certs = baton::ClientCerts::kVerifyIfPresent;
   server_options.services = {&jobs, &cluster};
   if (metrics_server != nullptr) {
     server_options.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
@@ -106,10 +140,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = baton::StartServer(server_options, &bound);
   if (!server.ok()) return Fail(server.status().ToString());
 
+  std::unique_ptr<grpc::Server> health;
+  if (const std::string addr = absl::GetFlag(FLAGS_health_listen); !addr.empty()) {
+    std::string health_bound;
+    auto started = baton::StartHealthServer(addr, &health_bound);
+    if (!started.ok()) return Fail(started.status().ToString());
+    health = *std::move(started);
+    std::printf("coordinator health on %s\n", health_bound.c_str());
+  }
+
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
     if (absl::Status s = baton::WritePortFile(pf, bound); !s.ok()) return Fail(s.ToString());
   }
-  std::printf("coordinator listening on %s\n", bound.c_str());
+  std::printf("coordinator listening on %s (%s)\n", bound.c_str(),
+              tls.mutual() ? "mutual TLS" : tls.tls() ? "TLS" : "plaintext");
   if (metrics_server != nullptr) {
     std::printf("coordinator metrics on %s\n", metrics_server->address().c_str());
     if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
@@ -121,15 +165,29 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    if (auth == nullptr) {
+      std::fprintf(stderr, "coordinator: SIGHUP: no --auth_tokens to re-read\n");
+    } else if (absl::Status s = auth->Reload(); !s.ok()) {
+      std::fprintf(stderr, "coordinator: SIGHUP: keeping the old tokens: %s\n",
+                   std::string(s.message()).c_str());
+    } else {
+      std::fprintf(stderr, "coordinator: SIGHUP: re-read %s\n",
+                   absl::GetFlag(FLAGS_auth_tokens).c_str());
+    }
+  }
   std::fprintf(stderr, "coordinator: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   // Readiness probes see NOT_SERVING at once.
-  if (auto* health = (*server)->GetHealthCheckService()) health->SetServingStatus(false);
+  if (auto* h = (*server)->GetHealthCheckService()) h->SetServingStatus(false);
+  if (health != nullptr) {
+    if (auto* h = health->GetHealthCheckService()) h->SetServingStatus(false);
+  }
   // End watches and the loop first, so streaming handlers return promptly; then let the
   // server finish what is in flight.
   (*core)->Stop();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   (*server)->Wait();
+  if (health != nullptr) health->Shutdown();
   core->reset();  // closes the job store
   return 0;
 }

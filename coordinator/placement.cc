@@ -141,6 +141,7 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
     peer->set_address(workers[r].address);
     *peer->mutable_device() = workers[r].device;
     for (const std::string& c : workers[r].capabilities) peer->add_capabilities(c);
+    peer->set_identity(workers[r].identity);
   }
   *common.mutable_recv_timeout() = ToProtoDuration(recv_timeout);
 

@@ -57,6 +57,11 @@ struct PlacedWorker {
   // them which links can use NCCL).
   baton::v1::DeviceInfo device;
   std::vector<std::string> capabilities;
+  // Its certificate's common name ("" without mutual TLS): peers check tensor streams
+  // against it (Peer.identity).
+  std::string identity;
+  // Its session secret, sent on the coordinator's WorkerService calls (not in any plan).
+  std::string session;
 };
 
 // The idle workers a job takes, and the device it computes on.

@@ -20,32 +20,71 @@ constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*,
-                                       const baton::v1::SubmitJobRequest* request,
-                                       baton::v1::Job* response) {
-  return Reply(core_->SubmitJob(*request), response);
+absl::StatusOr<Principal> JobServiceImpl::Caller(const grpc::ServerContext& context,
+                                                 Role needed, absl::string_view what) const {
+  absl::StatusOr<Principal> who = auth_ == nullptr
+                                      ? Principal{kAnonymous, Role::kAdmin}
+                                      : auth_->Authenticate(MetadataValue(context, "authorization"));
+  absl::Status s = who.ok() ? Authorize(*who, needed, what) : who.status();
+  if (s.ok()) return who;
+  if (core_->options().metrics != nullptr) core_->options().metrics->AddAuthRefusal("jobs", s.code());
+  return s;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const baton::v1::GetJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const baton::v1::SubmitJobRequest* request,
+                                       baton::v1::Job* response) {
+  absl::StatusOr<Principal> who = Caller(*context, Role::kSubmitter, "submit jobs");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  return Reply(core_->SubmitJob(*request, who->name), response);
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
+                                    const baton::v1::GetJobRequest* request,
                                     baton::v1::Job* response) {
+  if (auto who = Caller(*context, Role::kViewer, "read jobs"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Reply(core_->GetJob(request->job_id()), response);
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const baton::v1::ListJobsRequest* request,
                                       baton::v1::ListJobsResponse* response) {
+  if (auto who = Caller(*context, Role::kViewer, "list jobs"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Reply(core_->ListJobs(*request), response);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const baton::v1::CancelJobRequest* request,
                                        baton::v1::Job* response) {
+  absl::StatusOr<Principal> who = Caller(*context, Role::kSubmitter, "cancel jobs");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  if (who->role != Role::kAdmin) {
+    // A submitter cancels only its own jobs (submitted_by never changes once recorded).
+    absl::StatusOr<baton::v1::Job> job = core_->GetJob(request->job_id());
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    if (job->submitted_by() != who->name) {
+      absl::Status s = Authorize(
+          *who, Role::kAdmin,
+          absl::StrCat("cancel ", job->id(), ", submitted by ", job->submitted_by()));
+      if (core_->options().metrics != nullptr) {
+        core_->options().metrics->AddAuthRefusal("jobs", s.code());
+      }
+      return ToGrpcStatus(s);
+    }
+  }
   return Reply(core_->CancelJob(*request), response);
 }
 
-grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext* context,
                                          const baton::v1::GetJobTraceRequest* request,
                                          baton::v1::JobTrace* response) {
+  if (auto who = Caller(*context, Role::kViewer, "read traces"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Reply(core_->GetJobTrace(*request), response);
 }
 
@@ -61,6 +100,9 @@ std::string PeerHost(const std::string& peer) {
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const baton::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<baton::v1::JobEvent>* writer) {
+  if (auto who = Caller(*context, Role::kViewer, "watch jobs"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   const std::string host = PeerHost(context->peer());
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
@@ -99,33 +141,70 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const baton::v1::ListWorkersRequest*,
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
+                                         const baton::v1::ListWorkersRequest*,
                                          baton::v1::ListWorkersResponse* response) {
+  if (auto who = Caller(*context, Role::kViewer, "list workers"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   *response = core_->ListWorkers();
   return grpc::Status::OK;
 }
 
-grpc::Status ClusterServiceImpl::RegisterWorker(grpc::ServerContext*,
-                                                const baton::v1::RegisterWorkerRequest* request,
-                                                baton::v1::RegisterWorkerResponse* response) {
-  return Reply(core_->RegisterWorker(*request), response);
+namespace {
+
+WorkerCaller WorkerCallerOf(const grpc::ServerContext& context) {
+  return {PeerIdentity(context), MetadataValue(context, kJoinTokenMetadata),
+          MetadataValue(context, kSessionMetadata)};
 }
 
-grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext*,
+}  // namespace
+
+absl::Status ClusterServiceImpl::Counted(absl::Status s) const {
+  if (!s.ok() && core_->options().metrics != nullptr) {
+    core_->options().metrics->AddAuthRefusal("cluster", s.code());
+  }
+  return s;
+}
+
+absl::Status ClusterServiceImpl::CheckWorker(const grpc::ServerContext& context,
+                                             const std::string& worker_id) const {
+  return Counted(core_->AuthenticateWorker(worker_id, WorkerCallerOf(context)));
+}
+
+grpc::Status ClusterServiceImpl::RegisterWorker(grpc::ServerContext* context,
+                                                const baton::v1::RegisterWorkerRequest* request,
+                                                baton::v1::RegisterWorkerResponse* response) {
+  absl::StatusOr<baton::v1::RegisterWorkerResponse> r =
+      core_->RegisterWorker(*request, WorkerCallerOf(*context));
+  if (!r.ok()) Counted(r.status());
+  return Reply(std::move(r), response);
+}
+
+grpc::Status ClusterServiceImpl::Heartbeat(grpc::ServerContext* context,
                                            const baton::v1::HeartbeatRequest* request,
                                            baton::v1::HeartbeatResponse* response) {
+  if (absl::Status s = CheckWorker(*context, request->worker_id()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return Reply(core_->Heartbeat(*request), response);
 }
 
-grpc::Status ClusterServiceImpl::ReportProgress(grpc::ServerContext*,
+grpc::Status ClusterServiceImpl::ReportProgress(grpc::ServerContext* context,
                                                 const baton::v1::ReportProgressRequest* request,
                                                 baton::v1::ReportProgressResponse* response) {
+  if (absl::Status s = CheckWorker(*context, request->worker_id()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return Reply(core_->ReportProgress(*request), response);
 }
 
-grpc::Status ClusterServiceImpl::ReportResult(grpc::ServerContext*,
+grpc::Status ClusterServiceImpl::ReportResult(grpc::ServerContext* context,
                                               const baton::v1::ReportResultRequest* request,
                                               baton::v1::ReportResultResponse* response) {
+  if (absl::Status s = CheckWorker(*context, request->worker_id()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return Reply(core_->ReportResult(*request), response);
 }
 

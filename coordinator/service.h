@@ -1,5 +1,7 @@
 // The coordinator's gRPC services: thin adapters over the Coordinator core. Each handler
-// calls the core and converts its status with ToGrpcStatus; nothing else happens here.
+// establishes who calls (JobService: the bearer token, auth.h; ClusterService: the
+// certificate, join token and session metadata), calls the core, and converts its status
+// with ToGrpcStatus. Refusals for credentials are counted in the coordinator's metrics.
 #ifndef BATON_COORDINATOR_SERVICE_H_
 #define BATON_COORDINATOR_SERVICE_H_
 
@@ -10,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/jobs.grpc.pb.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 
 namespace baton {
@@ -21,11 +24,15 @@ struct WatchLimits {
   int per_host = 64;
 };
 
-// baton.v1.JobService (clients). `core` is not owned and must outlive the service.
+// baton.v1.JobService (clients). `core` and `auth` are not owned and must outlive the
+// service; `auth` null: every caller is anonymous with the admin role. Roles needed
+// (auth.h): viewer to read, submitter to submit, and to cancel a job of one's own, admin to
+// cancel anyone's.
 class JobServiceImpl final : public baton::v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* core, WatchLimits limits = WatchLimits())
-      : core_(core), limits_(limits) {}
+  explicit JobServiceImpl(Coordinator* core, WatchLimits limits = WatchLimits(),
+                          const Authenticator* auth = nullptr)
+      : core_(core), limits_(limits), auth_(auth) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const baton::v1::SubmitJobRequest* request,
                          baton::v1::Job* response) override;
@@ -47,14 +54,22 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
                            baton::v1::JobTrace* response) override;
 
  private:
+  // The caller, if it may do `what`, which needs `needed`; the refusal otherwise (counted).
+  absl::StatusOr<Principal> Caller(const grpc::ServerContext& context, Role needed,
+                                   absl::string_view what) const;
+
   Coordinator* const core_;
   const WatchLimits limits_;
+  const Authenticator* const auth_;
   std::mutex watch_mu_;
   int watches_ ABSL_GUARDED_BY(watch_mu_) = 0;
   std::map<std::string, int> watches_by_host_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 // baton.v1.ClusterService (workers). `core` is not owned and must outlive the service.
+// RegisterWorker passes the caller's certificate identity and join token to the core;
+// every other call is first checked to come from the process that registered the worker
+// it names (Coordinator::AuthenticateWorker).
 class ClusterServiceImpl final : public baton::v1::ClusterService::Service {
  public:
   explicit ClusterServiceImpl(Coordinator* core) : core_(core) {}
@@ -72,6 +87,11 @@ class ClusterServiceImpl final : public baton::v1::ClusterService::Service {
                             baton::v1::ReportResultResponse* response) override;
 
  private:
+  // Counts `s` if it is a refusal for credentials; returns it.
+  absl::Status Counted(absl::Status s) const;
+  // Coordinator::AuthenticateWorker for the caller of `context`, counted.
+  absl::Status CheckWorker(const grpc::ServerContext& context, const std::string& worker_id) const;
+
   Coordinator* const core_;
 };
 

@@ -3,7 +3,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -12,21 +15,34 @@
 #include "common/core/check.h"
 #include "common/core/digest.h"
 #include "common/rpc/rpc.h"
+#include "coordinator/coordinator_metrics.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 
 namespace baton {
 namespace {
 
+using ::testing::HasSubstr;
+
 class NullWorkerClient final : public WorkerClient {
  public:
-  absl::Status StartJob(const std::string&, const baton::v1::JobPlan&, absl::Duration) override {
+  absl::Status StartJob(const WorkerEndpoint&, const baton::v1::JobPlan&, absl::Duration) override {
     return absl::OkStatus();
   }
-  absl::Status AbortJob(const std::string&, const std::string&, const std::string&,
+  absl::Status AbortJob(const WorkerEndpoint&, const std::string&, const std::string&,
                         absl::Duration) override {
     return absl::OkStatus();
   }
 };
+
+// The session secret the test's workers register with, and a context carrying it.
+constexpr char kTestSession[] = "service-test-session-0123456789";
+std::unique_ptr<grpc::ClientContext> WorkerContext(absl::Duration timeout) {
+  auto ctx = ContextWithTimeout(timeout);
+  ctx->AddMetadata(kSessionMetadata, kTestSession);
+  return ctx;
+}
 
 baton::v1::JobSpec Spec(int stages) {
   baton::v1::JobSpec spec;
@@ -177,6 +193,7 @@ TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
   // A worker registers; the job is placed on it and runs.
   baton::v1::RegisterWorkerRequest reg;
   reg.set_address("127.0.0.1:1");
+  reg.set_session_token(kTestSession);
   baton::v1::RegisterWorkerResponse reg_resp;
   {
     auto ctx = ContextWithTimeout(absl::Seconds(10));
@@ -198,7 +215,7 @@ TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
   p.set_loss(0.25f);
   {
     baton::v1::ReportProgressResponse resp;
-    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    auto ctx = WorkerContext(absl::Seconds(10));
     ASSERT_TRUE(cluster_->ReportProgress(ctx.get(), p, &resp).ok());
     EXPECT_TRUE(resp.keep_running());
   }
@@ -215,7 +232,7 @@ TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
   }
   {
     baton::v1::ReportResultResponse resp;
-    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    auto ctx = WorkerContext(absl::Seconds(10));
     grpc::Status s = cluster_->ReportResult(ctx.get(), result, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
@@ -395,6 +412,7 @@ class WorkerProcess {
     server_ = *std::move(server);
     baton::v1::RegisterWorkerRequest reg;
     reg.set_address(address_);
+    reg.set_session_token(kTestSession);
     baton::v1::RegisterWorkerResponse resp;
     auto ctx = ContextWithTimeout(absl::Seconds(10));
     BATON_CHECK(cluster_->RegisterWorker(ctx.get(), reg, &resp).ok());
@@ -405,7 +423,7 @@ class WorkerProcess {
         hb.set_worker_id(id_);
         hb.set_job_id(service_.job_id());
         baton::v1::HeartbeatResponse r;
-        auto c = ContextWithTimeout(absl::Seconds(1));
+        auto c = WorkerContext(absl::Seconds(1));
         cluster_->Heartbeat(c.get(), hb, &r);
         std::this_thread::sleep_for(absl::ToChronoNanoseconds(interval));
       }
@@ -545,6 +563,206 @@ TEST_F(ClusterTest, KilledWorkerFailsTheJobWithinTheLeaseAndFreesTheOther) {
   auto ctx = ContextWithTimeout(absl::Seconds(10));
   ASSERT_TRUE(jobs_->CancelJob(ctx.get(), cancel, &job).ok());
   EXPECT_EQ(a.service().aborted().back(), job.id());
+}
+
+
+// The services with tokens (auth.h) and a join token, over gRPC.
+class SecureServiceTest : public testing::Test {
+ protected:
+  static constexpr char kViewer[] = "viewer-token-0123456789abcdef";
+  static constexpr char kAlice[] = "alice-token-0123456789abcdef";
+  static constexpr char kBob[] = "bob-token-0123456789abcdef00";
+  static constexpr char kAdmin[] = "admin-token-0123456789abcdef";
+  static constexpr char kJoin[] = "join-token-0123456789abcdef";
+
+  void SetUp() override {
+    const std::string tokens =
+        (std::filesystem::temp_directory_path() / absl::StrCat("secure-svc-", getpid()))
+            .string();
+    std::ofstream(tokens, std::ios::trunc)
+        << kViewer << " vera viewer\n" << kAlice << " alice submitter\n" << kBob
+        << " bob submitter\n" << kAdmin << " root admin\n";
+    auto auth = Authenticator::FromFile(tokens);
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = *std::move(auth);
+    registry_ = std::make_shared<prometheus::Registry>();
+    metrics_ = std::make_unique<CoordinatorMetrics>(*registry_);
+    CoordinatorOptions o;
+    o.db_path = ":memory:";
+    o.worker_client = std::make_shared<NullWorkerClient>();
+    o.join_token = kJoin;
+    o.metrics = metrics_.get();
+    auto core = Coordinator::Create(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits(), auth_.get());
+    cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
+    ServerOptions so;
+    so.services = {jobs_service_.get(), cluster_service_.get()};
+    std::string address;
+    auto server = StartServer(so, &address);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto channel = MakeChannel(address);
+    jobs_ = baton::v1::JobService::NewStub(channel);
+    cluster_ = baton::v1::ClusterService::NewStub(channel);
+  }
+
+  void TearDown() override {
+    core_->Stop();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    return ctx;
+  }
+
+  grpc::Status Submit(const std::string& token, baton::v1::Job* job) {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = Spec(1);
+    return jobs_->SubmitJob(As(token).get(), r, job);
+  }
+
+  grpc::Status Cancel(const std::string& token, const std::string& id) {
+    baton::v1::CancelJobRequest r;
+    r.set_job_id(id);
+    baton::v1::Job out;
+    return jobs_->CancelJob(As(token).get(), r, &out);
+  }
+
+  double Refusals(const std::string& service, const std::string& code) {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != "baton_coordinator_auth_refusals_total") continue;
+      for (const auto& m : family.metric) {
+        std::map<std::string, std::string> labels;
+        for (const auto& l : m.label) labels[l.name] = l.value;
+        if (labels["service"] == service && labels["code"] == code) return m.counter.value;
+      }
+    }
+    return -1;
+  }
+
+  std::unique_ptr<Authenticator> auth_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<JobServiceImpl> jobs_service_;
+  std::unique_ptr<ClusterServiceImpl> cluster_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
+  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+};
+
+TEST_F(SecureServiceTest, TokensDecideWhoMaySubmitReadAndCancel) {
+  baton::v1::Job job;
+  // No token, or an unknown one: UNAUTHENTICATED, for reads too.
+  EXPECT_EQ(Submit("", &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Submit("forged-token-0123456789abcdef", &job).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  baton::v1::ListJobsResponse list;
+  EXPECT_EQ(jobs_->ListJobs(As("").get(), {}, &list).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // A viewer reads but does not submit.
+  EXPECT_TRUE(jobs_->ListJobs(As(kViewer).get(), {}, &list).ok());
+  grpc::Status denied = Submit(kViewer, &job);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(denied.error_message(), HasSubstr("vera (viewer) may not submit jobs"));
+  // alice submits; the job records her.
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  EXPECT_EQ(job.submitted_by(), "alice");
+  baton::v1::Job second;
+  ASSERT_TRUE(Submit(kAlice, &second).ok());
+  // bob, another submitter, may not cancel it; a viewer neither; alice and an admin may.
+  grpc::Status bob = Cancel(kBob, job.id());
+  EXPECT_EQ(bob.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(bob.error_message(), HasSubstr("submitted by alice"));
+  EXPECT_EQ(Cancel(kViewer, job.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Cancel(kAlice, job.id()).ok());
+  EXPECT_TRUE(Cancel(kAdmin, second.id()).ok());
+  baton::v1::Job got;
+  baton::v1::GetJobRequest g;
+  g.set_job_id(second.id());
+  ASSERT_TRUE(jobs_->GetJob(As(kViewer).get(), g, &got).ok());
+  EXPECT_EQ(got.state(), baton::v1::JOB_STATE_CANCELLED);
+  // Every refusal counted by code; none of the successes.
+  EXPECT_EQ(Refusals("jobs", "unauthenticated"), 3);
+  EXPECT_EQ(Refusals("jobs", "permission_denied"), 3);
+}
+
+TEST_F(SecureServiceTest, WorkersNeedTheJoinTokenAndTheirSessionForEveryCall) {
+  baton::v1::RegisterWorkerRequest reg;
+  reg.set_address("127.0.0.1:7");
+  reg.set_worker_id("w-real");
+  reg.set_session_token(kTestSession);
+  baton::v1::RegisterWorkerResponse resp;
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    EXPECT_EQ(cluster_->RegisterWorker(ctx.get(), reg, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ctx->AddMetadata(kJoinTokenMetadata, "wrong-join-token-0123456789");
+    EXPECT_EQ(cluster_->RegisterWorker(ctx.get(), reg, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    ctx->AddMetadata(kJoinTokenMetadata, kJoin);
+    ASSERT_TRUE(cluster_->RegisterWorker(ctx.get(), reg, &resp).ok());
+  }
+  // The job runs on it.
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  baton::v1::GetJobRequest g;
+  g.set_job_id(job.id());
+  for (int i = 0; i < 200 && job.state() != baton::v1::JOB_STATE_RUNNING; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(jobs_->GetJob(As(kViewer).get(), g, &job).ok());
+  }
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  // A stranger naming the worker, without or with a made-up session: refused, and the job
+  // neither advances nor ends.
+  baton::v1::ReportProgressRequest p;
+  p.set_worker_id("w-real");
+  p.set_job_id(job.id());
+  p.set_rank(0);
+  p.set_step(999999);
+  baton::v1::ReportResultRequest result;
+  result.set_worker_id("w-real");
+  result.set_job_id(job.id());
+  result.set_rank(0);
+  for (const std::string session : {"", "made-up-session-0123456789"}) {
+    auto c1 = ContextWithTimeout(absl::Seconds(10));
+    auto c2 = ContextWithTimeout(absl::Seconds(10));
+    auto c3 = ContextWithTimeout(absl::Seconds(10));
+    if (!session.empty()) {
+      for (auto* c : {c1.get(), c2.get(), c3.get()}) c->AddMetadata(kSessionMetadata, session);
+    }
+    const grpc::StatusCode want = session.empty() ? grpc::StatusCode::UNAUTHENTICATED
+                                                  : grpc::StatusCode::PERMISSION_DENIED;
+    baton::v1::ReportProgressResponse pr;
+    EXPECT_EQ(cluster_->ReportProgress(c1.get(), p, &pr).error_code(), want);
+    baton::v1::ReportResultResponse rr;
+    EXPECT_EQ(cluster_->ReportResult(c2.get(), result, &rr).error_code(), want);
+    baton::v1::HeartbeatRequest hb;
+    hb.set_worker_id("w-real");
+    baton::v1::HeartbeatResponse hr;
+    EXPECT_EQ(cluster_->Heartbeat(c3.get(), hb, &hr).error_code(), want);
+  }
+  ASSERT_TRUE(jobs_->GetJob(As(kViewer).get(), g, &job).ok());
+  EXPECT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.steps_done(), 0);
+  // The worker itself, with its session, reports.
+  p.set_step(1);
+  baton::v1::ReportProgressResponse pr;
+  ASSERT_TRUE(cluster_->ReportProgress(WorkerContext(absl::Seconds(10)).get(), p, &pr).ok());
+  ASSERT_TRUE(jobs_->GetJob(As(kViewer).get(), g, &job).ok());
+  EXPECT_EQ(job.steps_done(), 1);
+  EXPECT_EQ(Refusals("cluster", "unauthenticated"), 4);
+  EXPECT_EQ(Refusals("cluster", "permission_denied"), 4);
 }
 
 }  // namespace

@@ -12,23 +12,34 @@ baton::v1::WorkerService::Stub* GrpcWorkerClient::StubFor(const std::string& add
   return stub.get();
 }
 
-absl::Status GrpcWorkerClient::StartJob(const std::string& address, const baton::v1::JobPlan& plan,
-                                        absl::Duration timeout) {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> Context(const WorkerEndpoint& worker,
+                                             absl::Duration timeout) {
+  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
+  ctx->AddMetadata(kSessionMetadata, worker.session);
+  return ctx;
+}
+
+}  // namespace
+
+absl::Status GrpcWorkerClient::StartJob(const WorkerEndpoint& worker,
+                                        const baton::v1::JobPlan& plan, absl::Duration timeout) {
   baton::v1::StartJobRequest request;
   *request.mutable_plan() = plan;
   baton::v1::StartJobResponse response;
-  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
-  return FromGrpcStatus(StubFor(address)->StartJob(ctx.get(), request, &response));
+  std::unique_ptr<grpc::ClientContext> ctx = Context(worker, timeout);
+  return FromGrpcStatus(StubFor(worker.address)->StartJob(ctx.get(), request, &response));
 }
 
-absl::Status GrpcWorkerClient::AbortJob(const std::string& address, const std::string& job_id,
+absl::Status GrpcWorkerClient::AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
                                         const std::string& reason, absl::Duration timeout) {
   baton::v1::AbortJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
   baton::v1::AbortJobResponse response;
-  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
-  return FromGrpcStatus(StubFor(address)->AbortJob(ctx.get(), request, &response));
+  std::unique_ptr<grpc::ClientContext> ctx = Context(worker, timeout);
+  return FromGrpcStatus(StubFor(worker.address)->AbortJob(ctx.get(), request, &response));
 }
 
 }  // namespace baton

@@ -16,15 +16,23 @@
 
 namespace baton {
 
+// The worker a call goes to.
+struct WorkerEndpoint {
+  std::string address;  // "host:port"
+  // Its session secret (WorkerRegistry::SessionOf), sent as "x-baton-session": the worker
+  // accepts WorkerService calls only with it.
+  std::string session;
+};
+
 // Thread-safe: the coordinator calls it from several threads at once.
 class WorkerClient {
  public:
   virtual ~WorkerClient() = default;
-  // WorkerService.StartJob on the worker at `address` ("host:port").
-  virtual absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+  // WorkerService.StartJob.
+  virtual absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                                 absl::Duration timeout) = 0;
   // WorkerService.AbortJob; idempotent on the worker side.
-  virtual absl::Status AbortJob(const std::string& address, const std::string& job_id,
+  virtual absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
                                 const std::string& reason, absl::Duration timeout) = 0;
 };
 
@@ -32,9 +40,9 @@ class WorkerClient {
 // kept (gRPC channels reconnect by themselves).
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  absl::Status StartJob(const std::string& address, const baton::v1::JobPlan& plan,
+  absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                         absl::Duration timeout) override;
-  absl::Status AbortJob(const std::string& address, const std::string& job_id,
+  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
                         const std::string& reason, absl::Duration timeout) override;
 
  private:

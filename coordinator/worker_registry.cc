@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/rpc/rpc.h"
+#include "common/rpc/security.h"
 
 namespace baton {
 namespace {
@@ -52,8 +53,12 @@ WorkerRegistry::WorkerRegistry(absl::Duration lease_ttl, ClockFn clock,
       clock_(clock ? std::move(clock) : ClockFn([] { return absl::Now(); })) {}
 
 absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
-    const baton::v1::RegisterWorkerRequest& request) {
+    const baton::v1::RegisterWorkerRequest& request, const std::string& identity) {
   if (absl::Status s = CheckAddress(request.address()); !s.ok()) return s;
+  if (!request.session_token().empty() && (request.session_token().size() < 16 ||
+                                           request.session_token().size() > 256)) {
+    return absl::InvalidArgumentError("session_token: must be 16 to 256 characters");
+  }
   if (!request.worker_id().empty() && !ValidWorkerId(request.worker_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker_id: \"", request.worker_id(),
@@ -70,6 +75,22 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
           "worker_id: \"", id, "\" is registered from ", e.info.address(),
           " and alive; another address can take the name once its lease runs out (in ",
           absl::FormatDuration(absl::Ceil(e.lease_expiry - now, absl::Milliseconds(1))), ")"));
+    }
+  }
+  // Another identity may not replace a live worker, by its id or by its address.
+  for (const auto& [other_id, other] : workers_) {
+    const WorkerInfo& w = other.info;
+    if (w.state() == baton::v1::WORKER_STATE_DEAD || now >= other.lease_expiry ||
+        w.identity() == identity) {
+      continue;
+    }
+    if ((!id.empty() && other_id == id) || w.address() == request.address()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          other_id == id ? absl::StrCat("worker_id: \"", id, "\"")
+                         : absl::StrCat("address: ", request.address()),
+          " belongs to live worker ", other_id, " of another identity (",
+          w.identity().empty() ? "none" : w.identity(), "); it can be taken once its lease "
+          "runs out"));
     }
   }
   // Replace live entries with this id or this address.
@@ -97,6 +118,8 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
   *e.info.mutable_device() = request.device();
   *e.info.mutable_capabilities() = request.capabilities();
   e.info.set_state(baton::v1::WORKER_STATE_IDLE);
+  e.info.set_identity(identity);
+  e.session = request.session_token().empty() ? NewSecret() : request.session_token();
   *e.info.mutable_registered() = ToProtoTime(now);
   *e.info.mutable_last_heartbeat() = ToProtoTime(now);
   e.order = next_order_++;
@@ -104,6 +127,33 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
   out.worker = e.info;
   workers_[id] = std::move(e);
   return out;
+}
+
+absl::Status WorkerRegistry::CheckSession(const std::string& worker_id,
+                                          const std::string& session,
+                                          const std::string& identity) const {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
+    return absl::OkStatus();
+  }
+  const Entry& e = it->second;
+  if (session.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "no x-baton-session metadata: calls for worker ", worker_id,
+        " need the session secret its registration returned"));
+  }
+  if (!SecretsEqual(session, e.session) || identity != e.info.identity()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the caller is not the process that registered worker ", worker_id,
+        " (session or certificate identity differ)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string WorkerRegistry::SessionOf(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) return "";
+  return it->second.session;
 }
 
 bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& reported_job_id) {

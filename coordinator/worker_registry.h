@@ -44,11 +44,25 @@ class WorkerRegistry {
     // They are gone from the registry; if one was BUSY its job lost a rank.
     std::vector<baton::v1::WorkerInfo> replaced;
   };
+  // `identity` is the common name of the caller's verified certificate ("" without mutual
+  // TLS); it is recorded (WorkerInfo.identity) and every later call of this worker is
+  // checked against it (CheckSession).
   // INVALID_ARGUMENT naming the field for an empty or malformed address or worker id.
-  // ALREADY_EXISTS when the id belongs to a live worker at another address: a stranger
-  // cannot take over a worker's name (and its job) by registering it; a worker that really
-  // moved registers once the old lease ran out (its register loop retries).
-  absl::StatusOr<Registration> Register(const baton::v1::RegisterWorkerRequest& request);
+  // ALREADY_EXISTS when the id belongs to a live worker at another address, or the id or
+  // the address belongs to a live worker of another identity: a stranger cannot take over
+  // a worker's name or address (and its job) by registering it; a worker that really moved
+  // registers once the old lease ran out (its register loop retries).
+  absl::StatusOr<Registration> Register(const baton::v1::RegisterWorkerRequest& request,
+                                        const std::string& identity = "");
+
+  // Whether a call naming `worker_id` comes from the process that registered it: OK when
+  // `session` is its session secret and `identity` its identity, and also when the worker is
+  // unknown or dead (the call then tells it to register again). PERMISSION_DENIED for a
+  // live worker's id with another session or identity (UNAUTHENTICATED without a session).
+  absl::Status CheckSession(const std::string& worker_id, const std::string& session,
+                            const std::string& identity) const;
+  // The session secret of a live worker ("" if unknown), for the coordinator's calls to it.
+  std::string SessionOf(const std::string& worker_id) const;
 
   // Renews the lease and records the job the worker says it runs ("" for none). False when
   // the worker is unknown or dead: it must register again.
@@ -82,6 +96,7 @@ class WorkerRegistry {
     absl::Time lease_expiry;
     absl::Time died;              // when DEAD
     std::string reported_job_id;  // from the last heartbeat
+    std::string session;          // secret shared with the worker since its registration
   };
   absl::Time Now() const { return clock_(); }
   std::vector<const Entry*> Sorted() const;

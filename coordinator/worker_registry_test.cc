@@ -144,5 +144,59 @@ TEST(WorkerRegistryTest, AWorkerReportingAForeignJobIsNotHandedOut) {
   EXPECT_EQ(reg.IdleWorkers().size(), 1u);
 }
 
+TEST(WorkerRegistryTest, AnotherIdentityCannotTakeALiveWorkersNameOrAddress) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  ASSERT_TRUE(reg.Register(Req("h:1", "gpu-0"), "baton-worker-0").ok());
+  EXPECT_EQ(reg.Get("gpu-0")->identity(), "baton-worker-0");
+  // A stranger's certificate (or none) at the same address or under the same name.
+  for (const auto& [address, id] : {std::pair<std::string, std::string>{"h:1", "gpu-0"},
+                                    {"h:1", "other"},
+                                    {"h:2", "gpu-0"}}) {
+    for (const std::string identity : {"", "baton-worker-9"}) {
+      auto r = reg.Register(Req(address, id), identity);
+      ASSERT_FALSE(r.ok()) << address << " " << id << " " << identity;
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists);
+    }
+  }
+  EXPECT_EQ(reg.Get("gpu-0")->address(), "h:1");
+  // The same certificate restarting at the same address replaces its entry at once.
+  auto restarted = reg.Register(Req("h:1", "gpu-0"), "baton-worker-0");
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(restarted->replaced.size(), 1u);
+  // Once the lease ran out, the name is free for anyone who may register.
+  clock.now += absl::Seconds(6);
+  reg.ExpireLeases();
+  EXPECT_TRUE(reg.Register(Req("h:2", "gpu-0"), "baton-worker-9").ok());
+}
+
+TEST(WorkerRegistryTest, CallsAreCheckedAgainstTheRegistrationsSession) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  RegisterWorkerRequest r = Req("h:1", "gpu-0");
+  r.set_session_token("session-of-gpu-0-0123456789");
+  ASSERT_TRUE(reg.Register(r, "baton-worker-0").ok());
+  EXPECT_EQ(reg.SessionOf("gpu-0"), "session-of-gpu-0-0123456789");
+  EXPECT_TRUE(reg.CheckSession("gpu-0", "session-of-gpu-0-0123456789", "baton-worker-0").ok());
+  EXPECT_EQ(reg.CheckSession("gpu-0", "", "baton-worker-0").code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(reg.CheckSession("gpu-0", "session-of-gpu-0-0123456780", "baton-worker-0").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reg.CheckSession("gpu-0", "session-of-gpu-0-0123456789", "baton-worker-1").code(),
+            absl::StatusCode::kPermissionDenied);
+  // Unknown or dead workers pass: their calls answer "register again".
+  EXPECT_TRUE(reg.CheckSession("nobody", "", "").ok());
+  clock.now += absl::Seconds(6);
+  reg.ExpireLeases();
+  EXPECT_TRUE(reg.CheckSession("gpu-0", "x", "").ok());
+  EXPECT_EQ(reg.SessionOf("gpu-0"), "");
+  // A session too short to be a secret is refused; none at all gets one picked.
+  r.set_session_token("short");
+  EXPECT_EQ(reg.Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.clear_session_token();
+  ASSERT_TRUE(reg.Register(r).ok());
+  EXPECT_EQ(reg.SessionOf("gpu-0").size(), 32u);
+}
+
 }  // namespace
 }  // namespace baton

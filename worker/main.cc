@@ -14,6 +14,7 @@
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
+#include "common/rpc/security_flags.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
@@ -38,6 +39,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "no metrics)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the bound metrics host:port to this file once serving");
+ABSL_FLAG(std::string, join_token_file, "",
+          "file holding the cluster's join token, sent when registering with the coordinator");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, host:port of a plaintext server answering grpc.health.v1 only (probes)");
 ABSL_FLAG(std::string, device, "",
           "the device this worker owns: cpu, cuda or cuda:N (default: the first visible GPU, "
           "else the CPU)");
@@ -49,7 +54,15 @@ int main(int argc, char** argv) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  const baton::TlsConfig tls = baton::TlsConfigFromFlags();
+  if (absl::Status s = baton::CheckServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
+    std::fprintf(stderr, "worker: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  baton::SetProcessTls(tls);  // channels to the coordinator and to peers
 
   baton::TensorInbox inbox;
   baton::RendezvousBox rendezvous;  // peers' NCCL ids and verdicts, until a job takes them
@@ -62,6 +75,14 @@ int main(int argc, char** argv) {
   options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
   options.data.roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
   options.data.max_file_bytes = absl::GetFlag(FLAGS_data_max_mb) << 20;
+  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
+    absl::StatusOr<std::string> token = baton::ReadSecretFile(f, "--join_token_file");
+    if (!token.ok()) {
+      std::fprintf(stderr, "worker: %s\n", std::string(token.status().message()).c_str());
+      return 1;
+    }
+    options.join_token = *std::move(token);
+  }
   absl::StatusOr<baton::v1::DeviceInfo> device = baton::ClaimDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
     std::fprintf(stderr, "worker: --device: %s\n", std::string(device.status().message()).c_str());
@@ -92,6 +113,9 @@ int main(int argc, char** argv) {
   baton::ServerOptions so;
   so.address = absl::GetFlag(FLAGS_listen);
   so.services = {&service, &tensors};
+  so.tls = tls;
+  // Only cluster members call a worker: with a CA, a certificate it signed is required.
+  so.client_certs = baton::ClientCerts::kRequire;
   if (metrics_server != nullptr)
     so.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
   std::string bound;
@@ -99,6 +123,17 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "worker: %s\n", server.status().ToString().c_str());
     return 1;
+  }
+  std::unique_ptr<grpc::Server> health;
+  if (const std::string addr = absl::GetFlag(FLAGS_health_listen); !addr.empty()) {
+    std::string health_bound;
+    auto started = baton::StartHealthServer(addr, &health_bound);
+    if (!started.ok()) {
+      std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    health = *std::move(started);
+    std::printf("worker health on %s\n", health_bound.c_str());
   }
   // With port 0 the address to advertise is known only now.
   if (options.advertise_address.empty()) agent.SetAdvertiseAddress(bound);
@@ -123,12 +158,20 @@ int main(int argc, char** argv) {
   agent.Start();
 
   int sig = 0;
-  sigwait(&stop, &sig);
+  while (sigwait(&stop, &sig) == 0 && sig == SIGHUP) {
+    std::fprintf(stderr,
+                 "worker: SIGHUP: nothing to reload (certificate files are re-read every %s)\n",
+                 absl::FormatDuration(tls.reload_interval).c_str());
+  }
   std::fprintf(stderr, "worker: signal %d, shutting down\n", sig);
   // Readiness probes see NOT_SERVING at once; the job is aborted and reported.
-  if (auto* health = (*server)->GetHealthCheckService()) health->SetServingStatus(false);
+  if (auto* h = (*server)->GetHealthCheckService()) h->SetServingStatus(false);
+  if (health != nullptr) {
+    if (auto* h = health->GetHealthCheckService()) h->SetServingStatus(false);
+  }
   agent.Stop();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   inbox.Close();
+  if (health != nullptr) health->Shutdown();
   return 0;
 }

@@ -1,4 +1,6 @@
-// The worker's gRPC service: a thin adapter over WorkerAgent.
+// The worker's gRPC service: a thin adapter over WorkerAgent. Every call must come from the
+// coordinator this worker registered with (its session secret in "x-baton-session"
+// metadata, WorkerAgent::CheckCoordinatorSession).
 #ifndef BATON_WORKER_SERVICE_H_
 #define BATON_WORKER_SERVICE_H_
 
@@ -19,6 +21,8 @@ class WorkerServiceImpl final : public baton::v1::WorkerService::Service {
                          baton::v1::WorkerStatus* resp) override;
 
  private:
+  absl::Status FromCoordinator(const grpc::ServerContext& ctx) const;
+
   WorkerAgent* const agent_;  // not owned
 };
 

@@ -142,8 +142,27 @@ baton::v1::FailureCause FailureCauseOf(const absl::Status& s, bool aborted) {
 WorkerAgent::WorkerAgent(WorkerOptions options, TensorInbox* inbox)
     : options_(std::move(options)),
       inbox_(inbox),
-      cluster_(baton::v1::ClusterService::NewStub(MakeChannel(options_.coordinator_address))) {
+      cluster_(baton::v1::ClusterService::NewStub(MakeChannel(options_.coordinator_address))),
+      session_(NewSecret()) {
   worker_id_ = options_.worker_id;
+}
+
+std::unique_ptr<grpc::ClientContext> WorkerAgent::ClusterContext() const {
+  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(options_.rpc_timeout);
+  ctx->AddMetadata(kSessionMetadata, session_);
+  return ctx;
+}
+
+absl::Status WorkerAgent::CheckCoordinatorSession(absl::string_view session) const {
+  if (session.empty()) {
+    return absl::UnauthenticatedError(
+        "no x-baton-session metadata: WorkerService takes calls from the coordinator only");
+  }
+  if (!SecretsEqual(session, session_)) {
+    return absl::PermissionDeniedError(
+        "the caller is not the coordinator this worker registered with");
+  }
+  return absl::OkStatus();
 }
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -189,8 +208,10 @@ absl::Status WorkerAgent::Register() {
     req.add_capabilities(kNcclCapability);
   }
   req.set_worker_id(worker_id());
+  req.set_session_token(session_);
   baton::v1::RegisterWorkerResponse resp;
-  auto ctx = ContextWithTimeout(options_.rpc_timeout);
+  auto ctx = ClusterContext();
+  if (!options_.join_token.empty()) ctx->AddMetadata(kJoinTokenMetadata, options_.join_token);
   BATON_RETURN_IF_ERROR(FromGrpcStatus(cluster_->RegisterWorker(ctx.get(), req, &resp)));
   std::lock_guard<std::mutex> lock(mu_);
   worker_id_ = resp.worker_id();
@@ -236,15 +257,18 @@ void WorkerAgent::HeartbeatLoop() {
         job = job_;
       }
       if (job != nullptr) req.set_job_id(job->plan.job_id());
-      auto ctx = ContextWithTimeout(options_.rpc_timeout);
+      auto ctx = ClusterContext();
       absl::Status s = FromGrpcStatus(cluster_->Heartbeat(ctx.get(), req, &resp));
-      if (!s.ok()) {
+      // PERMISSION_DENIED: the id is another process's now (this one's lease ran out).
+      const bool denied = s.code() == absl::StatusCode::kPermissionDenied;
+      if (!s.ok() && !denied) {
         if (failures++ % 20 == 0) Log(absl::StrCat("heartbeat failed: ", s.ToString()));
       } else {
         failures = 0;
-        if (!resp.known()) {
+        if (denied || !resp.known()) {
           // It restarted or let the lease expire: any job it gave us has been failed.
-          Log("the coordinator does not know this worker; registering again");
+          Log(denied ? absl::StrCat("heartbeat refused (", s.message(), "); registering again")
+                     : "the coordinator does not know this worker; registering again");
           if (job != nullptr) {
             AbortJob(job->plan.job_id(), "the coordinator no longer knows this worker")
                 .IgnoreError();
@@ -300,7 +324,11 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
   if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   // Accept the job's tensors before answering: once every rank has answered StartJob, any
   // peer may send to this one (the coordinator starts rank 0, the first sender, last).
-  inbox_->Open(plan.job_key(), options_.inbox_bytes);
+  std::vector<std::string> identities(plan.num_ranks());
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (p.rank() >= 0 && p.rank() < plan.num_ranks()) identities[p.rank()] = p.identity();
+  }
+  inbox_->Open(plan.job_key(), options_.inbox_bytes, std::move(identities));
   Log(absl::StrCat("starting job ", plan.job_id(), " as rank ", plan.rank(), " of ",
                    plan.num_ranks()));
   job_thread_ = std::thread([this, job = job_] { RunJob(job); });
@@ -588,7 +616,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       }
     }
     baton::v1::ReportProgressResponse resp;
-    auto ctx = ContextWithTimeout(options_.rpc_timeout);
+    auto ctx = ClusterContext();
     absl::Status s = FromGrpcStatus(cluster_->ReportProgress(ctx.get(), req, &resp));
     if (s.ok() && !resp.keep_running()) {
       AbortJob(plan.job_id(), "the coordinator stopped the job").IgnoreError();
@@ -734,7 +762,7 @@ void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {
   // settles the job).
   for (int attempt = 0; attempt < 10; ++attempt) {
     baton::v1::ReportResultResponse resp;
-    auto ctx = ContextWithTimeout(options_.rpc_timeout);
+    auto ctx = ClusterContext();
     absl::Status s = FromGrpcStatus(cluster_->ReportResult(ctx.get(), req, &resp));
     if (s.ok() || s.code() != absl::StatusCode::kUnavailable) {
       if (!s.ok()) Log(absl::StrCat("result report refused: ", s.ToString()));

@@ -62,6 +62,8 @@ struct WorkerOptions {
   absl::Duration nccl_init_timeout = absl::Seconds(30);
   // Where jobs' text files may be read from (--data_root), and their size bound.
   DataAccess data;
+  // The cluster's join token (--join_token_file), sent when registering; empty: none.
+  std::string join_token;
 };
 
 class WorkerAgent {
@@ -78,6 +80,11 @@ class WorkerAgent {
   void Start();
   // Aborts a running job, reports it, and stops the threads. Idempotent.
   void Stop();
+
+  // Whether a WorkerService call presenting `session` (its x-baton-session metadata) comes
+  // from the coordinator this worker registered with: UNAUTHENTICATED without one,
+  // PERMISSION_DENIED for another.
+  absl::Status CheckCoordinatorSession(absl::string_view session) const;
 
   // WorkerService, as plain calls.
   absl::Status StartJob(const baton::v1::JobPlan& plan);
@@ -101,10 +108,15 @@ class WorkerAgent {
   absl::StatusOr<std::unique_ptr<Transport>> BringUpNccl(const baton::v1::JobPlan& plan,
                                                          std::vector<LinkPlan>* links);
   std::shared_ptr<grpc::Channel> TensorChannel(const std::string& address);
+  // A context for a ClusterService call: the deadline and this process's session secret.
+  std::unique_ptr<grpc::ClientContext> ClusterContext() const;
 
   WorkerOptions options_;  // advertise_address is set before Start, then never changes
   TensorInbox* const inbox_;
   std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+  // Chosen at start, sent with every registration (RegisterWorkerRequest.session_token):
+  // the secret the coordinator and this worker prove themselves to each other with.
+  const std::string session_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;  // Stop, job end

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,16 @@ std::vector<FlagSpec> WithClusterFlags(std::vector<FlagSpec> own) {
   own.push_back({"coordinator", "", false,
                  absl::StrCat("coordinator host:port (default $", kCoordinatorEnv, ", else ",
                               kDefaultCoordinator, ")")});
+  own.push_back({"token_file", "", false,
+                 absl::StrCat("file holding the bearer token for the coordinator (default $",
+                              kTokenEnv, ")")});
+  own.push_back({"tls_ca", "", false,
+                 absl::StrCat("PEM CA to verify the coordinator with: speak TLS (default $",
+                              kTlsCaEnv, ")")});
+  own.push_back({"tls_cert", "", false, "PEM client certificate (mutual TLS; optional)"});
+  own.push_back({"tls_key", "", false, "PEM key of --tls_cert"});
+  own.push_back({"tls_server_name", "", false,
+                 "name to check the coordinator's certificate against instead of its host"});
   own.push_back({"timeout", "", false,
                  "RPC deadline, e.g. 10s, 2m, 24h (default 10s; watch: 24h)"});
   own.push_back({"output", "o", false, "text (default) or json"});
@@ -67,17 +78,32 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
     if (!t.ok()) return t.status();
     c->timeout_ = *t;
   }
+  TlsConfig tls;
+  const char* ca_env = std::getenv(kTlsCaEnv);
+  tls.ca_file = args.Get("tls_ca", ca_env != nullptr ? ca_env : "");
+  tls.cert_file = args.Get("tls_cert", "");
+  tls.key_file = args.Get("tls_key", "");
+  tls.server_name = args.Get("tls_server_name", "");
+  if (absl::Status s = CheckTlsConfig(tls); !s.ok()) return s;
+  SetProcessTls(tls);
+  if (args.Has("token_file")) {
+    absl::StatusOr<std::string> token = ReadSecretFile(args.Get("token_file"), "--token_file");
+    if (!token.ok()) return token.status();
+    c->token_ = *std::move(token);
+  } else if (const char* t = std::getenv(kTokenEnv); t != nullptr && *t != '\0') {
+    c->token_ = std::string(absl::StripAsciiWhitespace(t));
+  }
   c->channel_ = MakeChannel(c->address_);
   c->stub_ = baton::v1::JobService::NewStub(c->channel_);
   return c;
 }
 
-std::unique_ptr<grpc::ClientContext> ClusterClient::Context() const {
-  return ContextWithTimeout(timeout_);
-}
+std::unique_ptr<grpc::ClientContext> ClusterClient::Context() const { return Context(timeout_); }
 
 std::unique_ptr<grpc::ClientContext> ClusterClient::Context(absl::Duration timeout) const {
-  return ContextWithTimeout(timeout);
+  std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
+  if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+  return ctx;
 }
 
 int ClusterClient::Fail(const grpc::Status& status, bool was_connected) const {

@@ -7,6 +7,11 @@
 //   --timeout DURATION       deadline of each RPC ("10s", "2m", "24h"; a bare number is
 //                            seconds); 10s by default, 24h for watch's stream
 //   -o, --output text|json   json: protobuf JSON (proto field names, every field printed)
+//   --token_file FILE        bearer token sent as "authorization: Bearer ..." (default
+//                            $BATON_TOKEN; none when neither is set)
+//   --tls_ca FILE            speak TLS, verifying the coordinator against this CA (default
+//                            $BATON_TLS_CA); --tls_cert/--tls_key add a client certificate,
+//                            --tls_server_name checks another name than the host
 //
 // Errors print "batonctl COMMAND: CODE_NAME: message" to stderr (e.g. "batonctl submit:
 // INVALID_ARGUMENT: model.gpt.heads: must divide d_model ...") and the command exits 1; a
@@ -30,6 +35,8 @@ namespace baton::cli {
 
 inline constexpr char kCoordinatorEnv[] = "BATON_COORDINATOR";
 inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+inline constexpr char kTokenEnv[] = "BATON_TOKEN";
+inline constexpr char kTlsCaEnv[] = "BATON_TLS_CA";
 
 // `own` followed by --coordinator, --timeout, --output and --help.
 std::vector<FlagSpec> WithClusterFlags(std::vector<FlagSpec> own);
@@ -55,7 +62,7 @@ class ClusterClient {
   bool json() const { return json_; }
   absl::Duration timeout() const { return timeout_; }
 
-  // A context whose deadline is timeout() (or `timeout`) from now.
+  // A context whose deadline is timeout() (or `timeout`) from now, carrying the token.
   std::unique_ptr<grpc::ClientContext> Context() const;
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const;
 
@@ -72,6 +79,7 @@ class ClusterClient {
   std::string address_;
   bool json_ = false;
   absl::Duration timeout_;
+  std::string token_;  // bearer token; empty: none sent
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<baton::v1::JobService::Stub> stub_;
 };

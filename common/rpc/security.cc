@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -151,6 +152,22 @@ bool SecretsEqual(absl::string_view a, absl::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// The first line of `path`, trimmed; INVALID_ARGUMENT naming the flag when unreadable,
+// empty or too short to be a secret.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  }
+  std::string secret(absl::StripAsciiWhitespace(line));
+  if (secret.size() < 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": the secret in ", path, " is shorter than 16 characters"));
+  }
+  return secret;
 }
 
 std::string MetadataValue(const grpc::ServerContext& context, absl::string_view key) {

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -84,10 +85,19 @@ const TlsConfig& ProcessTls();
 // TLS), else "" (plaintext, or no certificate presented).
 std::string PeerIdentity(const grpc::ServerContext& context);
 
+// Request metadata carrying baton's cluster secrets (lower case, as gRPC requires).
+inline constexpr char kSessionMetadata[] = "x-baton-session";      // a worker's session
+inline constexpr char kJoinTokenMetadata[] = "x-baton-join-token";  // the cluster join token
+
 // A fresh random secret: 32 hex digits (128 bits) from the OS's random source.
 std::string NewSecret();
 // Compares two secrets in time independent of where they differ.
 bool SecretsEqual(absl::string_view a, absl::string_view b);
+
+// The first line of `path`, trimmed: a shared secret such as the join token.
+// INVALID_ARGUMENT naming `flag` and the file when unreadable, or shorter than 16
+// characters.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view flag);
 
 // The value of the request metadata `key` ("" when absent; the first when repeated).
 std::string MetadataValue(const grpc::ServerContext& context, absl::string_view key);

@@ -678,6 +678,30 @@ TEST(TensorInboxTest, RefusesWhenClosedAndAfterAbort) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(TensorInboxTest, SendersAndAbortNoticesAreCheckedAgainstThePlansIdentities) {
+  TensorInbox inbox;
+  inbox.Open(kJob, 1 << 20, {"baton-worker-0", "baton-worker-1", ""});
+  EXPECT_TRUE(inbox.CheckSender(0, "baton-worker-0").ok());
+  EXPECT_TRUE(inbox.CheckSender(1, "baton-worker-1").ok());
+  EXPECT_TRUE(inbox.CheckSender(2, "anyone").ok());  // no identity known for rank 2
+  absl::Status s = inbox.CheckSender(1, "baton-worker-0");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 of this job is baton-worker-1, not baton-worker-0"));
+  EXPECT_EQ(inbox.CheckSender(0, "").code(), absl::StatusCode::kPermissionDenied);
+  // An abort notice from a stranger does not stop the job; one from a peer does.
+  EXPECT_FALSE(inbox.AbortJob(kJob, absl::AbortedError("forged"), "intruder"));
+  ASSERT_TRUE(inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0)).ok());
+  EXPECT_TRUE(inbox.Take(0, Tag(0), In(absl::Seconds(1))).ok());
+  EXPECT_TRUE(inbox.AbortJob(kJob, absl::AbortedError("rank 1 failed"), "baton-worker-1"));
+  EXPECT_EQ(inbox.Take(0, Tag(1), In(absl::Seconds(1))).status().code(),
+            absl::StatusCode::kAborted);
+  // Without identities (no mutual TLS) the job key alone decides, as before.
+  inbox.Open(kJob, 1 << 20);
+  EXPECT_TRUE(inbox.CheckSender(1, "").ok());
+  EXPECT_TRUE(inbox.AbortJob(kJob, absl::AbortedError("x"), ""));
+}
+
 TEST(TensorInboxTest, DeliveryWaitsForSpaceAndCloseWakesIt) {
   TensorInbox inbox;
   inbox.Open(kJob, 1000);

@@ -73,10 +73,12 @@ absl::Status TensorInbox::Reservation::Commit(Tensor t) {
   return absl::OkStatus();
 }
 
-void TensorInbox::Open(uint64_t job_key, int64_t capacity_bytes) {
+void TensorInbox::Open(uint64_t job_key, int64_t capacity_bytes,
+                       std::vector<std::string> identities) {
   std::lock_guard<std::mutex> lock(mu_);
   open_ = true;
   job_key_ = job_key;
+  identities_ = std::move(identities);
   ++generation_;
   capacity_ = std::max<int64_t>(capacity_bytes, 0);
   aborted_ = absl::OkStatus();
@@ -106,9 +108,27 @@ void TensorInbox::Abort(const absl::Status& reason) {
   AbortLocked(reason);
 }
 
-bool TensorInbox::AbortJob(uint64_t job_key, const absl::Status& reason) {
+absl::Status TensorInbox::CheckSender(int source_rank, absl::string_view identity) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_ || source_rank < 0 || source_rank >= static_cast<int>(identities_.size())) {
+    return absl::OkStatus();
+  }
+  const std::string& want = identities_[source_rank];
+  if (want.empty() || want == identity) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("rank ", source_rank, " of this job is ", want, ", not ",
+                   identity.empty() ? "a stream without a certificate" : identity));
+}
+
+bool TensorInbox::AbortJob(uint64_t job_key, const absl::Status& reason,
+                           absl::string_view identity) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!open_ || job_key_ != job_key) return false;
+  if (std::any_of(identities_.begin(), identities_.end(),
+                  [](const std::string& i) { return !i.empty(); }) &&
+      std::find(identities_.begin(), identities_.end(), identity) == identities_.end()) {
+    return false;
+  }
   AbortLocked(reason);
   return true;
 }

@@ -28,12 +28,15 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/core/tensor.h"
 #include "common/pipeline/transport.h"
@@ -84,15 +87,24 @@ class TensorInbox {
 
   // Starts accepting tensors tagged with `job_key`, dropping whatever an earlier job left
   // and clearing an abort. `capacity_bytes` bounds filed + reserved bytes (see above).
-  void Open(uint64_t job_key, int64_t capacity_bytes);
+  // `identities`, when given, is the certificate common name of every rank of the job (by
+  // rank; "" where unknown): CheckSender and AbortJob then accept only those.
+  void Open(uint64_t job_key, int64_t capacity_bytes, std::vector<std::string> identities = {});
+  // Whether a stream whose peer certificate names `identity` may deliver tensors as
+  // `source_rank` of the open job: PERMISSION_DENIED naming both when Open was given an
+  // identity for that rank and it differs (OK when none was given, or no job is open:
+  // Reserve refuses those).
+  absl::Status CheckSender(int source_rank, absl::string_view identity) const;
   // Drops every filed tensor, fails waiting deliveries and takes, refuses new ones.
   void Close();
   // Fails every pending and later delivery and take of the open job with `reason` (code
   // ABORTED, the reason's message) until the next Open. The first reason wins.
   void Abort(const absl::Status& reason);
   // Abort, only if the inbox is open for `job_key` (a peer's abort notice for an old job
-  // must not stop the current one). Returns whether it aborted (or already was).
-  bool AbortJob(uint64_t job_key, const absl::Status& reason);
+  // must not stop the current one) and, when Open was given identities, `identity` is one
+  // of them (a stranger's notice must not either). Returns whether it aborted (or already
+  // was).
+  bool AbortJob(uint64_t job_key, const absl::Status& reason, absl::string_view identity = "");
 
   // Reserves `bytes` for the tensor `tag` from `source_rank`, waiting for space until
   // `deadline` (RESOURCE_EXHAUSTED), a Close or Abort, or `cancelled()` turning true
@@ -140,6 +152,7 @@ class TensorInbox {
   uint64_t job_key_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Open and Close
   int64_t capacity_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> identities_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // OK unless aborted
   absl::flat_hash_map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> bytes_by_source_ ABSL_GUARDED_BY(mu_);

@@ -107,6 +107,8 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
 
   // Answer the stream's headers at once: a client with gRPC retries enabled keeps a
   // reference to every message it wrote until the call commits, which headers do.
+  // The sender's verified certificate name (mutual TLS), checked against the plan's.
+  const std::string identity = PeerIdentity(*ctx);
   reader->SendInitialMetadata();
   grpc::ByteBuffer buffer;
   while (reader->Read(&buffer)) {
@@ -170,6 +172,9 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
                                       DTypeName(*dtype), " is ", expected,
                                       " bytes but the header says ", h.byte_length()));
         }
+        if (absl::Status who = inbox_->CheckSender(next.source_rank, identity); !who.ok()) {
+          return ToGrpcStatus(who);
+        }
         absl::StatusOr<TensorInbox::Reservation> r = inbox_->Reserve(
             next.source_rank, next.tag, expected, absl::Now() + options_.space_timeout, cancelled);
         if (!r.ok()) return ToGrpcStatus(r.status());
@@ -202,7 +207,8 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
         inbox_->AbortJob(a.job_key(),
                          absl::AbortedError(a.reason().empty()
                                                 ? absl::StrCat("rank ", a.source_rank(), " aborted")
-                                                : a.reason()));
+                                                : a.reason()),
+                         identity);
         in.reset();  // a tensor cut short by the abort is dropped
         break;
       }
