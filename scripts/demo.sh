@@ -12,6 +12,11 @@
 #                                             a worker is killed (SIGKILL) mid-job, the job
 #                                             recovers on the 3 left from its last
 #                                             checkpoint, and the digest still matches
+#   scripts/demo.sh --secure [--steps N]      the same job over mutual TLS with tokens: a
+#                                             throwaway CA and certificates
+#                                             (scripts/make-certs.sh), a token file with a
+#                                             submitter and a viewer, a join token; shows
+#                                             that calls without them are refused
 #   scripts/demo.sh --local [ARGS...]         the reference trainer only (the old demo);
 #                                             ARGS go to `batonctl train-local`
 set -euo pipefail
@@ -27,16 +32,18 @@ BIN=build/bin
 
 local_only=0
 chaos=0
+secure=0
 overrides=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --local) local_only=1; shift; break ;;
     --chaos) chaos=1; shift ;;
+    --secure) secure=1; shift ;;
     --steps | --seed)
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
@@ -141,18 +148,42 @@ wait_port_file() {
   die "$name did not write $file within 30 s"
 }
 
+coordinator_security=()
+worker_security=()  # plus each worker's own certificate, below
+if [[ $secure -eq 1 ]]; then
+  section "security: a throwaway CA, certificates, tokens and a join token in $tmp/tls"
+  scripts/make-certs.sh "$tmp/tls" "$NUM_WORKERS"
+  submitter_token="$(openssl rand -hex 16)"
+  viewer_token="$(openssl rand -hex 16)"
+  printf '%s demo submitter\n%s watcher viewer\n' "$submitter_token" "$viewer_token" \
+    >"$tmp/tls/tokens"
+  openssl rand -hex 16 >"$tmp/tls/join-token"
+  chmod 600 "$tmp/tls/tokens" "$tmp/tls/join-token"
+  echo "tokens: demo (submitter), watcher (viewer); workers join with certificates and the join token"
+  coordinator_security=(--tls_cert "$tmp/tls/coordinator.pem" --tls_key "$tmp/tls/coordinator.key"
+    --tls_ca "$tmp/tls/ca.pem" --auth_tokens "$tmp/tls/tokens"
+    --join_token_file "$tmp/tls/join-token")
+  worker_security=(--tls_ca "$tmp/tls/ca.pem" --join_token_file "$tmp/tls/join-token")
+  export BATON_TLS_CA="$tmp/tls/ca.pem" BATON_TOKEN="$submitter_token"
+fi
+
 section "cluster: a coordinator and ${NUM_WORKERS} workers on loopback"
 start coordinator "$BIN/coordinator" --listen 127.0.0.1:0 --db "$tmp/baton.db" \
   --port_file "$tmp/coordinator.port" --metrics_listen 127.0.0.1:0 \
-  --metrics_port_file "$tmp/coordinator.metrics"
+  --metrics_port_file "$tmp/coordinator.metrics" ${coordinator_security[@]+"${coordinator_security[@]}"}
 coordinator="$(wait_port_file coordinator "$tmp/coordinator.port")"
 echo "coordinator listening on $coordinator, metrics at http://$(wait_port_file coordinator "$tmp/coordinator.metrics")/metrics"
 export BATON_COORDINATOR="$coordinator"
 
 for i in $(seq "$NUM_WORKERS"); do
+  own=()
+  if [[ $secure -eq 1 ]]; then
+    own=("${worker_security[@]}" --tls_cert "$tmp/tls/worker-$((i - 1)).pem"
+      --tls_key "$tmp/tls/worker-$((i - 1)).key")
+  fi
   start "worker-$i" "$BIN/worker" --coordinator "$coordinator" --listen 127.0.0.1:0 \
     --worker_id "w-$i" --port_file "$tmp/worker-$i.port" \
-    --metrics_port_file "$tmp/worker-$i.metrics"
+    --metrics_port_file "$tmp/worker-$i.metrics" ${own[@]+"${own[@]}"}
   worker_addr="$(wait_port_file "worker w-$i" "$tmp/worker-$i.port")"
   echo "worker w-$i listening on $worker_addr, metrics at http://$(wait_port_file "worker w-$i" "$tmp/worker-$i.metrics")/metrics"
 done
@@ -169,6 +200,24 @@ print(sum(w.get("state") == "WORKER_STATE_IDLE" for w in json.load(sys.stdin).ge
 done
 [[ "$idle" -ge "$NUM_WORKERS" ]] || die "only $idle of $NUM_WORKERS workers registered within 30 s"
 "$BIN/batonctl" workers
+
+if [[ $secure -eq 1 ]]; then
+  section "security: what is refused"
+  # expect_refused CODE DESCRIPTION COMMAND...: the command must fail naming CODE.
+  expect_refused() {
+    local code="$1" what="$2"; shift 2
+    local out
+    if out="$("$@" 2>&1)"; then die "$what was accepted"; fi
+    grep -q "$code" <<<"$out" || die "$what failed without $code: $out"
+    echo "refused as it should be: $what -> $(grep -o "$code.*" <<<"$out" | head -1)"
+  }
+  expect_refused UNAUTHENTICATED "listing jobs without a token" \
+    env -u BATON_TOKEN "$BIN/batonctl" list
+  expect_refused PERMISSION_DENIED "submitting with the viewer's token" \
+    env BATON_TOKEN="$viewer_token" "$BIN/batonctl" submit -f "$SPEC" --steps 1
+  expect_refused "cannot reach\|UNAVAILABLE" "listing jobs over plaintext" \
+    env -u BATON_TLS_CA "$BIN/batonctl" list --timeout 3s
+fi
 
 job_spec="$SPEC"
 if [[ $chaos -eq 1 ]]; then

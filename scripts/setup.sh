@@ -11,6 +11,7 @@ PACKAGES=(
   libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   python3 python3-venv clang libclang-rt-14-dev
+  openssl  # scripts/make-certs.sh: the throwaway CA of `scripts/demo.sh --secure` and the TLS tests
   prometheus docker-compose yamllint
   iproute2  # tests only: network namespaces and links for tests/netfault_test.py
 )
