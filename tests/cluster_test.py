@@ -106,6 +106,11 @@ class Cluster:
         self.reference_cache = {}
         self.worker_addresses = {}  # worker id -> host:port
         self.spec_count = 0
+        # Extra flags (TLS, tokens) for the coordinator and each worker, and environment
+        # for batonctl ($BATON_TLS_CA, $BATON_TOKEN).
+        self.coordinator_flags = []
+        self.worker_flags = lambda worker_id: []
+        self.env = {}
 
     # ---- processes -----------------------------------------------------------------
 
@@ -139,7 +144,8 @@ class Cluster:
         argv = [os.path.join(self.bin_dir, "coordinator"), "--listen", listen, "--db", self.db,
                 "--metrics_listen", "127.0.0.1:0",
                 "--port_file", os.path.join(self.tmp, "coordinator.port"),
-                "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s"]
+                "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s",
+                *self.coordinator_flags]
         self.address = self._start("coordinator", argv,
                                    os.path.join(self.tmp, "coordinator.port"), "the coordinator")
         print(f"  coordinator listening on {self.address}")
@@ -148,7 +154,8 @@ class Cluster:
     def start_worker(self, worker_id):
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = [os.path.join(self.bin_dir, "worker"), "--coordinator", self.address,
-                "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file]
+                "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file,
+                *self.worker_flags(worker_id)]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id}")
         self.worker_addresses[worker_id] = address
         print(f"  worker {worker_id} listening on {address}")
@@ -195,7 +202,7 @@ class Cluster:
 
     def ctl(self, *args, timeout=30):
         """Runs batonctl with BATON_COORDINATOR set; returns the CompletedProcess."""
-        env = dict(os.environ, BATON_COORDINATOR=self.address or "")
+        env = dict(os.environ, BATON_COORDINATOR=self.address or "", **self.env)
         try:
             return subprocess.run([self.batonctl, *args], env=env, capture_output=True,
                                   text=True, timeout=timeout, stdin=subprocess.DEVNULL)
