@@ -24,23 +24,36 @@ absl::StatusOr<std::vector<BlockRange>> PartitionBlocks(const std::vector<BlockI
   auto cost = [&](int a, int b) { return prefix[b] - prefix[a]; };
 
   // best[k][i]: the smallest possible largest-chunk cost splitting blocks [0, i) into k
-  // chunks; cut[k][i]: where its last chunk starts. O(chunks * blocks^2), and models have
-  // at most a few hundred blocks.
+  // chunks; cut[k][i]: where its last chunk starts (the earliest such start on ties).
+  //
+  // For the last chunk [j, i): best[k-1][j] does not decrease as j grows (more blocks in
+  // k-1 chunks never costs less), and cost(j, i) strictly decreases (every block costs at
+  // least 1). So max(best[k-1][j], cost(j, i)) falls until the first j where best[k-1][j]
+  // >= cost(j, i), call it j0, and does not fall after it: the earliest minimum is j0 - 1
+  // or j0. And j0 never moves left as i grows (cost(j, i) only grows), so one pointer per
+  // k finds it: O(chunks * blocks) instead of the O(chunks * blocks^2) of trying every j.
   constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(num_chunks + 1, std::vector<int64_t>(n + 1, kInf));
+  std::vector<int64_t> prev(n + 1, kInf), next(n + 1, kInf);
   std::vector<std::vector<int>> cut(num_chunks + 1, std::vector<int>(n + 1, 0));
-  best[0][0] = 0;
+  prev[0] = 0;
   for (int k = 1; k <= num_chunks; ++k) {
+    std::fill(next.begin(), next.end(), kInf);
+    int j0 = k - 1;  // the smallest feasible start of the last chunk
     for (int i = k; i <= n; ++i) {
-      for (int j = k - 1; j < i; ++j) {  // last chunk is [j, i)
-        if (best[k - 1][j] == kInf) continue;
-        const int64_t v = std::max(best[k - 1][j], cost(j, i));
-        if (v < best[k][i]) {  // strict: the earliest cut wins ties
-          best[k][i] = v;
-          cut[k][i] = j;
+      while (j0 < i - 1 && prev[j0] < cost(j0, i)) ++j0;
+      int j = j0;
+      int64_t v = std::max(prev[j0], cost(j0, i));
+      if (j0 > k - 1) {
+        const int64_t left = std::max(prev[j0 - 1], cost(j0 - 1, i));
+        if (left <= v) {  // the earlier start wins ties
+          v = left;
+          j = j0 - 1;
         }
       }
+      next[i] = v;
+      cut[k][i] = j;
     }
+    std::swap(prev, next);
   }
   std::vector<BlockRange> out(num_chunks);
   int end = n;

@@ -1,5 +1,9 @@
 #include "common/pipeline/partition.h"
 
+#include <algorithm>
+#include <limits>
+#include <random>
+
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -43,6 +47,63 @@ TEST(PartitionTest, CoversEveryBlockContiguously) {
     }
     EXPECT_EQ(next, 7);
   }
+}
+
+// The plain O(chunks * blocks^2) dynamic program, trying every start of the last chunk and
+// keeping the earliest on ties: what PartitionBlocks must agree with, cut for cut.
+std::vector<std::pair<int, int>> Brute(const std::vector<int64_t>& flops, int chunks) {
+  const int n = static_cast<int>(flops.size());
+  std::vector<int64_t> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + flops[i] + 1;
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(chunks + 1, std::vector<int64_t>(n + 1, kInf));
+  std::vector<std::vector<int>> cut(chunks + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= chunks; ++k) {
+    for (int i = k; i <= n; ++i) {
+      for (int j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] == kInf) continue;
+        const int64_t v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<std::pair<int, int>> out(chunks);
+  int end = n;
+  for (int k = chunks; k >= 1; --k) {
+    out[k - 1] = {cut[k][end], end};
+    end = cut[k][end];
+  }
+  return out;
+}
+
+TEST(PartitionTest, AgreesWithTheQuadraticProgramIncludingTies) {
+  std::mt19937 rng(2024);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 40);
+    // Few distinct costs, so that ties are common.
+    const int64_t spread = trial % 3 == 0 ? 1 : trial % 3 == 1 ? 4 : 1000;
+    std::vector<int64_t> flops(n);
+    for (int64_t& f : flops) f = static_cast<int64_t>(rng() % spread);
+    const int chunks = 1 + static_cast<int>(rng() % n);
+    auto r = PartitionBlocks(Costs(flops), chunks);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(Ranges(*r), Brute(flops, chunks)) << "trial " << trial;
+  }
+}
+
+TEST(PartitionTest, DeepModelsPartitionInLinearTime) {
+  // 200k blocks into 16 chunks: 3.2M steps, where the quadratic program needed 6.4e11.
+  std::vector<int64_t> flops(200000);
+  for (size_t i = 0; i < flops.size(); ++i) flops[i] = static_cast<int64_t>(i % 7) * 100;
+  auto r = PartitionBlocks(Costs(flops), 16);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 16u);
+  EXPECT_EQ(r->front().first, 0);
+  EXPECT_EQ(r->back().last, 200000);
 }
 
 TEST(PartitionTest, RefusesMoreChunksThanBlocks) {

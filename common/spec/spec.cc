@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/status.h"
@@ -132,6 +134,14 @@ absl::Status ValidateData(baton::v1::DataSpec* data) {
           break;
         case baton::v1::TextData::kInlineText:
           if (t.inline_text().empty()) return Invalid("data.text.inline_text", "empty text");
+          if (static_cast<int64_t>(t.inline_text().size()) > kMaxInlineTextBytes) {
+            return Invalid("data.text.inline_text",
+                           absl::StrCat(t.inline_text().size(), " bytes, more than the ",
+                                        kMaxInlineTextBytes >> 20,
+                                        " MiB allowed inline; put the text in a file under "
+                                        "the cluster's data roots and name it in "
+                                        "data.text.path"));
+          }
           break;
         case baton::v1::TextData::CONTENT_NOT_SET:
           return Invalid("data.text", "no content set (want path or inline_text)");
@@ -168,6 +178,15 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   v = p->microbatches();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.microbatches", &v, 1));
   p->set_microbatches(v);
+  if (p->stages() > kMaxStages) {
+    return Invalid("pipeline.stages",
+                   absl::StrCat(p->stages(), " is more than the ", kMaxStages, " allowed"));
+  }
+  if (p->virtual_stages() > kMaxVirtualStages) {
+    return Invalid("pipeline.virtual_stages", absl::StrCat(p->virtual_stages(),
+                                                           " is more than the ",
+                                                           kMaxVirtualStages, " allowed"));
+  }
   return absl::OkStatus();
 }
 
@@ -363,7 +382,67 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                 pipeline.virtual_stages(), " = ", chunks, " model chunks, but ",
                                 what, blocks, " blocks; every chunk needs at least one block"));
   }
+  if (blocks > kMaxModelBlocks) {
+    return Invalid(spec->model().has_mlp() ? "model.mlp.depth" : "model.gpt.layers",
+                   absl::StrCat(blocks, " blocks, more than the ", kMaxModelBlocks, " allowed"));
+  }
+  if (static_cast<double>(chunks) * static_cast<double>(blocks) >
+      static_cast<double>(kMaxChunkBlocks)) {
+    return Invalid("pipeline.stages",
+                   absl::StrCat("stages * virtual_stages * model blocks = ", chunks, " * ", blocks,
+                                " is more than the ", kMaxChunkBlocks,
+                                " the partitioner takes; use fewer, larger blocks"));
+  }
+  const double actions = 4.0 * static_cast<double>(chunks) * pipeline.microbatches() *
+                         static_cast<double>(pipeline.stages());
+  if (actions > static_cast<double>(kMaxScheduleActions)) {
+    return Invalid("pipeline.microbatches",
+                   absl::StrCat("stages * virtual_stages * microbatches = ", pipeline.stages(),
+                                " * ", pipeline.virtual_stages(), " * ", pipeline.microbatches(),
+                                " makes a schedule of about ", static_cast<int64_t>(actions),
+                                " actions, more than the ", kMaxScheduleActions, " allowed"));
+  }
+  const JobBytes bytes = EstimateJobBytes(*spec);
+  if (bytes.per_stage_bytes > static_cast<double>(kMaxStageBytes)) {
+    const char* field = nullptr;
+    if (spec->model().has_mlp()) {
+      field = bytes.activation_bytes > bytes.state_bytes ? "data.batch_size" : "model.mlp.width";
+    } else {
+      field = bytes.activation_bytes > bytes.state_bytes ? "data.batch_size" : "model.gpt.d_model";
+    }
+    return Invalid(field, absl::StrFormat(
+                              "the job needs about %.3g GiB per pipeline stage (%.3g parameters: "
+                              "%.3g GiB with gradients and optimizer state; activations %.3g "
+                              "GiB; over %d stages), more than the %d GiB a worker may hold",
+                              bytes.per_stage_bytes / (1 << 30), bytes.parameters,
+                              bytes.state_bytes / (1 << 30), bytes.activation_bytes / (1 << 30),
+                              pipeline.stages(), static_cast<int>(kMaxStageBytes >> 30)));
+  }
   return absl::OkStatus();
+}
+
+JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec) {
+  JobBytes out;
+  const double batch = std::max<double>(1, spec.data().batch_size());
+  double floats = 0;  // activations of one batch
+  if (spec.model().has_mlp()) {
+    const auto& m = spec.model().mlp();
+    const double in = m.input_dim(), w = m.width(), depth = m.depth(), o = m.output_dim();
+    out.parameters = in * w + w + depth * (w * w + w) + w * o + o;
+    floats = batch * (in + 3 * w * (depth + 1) + 2 * o);
+  } else if (spec.model().has_gpt()) {
+    const auto& g = spec.model().gpt();
+    const double v = g.vocab_size(), ctx = g.context(), d = g.d_model(), h = g.heads(),
+                 layers = g.layers();
+    out.parameters = v * d + ctx * d + layers * (12 * d * d + 13 * d) + 2 * d + d * v + v;
+    const double tokens = batch * ctx;
+    floats = tokens * (d * (16 * layers + 2) + 2 * v) + batch * h * ctx * ctx * 2 * layers;
+  }
+  out.state_bytes = out.parameters * 16;
+  out.activation_bytes = floats * 4;
+  out.per_stage_bytes = (out.state_bytes + out.activation_bytes) /
+                        std::max<double>(1, spec.pipeline().stages());
+  return out;
 }
 
 }  // namespace baton

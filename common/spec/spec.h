@@ -32,6 +32,35 @@ namespace baton {
 // Longest accepted JobSpec.name, in characters (UTF-8 code points).
 inline constexpr int kMaxJobNameChars = 128;
 
+// Bounds on what a spec may make a process allocate or compute, checked by
+// ValidateAndDefaultJobSpec before anything is built:
+//   * inline training text (data.text.inline_text): larger texts go in a file under the
+//     data roots;
+inline constexpr int64_t kMaxInlineTextBytes = int64_t{16} << 20;
+//   * model blocks (mlp depth + 1, gpt layers + 2);
+inline constexpr int64_t kMaxModelBlocks = int64_t{1} << 20;
+//   * pipeline chunks times model blocks (the partition's table; about 4 bytes each);
+inline constexpr int64_t kMaxChunkBlocks = int64_t{1} << 24;
+//   * pipeline stages and virtual stages;
+inline constexpr int kMaxStages = 1024;
+inline constexpr int kMaxVirtualStages = 64;
+//   * schedule actions (about 4 per microbatch, chunk and rank);
+inline constexpr int64_t kMaxScheduleActions = 20'000'000;
+//   * memory per pipeline stage, estimated by EstimateJobBytes (a worker holds one stage).
+inline constexpr int64_t kMaxStageBytes = int64_t{256} << 30;
+
+// A rough upper estimate of the memory a job needs: parameters with their gradients and
+// optimizer state (16 bytes per parameter), and the activations of one batch kept for the
+// backward pass (4 bytes per float). Computed in floating point, so no field can overflow
+// it. The spec's model must be set; other fields may be anything.
+struct JobBytes {
+  double parameters = 0;   // number of parameters
+  double state_bytes = 0;  // parameters * 16
+  double activation_bytes = 0;
+  double per_stage_bytes = 0;  // (state + activations) / pipeline.stages
+};
+JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec);
+
 // Parses a JobSpec from JSON (protobuf JSON mapping: lowerCamelCase or proto field names,
 // enums by name). Unknown fields and malformed JSON give INVALID_ARGUMENT carrying
 // protobuf's parser message, which names the field or position. Does not validate or fill
@@ -52,7 +81,8 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // text data or an mlp without synthetic data; batch_size not divisible by microbatches;
 // steps below 1; a learning rate not > 0; momentum/betas outside [0, 1); epsilon not > 0;
 // negative weight decay or noise; non-finite floats; a name over kMaxJobNameChars; more
-// pipeline chunks (stages * virtual_stages) than the model has blocks. Idempotent: a spec
+// pipeline chunks (stages * virtual_stages) than the model has blocks; anything past the
+// bounds above (the message gives the estimate and the bound). Idempotent: a spec
 // that passed once passes again unchanged. On error `spec` may have been partly defaulted.
 absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
 

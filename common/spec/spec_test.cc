@@ -11,12 +11,14 @@
 #include "common/core/cuda_device.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
 
 using ::baton::v1::JobSpec;
+using ::testing::HasSubstr;
 
 #ifndef BATON_SOURCE_DIR
 #error "spec_test needs BATON_SOURCE_DIR (the repository root)"
@@ -461,6 +463,57 @@ JobSpec LoadExample(const std::string& name) {
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*spec, *again)) << json;
   }
   return *spec;
+}
+
+TEST(ValidateTest, SizesThatWouldExhaustAWorkerAreRefusedWithTheEstimate) {
+  // A width whose weights alone need terabytes.
+  JobSpec wide = ValidMlp();
+  wide.mutable_model()->mutable_mlp()->set_width(1 << 20);
+  absl::Status s = ValidateAndDefaultJobSpec(&wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.mlp.width: the job needs about"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("GiB per pipeline stage"));
+  // A huge batch: the activations are what does not fit.
+  JobSpec batch = ValidGpt();
+  batch.mutable_data()->set_batch_size(1 << 30);
+  batch.mutable_pipeline()->set_microbatches(1);
+  s = ValidateAndDefaultJobSpec(&batch);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("data.batch_size: the job needs about"));
+  JobSpec wide_gpt = ValidGpt();
+  wide_gpt.mutable_model()->mutable_gpt()->set_d_model(1 << 28);
+  wide_gpt.mutable_model()->mutable_gpt()->set_heads(1);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&wide_gpt).message()),
+              HasSubstr("model.gpt.d_model: the job needs about"));
+  // Too many blocks, too long a schedule, too much inline text.
+  JobSpec deep = ValidMlp();
+  deep.mutable_model()->mutable_mlp()->set_depth(kMaxModelBlocks);
+  deep.mutable_model()->mutable_mlp()->set_width(1);
+  deep.mutable_pipeline()->set_stages(1);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&deep).message()),
+              HasSubstr("model.mlp.depth: 1048577 blocks, more than the 1048576 allowed"));
+  JobSpec many = ValidMlp();
+  many.mutable_data()->set_batch_size(1 << 24);
+  many.mutable_pipeline()->set_microbatches(1 << 24);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&many).message()),
+              HasSubstr("pipeline.microbatches: stages * virtual_stages * microbatches"));
+  JobSpec text = ValidGpt();
+  text.mutable_data()->mutable_text()->set_inline_text(std::string(kMaxInlineTextBytes + 1, 'a'));
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&text).message()),
+              HasSubstr("data.text.inline_text: 16777217 bytes, more than the 16 MiB"));
+  JobSpec stages = ValidMlp();
+  stages.mutable_pipeline()->set_stages(kMaxStages + 1);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&stages).message()),
+              HasSubstr("pipeline.stages: 1025 is more than the 1024 allowed"));
+  JobSpec chunky = ValidMlp();
+  chunky.mutable_model()->mutable_mlp()->set_depth(1 << 19);
+  chunky.mutable_model()->mutable_mlp()->set_width(1);
+  chunky.mutable_pipeline()->set_stages(64);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&chunky).message()),
+              HasSubstr("pipeline.stages: stages * virtual_stages * model blocks"));
+  // The examples are far below every bound.
+  JobSpec ok = ValidGpt();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&ok).ok());
+  EXPECT_LT(EstimateJobBytes(ok).per_stage_bytes, 1e9);
 }
 
 TEST(ExamplesTest, MlpTiny) {
