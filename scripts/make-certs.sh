@@ -6,8 +6,13 @@
 # Writes into DIR (created, mode 0700):
 #   ca.pem, ca.key                  the cluster CA (keep ca.key off the cluster)
 #   coordinator.pem/.key            CN baton-coordinator
-#   worker-N.pem/.key               CN baton-worker-N, N = 0 .. WORKERS-1 (default 4)
+#   worker-N.pem/.key               CN baton-worker-N, N = 0 .. WORKERS-1 (default 4); the
+#                                   files are named $BATON_WORKER_NAME-N when it is set
+#                                   (Kubernetes: baton-worker-N, the pod names)
 #   client.pem/.key                 CN baton-client (for clients that want mutual TLS)
+#   tokens                          bearer tokens for --auth_tokens: "admin" (admin) and
+#                                   "healthcheck" (viewer)
+#   join-token                      the workers' --join_token_file
 # Every certificate is valid for DNS:localhost, IP:127.0.0.1, DNS:baton (one name the
 # whole cluster can be checked against with --tls_server_name baton), its own short name
 # (coordinator, worker-N) and each EXTRA_SAN ("DNS:coordinator.ns.svc", "IP:10.0.0.5").
@@ -45,7 +50,15 @@ issue() {
 }
 
 issue coordinator baton-coordinator coordinator
-for ((i = 0; i < workers; i++)); do issue "worker-$i" "baton-worker-$i" "worker-$i"; done
+worker_name="${BATON_WORKER_NAME:-worker}"
+for ((i = 0; i < workers; i++)); do
+  issue "$worker_name-$i" "baton-worker-$i" "$worker_name-$i"
+done
 issue client baton-client client
+if [[ ! -s "$dir/tokens" ]]; then
+  printf '# token name role (coordinator --auth_tokens)\n%s admin admin\n%s healthcheck viewer\n' \
+    "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" >"$dir/tokens"
+fi
+[[ -s "$dir/join-token" ]] || openssl rand -hex 16 >"$dir/join-token"
 chmod 644 "$dir"/*.pem
 echo "make-certs: CA and certificates in $dir"

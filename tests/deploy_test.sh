@@ -91,19 +91,31 @@ def load(path):
 
 
 def port_table():
-    """docs/observability.md's port table: {(service, 'grpc'|'metrics'): port}."""
+    """docs/observability.md's port table: {(service, 'grpc'|'metrics'|'health'): port}."""
     table = {}
-    row = re.compile(r"^\|\s*(\d+)\s*\|\s*(coordinator|worker) (gRPC|metrics)\b")
+    row = re.compile(r"^\|\s*(\d+)\s*\|\s*(coordinator|worker) (gRPC|metrics|health)\b")
     with open("docs/observability.md") as f:
         for line in f:
             m = row.match(line)
             if m:
                 table[(m.group(2), m.group(3).lower())] = int(m.group(1))
-    want = {(s, k) for s in ("coordinator", "worker") for k in ("grpc", "metrics")}
+    want = {(s, k) for s in ("coordinator", "worker") for k in ("grpc", "metrics", "health")}
     if set(table) != want:
         print("cannot read the port table of docs/observability.md (found %s)" % table)
         sys.exit(1)
     return table
+
+
+def security_ok(f):
+    """A non-loopback listener starts only with TLS (cert and key) or an explicit --insecure."""
+    return ("insecure" in f) != bool(f.get("tls_cert") and f.get("tls_key"))
+
+
+def mounted_files(f, mounts):
+    """The --tls_*, --auth_tokens and --join_token_file paths that lie outside `mounts`."""
+    keys = ("tls_cert", "tls_key", "tls_ca", "auth_tokens", "join_token_file")
+    return [f[k] for k in keys
+            if k in f and not any(f[k].startswith(m.rstrip("/") + "/") for m in mounts)]
 
 
 def flags(args):
@@ -200,6 +212,8 @@ def cmd_compose(cpu_path, gpu_path, prometheus_path, grafana_dir):
     targets = [v.split(":")[1] for v in c.get("volumes", []) if isinstance(v, str)]
     targets += [v.get("target") for v in c.get("volumes", []) if isinstance(v, dict)]
     expect(db_dir in targets, "%s: --db directory %r is not a volume (%s)" % (coord, db_dir, targets))
+    expect(security_ok(f), "%s: listens on 0.0.0.0 without TLS or --insecure (it would refuse "
+                           "to start)" % coord)
     published = [str(p.get("target") if isinstance(p, dict) else p).split("/")[0].rsplit(":", 1)[-1]
                  for p in c.get("ports", [])]
     expect(str(cg) in published, "%s: gRPC port %d is not published (%s)" % (coord, cg, published))
@@ -218,6 +232,7 @@ def cmd_compose(cpu_path, gpu_path, prometheus_path, grafana_dir):
         }
         for k, v in want.items():
             expect(f.get(k) == v, "%s: --%s=%s, want %s" % (w, k, f.get(k), v))
+        expect(security_ok(f), "%s: listens on 0.0.0.0 without TLS or --insecure" % w)
         hc = " ".join(str(x) for x in (cpu[w].get("healthcheck") or {}).get("test") or [])
         expect("/%d" % wg in hc, "%s: healthcheck %r does not probe port %d" % (w, hc, wg))
 
@@ -286,6 +301,26 @@ def container_ports(pod_spec):
             for p in c.get("ports", []) if "name" in p}
 
 
+def cmd_compose_tls(tls_path):
+    services = load(tls_path)["services"]
+    baton = {n: svc for n, svc in services.items()
+             if (svc.get("command") or [None])[0] in ("coordinator", "worker")}
+    expect(len(baton) >= 2, "the TLS override runs %d baton services" % len(baton))
+    for name, svc in baton.items():
+        f = flags(svc["command"][1:])
+        expect("insecure" not in f and f.get("tls_cert") and f.get("tls_key") and f.get("tls_ca"),
+               "%s: not on mutual TLS (%s)" % (name, svc["command"]))
+        expect(f.get("join_token_file"), "%s: no --join_token_file" % name)
+        targets = [str(v.get("target") if isinstance(v, dict) else v.split(":")[1])
+                   for v in svc.get("volumes", [])]
+        expect(not mounted_files(f, targets), "%s: %s not on a mounted volume (%s)"
+               % (name, mounted_files(f, targets), targets))
+        if svc["command"][0] == "coordinator":
+            expect(f.get("auth_tokens"), "%s: no --auth_tokens" % name)
+            hc = " ".join(str(x) for x in (svc.get("healthcheck") or {}).get("test") or [])
+            expect("--tls_ca" in hc, "%s: healthcheck %r does not speak TLS" % (name, hc))
+
+
 def cmd_k8s(k8s_dir, rules_path):
     ports = port_table()
     objs = k8s_objects(k8s_dir)
@@ -316,9 +351,11 @@ def cmd_k8s(k8s_dir, rules_path):
                 if not p:
                     continue
                 if "grpc" in p:
-                    expect(p["grpc"].get("port") == cports.get("grpc"),
-                           "%s: %s grpc port %s != containerPort named grpc (%s)"
-                           % (name, probe, p["grpc"].get("port"), cports.get("grpc")))
+                    # The TLS port cannot answer Kubernetes' probes: the plaintext health
+                    # port does.
+                    expect(p["grpc"].get("port") == cports.get("health"),
+                           "%s: %s grpc port %s != containerPort named health (%s)"
+                           % (name, probe, p["grpc"].get("port"), cports.get("health")))
                 for kind in ("httpGet", "tcpSocket"):
                     if kind in p:
                         expect(p[kind]["port"] in all_ports, "%s: %s port %s is not declared"
@@ -369,7 +406,14 @@ def cmd_k8s(k8s_dir, rules_path):
     expect(f.get("listen") == "0.0.0.0:%d" % cg, "%s: --listen=%s" % (name, f.get("listen")))
     expect(f.get("metrics_listen") == "0.0.0.0:%d" % cm,
            "%s: --metrics_listen=%s" % (name, f.get("metrics_listen")))
+    ch = ports[("coordinator", "health")]
+    expect(f.get("health_listen") == "0.0.0.0:%d" % ch and cp.get("health") == ch,
+           "%s: --health_listen=%s and containerPort health %s, want %d"
+           % (name, f.get("health_listen"), cp.get("health"), ch))
+    expect(security_ok(f), "%s: listens on 0.0.0.0 without TLS or --insecure" % name)
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    expect(not mounted_files(f, mounts), "%s: %s not on a mounted volume"
+           % (name, mounted_files(f, mounts)))
     vols = {v["name"]: v for v in w["spec"]["template"]["spec"].get("volumes", [])}
     vol = vols.get(mounts.get(os.path.dirname(f.get("db", ""))), {})
     claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
@@ -409,6 +453,15 @@ def cmd_k8s(k8s_dir, rules_path):
     }
     for k, v in want.items():
         expect(f.get(k) == v, "%s: --%s=%s, want %s" % (name, k, f.get(k), v))
+    wh = ports[("worker", "health")]
+    wp = container_ports(spec["template"]["spec"])
+    expect(f.get("health_listen") == "0.0.0.0:%d" % wh and wp.get("health") == wh,
+           "%s: --health_listen=%s and containerPort health %s, want %d"
+           % (name, f.get("health_listen"), wp.get("health"), wh))
+    expect(security_ok(f), "%s: listens on 0.0.0.0 without TLS or --insecure" % name)
+    wmounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
+    expect(not mounted_files(f, wmounts), "%s: %s not on a mounted volume"
+           % (name, mounted_files(f, wmounts)))
     expect(f.get("coordinator") in coord_addrs, "%s: --coordinator=%s is not the coordinator's"
            " gRPC Service (%s)" % (name, f.get("coordinator"), sorted(coord_addrs)))
     limits = (c.get("resources") or {}).get("limits") or {}
@@ -539,7 +592,8 @@ def cmd_docker(dockerfile, setup_sh, bin_dir):
     m = re.search(r"^PACKAGES=\((.*?)^\)", open(setup_sh).read(), re.M | re.S)
     setup = set(re.sub(r"#.*", "", m.group(1)).split()) if m else set()
     not_for_image = {"ccache", "python3", "python3-venv", "libbenchmark-dev", "prometheus",
-                     "docker-compose", "yamllint", "clang", "libclang-rt-14-dev", "iproute2"}
+                     "docker-compose", "yamllint", "clang", "libclang-rt-14-dev", "iproute2",
+                     "openssl"}
     missing = sorted(setup - not_for_image - set(build))
     expect(setup and not missing, "Dockerfile BUILD_PACKAGES lacks %s from %s"
            % (missing, setup_sh))
@@ -591,7 +645,7 @@ def cmd_docker(dockerfile, setup_sh, bin_dir):
 
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
-    {"compose": cmd_compose, "k8s": cmd_k8s, "k8s-prometheus": cmd_k8s_prometheus,
+    {"compose": cmd_compose, "compose-tls": cmd_compose_tls, "k8s": cmd_k8s, "k8s-prometheus": cmd_k8s_prometheus,
      "docker": cmd_docker}[command](*args)
     sys.exit(1 if errors else 0)
 PYEOF
@@ -599,6 +653,7 @@ checks() { "$PY" "$TMP/checks.py" "$@"; }
 
 COMPOSE=deploy/compose/docker-compose.yml
 COMPOSE_GPU=deploy/compose/docker-compose.gpu.yml
+COMPOSE_TLS=deploy/compose/docker-compose.tls.yml
 K8S_MANIFESTS=()
 for f in deploy/k8s/*.yaml; do
   [[ "$(basename "$f")" == kustomization.yaml ]] || K8S_MANIFESTS+=("$f")
@@ -611,6 +666,13 @@ check "yamllint deploy/" yamllint -s -c deploy/.yamllint.yml deploy/
 check "docker-compose config: base (CPU)" docker-compose -f "$COMPOSE" config -q
 check "docker-compose config: base + GPU override" \
   docker-compose -f "$COMPOSE" -f "$COMPOSE_GPU" config -q
+check "docker-compose config: base + TLS override" \
+  docker-compose -f "$COMPOSE" -f "$COMPOSE_TLS" config -q
+compose_tls() {
+  docker-compose -f "$COMPOSE" -f "$COMPOSE_TLS" config >"$TMP/compose-tls.yml" &&
+    checks compose-tls "$TMP/compose-tls.yml"
+}
+check "compose TLS: every baton service on mutual TLS, files on the mounted volume" compose_tls
 compose_consistency() {
   docker-compose -f "$COMPOSE" config >"$TMP/compose-cpu.yml" &&
     docker-compose -f "$COMPOSE" -f "$COMPOSE_GPU" config >"$TMP/compose-gpu.yml" &&
