@@ -135,6 +135,12 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
   return out;
 }
 
+Shape BlockInputShape(const baton::v1::ModelSpec& spec, int /*block*/, int64_t rows) {
+  // Every block after the first takes the hidden representation; only block 0 differs.
+  if (spec.has_mlp()) return {rows, spec.mlp().width()};
+  return {rows, spec.gpt().context(), spec.gpt().d_model()};
+}
+
 absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
                                                         uint64_t seed, int first, int last,
                                                         Device device) {

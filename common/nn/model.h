@@ -34,6 +34,12 @@ struct BlockInfo {
 // The blocks of a (validated) model spec, in canonical order.
 std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec);
 
+// The shape of the float32 activation entering block `block` (1 <= block < blocks; block 0
+// takes the data) for a micro-batch of `rows` samples, which is also the shape of the
+// gradient block `block` - 1 receives back: mlp [rows, width]; gpt [rows, context,
+// d_model]. What a pipeline receives between stages is checked against it.
+Shape BlockInputShape(const baton::v1::ModelSpec& spec, int block, int64_t rows);
+
 // Modules run one after another: forward in order, backward in reverse.
 class Sequential final : public Module {
  public:

@@ -344,6 +344,30 @@ TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
   EXPECT_EQ(echo.status().code(), absl::StatusCode::kAborted);
 }
 
+TEST(PipelineFailureTest, AWrongShapedTensorFromAPeerFailsTheStepBeforeAnyBlockSeesIt) {
+  TwoStageMlp job;
+  InProcessHub hub(2);
+  StageExecutorOptions opts;
+  opts.recv_timeout = absl::Seconds(5);
+  auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  // Rank 0 sends microbatch 0's activation with one row too many.
+  const int64_t rows = job.spec.data().batch_size() / job.spec.pipeline().microbatches();
+  const Tensor wrong = Tensor::Empty({rows + 1, job.spec.model().mlp().width()});
+  ASSERT_TRUE(hub.transport(0)
+                  ->Send(1, TensorTag{0, 0, 0, 0, TensorKind::kActivation}, wrong)
+                  ->Wait(absl::Now() + absl::Seconds(5))
+                  .ok());
+  auto r = (*rank1)->RunStep(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find(absl::StrCat("received activation for 1RECV_F0 is [",
+                                                   rows + 1)),
+            absl::string_view::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("the plan expects"), absl::string_view::npos);
+}
+
 // What the worker's metrics and traces read: per action times and payload bytes, the
 // step's end after the send waits, and a live in-flight count through the observer.
 class RecordingObserver : public StepObserver {

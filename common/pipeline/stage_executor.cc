@@ -210,6 +210,21 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   return result;
 }
 
+namespace {
+
+// A received tensor must be float32 of the shape the plan implies before any block sees it:
+// a peer's bug (or a forged frame that got past the transport) fails the job with this
+// error instead of reading out of bounds or training on garbage.
+absl::Status CheckReceived(const Tensor& t, const Shape& want, const char* what,
+                           const Action& a) {
+  if (t.dtype() == DType::kFloat32 && t.shape() == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "received ", what, " for ", a.ToString(), " is ", ShapeString(t.shape()), " of ",
+      DTypeName(t.dtype()), "; the plan expects ", ShapeString(want), " of float32"));
+}
+
+}  // namespace
+
 absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* bytes) {
   const int s = a.stage;
   const int m = a.microbatch;
@@ -293,6 +308,10 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       BATON_ASSIGN_OR_RETURN(Tensor x, transport_->Recv(schedule_.stage_to_rank[s - 1],
                                                         tag(s - 1, TensorKind::kActivation),
                                                         deadline));
+      Chunk* c = ChunkFor(s);
+      if (c == nullptr) return absl::InternalError("stage not on this rank");
+      BATON_RETURN_IF_ERROR(CheckReceived(x, BlockInputShape(spec_.model(), c->blocks.first, per_mb),
+                                          "activation", a));
       *bytes = x.numel() * static_cast<int64_t>(sizeof(float));
       BATON_ASSIGN_OR_RETURN(x, x.On(options_.device));
       st.activations_in[StepState::Key(s, m)] = std::move(x);
@@ -309,6 +328,10 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       BATON_ASSIGN_OR_RETURN(Tensor dy, transport_->Recv(schedule_.stage_to_rank[s + 1],
                                                          tag(s + 1, TensorKind::kGradient),
                                                          deadline));
+      Chunk* c = ChunkFor(s);
+      if (c == nullptr) return absl::InternalError("stage not on this rank");
+      BATON_RETURN_IF_ERROR(CheckReceived(dy, BlockInputShape(spec_.model(), c->blocks.last, per_mb),
+                                          "gradient", a));
       *bytes = dy.numel() * static_cast<int64_t>(sizeof(float));
       BATON_ASSIGN_OR_RETURN(dy, dy.On(options_.device));
       st.gradients_in[StepState::Key(s, m)] = std::move(dy);
