@@ -93,6 +93,8 @@ class NetCluster(Cluster):
         super().__init__(bin_dir, "", tmp)
         self.net = net
         self.index = 0
+        # The test's own bridge between namespaces: plaintext, asked for explicitly.
+        self.coordinator_flags = ["--insecure"]
 
     def start_worker(self, worker_id):
         if worker_id not in self.net.hosts:
@@ -102,7 +104,7 @@ class NetCluster(Cluster):
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = ["ip", "netns", "exec", ns, os.path.join(self.bin_dir, "worker"),
                 "--coordinator", self.address, "--listen", f"{ip}:0",
-                "--worker_id", worker_id, "--port_file", port_file]
+                "--worker_id", worker_id, "--port_file", port_file, "--insecure"]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id} in {ns}")
         self.worker_addresses[worker_id] = address
         print(f"  worker {worker_id} listening on {address} (namespace {ns})")
