@@ -438,7 +438,7 @@ def case_queued_until_workers(c):
 
 
 def case_schedules(c):
-    """1. every schedule: job digest == train-local's."""
+    """1. every schedule (and recomputation): job digest == train-local's."""
     c.ensure_workers(4)
     runs = [
         ("gpipe", tiny_gpt("gpt-gpipe"), ["--schedule", "gpipe", "--stages", "4"]),
@@ -446,6 +446,9 @@ def case_schedules(c):
         ("interleaved-1f1b", tiny_gpt("gpt-interleaved"),
          ["--schedule", "interleaved-1f1b", "--stages", "2", "--virtual", "2"]),
         ("zb-h1", tiny_gpt("gpt-zbh1"), ["--schedule", "zb-h1", "--stages", "4"]),
+        # Recomputation across worker processes: the reference's bits all the same.
+        ("1f1b recompute", tiny_gpt("gpt-1f1b-recompute"),
+         ["--schedule", "1f1b", "--stages", "4", "--recompute", "full"]),
     ]
     for i, (schedule, spec, flags) in enumerate(runs):
         path = c.write_spec(spec)
@@ -502,9 +505,12 @@ def case_schedules(c):
         print(f"  {schedule:17s} {job_id}: SUCCEEDED in {seconds:4.1f} s on "
               f"{' '.join(job.get('workers', []))} (stages {pipeline.get('stages')}, virtual "
               f"{pipeline.get('virtual_stages')}), digest {job['weights_digest'][:16]}...")
+        if "recompute" in schedule:
+            check(pipeline.get("recompute") == "RECOMPUTE_FULL",
+                  f"the job's spec does not recompute: {pipeline}")
         check(job["weights_digest"] == want,
               f"{schedule}: job digest {job['weights_digest']} != train-local's {want}")
-    print("  all four digests equal train-local's")
+    print("  all five digests equal train-local's")
 
 
 def case_cancel(c):

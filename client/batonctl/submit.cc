@@ -31,6 +31,8 @@ const std::vector<FlagSpec>& Flags() {
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
+      {"recompute", "", false,
+       "override pipeline.recompute: none, or full (rerun each forward before its backward)"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
       {"transport", "", false, "override the transport: grpc, nccl or auto"},
       {"resume-from", "", false,
@@ -47,6 +49,7 @@ constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
     "                       [--resume-from JOB[@STEP]]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
+    "                       [--recompute none|full]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
@@ -117,6 +120,16 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   if (args.Has("microbatches")) {
     if (absl::Status s = Int32Flag(args, "microbatches", &v); !s.ok()) return s;
     p->set_microbatches(v);
+  }
+  if (args.Has("recompute")) {
+    const std::string r = args.Get("recompute");
+    if (r == "none") {
+      p->set_recompute(baton::v1::RECOMPUTE_NONE);
+    } else if (r == "full") {
+      p->set_recompute(baton::v1::RECOMPUTE_FULL);
+    } else {
+      return absl::InvalidArgumentError("--recompute must be none or full, got '" + r + "'");
+    }
   }
   if (args.Has("device")) {
     const std::string d = args.Get("device");

@@ -62,6 +62,11 @@ AllocatorStats CachingAllocator::Stats() const {
   return stats_;
 }
 
+void CachingAllocator::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_bytes_in_use = stats_.bytes_in_use;
+}
+
 void CachingAllocator::ReleaseCached() {
   if (system_.quiesce != nullptr) system_.quiesce();
   std::lock_guard<std::mutex> lock(mu_);

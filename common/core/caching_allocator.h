@@ -39,6 +39,7 @@ class CachingAllocator final : public Allocator {
   void* Allocate(size_t bytes) override;
   void Deallocate(void* p, size_t bytes) override;
   AllocatorStats Stats() const override;
+  void ResetPeak() override;
   void ReleaseCached() override;
 
  private:

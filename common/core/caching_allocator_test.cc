@@ -62,6 +62,9 @@ TEST_F(CachingAllocatorTest, RoundsToTheAlignmentAndReusesExactSizes) {
   EXPECT_EQ(a.Stats().system_allocations, 2);
   EXPECT_EQ(a.Stats().peak_bytes_in_use, 256 + 512);
   a.Deallocate(q, 200);
+  EXPECT_EQ(a.Stats().peak_bytes_in_use, 256 + 512) << "a high-water mark";
+  a.ResetPeak();
+  EXPECT_EQ(a.Stats().peak_bytes_in_use, 512) << "restarts from what is in use";
   a.Deallocate(r, 300);
   a.ReleaseCached();
   EXPECT_EQ(a.Stats().bytes_cached, 0);

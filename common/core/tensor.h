@@ -56,6 +56,8 @@ class Allocator {
   // `bytes` must be the size passed to the Allocate call that returned `p`.
   virtual void Deallocate(void* p, size_t bytes) = 0;
   virtual AllocatorStats Stats() const = 0;
+  // Restarts the high-water mark from what is in use now (to measure one step's peak).
+  virtual void ResetPeak() = 0;
   // Returns cached blocks to the system.
   virtual void ReleaseCached() = 0;
 };

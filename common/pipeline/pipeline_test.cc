@@ -166,6 +166,72 @@ TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases()), CaseName);
 
+// Recomputation reruns each forward just before its backward: the same bits, for every
+// schedule (ZB-H1's I/W split included) and partition.
+std::vector<Case> RecomputeCases() {
+  std::vector<Case> out;
+  for (const Case& c : AllCases()) {
+    if (c.stages <= 3 && (c.microbatches == 2 || c.microbatches == 3)) out.push_back(c);
+  }
+  return out;
+}
+
+class RecomputeBitExactTest : public testing::TestWithParam<Case> {};
+
+TEST_P(RecomputeBitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
+  const Case& c = GetParam();
+  baton::v1::JobSpec spec = c.gpt ? GptJob() : MlpJob();
+  auto* p = spec.mutable_pipeline();
+  p->set_schedule(c.schedule);
+  p->set_stages(c.stages);
+  p->set_virtual_stages(c.virtual_stages);
+  p->set_microbatches(c.microbatches);
+  const TrainRun ref = Reference(spec);
+  p->set_recompute(baton::v1::RECOMPUTE_FULL);
+  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  ASSERT_EQ(ref.losses.size(), 3u);
+  EXPECT_EQ(pipe->losses, ref.losses);
+  EXPECT_EQ(pipe->digest, ref.digest);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchedules, RecomputeBitExactTest, testing::ValuesIn(RecomputeCases()),
+                         CaseName);
+
+// What recomputation is for: with every micro-batch in flight at once (GPipe, one stage),
+// a step's peak memory above the weights, gradients and optimizer state is the stash of
+// all M micro-batches without it, and M inputs plus one micro-batch's stash with it.
+TEST(PipelineMemoryTest, RecomputeHoldsFarLessDuringAStep) {
+  baton::v1::JobSpec spec = GptJob();
+  spec.set_steps(1);
+  auto* p = spec.mutable_pipeline();
+  p->set_schedule(baton::v1::SCHEDULE_GPIPE);
+  p->set_stages(1);
+  p->set_microbatches(8);
+  absl::StatusOr<Device> device = LocalDeviceFor(spec);
+  ASSERT_TRUE(device.ok()) << device.status();
+  Allocator* allocator = AllocatorFor(*device);
+  ASSERT_NE(allocator, nullptr);
+  auto step_peak = [&](baton::v1::Recompute mode) -> int64_t {
+    p->set_recompute(mode);
+    auto t = LocalPipelineTrainer::Create(spec);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return -1;
+    EXPECT_TRUE((*t)->Step().ok());  // the optimizer's state exists from the first step on
+    const int64_t before = allocator->Stats().bytes_in_use;
+    allocator->ResetPeak();
+    EXPECT_TRUE((*t)->Step().ok());
+    return allocator->Stats().peak_bytes_in_use - before;
+  };
+  const int64_t none = step_peak(baton::v1::RECOMPUTE_NONE);
+  const int64_t full = step_peak(baton::v1::RECOMPUTE_FULL);
+  RecordProperty("step_peak_bytes_none", std::to_string(none));
+  RecordProperty("step_peak_bytes_full", std::to_string(full));
+  ASSERT_GT(none, 0);
+  ASSERT_GT(full, 0);
+  EXPECT_LT(full * 3, none) << "recompute: " << full << " bytes, without: " << none;
+}
+
 // The comparison above can fail: the digest is sensitive to float rounding, so merely
 // splitting the same batch differently (same data, same maths, another summation order)
 // gives different weights.

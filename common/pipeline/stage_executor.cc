@@ -41,6 +41,13 @@ class StageExecutor::StepState {
   absl::flat_hash_map<int64_t, Tensor> activations_out;   // output of (s, m) not yet handed on
   absl::flat_hash_map<int64_t, Tensor> gradients_in;      // received dL/d(output) of (s, m)
   absl::flat_hash_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
+  // RECOMPUTE_FULL: the input (and, on the last stage, the targets) of (s, m), kept from its
+  // forward to its backward, which reruns the forward from them.
+  struct Kept {
+    Tensor input;
+    Tensor targets;
+  };
+  absl::flat_hash_map<int64_t, Kept> kept;
   absl::flat_hash_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
   absl::flat_hash_map<int, int> next_w;                   // stage -> next micro-batch to W
   std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
@@ -74,6 +81,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   ex->rank_ = rank;
   ex->transport_ = transport;
   ex->options_ = options;
+  ex->recompute_ = spec.pipeline().recompute() == baton::v1::RECOMPUTE_FULL;
   ex->timer_ = options.device_timer;
   if (ex->timer_ == nullptr) {
     ex->own_timer_ = NewDeviceTimer(options.device);
@@ -263,6 +271,12 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       }
       Tensor y;
       BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets}, x, &y));
+      if (recompute_) {
+        // Keep only what reruns this forward; the blocks' stash goes now.
+        c->model->Discard(m);
+        st.kept[StepState::Key(s, m)] =
+            StepState::Kept{std::move(x), targets != nullptr ? *targets : Tensor()};
+      }
       if (++st.inflight > st.peak_inflight) st.peak_inflight = st.inflight;
       // The blocks stash what they need of the batch; drop it after its last use here.
       const bool last_use = (s == last_stage) || (s == 0 && ChunkFor(last_stage) == nullptr);
@@ -287,6 +301,21 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
         BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_out, s + 1, m, "local gradient", a));
       } else {
         BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_in, s, m, "received gradient", a));
+      }
+      if (recompute_) {
+        // Rerun the forward from the kept input: the same blocks on the same bits stash
+        // exactly what the first run did.
+        auto it = st.kept.find(StepState::Key(s, m));
+        if (it == st.kept.end()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(a.ToString(), ": no kept input for stage ", s, " micro-batch ", m,
+                           " to recompute its forward from (the clock runs it too early)"));
+        }
+        StepState::Kept kept = std::move(it->second);
+        st.kept.erase(it);
+        Tensor y;
+        BATON_RETURN_IF_ERROR(c->model->Forward(
+            MicroBatch{m, kept.targets.defined() ? &kept.targets : nullptr}, kept.input, &y));
       }
       Tensor dx;
       const Tensor* targets = nullptr;

@@ -16,6 +16,12 @@
 // In-flight accounting: a (stage, micro-batch) is in flight from its forward until its
 // weight gradient has run; the executor records the peak over the step.
 //
+// Recomputation (spec.pipeline.recompute RECOMPUTE_FULL): after a forward the executor
+// drops the blocks' stash for that micro-batch and keeps only the chunk's input (and the
+// last stage's targets); a B or I action first reruns the forward from them. Forward is
+// deterministic, so the weights are the same bits as without; an I/W split still holds the
+// W half's stash from I to W.
+//
 // Errors: any failure (a deadline, a bad tensor, an aborted peer) aborts the transport so
 // the other ranks stop too, drops everything stashed for the step, and is returned. Weights
 // are unchanged unless the failure came after the STEP action (only the final send waits
@@ -150,6 +156,7 @@ class StageExecutor {
   std::vector<Chunk> chunks_;  // ascending stage order
   std::vector<Parameter*> params_;
   std::unique_ptr<Optimizer> optimizer_;
+  bool recompute_ = false;  // spec.pipeline.recompute is RECOMPUTE_FULL
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };

@@ -169,6 +169,14 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   if (!baton::v1::Schedule_IsValid(p->schedule())) {
     return Invalid("pipeline.schedule", absl::StrCat("unknown schedule ", p->schedule()));
   }
+  if (p->recompute() == baton::v1::RECOMPUTE_UNSPECIFIED) {
+    p->set_recompute(baton::v1::RECOMPUTE_NONE);
+  }
+  if (!baton::v1::Recompute_IsValid(p->recompute())) {
+    return Invalid("pipeline.recompute",
+                   absl::StrCat("unknown recompute mode ", p->recompute(),
+                                " (RECOMPUTE_NONE or RECOMPUTE_FULL)"));
+  }
   int32_t v = p->stages();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.stages", &v, 1));
   p->set_stages(v);

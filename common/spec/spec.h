@@ -74,7 +74,8 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // Fills defaults in place, then validates. Defaults (applied only where the field is
 // zero/unset):
 //   pipeline.stages 1, pipeline.virtual_stages 1, pipeline.microbatches 1,
-//   pipeline.schedule SCHEDULE_1F1B, data.synthetic.teacher_width 32,
+//   pipeline.schedule SCHEDULE_1F1B, pipeline.recompute RECOMPUTE_NONE,
+//   data.synthetic.teacher_width 32,
 //   optimizer.adamw beta1 0.9, beta2 0.999, epsilon 1e-8, weight_decay 0.01.
 // Refuses (INVALID_ARGUMENT, message "<field path>: <reason>") among others: a missing
 // model, data source or optimizer; sizes below 1; heads not dividing d_model; a gpt without

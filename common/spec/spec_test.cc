@@ -270,6 +270,9 @@ const std::vector<Refusal>& Refusals() {
       {"UnknownSchedule", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_schedule(static_cast<v1::Schedule>(17)); },
        "pipeline.schedule", "17"},
+      {"UnknownRecompute", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_recompute(static_cast<v1::Recompute>(9)); },
+       "pipeline.recompute", "unknown recompute mode 9"},
       {"MlpTooManyStages", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_stages(5); },  // depth 3: 4 blocks
        "pipeline.stages", "4 blocks"},
@@ -332,6 +335,7 @@ TEST(ValidateTest, FillsDefaults) {
   EXPECT_EQ(spec.pipeline().virtual_stages(), 1);
   EXPECT_EQ(spec.pipeline().microbatches(), 1);
   EXPECT_EQ(spec.pipeline().schedule(), v1::SCHEDULE_1F1B);
+  EXPECT_EQ(spec.pipeline().recompute(), v1::RECOMPUTE_NONE);
   const auto& adam = spec.optimizer().adamw();
   ASSERT_TRUE(adam.has_beta1() && adam.has_beta2() && adam.has_epsilon() &&
               adam.has_weight_decay());
