@@ -93,7 +93,8 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
       case ActionKind::kSendB: send += d; break;
       case ActionKind::kRecvF:
       case ActionKind::kRecvB: recv += d; break;
-      case ActionKind::kStep: break;
+      case ActionKind::kStep:
+      case ActionKind::kReduceGrad: break;  // queues the reduction; its time is its own
     }
   }
   baton::v1::RankTiming out;

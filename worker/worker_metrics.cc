@@ -21,6 +21,7 @@ const char* KindLabel(ActionKind k) {
     case ActionKind::kRecvF:
     case ActionKind::kRecvB: return "recv_wait";
     case ActionKind::kStep: return "optimizer";
+    case ActionKind::kReduceGrad: return "reduce_grad";
   }
   return "other";
 }

@@ -44,6 +44,7 @@ const char* Category(ActionKind k) {
     case ActionKind::kRecvF:
     case ActionKind::kRecvB: return "recv_wait";
     case ActionKind::kStep: return "optimizer";
+    case ActionKind::kReduceGrad: return "reduce_grad";
   }
   return "other";
 }

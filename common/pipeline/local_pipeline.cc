@@ -56,21 +56,40 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
     o.num_microbatches = p.microbatches();
     BATON_ASSIGN_OR_RETURN(t->schedule_, BuildSchedule(o));
   }
+  const int D = p.data_parallel();
+  if (D > 1 && !t->schedule_.reduces_grads()) {
+    BATON_ASSIGN_OR_RETURN(t->schedule_, AddGradReductions(t->schedule_));
+    BATON_RETURN_IF_ERROR(Validate(t->schedule_));
+  }
   BATON_ASSIGN_OR_RETURN(t->stage_blocks_,
                          PartitionBlocks(DescribeBlocks(t->spec_.model()),
                                          t->schedule_.num_stages()));
-  t->hub_ = std::make_unique<InProcessHub>(t->schedule_.num_ranks);
+  const int S = t->schedule_.num_ranks;
+  // Replica d's ranks talk among themselves through hub d; rank r of every replica forms
+  // data-parallel group r.
+  for (int d = 0; d < D; ++d) t->hubs_.push_back(std::make_unique<InProcessHub>(S));
+  if (D > 1) {
+    for (int r = 0; r < S; ++r) t->groups_.push_back(std::make_unique<InProcessGroup>(D));
+  }
   StageExecutorOptions eo;
   eo.recv_timeout = options.recv_timeout;
   // Every rank on this process's device (one GPU shared by all the stage threads).
   BATON_ASSIGN_OR_RETURN(eo.device, LocalDeviceFor(t->spec_));
   t->device_ = eo.device;
-  for (int r = 0; r < t->schedule_.num_ranks; ++r) {
-    BATON_ASSIGN_OR_RETURN(
-        std::unique_ptr<StageExecutor> ex,
-        StageExecutor::Create(t->spec_, t->schedule_, t->stage_blocks_, r,
-                              t->hub_->transport(r), eo));
-    t->executors_.push_back(std::move(ex));
+  for (int d = 0; d < D; ++d) {
+    for (int r = 0; r < S; ++r) {
+      eo.replica = d;
+      eo.collective = nullptr;
+      if (D > 1) {
+        t->members_.push_back(t->groups_[r]->Member(d));
+        eo.collective = t->members_.back().get();
+      }
+      BATON_ASSIGN_OR_RETURN(
+          std::unique_ptr<StageExecutor> ex,
+          StageExecutor::Create(t->spec_, t->schedule_, t->stage_blocks_, r,
+                                t->hubs_[d]->transport(r), eo));
+      t->executors_.push_back(std::move(ex));
+    }
   }
   return t;
 }
@@ -81,11 +100,13 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
   }
   const auto start = std::chrono::steady_clock::now();
   const int S = schedule_.num_ranks;
-  std::vector<absl::StatusOr<RankStepResult>> results(S, absl::UnknownError("not run"));
+  const int D = replicas();
+  const int ranks = S * D;
+  std::vector<absl::StatusOr<RankStepResult>> results(ranks, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
-  threads.reserve(S);
+  threads.reserve(ranks);
   const int64_t step = steps_done_;
-  for (int r = 0; r < S; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([this, r, step, &results] { results[r] = executors_[r]->RunStep(step); });
   }
   for (std::thread& th : threads) th.join();
@@ -106,12 +127,15 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
 
   PipelineStepStats stats;
   const int last_rank = schedule_.stage_to_rank.back();
-  const std::vector<float>& losses = results[last_rank]->losses;
   double sum = 0.0;
-  for (float l : losses) sum += l;  // micro-batch order, as the reference trainer
+  for (int d = 0; d < D; ++d) {
+    // Replica then micro-batch order, as the reference trainer.
+    for (float l : results[d * S + last_rank]->losses) sum += l;
+  }
   ++steps_done_;
   stats.step = steps_done_;
-  stats.loss = static_cast<float>(sum / static_cast<double>(schedule_.num_microbatches));
+  stats.loss = static_cast<float>(
+      sum / static_cast<double>(static_cast<int64_t>(D) * schedule_.num_microbatches));
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.samples = spec_.data().batch_size();
@@ -127,7 +151,9 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
 absl::Status LocalPipelineTrainer::SaveCheckpoint(const std::string& job_dir,
                                                   const std::string& job) {
   const std::string step_dir = CheckpointStepDir(job_dir, steps_done_);
-  for (auto& e : executors_) {
+  // The replicas hold the same weights: replica 0's ranks write them.
+  for (int r = 0; r < schedule_.num_ranks; ++r) {
+    const auto& e = executors_[r];
     absl::StatusOr<std::vector<CheckpointBlockFile>> files =
         e->SaveCheckpoint(step_dir, job, steps_done_);
     if (!files.ok()) return files.status();
@@ -150,10 +176,13 @@ absl::Status LocalPipelineTrainer::LoadCheckpoint(const std::string& step_dir) {
   return absl::OkStatus();
 }
 
-std::vector<Digest> LocalPipelineTrainer::BlockDigests() {
+std::vector<Digest> LocalPipelineTrainer::BlockDigests(int replica) {
   std::vector<Digest> out(stage_blocks_.empty() ? 0 : stage_blocks_.back().last);
-  for (auto& ex : executors_) {
-    for (auto& [block, digest] : ex->BlockDigests()) out[block] = digest;
+  const int S = schedule_.num_ranks;
+  for (int r = 0; r < S; ++r) {
+    for (auto& [block, digest] : executors_[replica * S + r]->BlockDigests()) {
+      out[block] = digest;
+    }
   }
   return out;
 }

@@ -1,5 +1,6 @@
 // A whole pipeline in one process: S stage executors on S threads, connected by the
-// in-process transport. This is `batonctl train-local --pipeline`, and the harness the
+// in-process transport; with pipeline.data_parallel D, D such pipelines whose stage r
+// ranks form a data-parallel group (the in-process collective engine). This is `batonctl train-local --pipeline`, and the harness the
 // bit-exactness tests drive; the cluster runs the same StageExecutor in worker processes.
 #ifndef BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
 #define BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
@@ -10,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "baton/v1/job.pb.h"
+#include "common/collective/inproc_collective.h"
 #include "common/core/digest.h"
 #include "common/pipeline/inproc_transport.h"
 #include "common/pipeline/partition.h"
@@ -27,8 +29,9 @@ struct LocalPipelineOptions {
 };
 
 struct PipelineStepStats : StepStats {
-  std::vector<int> peak_inflight;             // per rank
-  std::vector<RankStepResult> ranks;          // per rank: timeline, losses
+  // Per rank, replica-major (rank r of replica d at d * S + r).
+  std::vector<int> peak_inflight;
+  std::vector<RankStepResult> ranks;  // timeline, losses
 };
 
 class LocalPipelineTrainer {
@@ -48,7 +51,9 @@ class LocalPipelineTrainer {
   const std::vector<BlockRange>& stage_blocks() const { return stage_blocks_; }
   int64_t steps_done() const { return steps_done_; }
   Device device() const { return device_; }  // where every rank computes
-  InProcessHub& hub() { return *hub_; }
+  // pipeline.data_parallel: replicas of the pipeline, each with its own hub.
+  int replicas() const { return static_cast<int>(hubs_.size()); }
+  InProcessHub& hub(int replica = 0) { return *hubs_[replica]; }
 
   // Every rank writes its blocks into checkpoint step steps_done() under `job_dir`, as
   // job `job` (common/checkpoint/checkpoint.h).
@@ -57,9 +62,10 @@ class LocalPipelineTrainer {
   // partition; steps_done() becomes its step. On an error the trainer is unusable.
   absl::Status LoadCheckpoint(const std::string& step_dir);
 
-  // Block digests in canonical block order, gathered from the ranks.
-  std::vector<Digest> BlockDigests();
-  Digest WeightsDigest() { return CombineBlockDigests(BlockDigests()); }
+  // Block digests in canonical block order, gathered from replica `replica`'s ranks (every
+  // replica holds the same weights; the tests check it).
+  std::vector<Digest> BlockDigests(int replica = 0);
+  Digest WeightsDigest(int replica = 0) { return CombineBlockDigests(BlockDigests(replica)); }
 
  private:
   LocalPipelineTrainer() = default;
@@ -68,7 +74,11 @@ class LocalPipelineTrainer {
   Schedule schedule_;
   std::vector<BlockRange> stage_blocks_;
   Device device_ = Device::kCpu;
-  std::unique_ptr<InProcessHub> hub_;
+  std::vector<std::unique_ptr<InProcessHub>> hubs_;        // by replica
+  std::vector<std::unique_ptr<InProcessGroup>> groups_;    // by rank, when replicas > 1
+  std::vector<std::unique_ptr<Collective>> members_;       // the executors' group handles
+  // Replica-major: executors_[d * S + r] is rank r of replica d. Declared after what it
+  // points into, so it is destroyed first.
   std::vector<std::unique_ptr<StageExecutor>> executors_;
   int64_t steps_done_ = 0;
   bool failed_ = false;

@@ -166,6 +166,100 @@ TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases()), CaseName);
 
+// Data parallelism: D replicas of the pipeline, each stage's gradients summed over its
+// replicas in replica order. Every replica ends with the reference trainer's weights for
+// the same data_parallel grouping, bit for bit, under every schedule.
+struct DpCase {
+  Case pipeline;
+  int replicas;
+};
+
+std::vector<DpCase> DataParallelCases() {
+  std::vector<DpCase> out;
+  for (const Case& c : AllCases()) {
+    if (c.stages > 2 || c.microbatches != 2) continue;
+    for (int d : {1, 2, 3}) out.push_back({c, d});
+  }
+  return out;
+}
+
+class DataParallelBitExactTest : public testing::TestWithParam<DpCase> {};
+
+TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
+  const DpCase& c = GetParam();
+  baton::v1::JobSpec spec = c.pipeline.gpt ? GptJob() : MlpJob();
+  auto* p = spec.mutable_pipeline();
+  p->set_schedule(c.pipeline.schedule);
+  p->set_stages(c.pipeline.stages);
+  p->set_virtual_stages(c.pipeline.virtual_stages);
+  p->set_microbatches(c.pipeline.microbatches);
+  p->set_data_parallel(c.replicas);
+  p->set_reduce_bucket_bytes(256);  // several buckets per stage, one parameter each at most
+  const TrainRun ref = Reference(spec);
+  auto t = LocalPipelineTrainer::Create(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ((*t)->replicas(), c.replicas);
+  EXPECT_EQ((*t)->schedule().reduces_grads(), c.replicas > 1);
+  std::vector<float> losses;
+  for (int i = 0; i < spec.steps(); ++i) {
+    auto st = (*t)->Step();
+    ASSERT_TRUE(st.ok()) << st.status();
+    losses.push_back(st->loss);
+    ASSERT_EQ(st->ranks.size(), static_cast<size_t>(c.replicas * c.pipeline.stages));
+    if (c.replicas > 1) {
+      for (const RankStepResult& r : st->ranks) {
+        EXPECT_EQ(r.reductions.size(), static_cast<size_t>(c.pipeline.virtual_stages))
+            << "one reduction per stage the rank holds";
+        for (const ActionTiming& a : r.reductions) EXPECT_GT(a.bytes, 0);
+      }
+    }
+  }
+  EXPECT_EQ(losses, ref.losses);
+  for (int d = 0; d < c.replicas; ++d) {
+    EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest) << "replica " << d;
+  }
+}
+
+std::string DpCaseName(const testing::TestParamInfo<DpCase>& info) {
+  return absl::StrCat(CaseName(testing::TestParamInfo<Case>(info.param.pipeline, info.index)),
+                      "D", info.param.replicas);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchedules, DataParallelBitExactTest,
+                         testing::ValuesIn(DataParallelCases()), DpCaseName);
+
+// The comparison above can fail: replicas summing in another order, or each training on
+// the whole batch, end elsewhere. Two replicas' grouping is not one pipeline's.
+TEST(DataParallelControlTest, TheGroupingChangesTheBits) {
+  baton::v1::JobSpec spec = GptJob();
+  spec.mutable_pipeline()->set_microbatches(2);
+  const TrainRun one = Reference(spec);
+  spec.mutable_pipeline()->set_data_parallel(2);
+  const TrainRun two = Reference(spec);
+  EXPECT_NE(one.digest, two.digest);
+}
+
+// A replica that fails ends the step on every replica with its reason, quickly.
+TEST(PipelineFailureTest, AFailedReplicaStopsEveryReplica) {
+  baton::v1::JobSpec spec = GptJob();
+  auto* p = spec.mutable_pipeline();
+  p->set_stages(2);
+  p->set_microbatches(2);
+  p->set_data_parallel(3);
+  LocalPipelineOptions opts;
+  opts.recv_timeout = absl::Seconds(30);
+  auto t = LocalPipelineTrainer::Create(spec, opts);
+  ASSERT_TRUE(t.ok()) << t.status();
+  (*t)->hub(2).transport(1)->Abort(absl::UnavailableError("replica 2 lost its GPU"));
+  const absl::Time start = absl::Now();
+  auto s = (*t)->Step();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_NE(s.status().message().find("replica 2 lost its GPU"), absl::string_view::npos)
+      << s.status();
+  EXPECT_EQ((*t)->Step().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Recomputation reruns each forward just before its backward: the same bits, for every
 // schedule (ZB-H1's I/W split included) and partition.
 std::vector<Case> RecomputeCases() {

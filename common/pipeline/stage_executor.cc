@@ -1,8 +1,13 @@
 #include "common/pipeline/stage_executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -52,10 +57,164 @@ class StageExecutor::StepState {
   absl::flat_hash_map<int, int> next_w;                   // stage -> next micro-batch to W
   std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
   std::vector<float> losses;  // last stage only
+  std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
   int inflight = 0;
   int peak_inflight = 0;
   bool stepped = false;
 };
+
+// The communication thread of a data-parallel rank: runs queued gradient reductions one at
+// a time, in the order they were queued. After a failure the rest of the step's queue is
+// skipped with the same error.
+class StageExecutor::GradReducer {
+ public:
+  GradReducer(Collective* collective, int64_t bucket_bytes)
+      : collective_(collective), bucket_bytes_(bucket_bytes), thread_([this] { Loop(); }) {}
+
+  ~GradReducer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Starts a step: clears the previous step's record and error.
+  void BeginStep(std::chrono::steady_clock::time_point t0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    t0_ = t0;
+    done_.clear();
+    error_ = absl::OkStatus();
+  }
+
+  // Queues the reduction of `params`' gradients; returns at once.
+  void Enqueue(const Action& a, std::vector<Parameter*> params, absl::Time deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Task{a, std::move(params), deadline});
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+
+  // Waits until every queued reduction has run; their timings, in queue order, and the
+  // first error. At `deadline` the group is aborted (so the thread returns) and the wait
+  // reports DEADLINE_EXCEEDED.
+  absl::Status WaitAll(absl::Time deadline, std::vector<ActionTiming>* timings) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto until = absl::ToChronoTime(deadline);
+    while (pending_ > 0) {
+      if (cv_.wait_until(lock, until) == std::cv_status::timeout && pending_ > 0) {
+        lock.unlock();
+        collective_->Abort(absl::DeadlineExceededError(
+            "a gradient reduction did not finish by its deadline"));
+        lock.lock();
+        cv_.wait(lock, [this] { return pending_ == 0; });  // aborted: returns promptly
+        if (error_.ok()) {
+          error_ = absl::DeadlineExceededError(
+              "a gradient reduction did not finish by its deadline");
+        }
+      }
+    }
+    *timings = done_;
+    return error_;
+  }
+
+  // Fails the group (so no peer waits for this rank) and drops what is queued.
+  void Abort(const absl::Status& why) { collective_->Abort(why); }
+
+ private:
+  struct Task {
+    Action action;
+    std::vector<Parameter*> params;
+    absl::Time deadline;
+  };
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = !error_.ok();
+      const auto t0 = t0_;
+      lock.unlock();
+      ActionTiming t{task.action, 0, 0, 0};
+      absl::Status s;
+      if (!skip) {
+        t.start_ns = NsSince(t0);
+        s = Reduce(task, &t.bytes);
+        t.end_ns = NsSince(t0);
+      }
+      lock.lock();
+      if (!skip) {
+        done_.push_back(t);
+        if (!s.ok() && error_.ok()) {
+          error_ = absl::Status(s.code(), absl::StrCat(task.action.ToString(), ": ", s.message()));
+        }
+      }
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+
+  static int64_t NsSince(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now() - t0)
+        .count();
+  }
+
+  // Sums the gradients over the group, bucket by bucket: each bucket is gathered into one
+  // host buffer (a parameter larger than a bucket is a bucket of its own), reduced, and
+  // scattered back. Element-wise, bucketing changes nothing of the result.
+  absl::Status Reduce(const Task& task, int64_t* bytes) {
+    size_t i = 0;
+    const std::vector<Parameter*>& ps = task.params;
+    while (i < ps.size()) {
+      size_t end = i;
+      int64_t floats = 0;
+      while (end < ps.size() &&
+             (end == i || (floats + ps[end]->grad.numel()) * static_cast<int64_t>(sizeof(float)) <=
+                              bucket_bytes_)) {
+        floats += ps[end]->grad.numel();
+        ++end;
+      }
+      buffer_.resize(static_cast<size_t>(floats));
+      int64_t at = 0;
+      for (size_t k = i; k < end; ++k) {
+        BATON_RETURN_IF_ERROR(ps[k]->grad.CopyToHost(buffer_.data() + at));
+        at += ps[k]->grad.numel();
+      }
+      BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buffer_.data(), floats, task.deadline));
+      at = 0;
+      for (size_t k = i; k < end; ++k) {
+        BATON_RETURN_IF_ERROR(ps[k]->grad.CopyFromHost(buffer_.data() + at));
+        at += ps[k]->grad.numel();
+      }
+      *bytes += floats * static_cast<int64_t>(sizeof(float));
+      i = end;
+    }
+    return absl::OkStatus();
+  }
+
+  Collective* const collective_;
+  const int64_t bucket_bytes_;
+  std::vector<float> buffer_;  // the communication thread's only
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;                   // guarded by mu_
+  int pending_ = 0;                          // queued or running; guarded by mu_
+  std::vector<ActionTiming> done_;           // this step's; guarded by mu_
+  absl::Status error_;                       // guarded by mu_
+  std::chrono::steady_clock::time_point t0_; // the step's start; guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::thread thread_;                       // last: starts once the rest is built
+};
+
+StageExecutor::StageExecutor() = default;
+StageExecutor::~StageExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const baton::v1::JobSpec& spec, const Schedule& schedule,
@@ -82,6 +241,28 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   ex->transport_ = transport;
   ex->options_ = options;
   ex->recompute_ = spec.pipeline().recompute() == baton::v1::RECOMPUTE_FULL;
+  const int data_parallel = std::max(1, spec.pipeline().data_parallel());
+  if (options.replica < 0 || options.replica >= data_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat("replica ", options.replica, " is outside the job's ",
+                                                   data_parallel, " (pipeline.data_parallel)"));
+  }
+  if (schedule.reduces_grads()) {
+    if (options.collective == nullptr) {
+      return absl::InvalidArgumentError(
+          "the clock reduces gradients (REDUCE_GRAD) but the rank has no data-parallel group");
+    }
+    if (options.collective->size() != data_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the data-parallel group has ", options.collective->size(), " members, the job ",
+          data_parallel, " replicas (pipeline.data_parallel)"));
+    }
+    ex->reducer_ = std::make_unique<GradReducer>(
+        options.collective, std::max<int64_t>(1, spec.pipeline().reduce_bucket_bytes()));
+  } else if (data_parallel > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job has ", data_parallel,
+        " data-parallel replicas but the clock has no REDUCE_GRAD actions (AddGradReductions)"));
+  }
   ex->timer_ = options.device_timer;
   if (ex->timer_ == nullptr) {
     ex->own_timer_ = NewDeviceTimer(options.device);
@@ -151,6 +332,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
         .count();
   };
   result.start = absl::Now();
+  if (reducer_ != nullptr) reducer_->BeginStep(t0);
   absl::Status status;
   result.timeline.reserve(schedule_.ranks[rank_].size());
   // Device marks around each timed action: (timeline index, first mark, second mark).
@@ -203,6 +385,13 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   }
   if (!status.ok()) {
     transport_->Abort(status);
+    if (reducer_ != nullptr) {
+      // The other replicas must not wait for this rank's reductions; then let the queue
+      // drain so the next step starts clean.
+      reducer_->Abort(status);
+      std::vector<ActionTiming> ignored;
+      (void)reducer_->WaitAll(absl::Now() + options_.recv_timeout, &ignored);
+    }
     for (Chunk& c : chunks_) {
       for (int m = 0; m < st.M; ++m) c.model->Discard(m);
     }
@@ -214,6 +403,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
     if (ns.ok()) result.timeline[m.action].device_ns = *ns;
   }
   result.losses = std::move(st.losses);
+  result.reductions = std::move(st.reductions);
   result.peak_inflight = st.peak_inflight;
   return result;
 }
@@ -237,14 +427,17 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
   const int s = a.stage;
   const int m = a.microbatch;
   const int last_stage = schedule_.num_stages() - 1;
-  const int64_t per_mb = spec_.data().batch_size() / st.M;
+  const int D = std::max(1, spec_.pipeline().data_parallel());
+  const int64_t per_mb = spec_.data().batch_size() / (static_cast<int64_t>(D) * st.M);
   auto tag = [&](int stage, TensorKind kind) {
     return TensorTag{options_.job_id, st.step, m, stage, kind};
   };
   auto batch = [&]() -> absl::StatusOr<const Batch*> {
     auto it = st.batches.find(m);
     if (it == st.batches.end()) {
-      BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(st.step, m * per_mb, per_mb));
+      // This replica's share: the step's micro-batch replica * M + m.
+      const int64_t global_mb = static_cast<int64_t>(options_.replica) * st.M + m;
+      BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(st.step, global_mb * per_mb, per_mb));
       it = st.batches.emplace(m, std::move(b)).first;
     }
     return &it->second;
@@ -296,7 +489,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       Tensor dy;
       if (s == last_stage) {
         dy = Tensor::Empty({1});
-        dy.f32()[0] = 1.0f / static_cast<float>(st.M);
+        dy.f32()[0] = 1.0f / static_cast<float>(D * st.M);
       } else if (schedule_.stage_to_rank[s + 1] == rank_) {
         BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_out, s + 1, m, "local gradient", a));
       } else {
@@ -366,6 +559,20 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       st.gradients_in[StepState::Key(s, m)] = std::move(dy);
       return absl::OkStatus();
     }
+    case ActionKind::kReduceGrad: {
+      Chunk* c = ChunkFor(s);
+      if (c == nullptr) return absl::InternalError("stage not on this rank");
+      if (reducer_ == nullptr) {
+        return absl::FailedPreconditionError("REDUCE_GRAD without a data-parallel group");
+      }
+      if (st.next_w[s] != st.M) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("gradient reduction before every weight gradient of stage ", s,
+                         " ran (", st.next_w[s], " of ", st.M, ")"));
+      }
+      reducer_->Enqueue(a, c->model->Parameters(), deadline);
+      return absl::OkStatus();
+    }
     case ActionKind::kStep: {
       for (const Chunk& c : chunks_) {
         const int done = st.next_w[c.stage];
@@ -374,6 +581,10 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
               absl::StrCat("optimizer step before every weight gradient of stage ", c.stage,
                            " ran (", done, " of ", st.M, ")"));
         }
+      }
+      // The update needs the group's sums: wait for this step's reductions.
+      if (reducer_ != nullptr) {
+        BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
       }
       // Divergence is a failure: a non-finite gradient would make every weight it touches
       // garbage. One sum per gradient (inf and nan survive a double sum of floats).

@@ -16,6 +16,14 @@
 // In-flight accounting: a (stage, micro-batch) is in flight from its forward until its
 // weight gradient has run; the executor records the peak over the step.
 //
+// Data parallelism (spec.pipeline.data_parallel D > 1, clocks with REDUCE_GRAD): replica d
+// trains on its share of the batch (micro-batch m of this rank is the step's micro-batch
+// d*M + m, of batch/(D*M) samples, with loss scale 1/(D*M)). A REDUCE_GRAD(s) hands the
+// stage's complete gradients to a communication thread, which sums them over the group
+// (options.collective) in buckets of spec.pipeline.reduce_bucket_bytes while the clock
+// goes on; STEP waits for every reduction of the step. Reductions run in clock order, the
+// same on every replica, so the group's collectives line up.
+//
 // Recomputation (spec.pipeline.recompute RECOMPUTE_FULL): after a forward the executor
 // drops the blocks' stash for that micro-batch and keeps only the chunk's input (and the
 // last stage's targets); a B or I action first reruns the forward from them. Forward is
@@ -44,6 +52,7 @@
 #include "common/optim/optimizer.h"
 #include "common/pipeline/partition.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/collective/collective.h"
 #include "common/core/device_timer.h"
 #include "common/pipeline/transport.h"
 #include "common/schedule/schedule.h"
@@ -83,6 +92,12 @@ struct StageExecutorOptions {
   DeviceTimer* device_timer = nullptr;
   // Where the job's text file may be read from (a worker's --data_root); default: anywhere.
   DataAccess data;
+  // Data parallelism (spec.pipeline.data_parallel D > 1): which replica of the pipeline
+  // this rank belongs to (its share of every step's batch), and its handle on the group of
+  // the D ranks that hold the same stages, which REDUCE_GRAD actions sum gradients over.
+  // Not owned; required when the clock has REDUCE_GRAD actions.
+  int replica = 0;
+  Collective* collective = nullptr;
 };
 
 struct RankStepResult {
@@ -95,12 +110,16 @@ struct RankStepResult {
   // After the clock, the waits for sends still in flight, each naming its send action;
   // only waits that blocked are listed.
   std::vector<ActionTiming> send_waits;
+  // Each REDUCE_GRAD's reduction as it ran on the communication thread (its start and end,
+  // the gradient bytes it summed), in clock order; empty without data parallelism.
+  std::vector<ActionTiming> reductions;
   absl::Time start;    // wall clock when the step started on this rank
   int64_t end_ns = 0;  // when the step ended (every send gone), since start
 };
 
 class StageExecutor {
  public:
+  ~StageExecutor();
   // `spec` must be validated (common/spec); `schedule` lowered and validated; `stage_blocks`
   // gives the block range of every global stage (size schedule.num_stages()). Builds this
   // rank's chunks, its optimizer, and the dataset. `transport` is not owned.
@@ -139,8 +158,9 @@ class StageExecutor {
     std::unique_ptr<Sequential> model;
   };
   class StepState;
+  class GradReducer;
 
-  StageExecutor() = default;
+  StageExecutor();
   // `bytes` receives the payload size of a send or receive.
   absl::Status Execute(const Action& a, StepState& st, int64_t* bytes);
   absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
@@ -157,6 +177,7 @@ class StageExecutor {
   std::vector<Parameter*> params_;
   std::unique_ptr<Optimizer> optimizer_;
   bool recompute_ = false;  // spec.pipeline.recompute is RECOMPUTE_FULL
+  std::unique_ptr<GradReducer> reducer_;  // with data parallelism: the communication thread
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };

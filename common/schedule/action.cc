@@ -32,8 +32,11 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 }  // namespace
 
+constexpr char kReduceGradText[] = "REDUCE_GRAD";
+
 const char* ActionKindName(ActionKind k) {
   if (k == ActionKind::kStep) return "STEP";
+  if (k == ActionKind::kReduceGrad) return kReduceGradText;
   for (const KindText& kt : kKinds) {
     if (kt.kind == k) return kt.text;
   }
@@ -52,6 +55,7 @@ bool IsComm(ActionKind k) {
 
 std::string Action::ToString() const {
   if (kind == ActionKind::kStep) return "STEP";
+  if (kind == ActionKind::kReduceGrad) return absl::StrCat(stage, kReduceGradText);
   return absl::StrCat(stage, ActionKindName(kind), microbatch);
 }
 
@@ -63,7 +67,7 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   const std::string t = text.substr(begin, end - begin);
   auto error = [&](const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1 or STEP)"));
+        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1, 1REDUCE_GRAD or STEP)"));
   };
   if (t.empty()) return error("empty");
   if (t == "STEP") return Action{ActionKind::kStep, 0, 0};
@@ -79,13 +83,17 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   const size_t kind_begin = i;
   while (i < t.size() && !IsDigit(t[i])) ++i;
   const std::string kind_text = t.substr(kind_begin, i - kind_begin);
+  if (kind_text == kReduceGradText) {
+    if (i != t.size()) return error("REDUCE_GRAD takes no micro-batch index");
+    return Action{ActionKind::kReduceGrad, static_cast<int32_t>(stage), 0};
+  }
   const KindText* kind = nullptr;
   for (const KindText& kt : kKinds) {
     if (kind_text == kt.text) kind = &kt;
   }
   if (kind == nullptr) {
     return error(absl::StrCat("unknown action kind '", kind_text,
-                              "' (known: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B)"));
+                              "' (known: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD)"));
   }
   if (i == t.size()) return error("missing micro-batch index");
   int64_t mb = 0;

@@ -13,6 +13,11 @@
 // schedule's stage-to-rank map (schedule.h). The peer of a communication action follows
 // from that map: SEND_F/RECV_B talk to the rank of stage+1, RECV_F/SEND_B to stage-1.
 //
+//   1REDUCE_GRAD  stage 1's gradients, complete for the step, are summed across its
+//                 data-parallel replicas (no micro-batch; torch's text for it too). It
+//                 starts the reduction and returns: it runs on a communication thread
+//                 while the rank goes on, and STEP waits for it.
+//
 // One action has no PyTorch text form: the optimizer step, written "STEP" (no stage, no
 // micro-batch). Every lowered clock ends with it on every rank; CSV files omit it and
 // import appends it (see schedule.h).
@@ -36,6 +41,7 @@ enum class ActionKind : uint8_t {
   kSendB,           // SEND_B
   kRecvB,           // RECV_B
   kStep,            // STEP: the optimizer update, once per rank per step
+  kReduceGrad,      // REDUCE_GRAD: a stage's gradients summed over its replicas
 };
 
 const char* ActionKindName(ActionKind k);  // "F", "SEND_F", "STEP", ...
@@ -45,9 +51,9 @@ bool IsComm(ActionKind k);                  // SEND_*, RECV_*
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int32_t stage = 0;       // global stage index; 0 for STEP
-  int32_t microbatch = 0;  // 0 for STEP
+  int32_t microbatch = 0;  // 0 for STEP and REDUCE_GRAD
 
-  std::string ToString() const;  // "2F0", "0SEND_F1", "STEP"
+  std::string ToString() const;  // "2F0", "0SEND_F1", "1REDUCE_GRAD", "STEP"
   // Parses the text form; surrounding spaces are ignored. Errors name the text.
   static absl::StatusOr<Action> Parse(const std::string& text);
 

@@ -26,6 +26,14 @@ TEST(ActionTest, TextRoundTripsForEveryKind) {
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->kind, ActionKind::kStep);
   EXPECT_EQ(step->ToString(), "STEP");
+  // REDUCE_GRAD carries a stage and no micro-batch (torch's text for it).
+  const Action reduce{ActionKind::kReduceGrad, 3, 0};
+  EXPECT_EQ(reduce.ToString(), "3REDUCE_GRAD");
+  absl::StatusOr<Action> back = Action::Parse("3REDUCE_GRAD");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, reduce);
+  EXPECT_FALSE(IsCompute(ActionKind::kReduceGrad));
+  EXPECT_FALSE(IsComm(ActionKind::kReduceGrad));
 }
 
 TEST(ActionTest, PyTorchSpellings) {
@@ -67,6 +75,7 @@ TEST(ActionTest, ParseErrorsNameTheText) {
       {"99999999999F0", "stage index out of range"},
       {"0F99999999999", "micro-batch index out of range"},
       {"step", "does not start with a stage index"},
+      {"0REDUCE_GRAD1", "REDUCE_GRAD takes no micro-batch index"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<Action> a = Action::Parse(c.text);

@@ -69,7 +69,7 @@ absl::Status CheckLowerable(const Schedule& s) {
   }
   for (int r = 0; r < s.num_ranks; ++r) {
     for (const Action& a : s.ranks[r]) {
-      if (!IsCompute(a.kind)) {
+      if (!IsCompute(a.kind) && a.kind != ActionKind::kReduceGrad) {
         return absl::FailedPreconditionError(absl::StrCat(
             "Lower: the schedule is already lowered (rank ", r, " has ", a.ToString(), ")"));
       }
@@ -125,10 +125,67 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& name) {
 bool Schedule::lowered() const {
   for (const auto& rank : ranks) {
     for (const Action& a : rank) {
-      if (!IsCompute(a.kind)) return true;
+      if (!IsCompute(a.kind) && a.kind != ActionKind::kReduceGrad) return true;
     }
   }
   return false;
+}
+
+bool Schedule::reduces_grads() const {
+  for (const auto& rank : ranks) {
+    for (const Action& a : rank) {
+      if (a.kind == ActionKind::kReduceGrad) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered) {
+  if (!lowered.lowered()) {
+    return absl::FailedPreconditionError("AddGradReductions: the schedule is not lowered");
+  }
+  if (lowered.reduces_grads()) {
+    return absl::FailedPreconditionError(
+        "AddGradReductions: the schedule already has REDUCE_GRAD actions");
+  }
+  Schedule out = lowered;
+  const int n = lowered.num_stages();
+  for (int r = 0; r < lowered.num_ranks; ++r) {
+    const std::vector<Action>& in = lowered.ranks[r];
+    // Where each of this rank's stages completes its weight gradients: its last B or W.
+    std::vector<int> last(n, -1);
+    for (int j = 0; j < static_cast<int>(in.size()); ++j) {
+      const Action& a = in[j];
+      if ((a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) &&
+          a.stage >= 0 && a.stage < n) {
+        last[a.stage] = j;
+      }
+    }
+    // After it, and after the send of a B's input gradient that follows it, so the
+    // reduction never delays a neighbour.
+    std::vector<std::vector<int>> after(in.size());
+    for (int st = 0; st < n; ++st) {
+      if (lowered.stage_to_rank[st] != r) continue;
+      int j = last[st];
+      if (j < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("AddGradReductions: stage ", st,
+                                                       " has no backward on rank ", r));
+      }
+      if (j + 1 < static_cast<int>(in.size()) && in[j + 1].kind == ActionKind::kSendB &&
+          in[j + 1].stage == st && in[j + 1].microbatch == in[j].microbatch) {
+        ++j;
+      }
+      after[j].push_back(st);
+    }
+    std::vector<Action>& clock = out.ranks[r];
+    clock.clear();
+    clock.reserve(in.size() + n);
+    for (size_t j = 0; j < in.size(); ++j) {
+      clock.push_back(in[j]);
+      for (int st : after[j]) clock.push_back(Action{ActionKind::kReduceGrad, st, 0});
+    }
+  }
+  return out;
 }
 
 std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages) {

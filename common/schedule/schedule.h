@@ -38,7 +38,8 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;
 
   int num_stages() const { return static_cast<int>(stage_to_rank.size()); }
-  bool lowered() const;  // has any communication or STEP action
+  bool lowered() const;        // has any communication or STEP action
+  bool reduces_grads() const;  // has REDUCE_GRAD actions (a data-parallel clock)
 };
 
 // The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
@@ -58,6 +59,14 @@ std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages);
 // Stages on the same rank hand tensors over locally, without actions.
 // Errors if the schedule is already lowered or malformed (stage out of range).
 absl::StatusOr<Schedule> Lower(const Schedule& compute_only);
+
+// Data parallelism: every replica of the pipeline runs the same clock, and each stage's
+// gradients are summed across its replicas once they are complete. Inserts
+// REDUCE_GRAD(s) on the rank of every stage s right after the action that completes its
+// weight gradients (its last B or W, and the SEND_B that follows a B), so the reduction
+// starts as early as it can and overlaps the rank's remaining actions. Errors if `lowered`
+// is not lowered, already reduces, or a stage has no backward.
+absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered);
 
 // PyTorch's CSV form: one row per rank, one action string per cell, in order. STEP is not
 // written. Import of a compute-only CSV lowers it; import of a lowered CSV keeps its

@@ -71,6 +71,104 @@ TEST(LowerTest, InsertsExactlyTheCommunicationOf1F1B) {
   EXPECT_TRUE(Validate(*lowered).ok());
 }
 
+// Data parallelism: each stage's REDUCE_GRAD right after its last backward (and the send
+// of that backward's gradient), on the stage's own rank.
+TEST(GradReductionTest, PlacedAfterEachStagesLastBackward) {
+  absl::StatusOr<Schedule> lowered = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_FALSE(lowered->reduces_grads());
+  absl::StatusOr<Schedule> dp = AddGradReductions(*lowered);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  EXPECT_TRUE(dp->reduces_grads());
+  EXPECT_EQ(Row(dp->ranks[0]),
+            "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0REDUCE_GRAD STEP");
+  EXPECT_EQ(Row(dp->ranks[1]),
+            "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1REDUCE_GRAD STEP");
+  EXPECT_TRUE(Validate(*dp).ok());
+  // Refused twice, and on a clock that is not lowered.
+  EXPECT_FALSE(AddGradReductions(*dp).ok());
+  absl::StatusOr<Schedule> compute = GenerateComputeSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+  ASSERT_TRUE(compute.ok());
+  EXPECT_FALSE(AddGradReductions(*compute).ok());
+}
+
+// Interleaved: a rank's early chunk finishes its backward before its later one, and its
+// reduction starts there, under the rest of the clock; zb-h1: after the last W.
+TEST(GradReductionTest, InterleavedAndSplitBackwards) {
+  absl::StatusOr<Schedule> il = BuildSchedule({ScheduleKind::kInterleaved1F1B, 2, 2, 4});
+  ASSERT_TRUE(il.ok()) << il.status();
+  absl::StatusOr<Schedule> dp = AddGradReductions(*il);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  ASSERT_TRUE(Validate(*dp).ok());
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<Action>& clock = dp->ranks[r];
+    int reductions = 0;
+    for (size_t j = 0; j < clock.size(); ++j) {
+      if (clock[j].kind != ActionKind::kReduceGrad) continue;
+      ++reductions;
+      // Nothing of that stage's backward comes after it.
+      for (size_t k = j + 1; k < clock.size(); ++k) {
+        EXPECT_FALSE(clock[k].stage == clock[j].stage &&
+                     (clock[k].kind == ActionKind::kBackward ||
+                      clock[k].kind == ActionKind::kBackwardWeight))
+            << Row(clock);
+      }
+    }
+    EXPECT_EQ(reductions, 2);
+    EXPECT_NE(clock[clock.size() - 2].kind, ActionKind::kStep);
+  }
+  // The higher stage (r + 2) finishes its backward first: its reduction is not last.
+  const std::vector<Action>& r0 = dp->ranks[0];
+  EXPECT_EQ(r0[r0.size() - 2].ToString(), "0REDUCE_GRAD") << Row(r0);
+  absl::StatusOr<Schedule> zb = BuildSchedule({ScheduleKind::kZbH1, 2, 1, 4});
+  ASSERT_TRUE(zb.ok());
+  absl::StatusOr<Schedule> zdp = AddGradReductions(*zb);
+  ASSERT_TRUE(zdp.ok());
+  ASSERT_TRUE(Validate(*zdp).ok());
+  EXPECT_EQ(zdp->ranks[1][zdp->ranks[1].size() - 3].ToString(), "1W3") << Row(zdp->ranks[1]);
+}
+
+TEST(GradReductionTest, ValidatorRefusesAnEarlyOrMissingReduction) {
+  absl::StatusOr<Schedule> s = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<Schedule> dp = AddGradReductions(*s);
+  ASSERT_TRUE(dp.ok());
+  // Stage 0's reduction moved before its last backward.
+  Schedule early = *dp;
+  std::vector<Action>& r0 = early.ranks[0];
+  const Action reduce = r0[r0.size() - 2];
+  r0.erase(r0.end() - 2);
+  r0.insert(r0.begin() + 1, reduce);
+  absl::Status v = Validate(early);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("0REDUCE_GRAD runs before 0B"), std::string::npos) << v;
+  // Only one of the two stages reduced.
+  Schedule half = *dp;
+  half.ranks[1].erase(half.ranks[1].end() - 2);
+  v = Validate(half);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("1REDUCE_GRAD is missing"), std::string::npos) << v;
+  // Twice.
+  Schedule twice = *dp;
+  twice.ranks[0].insert(twice.ranks[0].end() - 1, reduce);
+  v = Validate(twice);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("appears twice"), std::string::npos) << v;
+}
+
+TEST(GradReductionTest, CsvRoundTripKeepsReductions) {
+  absl::StatusOr<Schedule> s = BuildSchedule({ScheduleKind::kGpipe, 2, 1, 2});
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<Schedule> dp = AddGradReductions(*s);
+  ASSERT_TRUE(dp.ok());
+  const std::string csv = ToCsv(*dp);
+  EXPECT_NE(csv.find("0REDUCE_GRAD"), std::string::npos) << csv;
+  absl::StatusOr<Schedule> back = FromCsv(csv);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ranks, dp->ranks);
+  EXPECT_TRUE(Validate(*back).ok());
+}
+
 TEST(LowerTest, CountsForLargerPipelines) {
   // 1F1B S=4, M=8: (S-1)*M of each of the four communication kinds; interleaved S=4, V=2,
   // M=8: (S*V-1)*M each; one rank (S=1, V=2) needs none.

@@ -51,6 +51,7 @@ Slot SlotOf(ActionKind k) {
     case ActionKind::kRecvB:
       return kRecvB;
     case ActionKind::kStep:
+    case ActionKind::kReduceGrad:
       break;
   }
   return kNumSlots;
@@ -67,6 +68,7 @@ class Checker {
     BATON_RETURN_IF_ERROR(CheckShape());
     BATON_RETURN_IF_ERROR(ScanActions());
     BATON_RETURN_IF_ERROR(CheckCells());
+    BATON_RETURN_IF_ERROR(CheckReductions());
     return CheckChannelOrder();
   }
 
@@ -114,6 +116,7 @@ class Checker {
   // Check 2 (and the comm legality part of 4): per action, fills pos_.
   absl::Status ScanActions() {
     for (auto& table : pos_) table.assign(static_cast<size_t>(n_) * m_, -1);
+    reduce_pos_.assign(n_, -1);
     for (int r = 0; r < s_.num_ranks; ++r) {
       const auto& clock = s_.ranks[r];
       const int len = static_cast<int>(clock.size());
@@ -147,6 +150,17 @@ class Checker {
                        {{r, j}});
         }
         const int st = a.stage;
+        if (a.kind == ActionKind::kReduceGrad) {
+          int& p = reduce_pos_[st];
+          if (p >= 0) {
+            return Error(absl::StrCat(a.ToString(), " appears twice on rank ", r, " (positions ",
+                                      p, " and ", j, ")"),
+                         {{r, p}, {r, j}});
+          }
+          p = j;
+          ++reductions_;
+          continue;
+        }
         switch (a.kind) {
           case ActionKind::kSendF:
           case ActionKind::kRecvB:
@@ -199,6 +213,32 @@ class Checker {
     }
     for (int st = 0; st < n_; ++st) {
       for (int mb = 0; mb < m_; ++mb) BATON_RETURN_IF_ERROR(CheckComm(st, mb));
+    }
+    return absl::OkStatus();
+  }
+
+  // Data parallelism: either no REDUCE_GRAD at all, or one per stage, after every weight
+  // gradient of that stage (the gradients it sums must be complete) and before STEP.
+  absl::Status CheckReductions() {
+    if (reductions_ == 0) return absl::OkStatus();
+    for (int st = 0; st < n_; ++st) {
+      const Action reduce{ActionKind::kReduceGrad, st, 0};
+      if (reduce_pos_[st] < 0) {
+        return Error(absl::StrCat(reduce.ToString(), " is missing: the clock reduces other "
+                                  "stages' gradients, so every stage must (rank ",
+                                  rank_of_[st], ")"),
+                     {});
+      }
+      for (int mb = 0; mb < m_; ++mb) {
+        const int b = Pos(kB, st, mb);
+        const int w = b >= 0 ? b : Pos(kW, st, mb);
+        if (w > reduce_pos_[st]) {
+          return Error(absl::StrCat(reduce.ToString(), " runs before ",
+                                    s_.ranks[rank_of_[st]][w].ToString(),
+                                    ": it would sum gradients that are not complete"),
+                       {Mark(st, reduce_pos_[st]), Mark(st, w)});
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -410,6 +450,8 @@ class Checker {
   const int m_;
   const std::vector<int>& rank_of_;
   std::vector<int32_t> pos_[kNumSlots];
+  std::vector<int32_t> reduce_pos_;  // by stage: position of its REDUCE_GRAD, -1 if none
+  int reductions_ = 0;
 };
 
 absl::Status CheckCosts(const Costs& c, int num_stages, bool top_level) {
@@ -471,6 +513,10 @@ absl::StatusOr<SimResult> RunClocks(const Schedule& s, const Costs& costs, bool 
         return c.recv;
       case ActionKind::kStep:
         return costs.step;
+      case ActionKind::kReduceGrad:
+        // Starts the reduction on the communication thread and returns; the time it takes
+        // is not modelled here (the rank's compute goes on under it).
+        return 0.0;
     }
     return 0.0;
   };

@@ -186,6 +186,18 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   v = p->microbatches();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.microbatches", &v, 1));
   p->set_microbatches(v);
+  v = p->data_parallel();
+  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.data_parallel", &v, 1));
+  p->set_data_parallel(v);
+  if (p->data_parallel() > kMaxDataParallel) {
+    return Invalid("pipeline.data_parallel", absl::StrCat(p->data_parallel(), " is more than the ",
+                                                          kMaxDataParallel, " allowed"));
+  }
+  if (p->reduce_bucket_bytes() < 0) {
+    return Invalid("pipeline.reduce_bucket_bytes",
+                   absl::StrCat("must be >= 0 (0: 25 MiB), got ", p->reduce_bucket_bytes()));
+  }
+  if (p->reduce_bucket_bytes() == 0) p->set_reduce_bucket_bytes(int64_t{25} << 20);
   if (p->stages() > kMaxStages) {
     return Invalid("pipeline.stages",
                    absl::StrCat(p->stages(), " is more than the ", kMaxStages, " allowed"));
@@ -378,6 +390,16 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("data.batch_size",
                    absl::StrCat(data.batch_size(), " is not divisible by pipeline.microbatches=",
                                 pipeline.microbatches()));
+  }
+  if (data.batch_size() % (static_cast<int64_t>(pipeline.microbatches()) *
+                           pipeline.data_parallel()) != 0) {
+    return Invalid("data.batch_size",
+                   absl::StrCat(data.batch_size(), " does not split into pipeline.data_parallel=",
+                                pipeline.data_parallel(), " replicas of pipeline.microbatches=",
+                                pipeline.microbatches(), " micro-batches (",
+                                static_cast<int64_t>(pipeline.microbatches()) *
+                                    pipeline.data_parallel(),
+                                " equal parts)"));
   }
   const int64_t chunks =
       static_cast<int64_t>(pipeline.stages()) * static_cast<int64_t>(pipeline.virtual_stages());

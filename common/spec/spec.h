@@ -48,6 +48,8 @@ inline constexpr int kMaxVirtualStages = 64;
 inline constexpr int64_t kMaxScheduleActions = 20'000'000;
 //   * memory per pipeline stage, estimated by EstimateJobBytes (a worker holds one stage).
 inline constexpr int64_t kMaxStageBytes = int64_t{256} << 30;
+//   * data-parallel replicas of the pipeline.
+inline constexpr int32_t kMaxDataParallel = 1024;
 
 // A rough upper estimate of the memory a job needs: parameters with their gradients and
 // optimizer state (16 bytes per parameter), and the activations of one batch kept for the
@@ -75,6 +77,7 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // zero/unset):
 //   pipeline.stages 1, pipeline.virtual_stages 1, pipeline.microbatches 1,
 //   pipeline.schedule SCHEDULE_1F1B, pipeline.recompute RECOMPUTE_NONE,
+//   pipeline.data_parallel 1, pipeline.reduce_bucket_bytes 25 MiB,
 //   data.synthetic.teacher_width 32,
 //   optimizer.adamw beta1 0.9, beta2 0.999, epsilon 1e-8, weight_decay 0.01.
 // Refuses (INVALID_ARGUMENT, message "<field path>: <reason>") among others: a missing

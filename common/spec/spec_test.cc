@@ -270,6 +270,22 @@ const std::vector<Refusal>& Refusals() {
       {"UnknownSchedule", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_schedule(static_cast<v1::Schedule>(17)); },
        "pipeline.schedule", "17"},
+      {"DataParallelNegative", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_data_parallel(-2); },
+       "pipeline.data_parallel", ""},
+      {"DataParallelTooMany", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_data_parallel(kMaxDataParallel + 1); },
+       "pipeline.data_parallel", "allowed"},
+      {"BatchDoesNotSplitIntoReplicas", false,
+       [](JobSpec* s) {
+         s->mutable_data()->set_batch_size(12);
+         s->mutable_pipeline()->set_microbatches(4);
+         s->mutable_pipeline()->set_data_parallel(2);
+       },
+       "data.batch_size", "does not split into pipeline.data_parallel=2"},
+      {"BucketBytesNegative", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_reduce_bucket_bytes(-1); },
+       "pipeline.reduce_bucket_bytes", ">= 0"},
       {"UnknownRecompute", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_recompute(static_cast<v1::Recompute>(9)); },
        "pipeline.recompute", "unknown recompute mode 9"},
@@ -336,6 +352,8 @@ TEST(ValidateTest, FillsDefaults) {
   EXPECT_EQ(spec.pipeline().microbatches(), 1);
   EXPECT_EQ(spec.pipeline().schedule(), v1::SCHEDULE_1F1B);
   EXPECT_EQ(spec.pipeline().recompute(), v1::RECOMPUTE_NONE);
+  EXPECT_EQ(spec.pipeline().data_parallel(), 1);
+  EXPECT_EQ(spec.pipeline().reduce_bucket_bytes(), int64_t{25} << 20);
   const auto& adam = spec.optimizer().adamw();
   ASSERT_TRUE(adam.has_beta1() && adam.has_beta2() && adam.has_epsilon() &&
               adam.has_weight_decay());

@@ -1,7 +1,9 @@
 #include "common/train/reference_trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
+#include <vector>
 
 #include "common/core/status.h"
 #include "common/spec/spec.h"
@@ -47,29 +49,50 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t batch = spec_.data().batch_size();
   const int M = spec_.pipeline().microbatches();
-  const int64_t per_mb = batch / M;
+  const int D = std::max(1, spec_.pipeline().data_parallel());
+  const int64_t per_mb = batch / (static_cast<int64_t>(D) * M);
   const int64_t step = steps_done_;  // 0-based: the dataset's step index
 
-  ZeroGrad(params_);
   Tensor scale = Tensor::Empty({1});
-  scale.f32()[0] = 1.0f / static_cast<float>(M);
+  scale.f32()[0] = 1.0f / static_cast<float>(D * M);
   double loss_sum = 0.0;
   int64_t tokens = 0;
-  for (int m = 0; m < M; ++m) {
-    BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(step, m * per_mb, per_mb));
-    MicroBatch mb{m, &b.targets};
-    Tensor loss;
-    BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
-    loss_sum += loss.f32()[0];
-    tokens += b.inputs.dtype() == DType::kInt32 ? b.inputs.numel() : b.inputs.dim(0);
-    // Block by block, input gradient then weight gradient, last block first.
-    Tensor grad = scale;
-    for (int i = model_->size() - 1; i >= 0; --i) {
-      Tensor next;
-      BATON_RETURN_IF_ERROR(model_->at(i).BackwardInput(mb, grad, &next));
-      BATON_RETURN_IF_ERROR(model_->at(i).BackwardWeight(mb));
-      grad = std::move(next);
+  // With data parallelism, each replica's gradients, summed in replica order.
+  std::vector<Tensor> total;
+  for (int d = 0; d < D; ++d) {
+    ZeroGrad(params_);
+    for (int m = 0; m < M; ++m) {
+      BATON_ASSIGN_OR_RETURN(Batch b,
+                             dataset_->Get(step, (static_cast<int64_t>(d) * M + m) * per_mb, per_mb));
+      MicroBatch mb{m, &b.targets};
+      Tensor loss;
+      BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
+      loss_sum += loss.f32()[0];
+      tokens += b.inputs.dtype() == DType::kInt32 ? b.inputs.numel() : b.inputs.dim(0);
+      // Block by block, input gradient then weight gradient, last block first.
+      Tensor grad = scale;
+      for (int i = model_->size() - 1; i >= 0; --i) {
+        Tensor next;
+        BATON_RETURN_IF_ERROR(model_->at(i).BackwardInput(mb, grad, &next));
+        BATON_RETURN_IF_ERROR(model_->at(i).BackwardWeight(mb));
+        grad = std::move(next);
+      }
     }
+    if (D == 1) break;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& g = params_[i]->grad;
+      if (d == 0) {
+        total.push_back(g.Clone());
+        continue;
+      }
+      BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(g.device()));
+      be->Add(g.numel(), total[i].f32(), g.f32(), total[i].f32());
+    }
+  }
+  for (size_t i = 0; i < total.size(); ++i) {
+    Tensor& g = params_[i]->grad;
+    BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(g.device()));
+    be->Copy(g.numel(), total[i].f32(), g.f32());
   }
   optimizer_->Step();
   // Kernels run asynchronously on a device: a fault or a failed launch shows here, as
@@ -79,7 +102,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
 
   StepStats s;
   s.step = steps_done_;
-  s.loss = static_cast<float>(loss_sum / static_cast<double>(M));
+  s.loss = static_cast<float>(loss_sum / static_cast<double>(static_cast<int64_t>(D) * M));
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.samples = batch;
   s.tokens = tokens;

@@ -10,6 +10,13 @@
 //   one optimizer update of every parameter.
 // A pipeline schedule reproduces these bits if every stage accumulates weight gradients
 // in micro-batch order and computes each micro-batch exactly as here.
+//
+// With D data-parallel replicas (pipeline.data_parallel), the batch is D shares of M
+// micro-batches of B/(D*M) samples, replica d's micro-batch m being samples
+// [(d*M + m) * B/(D*M), ...) of the step; the loss scale is 1/(D*M); each replica's
+// gradients accumulate on their own as above, and the replicas' gradients are then summed
+// in replica order, ((g_0 + g_1) + g_2) + ..., in float, before the update; the step loss
+// is the double sum over (d, m) in that order, over D*M. For D = 1 this is the step above.
 #ifndef BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 #define BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 

@@ -1,0 +1,44 @@
+// Collectives across the replicas of a data-parallel group: one interface, engines behind
+// it (in-process threads here; Gloo for CPU workers and NCCL for GPU workers plug in the
+// same way).
+//
+// Determinism is the contract, not an option: AllReduceSum leaves on every member the sum
+// of the members' buffers taken in member order, ((x_0 + x_1) + x_2) + ..., element by
+// element in float. Every member gets the same bits, run after run, and they equal what
+// the reference trainer computes when it sums its replicas in order. (A ring all-reduce
+// sums each chunk starting at a different member, so it is not such an engine.)
+//
+// Members of a group call the same collectives in the same order (the replicas run the
+// same clock); a call returns when every member has made it, or fails at `deadline`, or
+// when any member aborted the group.
+#ifndef BATON_COMMON_COLLECTIVE_COLLECTIVE_H_
+#define BATON_COMMON_COLLECTIVE_COLLECTIVE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace baton {
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int rank() const = 0;  // this member's index in the group, 0 .. size()-1
+  virtual int size() const = 0;
+
+  // Replaces data[0, n) with the ordered sum over the group (above). Every member passes
+  // the same n. DEADLINE_EXCEEDED when some member has not joined by `deadline`; ABORTED
+  // (with the aborting member's reason) when the group was aborted. Thread-compatible: one
+  // call at a time per member.
+  virtual absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) = 0;
+
+  // Fails this member's pending and future calls, and every other member's, with `why`.
+  // Thread-safe; may be called while another thread is inside AllReduceSum.
+  virtual void Abort(const absl::Status& why) = 0;
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_COLLECTIVE_COLLECTIVE_H_

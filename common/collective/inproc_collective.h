@@ -1,0 +1,56 @@
+// An in-process collective engine: the members of a group are threads of one process
+// (the replicas of `batonctl train-local --pipeline` and the tests). The last member to
+// arrive at a collective computes the ordered sum from every member's buffer while the
+// others wait, then each copies the result out.
+#ifndef BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
+#define BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/collective/collective.h"
+
+namespace baton {
+
+class InProcessGroup {
+ public:
+  // A group of `size` members (>= 1).
+  explicit InProcessGroup(int size);
+
+  // Member `rank`'s handle; the group must outlive it. Each rank is taken once.
+  std::unique_ptr<Collective> Member(int rank);
+
+  int size() const { return size_; }
+
+ private:
+  class MemberImpl;
+  // One collective, by its sequence number: what has arrived and the result.
+  struct Round {
+    std::vector<const float*> inputs;  // by rank; null until that member arrives
+    int64_t n = -1;
+    int arrived = 0;
+    int copied = 0;
+    bool summed = false;
+    std::vector<float> result;
+  };
+
+  absl::Status AllReduceSum(int rank, int64_t round, float* data, int64_t n,
+                            absl::Time deadline);
+  void Abort(const absl::Status& why);
+
+  const int size_;
+  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // ThreadSanitizer.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, Round> rounds_;  // guarded by mu_
+  absl::Status aborted_;             // guarded by mu_; OK until Abort
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
