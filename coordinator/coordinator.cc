@@ -761,6 +761,15 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   baton::v1::JobSpec spec = request.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  if (spec.pipeline().data_parallel() > 1) {
+    // The runtime trains replicas (batonctl train-local --pipeline); placing them on
+    // workers needs a collective engine between worker processes, which the cluster does
+    // not have yet. Refused now rather than failing at start.
+    return absl::UnimplementedError(absl::StrCat(
+        "pipeline.data_parallel: ", spec.pipeline().data_parallel(),
+        " replicas are not placed on the cluster yet (no collective engine between workers); "
+        "run it in process with `batonctl train-local --pipeline`, or use data_parallel 1"));
+  }
   BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
   // A text file lives on the workers and is read there, but only under the data roots:
   // a spec naming /etc/shadow is refused now, naming the field.

@@ -840,6 +840,14 @@ TEST_F(CoordinatorTest, BadSpecsAreInvalidArgumentNamingTheField) {
   ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(job.status().message().find("pipeline.stages"), std::string::npos) << job.status();
 
+  // Data-parallel replicas run in process only, for now: refused with the field and why.
+  *r.mutable_spec() = Spec(2);
+  r.mutable_spec()->mutable_pipeline()->set_data_parallel(2);
+  job = core_->SubmitJob(r);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(job.status().message().rfind("pipeline.data_parallel: 2 replicas", 0), 0u)
+      << job.status();
+
   *r.mutable_spec() = Spec(2);
   r.mutable_spec()->mutable_pipeline()->set_virtual_stages(2);  // 1F1B runs one chunk per rank
   job = core_->SubmitJob(r);

@@ -84,6 +84,21 @@ for rank, clock in enumerate(plan["ranks"]):
     assert got == collections.Counter(clock), (rank, got, clock)
 print(f"local trace: {len(tracks)} tracks, {sum(map(len, plan['ranks']))} actions as planned")
 PY
+# Data parallelism: two replicas of a two-stage pipeline (four stage threads) end with
+# the reference trainer's digest for the same grouping, which is not one replica's.
+sed -e 's/"stages": 1, "microbatches": 4, "schedule": "SCHEDULE_1F1B"/"stages": 2, "microbatches": 2, "dataParallel": 2, "schedule": "SCHEDULE_1F1B"/' \
+  "$EXAMPLES/mlp-tiny.json" >"$tmp/dp.json"
+grep -q dataParallel "$tmp/dp.json" || fail "could not make the data-parallel spec"
+dp_ref="$("$BATONCTL" train-local -f "$tmp/dp.json" --steps 3 | sed -n 's/^weights digest //p')"
+dp_pipe="$("$BATONCTL" train-local -f "$tmp/dp.json" --pipeline --steps 3 --trace "$tmp/dp-trace.json" \
+           | sed -n 's/^weights digest //p')"
+[[ -n "$dp_ref" && "$dp_pipe" == "$dp_ref" ]] || fail "data-parallel pipeline $dp_pipe, reference $dp_ref"
+grep -q REDUCE_GRAD "$tmp/dp-trace.json" || fail "the data-parallel trace has no REDUCE_GRAD"
+sed -e 's/"dataParallel": 2, //' "$tmp/dp.json" >"$tmp/dp1.json"
+one="$("$BATONCTL" train-local -f "$tmp/dp1.json" --steps 3 | sed -n 's/^weights digest //p')"
+[[ "$one" != "$dp_ref" ]] || fail "two replicas' grouping gave one pipeline's digest"
+echo "data parallel: 2 replicas x 2 stages, digest $dp_ref"
+
 if "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --trace "$tmp/t.json" >"$tmp/t.out" 2>&1; then
   fail "--trace without --pipeline accepted"
 fi

@@ -31,6 +31,9 @@ const std::vector<FlagSpec>& Flags() {
       {"stages", "", false, "pipeline stages = ranks (S)"},
       {"virtual", "", false, "model chunks per rank (V; interleaved-1f1b needs >= 2)"},
       {"microbatches", "m", false, "micro-batches per step (M)"},
+      {"data-parallel", "", false,
+       "replicas of the pipeline (D); above 1 the clock reduces each stage's gradients "
+       "(REDUCE_GRAD) after its last backward"},
       {"costs", "", false,
        "action costs, e.g. F=1,I=1,W=1 (B defaults to I+W; also SEND, RECV, STEP)"},
       {"output", "o", false, "table (default), json, svg or csv"},
@@ -46,6 +49,7 @@ const std::vector<FlagSpec>& Flags() {
 
 constexpr char kUsage[] =
     "usage: batonctl plan --schedule 1f1b --stages 4 --microbatches 8 [--virtual V]\n"
+    "                     [--data-parallel D]\n"
     "                     [--costs F=1,I=1,W=1] [--output table|json|svg|csv] [--blocks N]\n"
     "       batonctl plan -f SPEC.json [flags overriding its pipeline section]\n"
     "       batonctl plan --schedule custom --csv FILE [--costs ...] [--output ...]\n"
@@ -118,6 +122,7 @@ int Plan(const std::vector<std::string>& argv) {
   // Defaults: the spec's pipeline section, if any; flags override.
   ScheduleOptions o;
   o.kind = ScheduleKind::k1F1B;
+  int data_parallel = 1;
   bool have_stages = false;
   bool have_microbatches = false;
   if (args->Has("file")) {
@@ -129,6 +134,7 @@ int Plan(const std::vector<std::string>& argv) {
     o.num_ranks = p.stages() == 0 ? 1 : p.stages();
     o.virtual_stages = p.virtual_stages() == 0 ? 1 : p.virtual_stages();
     o.num_microbatches = p.microbatches() == 0 ? 1 : p.microbatches();
+    data_parallel = p.data_parallel() == 0 ? 1 : p.data_parallel();
     o.num_blocks = ModelBlockCount(spec->model());
     if (o.num_blocks == 0)
       return Fail(path + ": the spec's model has no architecture (mlp or gpt)");
@@ -152,6 +158,10 @@ int Plan(const std::vector<std::string>& argv) {
                                     {"microbatches", &o.num_microbatches}}) {
     const absl::Status st = IntFlag(*args, flag, -1'000'000'000, 1'000'000'000, field);
     if (!st.ok()) return Fail(std::string(st.message()));
+  }
+  if (const absl::Status st = IntFlag(*args, "data-parallel", 1, 1024, &data_parallel);
+      !st.ok()) {
+    return Fail(std::string(st.message()));
   }
   have_stages = have_stages || args->Has("stages");
   have_microbatches = have_microbatches || args->Has("microbatches");
@@ -186,6 +196,11 @@ int Plan(const std::vector<std::string>& argv) {
     schedule = *std::move(built);
   }
 
+  if (data_parallel > 1 && !schedule.reduces_grads()) {
+    absl::StatusOr<Schedule> dp = AddGradReductions(schedule);
+    if (!dp.ok()) return Fail(std::string(dp.status().message()));
+    schedule = *std::move(dp);
+  }
   // Simulate validates first: a refused clock stops here.
   absl::StatusOr<SimResult> sim = Simulate(schedule, *costs);
   if (!sim.ok()) {

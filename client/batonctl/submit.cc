@@ -31,6 +31,7 @@ const std::vector<FlagSpec>& Flags() {
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
+      {"data-parallel", "", false, "override pipeline.data_parallel (replicas of the pipeline)"},
       {"recompute", "", false,
        "override pipeline.recompute: none, or full (rerun each forward before its backward)"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
@@ -49,7 +50,7 @@ constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
     "                       [--resume-from JOB[@STEP]]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
-    "                       [--recompute none|full]\n"
+    "                       [--recompute none|full] [--data-parallel D]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
@@ -120,6 +121,10 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   if (args.Has("microbatches")) {
     if (absl::Status s = Int32Flag(args, "microbatches", &v); !s.ok()) return s;
     p->set_microbatches(v);
+  }
+  if (args.Has("data-parallel")) {
+    if (absl::Status s = Int32Flag(args, "data-parallel", &v); !s.ok()) return s;
+    p->set_data_parallel(v);
   }
   if (args.Has("recompute")) {
     const std::string r = args.Get("recompute");

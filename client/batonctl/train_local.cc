@@ -177,7 +177,10 @@ int TrainLocal(const std::vector<std::string>& argv) {
       for (size_t r = 0; r < s->peak_inflight.size(); ++r) {
         peak_inflight[r] = std::max(peak_inflight[r], s->peak_inflight[r]);
       }
-      last_step = s->ranks;
+      // The trace shows replica 0's ranks (every replica runs the same clock).
+      last_step.assign(s->ranks.begin(),
+                       s->ranks.begin() + std::min<size_t>(s->ranks.size(),
+                                                           pipe->schedule().num_ranks));
       return static_cast<StepStats>(*s);
     };
     run.digests = [&] { return pipe->BlockDigests(); };
