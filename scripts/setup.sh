@@ -10,6 +10,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
+  libgloo-dev  # collectives between data-parallel replicas on CPU (common/collective)
   python3 python3-venv clang libclang-rt-14-dev
   openssl  # scripts/make-certs.sh: the throwaway CA of `scripts/demo.sh --secure` and the TLS tests
   prometheus docker-compose yamllint

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/collective/gloo_collective.h"
 #include "common/core/status.h"
+#include "gloo/rendezvous/hash_store.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
 #include "common/spec/spec.h"
@@ -68,8 +70,34 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
   // Replica d's ranks talk among themselves through hub d; rank r of every replica forms
   // data-parallel group r.
   for (int d = 0; d < D; ++d) t->hubs_.push_back(std::make_unique<InProcessHub>(S));
-  if (D > 1) {
-    for (int r = 0; r < S; ++r) t->groups_.push_back(std::make_unique<InProcessGroup>(D));
+  // members[d * S + r]: replica d's handle on group r.
+  std::vector<std::unique_ptr<Collective>> members(static_cast<size_t>(D) * S);
+  if (D > 1 && options.engine == LocalPipelineOptions::Engine::kInProcess) {
+    for (int r = 0; r < S; ++r) {
+      t->groups_.push_back(std::make_unique<InProcessGroup>(D));
+      for (int d = 0; d < D; ++d) members[d * S + r] = t->groups_.back()->Member(d);
+    }
+  } else if (D > 1) {
+    // Gloo: every member of a group joins at once (each blocks until all have come).
+    std::vector<absl::Status> joined(members.size());
+    std::vector<std::thread> joining;
+    for (int r = 0; r < S; ++r) {
+      t->stores_.push_back(std::make_unique<gloo::rendezvous::HashStore>());
+      gloo::rendezvous::Store* store = t->stores_.back().get();
+      for (int d = 0; d < D; ++d) {
+        joining.emplace_back([&members, &joined, store, d, r, D, S] {
+          absl::StatusOr<std::unique_ptr<GlooCollective>> c =
+              GlooCollective::Connect(*store, d, D);
+          if (c.ok()) {
+            members[d * S + r] = *std::move(c);
+          } else {
+            joined[d * S + r] = c.status();
+          }
+        });
+      }
+    }
+    for (std::thread& th : joining) th.join();
+    for (const absl::Status& st : joined) BATON_RETURN_IF_ERROR(st);
   }
   StageExecutorOptions eo;
   eo.recv_timeout = options.recv_timeout;
@@ -81,7 +109,7 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
       eo.replica = d;
       eo.collective = nullptr;
       if (D > 1) {
-        t->members_.push_back(t->groups_[r]->Member(d));
+        t->members_.push_back(std::move(members[d * S + r]));
         eo.collective = t->members_.back().get();
       }
       BATON_ASSIGN_OR_RETURN(

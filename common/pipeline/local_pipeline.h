@@ -17,12 +17,17 @@
 #include "common/pipeline/partition.h"
 #include "common/pipeline/stage_executor.h"
 #include "common/schedule/schedule.h"
+#include "gloo/rendezvous/store.h"
 #include "common/train/reference_trainer.h"
 
 namespace baton {
 
 struct LocalPipelineOptions {
   absl::Duration recv_timeout = absl::Seconds(60);
+  // The collective engine of the data-parallel groups (pipeline.data_parallel > 1): the
+  // in-process one, or Gloo over TCP on loopback (what CPU workers use between processes).
+  enum class Engine { kInProcess, kGloo };
+  Engine engine = Engine::kInProcess;
   // A custom clock (e.g. imported from CSV) instead of the spec's schedule. Its ranks,
   // micro-batches and stage count must fit the spec.
   std::optional<Schedule> schedule;
@@ -76,6 +81,7 @@ class LocalPipelineTrainer {
   Device device_ = Device::kCpu;
   std::vector<std::unique_ptr<InProcessHub>> hubs_;        // by replica
   std::vector<std::unique_ptr<InProcessGroup>> groups_;    // by rank, when replicas > 1
+  std::vector<std::unique_ptr<gloo::rendezvous::Store>> stores_;  // by rank, engine kGloo
   std::vector<std::unique_ptr<Collective>> members_;       // the executors' group handles
   // Replica-major: executors_[d * S + r] is rank r of replica d. Declared after what it
   // points into, so it is destroyed first.

@@ -228,6 +228,36 @@ std::string DpCaseName(const testing::TestParamInfo<DpCase>& info) {
 INSTANTIATE_TEST_SUITE_P(AllSchedules, DataParallelBitExactTest,
                          testing::ValuesIn(DataParallelCases()), DpCaseName);
 
+// The same through Gloo over TCP on loopback (the engine CPU workers use between
+// processes): the bits do not depend on the engine.
+TEST(DataParallelGlooTest, EveryReplicaEndsWithTheReferenceWeights) {
+  struct G {
+    baton::v1::Schedule schedule;
+    int stages, virtual_stages, microbatches, replicas;
+  };
+  for (const G& g : {G{baton::v1::SCHEDULE_1F1B, 2, 1, 2, 2},
+                     G{baton::v1::SCHEDULE_ZB_H1, 2, 1, 2, 3},
+                     G{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 1, 2, 4, 2}}) {
+    baton::v1::JobSpec spec = GptJob();
+    auto* p = spec.mutable_pipeline();
+    p->set_schedule(g.schedule);
+    p->set_stages(g.stages);
+    p->set_virtual_stages(g.virtual_stages);
+    p->set_microbatches(g.microbatches);
+    p->set_data_parallel(g.replicas);
+    const TrainRun ref = Reference(spec);
+    LocalPipelineOptions opts;
+    opts.engine = LocalPipelineOptions::Engine::kGloo;
+    auto t = LocalPipelineTrainer::Create(spec, opts);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < spec.steps(); ++i) ASSERT_TRUE((*t)->Step().ok());
+    for (int d = 0; d < g.replicas; ++d) {
+      EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest)
+          << baton::v1::Schedule_Name(g.schedule) << " replica " << d;
+    }
+  }
+}
+
 // The comparison above can fail: replicas summing in another order, or each training on
 // the whole batch, end elsewhere. Two replicas' grouping is not one pipeline's.
 TEST(DataParallelControlTest, TheGroupingChangesTheBits) {

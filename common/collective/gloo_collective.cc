@@ -1,0 +1,85 @@
+#include "common/collective/gloo_collective.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gloo/allgather.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace baton {
+
+GlooCollective::GlooCollective(int rank, int size, std::shared_ptr<gloo::Context> context)
+    : rank_(rank), size_(size), context_(std::move(context)) {}
+
+GlooCollective::~GlooCollective() = default;
+
+absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
+    gloo::rendezvous::Store& store, int rank, int size, const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: member ", rank, " of a group of ", size));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(std::chrono::milliseconds(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.connect_timeout))));
+    context->connectFullMesh(store, device);
+    return std::unique_ptr<GlooCollective>(new GlooCollective(rank, size, std::move(context)));
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat("gloo: member ", rank, " of ", size,
+                                                    " could not join its group: ", e.what()));
+  }
+}
+
+void GlooCollective::Abort(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.ok()) {
+    aborted_ = why.ok() ? absl::AbortedError("the data-parallel group was aborted") : why;
+  }
+}
+
+absl::Status GlooCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.ok()) {
+      return absl::AbortedError(absl::StrCat("all-reduce on replica ", rank_, ": ",
+                                             aborted_.message()));
+    }
+  }
+  if (size_ == 1 || n == 0) return absl::OkStatus();
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError("all-reduce: the deadline passed before it started");
+  }
+  gathered_.resize(static_cast<size_t>(n) * size_);
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(data, static_cast<size_t>(n));
+    opts.setOutput(gathered_.data(), gathered_.size());
+    opts.setTag(tag_++);
+    opts.setTimeout(std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    const absl::Status s = absl::DeadlineExceededError(
+        absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ", e.what()));
+    Abort(s);  // the group is out of step now; later calls fail at once
+    return s;
+  }
+  // The ordered sum, member 0 first, as the interface promises.
+  std::copy(gathered_.begin(), gathered_.begin() + n, data);
+  for (int m = 1; m < size_; ++m) {
+    const float* x = gathered_.data() + static_cast<size_t>(m) * n;
+    for (int64_t i = 0; i < n; ++i) data[i] += x[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton
