@@ -58,6 +58,7 @@ class StageExecutor::StepState {
   std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
   std::vector<float> losses;  // last stage only
   std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
+  int64_t reduce_wait_ns = 0;
   int inflight = 0;
   int peak_inflight = 0;
   bool stepped = false;
@@ -404,6 +405,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   }
   result.losses = std::move(st.losses);
   result.reductions = std::move(st.reductions);
+  result.reduce_wait_ns = st.reduce_wait_ns;
   result.peak_inflight = st.peak_inflight;
   return result;
 }
@@ -584,7 +586,11 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       }
       // The update needs the group's sums: wait for this step's reductions.
       if (reducer_ != nullptr) {
+        const auto wait_start = std::chrono::steady_clock::now();
         BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+        st.reduce_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - wait_start)
+                                .count();
       }
       // Divergence is a failure: a non-finite gradient would make every weight it touches
       // garbage. One sum per gradient (inf and nan survive a double sum of floats).

@@ -113,6 +113,8 @@ struct RankStepResult {
   // Each REDUCE_GRAD's reduction as it ran on the communication thread (its start and end,
   // the gradient bytes it summed), in clock order; empty without data parallelism.
   std::vector<ActionTiming> reductions;
+  // How long STEP waited for them: the part of the reductions not hidden under the clock.
+  int64_t reduce_wait_ns = 0;
   absl::Time start;    // wall clock when the step started on this rank
   int64_t end_ns = 0;  // when the step ended (every send gone), since start
 };
