@@ -1,6 +1,7 @@
 // Out-of-band setup between the ranks of a cluster job, over baton's gRPC: what a peer sent
 // through TensorService.Rendezvous (tensor.proto), kept by key until this worker's job
-// takes it; and the NcclIdExchange that hands NCCL unique ids to peers that way.
+// takes it; and the NcclIdExchange that hands NCCL unique ids to peers that way (Gloo's
+// rendezvous uses the same box: common/collective/grpc_gloo_store.h).
 //
 // Keys name the job (they start with "baton/nccl/job/<job key>/"), so what arrives before
 // this worker's job started waits for it, and a finished job's leftovers are dropped by
@@ -30,8 +31,10 @@ namespace baton {
 class RendezvousBox {
  public:
   struct Options {
-    size_t max_entries = 4096;
-    size_t max_value_bytes = 1024;
+    // At most 16 MiB held. A value is an NCCL id (128 bytes) or a Gloo member's
+    // addresses (about 136 bytes per member of its group: 16 KiB holds ~120 members).
+    size_t max_entries = 1024;
+    size_t max_value_bytes = 16 * 1024;
   };
   RendezvousBox() : RendezvousBox(Options()) {}
   explicit RendezvousBox(Options options) : options_(options) {}
