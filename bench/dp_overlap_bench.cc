@@ -10,6 +10,7 @@
 //
 //   build/bin/dp_overlap_bench [--spec client/examples/gpt.json] [--steps 20]
 //                              [--stages 2] [--replicas 2] [--engine gloo|inproc]
+//                              [--bucket-bytes N]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 int main(int argc, char** argv) {
   std::string spec_path = std::string(BATON_SOURCE_DIR) + "/client/examples/gpt.json";
   int steps = 20, stages = 2, replicas = 2;
+  long long bucket_bytes = 0;  // 0: the spec's (25 MiB by default)
   std::string engine = "gloo";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
     else if (flag == "--stages") stages = std::atoi(value.c_str());
     else if (flag == "--replicas") replicas = std::atoi(value.c_str());
     else if (flag == "--engine") engine = value;
+    else if (flag == "--bucket-bytes") bucket_bytes = std::atoll(value.c_str());
     else {
       std::fprintf(stderr, "dp_overlap_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
   spec->mutable_pipeline()->set_stages(stages);
   spec->mutable_pipeline()->set_data_parallel(replicas);
   spec->set_steps(steps);
+  if (bucket_bytes > 0) spec->mutable_pipeline()->set_reduce_bucket_bytes(bucket_bytes);
   baton::LocalPipelineOptions opts;
   opts.engine = engine == "inproc" ? baton::LocalPipelineOptions::Engine::kInProcess
                                    : baton::LocalPipelineOptions::Engine::kGloo;
@@ -80,10 +84,11 @@ int main(int argc, char** argv) {
   }
   const double n = steps - warmup;
   std::sort(step_ms.begin(), step_ms.end());
-  std::printf("dp_overlap_bench: %s, S=%d, D=%d, M=%d, engine %s, %d measured steps; median "
-              "step %.1f ms\n",
+  std::printf("dp_overlap_bench: %s, S=%d, D=%d, M=%d, engine %s, buckets of %lld bytes, %d "
+              "measured steps; median step %.1f ms\n",
               spec_path.c_str(), stages, replicas, spec->pipeline().microbatches(),
-              engine.c_str(), static_cast<int>(n), step_ms[step_ms.size() / 2]);
+              engine.c_str(), static_cast<long long>((*t)->spec().pipeline().reduce_bucket_bytes()),
+              static_cast<int>(n), step_ms[step_ms.size() / 2]);
   std::printf("replica rank | bytes/step | reduce ms/step | waited ms/step | hidden\n");
   for (int g = 0; g < ranks; ++g) {
     const double red = reduce_ms[g] / n, wait = wait_ms[g] / n;

@@ -59,6 +59,8 @@ class LocalPipelineTrainer {
   // pipeline.data_parallel: replicas of the pipeline, each with its own hub.
   int replicas() const { return static_cast<int>(hubs_.size()); }
   InProcessHub& hub(int replica = 0) { return *hubs_[replica]; }
+  // Rank r of replica d is executor(d * S + r).
+  const StageExecutor& executor(int index) const { return *executors_[index]; }
 
   // Every rank writes its blocks into checkpoint step steps_done() under `job_dir`, as
   // job `job` (common/checkpoint/checkpoint.h).

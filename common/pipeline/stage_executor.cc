@@ -59,6 +59,12 @@ class StageExecutor::StepState {
   std::vector<float> losses;  // last stage only
   std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
   int64_t reduce_wait_ns = 0;
+  // Data parallelism: per stage, finished gradients not yet handed to the reducer.
+  struct Bucket {
+    std::vector<Parameter*> params;
+    int64_t bytes = 0;
+  };
+  absl::flat_hash_map<int, Bucket> buckets;
   int inflight = 0;
   int peak_inflight = 0;
   bool stepped = false;
@@ -572,7 +578,11 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
             absl::StrCat("gradient reduction before every weight gradient of stage ", s,
                          " ran (", st.next_w[s], " of ", st.M, ")"));
       }
-      reducer_->Enqueue(a, c->model->Parameters(), deadline);
+      // The stage's last weight gradient queued full buckets as its blocks finished; the
+      // rest goes now.
+      StepState::Bucket& bucket = st.buckets[s];
+      if (!bucket.params.empty()) reducer_->Enqueue(a, std::move(bucket.params), deadline);
+      bucket = StepState::Bucket();
       return absl::OkStatus();
     }
     case ActionKind::kStep: {
@@ -623,7 +633,28 @@ absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepSta
   int& next = st.next_w[stage];
   // Weight gradients accumulate in micro-batch order, whatever order the clock asks.
   while (!waiting.empty() && *waiting.begin() == next) {
-    BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr}));
+    if (reducer_ != nullptr && next == st.M - 1) {
+      // The stage's last weight gradient: block by block, last first; a block's gradients
+      // are final once its W ran, so they go to the communication thread in buckets while
+      // the earlier blocks still compute (REDUCE_GRAD sends what is left).
+      const absl::Time deadline = absl::Now() + options_.recv_timeout;
+      StepState::Bucket& bucket = st.buckets[stage];
+      for (int i = c->model->size() - 1; i >= 0; --i) {
+        Module& block = c->model->at(i);
+        BATON_RETURN_IF_ERROR(block.BackwardWeight(MicroBatch{next, nullptr}));
+        for (Parameter* p : block.Parameters()) {
+          bucket.params.push_back(p);
+          bucket.bytes += p->grad.numel() * static_cast<int64_t>(sizeof(float));
+        }
+        if (bucket.bytes >= spec_.pipeline().reduce_bucket_bytes()) {
+          reducer_->Enqueue(Action{ActionKind::kReduceGrad, stage, 0}, std::move(bucket.params),
+                            deadline);
+          bucket = StepState::Bucket();
+        }
+      }
+    } else {
+      BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr}));
+    }
     waiting.erase(waiting.begin());
     ++next;
     --st.inflight;

@@ -18,11 +18,13 @@
 //
 // Data parallelism (spec.pipeline.data_parallel D > 1, clocks with REDUCE_GRAD): replica d
 // trains on its share of the batch (micro-batch m of this rank is the step's micro-batch
-// d*M + m, of batch/(D*M) samples, with loss scale 1/(D*M)). A REDUCE_GRAD(s) hands the
-// stage's complete gradients to a communication thread, which sums them over the group
-// (options.collective) in buckets of spec.pipeline.reduce_bucket_bytes while the clock
-// goes on; STEP waits for every reduction of the step. Reductions run in clock order, the
-// same on every replica, so the group's collectives line up.
+// d*M + m, of batch/(D*M) samples, with loss scale 1/(D*M)). A stage's last weight
+// gradient runs block by block, last block first, and hands each full bucket
+// (spec.pipeline.reduce_bucket_bytes) of final gradients to a communication thread, which
+// sums it over the group (options.collective) while the earlier blocks still compute;
+// REDUCE_GRAD(s) hands over the rest, and STEP waits for every reduction of the step.
+// Reductions run in clock order, the same on every replica, so the group's collectives
+// line up.
 //
 // Recomputation (spec.pipeline.recompute RECOMPUTE_FULL): after a forward the executor
 // drops the blocks' stash for that micro-batch and keeps only the chunk's input (and the
