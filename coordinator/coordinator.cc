@@ -762,13 +762,16 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   baton::v1::JobSpec spec = request.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   if (spec.pipeline().data_parallel() > 1) {
-    // The runtime trains replicas (batonctl train-local --pipeline); placing them on
-    // workers needs a collective engine between worker processes, which the cluster does
-    // not have yet. Refused now rather than failing at start.
-    return absl::UnimplementedError(absl::StrCat(
-        "pipeline.data_parallel: ", spec.pipeline().data_parallel(),
-        " replicas are not placed on the cluster yet (no collective engine between workers); "
-        "run it in process with `batonctl train-local --pipeline`, or use data_parallel 1"));
+    // Replicas on workers train and reduce (Gloo between the workers), but checkpoints and
+    // recovery do not know replicas yet: refused rather than half-done.
+    if (spec.has_checkpoint() || spec.has_restart() || spec.has_resume_from()) {
+      const char* field = spec.has_checkpoint() ? "checkpoint"
+                          : spec.has_restart()  ? "restart"
+                                                : "resume_from";
+      return absl::UnimplementedError(absl::StrCat(
+          field, ": not yet with pipeline.data_parallel > 1 (", spec.pipeline().data_parallel(),
+          " replicas); a data-parallel job runs without checkpoints and fails as a whole"));
+    }
   }
   BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
   // A text file lives on the workers and is read there, but only under the data roots:
@@ -1145,7 +1148,27 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   }
   int& peak = j->peak_inflight[request.rank()];
   peak = std::max(peak, request.timing().peak_inflight());
-  if (request.rank() == j->layout.last_rank) OnLastRankStepLocked(j, request);
+  // Ranks are global (replica * S + rank); the last stage's rank of every replica reports
+  // a loss, and the step is done once all of them have: their mean, in replica order.
+  const int S = j->layout.schedule.num_ranks;
+  const int D = static_cast<int>(j->ranks.size()) / std::max(1, S);
+  if (request.rank() % S == j->layout.last_rank) {
+    if (D <= 1) {
+      OnLastRankStepLocked(j, request);
+    } else {
+      std::map<int, float>& losses = j->replica_losses[request.step()];
+      losses[request.rank() / S] = request.loss();
+      if (static_cast<int>(losses.size()) == D) {
+        baton::v1::ReportProgressRequest combined = request;
+        double sum = 0;
+        for (const auto& [replica, loss] : losses) sum += loss;
+        combined.set_loss(static_cast<float>(sum / D));
+        OnLastRankStepLocked(j, combined);
+        j->replica_losses.erase(j->replica_losses.begin(),
+                                j->replica_losses.upper_bound(request.step()));
+      }
+    }
+  }
   response.set_keep_running(true);
   return response;
 }
@@ -1256,7 +1279,8 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
     if (!request.error().empty()) {
       failure = absl::StrCat(who, ": ", request.error());
     } else {
-      const std::vector<int>& expected = j->layout.rank_blocks[request.rank()];
+      const int S = std::max(1, j->layout.schedule.num_ranks);
+      const std::vector<int>& expected = j->layout.rank_blocks[request.rank() % S];
       std::map<int, std::string> got;
       for (const baton::v1::IndexedBlockDigest& d : request.block_digests()) {
         if (!std::binary_search(expected.begin(), expected.end(), d.index())) {
@@ -1279,6 +1303,16 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
                                    j->layout.blocks[b].name, ")");
             break;
           }
+        }
+      }
+      // Replicas must end with the same weights: a block whose digest differs from what
+      // another replica reported fails the job.
+      for (const auto& [b, hex] : got) {
+        auto it = j->digests.find(b);
+        if (failure.empty() && it != j->digests.end() && it->second != hex) {
+          failure = absl::StrCat(who, " (replica ", request.rank() / S, ") ended block ", b,
+                                 " with digest ", hex.substr(0, 16), "..., another replica with ",
+                                 it->second.substr(0, 16), "...: the replicas diverged");
         }
       }
       if (failure.empty()) {

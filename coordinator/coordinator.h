@@ -315,6 +315,9 @@ class Coordinator {
     std::vector<RankSlot> ranks;
     PipelineLayout layout;
     std::map<int, std::string> digests;                               // block index -> hex
+    // Data parallelism: step -> replica -> the loss its last rank reported, until every
+    // replica has.
+    std::map<int64_t, std::map<int, float>> replica_losses;
     std::map<int64_t, std::map<int, baton::v1::RankTiming>> timings;  // step -> rank ->
     std::vector<int> peak_inflight;
     absl::Time last_step_at;

@@ -10,6 +10,7 @@
 #include "common/pipeline/local_pipeline.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
+#include "common/schedule/validate.h"
 #include "common/spec/spec.h"
 
 namespace baton {
@@ -36,6 +37,14 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
   absl::StatusOr<Schedule> schedule = BuildSchedule(o);
   if (!schedule.ok()) return PipelineError(schedule.status());
   layout.schedule = *std::move(schedule);
+  if (p.data_parallel() > 1) {
+    // Every replica runs the same clock, with each stage's gradient reduction in it.
+    absl::StatusOr<Schedule> dp = AddGradReductions(layout.schedule);
+    if (!dp.ok()) return PipelineError(dp.status());
+    const absl::Status valid = Validate(*dp);
+    if (!valid.ok()) return PipelineError(valid);
+    layout.schedule = *std::move(dp);
+  }
   layout.blocks = DescribeBlocks(spec.model());
   absl::StatusOr<std::vector<BlockRange>> ranges =
       PartitionBlocks(layout.blocks, layout.schedule.num_stages());
@@ -56,14 +65,20 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
                                           const std::vector<bool>& taken, std::string* waiting) {
-  const size_t need = static_cast<size_t>(spec.pipeline().stages());
+  const size_t replicas = static_cast<size_t>(std::max(1, spec.pipeline().data_parallel()));
+  const size_t need = static_cast<size_t>(spec.pipeline().stages()) * replicas;
   std::vector<size_t> gpu, cpu;  // free idle workers with and without a GPU, in order
   for (size_t i = 0; i < idle.size(); ++i) {
     if (i < taken.size() && taken[i]) continue;
     (idle[i].device().kind() == "cuda" ? gpu : cpu).push_back(i);
   }
-  auto plural = [](size_t n, const char* what) {
-    return absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
+  auto plural = [&](size_t n, const char* what) {
+    std::string out = absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
+    if (replicas > 1) {
+      absl::StrAppend(&out, " (", replicas, " replicas of ", spec.pipeline().stages(),
+                      " stages)");
+    }
+    return out;
   };
   WorkerChoice out;
   // Transport NCCL needs GPUs: with device auto it makes the job a cuda job.
@@ -104,10 +119,13 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
   Placement out;
   BATON_ASSIGN_OR_RETURN(out.layout, BuildPipelineLayout(spec));
   const Schedule& sc = out.layout.schedule;
-  if (static_cast<int>(workers.size()) != sc.num_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages: the job needs ", sc.num_ranks,
+  const int D = std::max(1, spec.pipeline().data_parallel());
+  const int S = sc.num_ranks;
+  if (static_cast<int>(workers.size()) != S * D) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages: the job needs ", S * D,
                                                    " workers, ", workers.size(), " given"));
   }
+  out.report.set_data_parallel(D);
   out.report.set_schedule(ScheduleKindName(sc.kind));
   out.report.set_stages(sc.num_ranks);
   out.report.set_virtual_stages(sc.virtual_stages);
@@ -134,23 +152,31 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
     sp->set_first_block(out.layout.stage_blocks[s].first);
     sp->set_last_block(out.layout.stage_blocks[s].last);
   }
-  for (int r = 0; r < sc.num_ranks; ++r) {
-    baton::v1::Peer* peer = common.add_peers();
-    peer->set_rank(r);
-    peer->set_worker_id(workers[r].worker_id);
-    peer->set_address(workers[r].address);
-    *peer->mutable_device() = workers[r].device;
-    for (const std::string& c : workers[r].capabilities) peer->add_capabilities(c);
-    peer->set_identity(workers[r].identity);
-  }
   *common.mutable_recv_timeout() = ToProtoDuration(recv_timeout);
+  common.set_data_parallel(D);
+  auto fill_peer = [&](baton::v1::Peer* peer, int rank, const PlacedWorker& w) {
+    peer->set_rank(rank);
+    peer->set_worker_id(w.worker_id);
+    peer->set_address(w.address);
+    *peer->mutable_device() = w.device;
+    for (const std::string& c : w.capabilities) peer->add_capabilities(c);
+    peer->set_identity(w.identity);
+  };
 
-  out.plans.reserve(sc.num_ranks);
-  for (int r = 0; r < sc.num_ranks; ++r) {
-    baton::v1::JobPlan plan = common;
-    plan.set_rank(r);
-    for (const Action& a : sc.ranks[r]) plan.add_actions(a.ToString());
-    out.plans.push_back(std::move(plan));
+  // Replica-major: worker d * S + r runs rank r of replica d.
+  out.plans.reserve(workers.size());
+  for (int d = 0; d < D; ++d) {
+    for (int r = 0; r < S; ++r) {
+      baton::v1::JobPlan plan = common;
+      plan.set_rank(r);
+      plan.set_replica(d);
+      for (int q = 0; q < S; ++q) fill_peer(plan.add_peers(), q, workers[d * S + q]);
+      if (D > 1) {
+        for (int e = 0; e < D; ++e) fill_peer(plan.add_replica_peers(), e, workers[e * S + r]);
+      }
+      for (const Action& a : sc.ranks[r]) plan.add_actions(a.ToString());
+      out.plans.push_back(std::move(plan));
+    }
   }
   return out;
 }

@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/collective/gloo_collective.h"
+#include "common/collective/grpc_gloo_store.h"
 #include "common/core/cuda_context.h"
 #include "common/core/log_text.h"
 #include "common/core/status.h"
@@ -48,6 +50,12 @@ void Log(const std::string& line) {
   // Lines carry text from the coordinator and its clients (abort reasons): keep one line.
   std::fprintf(stderr, "worker: %s\n", OneLine(line).c_str());
   std::fflush(stderr);
+}
+
+// What the coordinator calls this worker's rank: replica * num_ranks + rank (just the
+// rank without data parallelism).
+int GlobalRank(const baton::v1::JobPlan& plan) {
+  return std::max(0, plan.replica()) * plan.num_ranks() + plan.rank();
 }
 
 absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
@@ -458,7 +466,46 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     grpc.reset();
     inbox_->Close();
   };
+  // Data parallelism: join this rank's group (the same rank of every replica) through the
+  // peers' TensorService.Rendezvous, then Gloo over TCP between them.
+  std::unique_ptr<GlooCollective> collective;
+  const int replicas = std::max(1, plan.data_parallel());
+  if (replicas > 1) {
+    if (plan.replica() < 0 || plan.replica() >= replicas ||
+        plan.replica_peers_size() != replicas || options_.rendezvous == nullptr) {
+      cleanup();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: replica ", plan.replica(), " of ", replicas, " with ",
+          plan.replica_peers_size(), " replica peers",
+          options_.rendezvous == nullptr ? " (and this worker takes no rendezvous)" : ""));
+    }
+    std::vector<std::string> addresses;
+    for (const baton::v1::Peer& p : plan.replica_peers()) addresses.push_back(p.address());
+    GrpcGlooStore store(GlooGroupPrefix(plan.job_key(), plan.attempt(), plan.rank()),
+                        plan.replica(), replicas, options_.rendezvous,
+                        [this, &addresses](int m) { return TensorChannel(addresses[m]); },
+                        recv_timeout);
+    GlooOptions go;
+    const std::string& own = addresses[plan.replica()];
+    go.hostname = own.substr(0, own.rfind(':'));
+    if (go.hostname.size() >= 2 && go.hostname.front() == '[') {
+      go.hostname = go.hostname.substr(1, go.hostname.size() - 2);  // [v6]:port
+    }
+    go.connect_timeout = recv_timeout;
+    absl::StatusOr<std::unique_ptr<GlooCollective>> c =
+        GlooCollective::Connect(store, plan.replica(), replicas, go);
+    options_.rendezvous->DropPrefix(GlooGroupPrefix(plan.job_key(), plan.attempt(), plan.rank()));
+    if (!c.ok()) {
+      cleanup();
+      return absl::Status(c.status().code(),
+                          absl::StrCat("data-parallel group of rank ", plan.rank(), ": ",
+                                       c.status().message()));
+    }
+    collective = *std::move(c);
+  }
   StageExecutorOptions eo;
+  eo.replica = plan.replica();
+  eo.collective = collective.get();
   eo.job_id = plan.job_key();
   eo.data = options_.data;
   eo.recv_timeout = recv_timeout;
@@ -551,7 +598,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     baton::v1::ReportProgressRequest req;
     req.set_worker_id(worker_id());
     req.set_job_id(plan.job_id());
-    req.set_rank(plan.rank());
+    req.set_rank(GlobalRank(plan));
     req.set_step(step + 1);
     req.set_attempt(plan.attempt());
     std::optional<float> loss;
@@ -750,7 +797,7 @@ void WorkerAgent::FinishJob(Job& job, const absl::Status& status) {
   }
   req.set_worker_id(worker_id());
   req.set_job_id(job.plan.job_id());
-  req.set_rank(job.plan.rank());
+  req.set_rank(GlobalRank(job.plan));
   req.set_attempt(job.plan.attempt());
   if (!status.ok()) {
     // Code and message (the cause travels typed, not as a printed payload).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allgather.h"
+#include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
@@ -67,10 +68,21 @@ absl::Status GlooCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
     opts.setTag(tag_++);
     opts.setTimeout(std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
     gloo::allgather(opts);
+  } catch (const gloo::IoException& e) {
+    // A member's connection broke (its worker died or its network is gone) or timed out.
+    const std::string what = e.what();
+    const bool timeout = what.find("Timed out") != std::string::npos ||
+                         what.find("timed out") != std::string::npos;
+    const absl::Status s = absl::Status(
+        timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ",
+                     timeout ? "a member did not answer in time: " : "lost a member: ", what));
+    Abort(s);  // the group is out of step now; later calls fail at once
+    return s;
   } catch (const std::exception& e) {
     const absl::Status s = absl::DeadlineExceededError(
         absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ", e.what()));
-    Abort(s);  // the group is out of step now; later calls fail at once
+    Abort(s);
     return s;
   }
   // The ordered sum, member 0 first, as the interface promises.
