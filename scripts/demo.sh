@@ -17,6 +17,11 @@
 #                                             (scripts/make-certs.sh), a token file with a
 #                                             submitter and a viewer, a join token; shows
 #                                             that calls without them are refused
+#   scripts/demo.sh --data-parallel [--steps N]
+#                                             the same job as 2 replicas of a 2-stage
+#                                             pipeline on the 4 workers (gradients summed
+#                                             over Gloo); the reference trainer runs the
+#                                             same 2-replica grouping
 #   scripts/demo.sh --local [ARGS...]         the reference trainer only (the old demo);
 #                                             ARGS go to `batonctl train-local`
 set -euo pipefail
@@ -33,17 +38,19 @@ BIN=build/bin
 local_only=0
 chaos=0
 secure=0
+data_parallel=0
 overrides=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --local) local_only=1; shift; break ;;
     --chaos) chaos=1; shift ;;
     --secure) secure=1; shift ;;
+    --data-parallel) data_parallel=1; shift ;;
     --steps | --seed)
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
@@ -231,9 +238,26 @@ spec["restart"] = {"maxRestarts": 2, "minStages": 3}
 json.dump(spec, open(sys.argv[3], "w"), indent=2)
 PY
 fi
-section "job: $SPEC, schedule $SCHEDULE, ${NUM_WORKERS} stages${overrides[*]:+ (${overrides[*]})}"
+stages="$NUM_WORKERS"
+if [[ $data_parallel -eq 1 ]]; then
+  # Two replicas of a two-stage pipeline; the spec carries it, so the reference trainer
+  # below trains the same grouping.
+  [[ $chaos -eq 0 ]] || die "--data-parallel and --chaos do not go together (no checkpoints with replicas yet)"
+  stages=$((NUM_WORKERS / 2))
+  job_spec="$tmp/data-parallel.json"
+  python3 - "$SPEC" "$stages" "$job_spec" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"]["stages"] = int(sys.argv[2])
+spec["pipeline"]["dataParallel"] = 2
+json.dump(spec, open(sys.argv[3], "w"), indent=2)
+PY
+  SPEC="$job_spec"
+fi
+section "job: $SPEC, schedule $SCHEDULE, ${stages} stages${overrides[*]:+ (${overrides[*]})}"
+[[ $data_parallel -eq 1 ]] && echo "data parallel: 2 replicas x ${stages} stages on ${NUM_WORKERS} workers"
 [[ $chaos -eq 1 ]] && echo "chaos: checkpoint every 20 steps, restart {maxRestarts 2, minStages 3}; worker w-2 will be killed"
-job="$("$BIN/batonctl" submit -f "$job_spec" --schedule "$SCHEDULE" --stages "$NUM_WORKERS" \
+job="$("$BIN/batonctl" submit -f "$job_spec" --schedule "$SCHEDULE" --stages "$stages" \
   ${overrides[@]+"${overrides[@]}"})"
 echo "submitted $job"
 job_start=$SECONDS
