@@ -200,10 +200,13 @@ std::string DescribeSpec(const baton::v1::JobSpec& spec) {
   const int stages = std::max(1, p.stages());
   const int chunks = std::max(1, p.virtual_stages());
   const int micro = std::max(1, p.microbatches());
-  return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s, %d micro-batch%s, batch %d, %d steps, "
-                         "seed %d",
+  std::string extra;
+  if (p.data_parallel() > 1) absl::StrAppend(&extra, " x ", p.data_parallel(), " replicas");
+  if (p.recompute() == baton::v1::RECOMPUTE_FULL) absl::StrAppend(&extra, ", recompute");
+  return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s%s, %d micro-batch%s, batch %d, %d "
+                         "steps, seed %d",
                          model, ScheduleName(p.schedule()), stages, stages == 1 ? "" : "s",
-                         chunks, chunks == 1 ? "" : "s", micro, micro == 1 ? "" : "es",
+                         chunks, chunks == 1 ? "" : "s", extra, micro, micro == 1 ? "" : "es",
                          spec.data().batch_size(), spec.steps(), spec.seed());
 }
 

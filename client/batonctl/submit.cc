@@ -124,6 +124,12 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   }
   if (args.Has("data-parallel")) {
     if (absl::Status s = Int32Flag(args, "data-parallel", &v); !s.ok()) return s;
+    // In the spec 0 means "unset" (1), as for every count; on the command line it is a
+    // mistake.
+    if (v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data-parallel (pipeline.data_parallel) must be at least 1, got ", v));
+    }
     p->set_data_parallel(v);
   }
   if (args.Has("recompute")) {
