@@ -146,16 +146,22 @@ std::vector<Case> AllCases() {
   return out;
 }
 
-class BitExactTest : public testing::TestWithParam<Case> {};
-
-TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
-  const Case& c = GetParam();
+// The case's model and pipeline.
+baton::v1::JobSpec SpecFor(const Case& c) {
   baton::v1::JobSpec spec = c.gpt ? GptJob() : MlpJob();
   auto* p = spec.mutable_pipeline();
   p->set_schedule(c.schedule);
   p->set_stages(c.stages);
   p->set_virtual_stages(c.virtual_stages);
   p->set_microbatches(c.microbatches);
+  return spec;
+}
+
+class BitExactTest : public testing::TestWithParam<Case> {};
+
+TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
+  const Case& c = GetParam();
+  baton::v1::JobSpec spec = SpecFor(c);
   const TrainRun ref = Reference(spec);
   absl::StatusOr<TrainRun> pipe = Pipeline(spec);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
@@ -187,12 +193,8 @@ class DataParallelBitExactTest : public testing::TestWithParam<DpCase> {};
 
 TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
   const DpCase& c = GetParam();
-  baton::v1::JobSpec spec = c.pipeline.gpt ? GptJob() : MlpJob();
+  baton::v1::JobSpec spec = SpecFor(c.pipeline);
   auto* p = spec.mutable_pipeline();
-  p->set_schedule(c.pipeline.schedule);
-  p->set_stages(c.pipeline.stages);
-  p->set_virtual_stages(c.pipeline.virtual_stages);
-  p->set_microbatches(c.pipeline.microbatches);
   p->set_data_parallel(c.replicas);
   p->set_reduce_bucket_bytes(256);  // several buckets per stage, one parameter each at most
   const TrainRun ref = Reference(spec);
@@ -315,12 +317,8 @@ class RecomputeBitExactTest : public testing::TestWithParam<Case> {};
 
 TEST_P(RecomputeBitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
   const Case& c = GetParam();
-  baton::v1::JobSpec spec = c.gpt ? GptJob() : MlpJob();
+  baton::v1::JobSpec spec = SpecFor(c);
   auto* p = spec.mutable_pipeline();
-  p->set_schedule(c.schedule);
-  p->set_stages(c.stages);
-  p->set_virtual_stages(c.virtual_stages);
-  p->set_microbatches(c.microbatches);
   const TrainRun ref = Reference(spec);
   p->set_recompute(baton::v1::RECOMPUTE_FULL);
   absl::StatusOr<TrainRun> pipe = Pipeline(spec);
