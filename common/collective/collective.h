@@ -1,12 +1,13 @@
 // Collectives across the replicas of a data-parallel group: one interface, engines behind
-// it (in-process threads here; Gloo for CPU workers and NCCL for GPU workers plug in the
-// same way).
+// it (in-process threads, Gloo for CPU workers, NCCL for GPU workers).
 //
-// Determinism is the contract, not an option: AllReduceSum leaves on every member the sum
-// of the members' buffers taken in member order, ((x_0 + x_1) + x_2) + ..., element by
-// element in float. Every member gets the same bits, run after run, and they equal what
-// the reference trainer computes when it sums its replicas in order. (A ring all-reduce
-// sums each chunk starting at a different member, so it is not such an engine.)
+// Determinism is the default contract: AllReduceSum leaves on every member the sum of the
+// members' buffers taken in member order, ((x_0 + x_1) + x_2) + ..., element by element in
+// float. Every member gets the same bits, run after run, and they equal what the reference
+// trainer computes when it sums its replicas in order. (A ring all-reduce sums each chunk
+// starting at a different member, so it does not meet this.) An engine made in fast mode
+// (ordered() false: REDUCE_MODE_FAST) uses its library's own ring or tree instead: every
+// member still gets the same bits, but they differ from the ordered sum in the last places.
 //
 // Members of a group call the same collectives in the same order (the replicas run the
 // same clock); a call returns when every member has made it, or fails at `deadline`, or
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/core/tensor.h"
 
 namespace baton {
 
@@ -27,6 +29,13 @@ class Collective {
 
   virtual int rank() const = 0;  // this member's index in the group, 0 .. size()-1
   virtual int size() const = 0;
+  // Where AllReduceSum's data must live: host memory (kCpu), or memory of the process's CUDA
+  // device (kCuda), written and synchronised with the host before the call.
+  virtual Device device() const { return Device::kCpu; }
+  // True when AllReduceSum computes the ordered sum (above); false in fast mode.
+  virtual bool ordered() const { return true; }
+  // "gloo", "nccl", "inproc": for reports and metrics.
+  virtual const char* engine() const = 0;
 
   // Replaces data[0, n) with the ordered sum over the group (above). Every member passes
   // the same n. DEADLINE_EXCEEDED when some member has not joined by `deadline`; ABORTED

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/math.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
@@ -14,8 +16,9 @@
 
 namespace baton {
 
-GlooCollective::GlooCollective(int rank, int size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), size_(size), context_(std::move(context)) {}
+GlooCollective::GlooCollective(int rank, int size, bool ordered,
+                               std::shared_ptr<gloo::Context> context)
+    : rank_(rank), size_(size), ordered_(ordered), context_(std::move(context)) {}
 
 GlooCollective::~GlooCollective() = default;
 
@@ -33,7 +36,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
     context->setTimeout(std::chrono::milliseconds(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(options.connect_timeout))));
     context->connectFullMesh(store, device);
-    return std::unique_ptr<GlooCollective>(new GlooCollective(rank, size, std::move(context)));
+    return std::unique_ptr<GlooCollective>(new GlooCollective(rank, size, options.ordered, std::move(context)));
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat("gloo: member ", rank, " of ", size,
                                                     " could not join its group: ", e.what()));
@@ -60,14 +63,29 @@ absl::Status GlooCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
   if (left <= absl::ZeroDuration()) {
     return absl::DeadlineExceededError("all-reduce: the deadline passed before it started");
   }
-  gathered_.resize(static_cast<size_t>(n) * size_);
+  const auto timeout =
+      std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
+  if (ordered_) gathered_.resize(static_cast<size_t>(n) * size_);
   try {
-    gloo::AllgatherOptions opts(context_);
-    opts.setInput(data, static_cast<size_t>(n));
-    opts.setOutput(gathered_.data(), gathered_.size());
-    opts.setTag(tag_++);
-    opts.setTimeout(std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
-    gloo::allgather(opts);
+    if (ordered_) {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(data, static_cast<size_t>(n));
+      opts.setOutput(gathered_.data(), gathered_.size());
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout);
+      gloo::allgather(opts);
+    } else {
+      gloo::AllreduceOptions opts(context_);
+      opts.setInput(data, static_cast<size_t>(n));  // in place
+      opts.setOutput(data, static_cast<size_t>(n));
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<float>));
+      opts.setTag(tag_++);
+      opts.setTimeout(timeout);
+      gloo::allreduce(opts);
+      return absl::OkStatus();
+    }
   } catch (const gloo::IoException& e) {
     // A member's connection broke (its worker died or its network is gone) or timed out.
     const std::string what = e.what();

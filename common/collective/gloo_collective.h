@@ -6,7 +6,9 @@
 // member) by gathering every member's buffer (gloo::allgather, a ring over TCP) and summing
 // the gathered copies locally in member order; it moves (size - 1) / size of the data per
 // member per direction more than a reduce-scatter would, the price of a result that does
-// not depend on the ring's chunking.
+// not depend on the ring's chunking. In fast mode (GlooOptions::ordered false) it runs
+// gloo::allreduce's ring instead (collective.h: same bits on every member, not the ordered
+// sum).
 //
 // Abort: this Gloo has no way to interrupt an operation in flight; Abort makes every later
 // call of this member fail at once, and a call already waiting ends at its deadline (Gloo's
@@ -34,6 +36,7 @@ namespace baton {
 struct GlooOptions {
   std::string hostname = "127.0.0.1";  // the address this member listens on for its peers
   absl::Duration connect_timeout = absl::Seconds(30);
+  bool ordered = true;  // false: Gloo's ring all-reduce (REDUCE_MODE_FAST)
 };
 
 class GlooCollective final : public Collective {
@@ -47,14 +50,17 @@ class GlooCollective final : public Collective {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool ordered() const override { return ordered_; }
+  const char* engine() const override { return "gloo"; }
   absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override;
   void Abort(const absl::Status& why) override;
 
  private:
-  GlooCollective(int rank, int size, std::shared_ptr<gloo::Context> context);
+  GlooCollective(int rank, int size, bool ordered, std::shared_ptr<gloo::Context> context);
 
   const int rank_;
   const int size_;
+  const bool ordered_;
   std::shared_ptr<gloo::Context> context_;
   std::vector<float> gathered_;  // AllReduceSum's; one call at a time
   uint32_t tag_ = 0;             // per collective, so a late message cannot match another

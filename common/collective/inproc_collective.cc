@@ -12,6 +12,7 @@ class InProcessGroup::MemberImpl final : public Collective {
   MemberImpl(InProcessGroup* group, int rank) : group_(group), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
+  const char* engine() const override { return "inproc"; }
   absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override {
     return group_->AllReduceSum(rank_, next_round_++, data, n, deadline);
   }

@@ -69,6 +69,12 @@ void* CudaComputeStream();
 // A DeviceTimer on the compute stream (CUDA events), or nullptr when no device is present.
 std::unique_ptr<DeviceTimer> NewCudaTimer();
 
+// Queues dst[i] = ((src[i] + src[n + i]) + ...) over `members` blocks of n floats, in block
+// order, on `stream` (an opaque cudaStream_t of the current device); device pointers. The
+// data-parallel ordered sum on a GPU (common/collective). INTERNAL when the launch fails.
+absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int64_t n,
+                                 void* stream);
+
 #else  // !BATON_HAVE_CUDA
 
 inline absl::Status SetCudaDevice(int /*index*/) {
@@ -85,6 +91,9 @@ inline absl::Status CudaZero(void*, size_t) { return absl::UnavailableError("bui
 inline absl::Status CudaSynchronize() { return absl::UnavailableError("built without CUDA"); }
 inline void* CudaComputeStream() { return nullptr; }
 inline std::unique_ptr<DeviceTimer> NewCudaTimer() { return nullptr; }
+inline absl::Status CudaOrderedSumAsync(float*, const float*, int, int64_t, void*) {
+  return absl::UnavailableError("built without CUDA");
+}
 
 #endif  // BATON_HAVE_CUDA
 

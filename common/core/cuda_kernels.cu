@@ -262,6 +262,15 @@ __global__ void ScaleKernel(int64_t n, float scale, const float* x, float* y) {
   GRID_STRIDE(i, n) { y[i] = x[i] * scale; }
 }
 
+// dst[i] = ((src[i] + src[n + i]) + src[2n + i]) + ...: members in order (collective.h).
+__global__ void OrderedSumKernel(int64_t n, int members, const float* src, float* dst) {
+  GRID_STRIDE(i, n) {
+    float s = src[i];
+    for (int m = 1; m < members; ++m) s = s + src[m * n + i];
+    dst[i] = s;
+  }
+}
+
 __global__ void FillKernel(int64_t n, float value, float* y) {
   GRID_STRIDE(i, n) { y[i] = value; }
 }
@@ -899,6 +908,15 @@ absl::Status CudaZero(void* p, size_t bytes) {
 }
 
 void* CudaComputeStream() { return Enter(); }
+
+absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int64_t n,
+                                 void* stream) {
+  if (n <= 0 || members <= 0) return absl::OkStatus();
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  OrderedSumKernel<<<Blocks(n), kThreads, 0, s>>>(n, members, src, dst);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "OrderedSumKernel launch");
+}
 
 namespace {
 

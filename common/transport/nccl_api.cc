@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/cuda_context.h"
 
 #ifdef BATON_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -68,6 +69,10 @@ struct NcclFunctions {
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t,
                        cudaStream_t) = nullptr;
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                            cudaStream_t) = nullptr;
+  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t) = nullptr;
   ncclResult_t (*GroupStart)() = nullptr;
   ncclResult_t (*GroupEnd)() = nullptr;
   ncclResult_t (*CommFinalize)(ncclComm_t) = nullptr;
@@ -130,6 +135,15 @@ class RealNccl final : public NcclApi {
   }
   NcclResult Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) override {
     return Result(f_.Recv(buf, bytes, ncclUint8, peer, Comm(comm), Stream(stream)));
+  }
+  NcclResult AllGather(const void* send, void* recv, size_t count, NcclComm comm,
+                       CudaStream stream) override {
+    return Result(f_.AllGather(send, recv, count, ncclFloat32, Comm(comm), Stream(stream)));
+  }
+  NcclResult AllReduceSum(const void* send, void* recv, size_t count, NcclComm comm,
+                          CudaStream stream) override {
+    return Result(
+        f_.AllReduce(send, recv, count, ncclFloat32, ncclSum, Comm(comm), Stream(stream)));
   }
   NcclResult GroupStart() override { return Result(f_.GroupStart()); }
   NcclResult GroupEnd() override { return Result(f_.GroupEnd()); }
@@ -213,6 +227,11 @@ class RealNccl final : public NcclApi {
     const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Stream(stream));
     return e == cudaSuccess ? absl::OkStatus() : CudaError("cudaMemcpyAsync", e);
   }
+  absl::Status OrderedSum(float* dst, const float* src, int members, size_t count,
+                          CudaStream stream) override {
+    return CudaOrderedSumAsync(dst, src, members, static_cast<int64_t>(count),
+                               reinterpret_cast<void*>(stream));
+  }
 
  private:
   const std::string path_;
@@ -256,6 +275,8 @@ absl::StatusOr<std::unique_ptr<NcclApi>> OpenNccl(const std::string& path) {
   Find(lib, "ncclCommGetAsyncError", &f.CommGetAsyncError, &missing);
   Find(lib, "ncclSend", &f.Send, &missing);
   Find(lib, "ncclRecv", &f.Recv, &missing);
+  Find(lib, "ncclAllGather", &f.AllGather, &missing);
+  Find(lib, "ncclAllReduce", &f.AllReduce, &missing);
   Find(lib, "ncclGroupStart", &f.GroupStart, &missing);
   Find(lib, "ncclGroupEnd", &f.GroupEnd, &missing);
   Find(lib, "ncclCommFinalize", &f.CommFinalize, &missing);

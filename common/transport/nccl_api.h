@@ -98,6 +98,16 @@ class NcclApi {
   virtual NcclResult Send(const void* buf, size_t bytes, int peer, NcclComm comm,
                           CudaStream stream) = 0;
   virtual NcclResult Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) = 0;
+  // Collectives on `count` float32 elements (ncclFloat32), every member of `comm` calling
+  // the same ones in the same order. AllGather leaves member m's `count` elements at
+  // recv[m * count, (m + 1) * count) on every member. AllReduceSum (ncclAllReduce with
+  // ncclSum) leaves the sum in recv on every member, summed in the library's own order
+  // (a ring or tree: not the members' order, and not fixed across sizes or versions).
+  // send may equal recv (AllGather: send == recv + rank * count).
+  virtual NcclResult AllGather(const void* send, void* recv, size_t count, NcclComm comm,
+                               CudaStream stream) = 0;
+  virtual NcclResult AllReduceSum(const void* send, void* recv, size_t count, NcclComm comm,
+                                  CudaStream stream) = 0;
   // ncclGroupStart/End: operations between them are issued together (a send to and a
   // receive from the same rank need a group so that neither waits for the other).
   virtual NcclResult GroupStart() = 0;
@@ -142,6 +152,13 @@ class NcclApi {
   virtual absl::Status HostFree(void* p) = 0;
   // cudaMemcpyAsync(..., cudaMemcpyDefault, stream): host memory must be HostAlloc's.
   virtual absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) = 0;
+
+  // --- baton's one kernel on a communication stream ---
+  // dst[i] = ((src[i] + src[count + i]) + src[2 * count + i]) + ... over `members` blocks of
+  // `count` floats, in block order, queued on `stream`: the ordered sum of a gathered
+  // buffer (collective.h's contract). Plain float additions, no contraction.
+  virtual absl::Status OrderedSum(float* dst, const float* src, int members, size_t count,
+                                  CudaStream stream) = 0;
 };
 
 // The real NCCL, loaded once per process (the first call's result, success or failure,

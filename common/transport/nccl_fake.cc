@@ -52,8 +52,19 @@ struct PendingSend {
   bool taken = false;
 };
 
+// One collective of a communicator: every member's contribution, as it arrives.
+struct Round {
+  std::vector<std::vector<char>> parts;  // by rank
+  std::vector<bool> given;
+  int deposited = 0;
+  int left = 0;  // members still to read the result
+};
+
 struct Clique {
   int nranks = 0;
+  // Collectives by their sequence number on the communicator (members issue them in the
+  // same order, so the n-th of each member meets the others' n-th).
+  std::map<int64_t, Round> rounds;
   std::vector<std::weak_ptr<FakeNccl::Comm>> members;  // by rank, once joined
   int joined = 0;
   // Posted sends by (source rank, destination rank), in issue order.
@@ -70,7 +81,8 @@ struct FakeNccl::Comm {
   std::string last_error;
   bool gone = false;  // aborted or destroyed
   bool finalizing = false;
-  int ops = 0;      // Send and Recv calls so far
+  int ops = 0;      // Send, Recv and collective calls so far
+  int64_t collectives = 0;  // collective calls so far
   int pending = 0;  // queued Send and Recv operations not yet finished
   int in_progress_left = 0;
 };
@@ -82,7 +94,7 @@ struct FakeNccl::Event {
 
 namespace {
 
-enum class Kind { kCopy, kRecord, kWait, kSend, kRecv, kHostFn };
+enum class Kind { kCopy, kRecord, kWait, kSend, kRecv, kHostFn, kGather, kReduce, kSum };
 
 struct Item {
   Kind kind = Kind::kCopy;
@@ -97,12 +109,72 @@ struct Item {
   bool drop = false;
   std::shared_ptr<PendingSend> posted;
   std::function<void()> fn;
+  int64_t round = 0;        // kGather, kReduce: the collective's sequence number
+  bool deposited = false;   // kGather, kReduce: this member's part is in the round
+  int members = 0;          // kSum
 };
 
 void Break(FakeNccl::Comm* c, NcclResult error, std::string why) {
   if (c->error != NcclResult::kSuccess) return;
   c->error = error;
   c->last_error = std::move(why);
+}
+
+// The fake's "ring": chunk k of n (of a buffer split in `members` chunks) is summed starting
+// at member k + 1, so the order differs per chunk, as a real ring all-reduce's does.
+void RingSum(const std::vector<std::vector<char>>& parts, float* out, size_t count) {
+  const int n = static_cast<int>(parts.size());
+  const size_t chunk = (count + n - 1) / n;
+  for (size_t i = 0; i < count; ++i) {
+    const int first = (static_cast<int>(i / std::max<size_t>(chunk, 1)) + 1) % n;
+    float sum = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      const float* p = reinterpret_cast<const float*>(parts[(first + k) % n].data());
+      sum = k == 0 ? p[i] : sum + p[i];
+    }
+    out[i] = sum;
+  }
+}
+
+// A collective (kGather, kReduce) as far as it can go: deposit this member's part, then,
+// once every member's is in, write the result. World mutex held.
+bool RunCollective(Item& it) {
+  FakeNccl::Comm* c = it.comm.get();
+  if (c->gone) return true;
+  if (c->error != NcclResult::kSuccess) return false;  // broken: hangs until aborted
+  Round& r = c->clique->rounds[it.round];
+  if (r.parts.empty()) {
+    r.parts.resize(c->nranks);
+    r.given.assign(c->nranks, false);
+    r.left = c->nranks;
+  }
+  if (!it.deposited) {  // copied before anything is written: in place works
+    const char* src = static_cast<const char*>(it.src);
+    r.parts[c->rank].assign(src, src + it.bytes);
+    r.given[c->rank] = true;
+    ++r.deposited;
+    it.deposited = true;
+  }
+  if (r.deposited < c->nranks) return false;
+  for (int m = 0; m < c->nranks; ++m) {
+    if (r.parts[m].size() != it.bytes) {
+      const std::string why = absl::StrCat("fake NCCL: a collective of ", r.parts[m].size(),
+                                           " bytes on rank ", m, " met one of ", it.bytes,
+                                           " bytes on rank ", c->rank);
+      Break(c, NcclResult::kInvalidUsage, why);
+      return false;
+    }
+  }
+  char* dst = static_cast<char*>(it.dst);
+  if (it.kind == Kind::kGather) {
+    for (int m = 0; m < c->nranks; ++m) {
+      if (it.bytes > 0) std::memcpy(dst + m * it.bytes, r.parts[m].data(), it.bytes);
+    }
+  } else {
+    RingSum(r.parts, reinterpret_cast<float*>(dst), it.bytes / sizeof(float));
+  }
+  if (--r.left == 0) c->clique->rounds.erase(it.round);
+  return true;
 }
 
 // Removes the sends `c` posted that no receive took.
@@ -125,6 +197,20 @@ bool TryRun(Item& it) {
       return it.event->reached >= it.seq;
     case Kind::kHostFn:
       return true;  // run by the stream loop, outside the lock
+    case Kind::kGather:
+    case Kind::kReduce:
+      return RunCollective(it);
+    case Kind::kSum: {
+      const size_t n = it.bytes / sizeof(float);
+      const float* src = static_cast<const float*>(it.src);
+      float* dst = static_cast<float*>(it.dst);
+      for (size_t i = 0; i < n; ++i) {
+        float sum = src[i];
+        for (int m = 1; m < it.members; ++m) sum = sum + src[m * n + i];
+        dst[i] = sum;
+      }
+      return true;
+    }
     case Kind::kSend: {
       FakeNccl::Comm* c = it.comm.get();
       if (c->gone) return true;
@@ -165,6 +251,10 @@ bool TryRun(Item& it) {
 
 // Bookkeeping once `it` leaves its queue, finished or dropped. World mutex held.
 void Retire(Item& it, bool finished) {
+  if (it.kind == Kind::kGather || it.kind == Kind::kReduce) {
+    --it.comm->pending;
+    return;
+  }
   if (it.kind != Kind::kSend && it.kind != Kind::kRecv) return;
   if (!finished && it.posted && !it.posted->taken) {
     auto& queue = it.comm->clique->channels[{it.comm->rank, it.peer}];
@@ -379,6 +469,71 @@ NcclResult FakeNccl::Send(const void* buf, size_t bytes, int peer, NcclComm comm
 
 NcclResult FakeNccl::Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) {
   return Enqueue(false, buf, bytes, peer, comm, stream);
+}
+
+NcclResult FakeNccl::Collective(bool gather, const void* send, void* recv, size_t count,
+                                NcclComm comm, CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Comm* c = Lookup(comms_, comm);
+  Stream* s = Lookup(streams_, stream);
+  if (c == nullptr || s == nullptr) return NcclResult::kInvalidArgument;
+  if (c->init != NcclResult::kSuccess) {
+    c->last_error = "fake NCCL: an operation on a communicator that is not ready";
+    return NcclResult::kInvalidUsage;
+  }
+  if (c->in_progress_left > 0 || c->finalizing) {
+    c->last_error = "fake NCCL: a call while the previous one is in progress or finalizing";
+    return NcclResult::kInvalidUsage;
+  }
+  const int op = ++c->ops;
+  if (options_.async_error_at_op > 0 && op >= options_.async_error_at_op) {
+    Break(c, options_.async_error,
+          absl::StrCat("fake NCCL: injected ", NcclResultName(options_.async_error),
+                       " at operation ", op));
+  }
+  Item it;
+  it.kind = gather ? Kind::kGather : Kind::kReduce;
+  it.comm = comms_[comm];
+  it.src = send;
+  it.dst = recv;
+  it.bytes = count * sizeof(float);
+  it.round = ++c->collectives;
+  ++c->pending;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  if (options_.in_progress_polls > 0) {
+    c->in_progress_left = options_.in_progress_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::AllGather(const void* send, void* recv, size_t count, NcclComm comm,
+                               CudaStream stream) {
+  return Collective(true, send, recv, count, comm, stream);
+}
+
+NcclResult FakeNccl::AllReduceSum(const void* send, void* recv, size_t count, NcclComm comm,
+                                  CudaStream stream) {
+  return Collective(false, send, recv, count, comm, stream);
+}
+
+absl::Status FakeNccl::OrderedSum(float* dst, const float* src, int members, size_t count,
+                                  CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Stream* s = Lookup(streams_, stream);
+  if (s == nullptr) return UnknownHandle("stream");
+  Item it;
+  it.kind = Kind::kSum;
+  it.dst = dst;
+  it.src = src;
+  it.bytes = count * sizeof(float);
+  it.members = members;
+  s->queue.push_back(std::move(it));
+  w.cv.notify_all();
+  return absl::OkStatus();
 }
 
 // Groups are not modelled: operations are issued one by one.

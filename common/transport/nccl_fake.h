@@ -11,6 +11,11 @@
 //  - Send and Recv match in issue order per (communicator, source, destination); a send
 //    completes only when the matching receive has copied its bytes, a receive when it has
 //    them. Buffers are host memory (device() is kCpu).
+//  - Collectives (AllGather, AllReduceSum) meet by their sequence number on the
+//    communicator: each member's n-th call waits on its stream until every member made its
+//    n-th, then writes the result. AllReduceSum sums each chunk starting at a different
+//    member (as a ring does), so its bits depend on the group's size, not the members'
+//    order. Fault injection counts a collective as one operation.
 //  - CommAbort makes every pending operation of the communicator finish (without its
 //    data); a broken communicator's operations hang until then, as NCCL's do.
 // It also checks its caller: calls on a communicator that is not ready, calls made while
@@ -80,6 +85,10 @@ class FakeNccl final : public NcclApi {
   NcclResult Send(const void* buf, size_t bytes, int peer, NcclComm comm,
                   CudaStream stream) override;
   NcclResult Recv(void* buf, size_t bytes, int peer, NcclComm comm, CudaStream stream) override;
+  NcclResult AllGather(const void* send, void* recv, size_t count, NcclComm comm,
+                       CudaStream stream) override;
+  NcclResult AllReduceSum(const void* send, void* recv, size_t count, NcclComm comm,
+                          CudaStream stream) override;
   NcclResult GroupStart() override;
   NcclResult GroupEnd() override;
   NcclResult CommFinalize(NcclComm comm) override;
@@ -101,6 +110,8 @@ class FakeNccl final : public NcclApi {
   absl::StatusOr<void*> HostAlloc(size_t bytes) override;
   absl::Status HostFree(void* p) override;
   absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) override;
+  absl::Status OrderedSum(float* dst, const float* src, int members, size_t count,
+                          CudaStream stream) override;
 
   // Test helpers.
   // Queues `fn` on `stream` (cudaLaunchHostFunc): it runs on the stream's thread, in
@@ -125,6 +136,8 @@ class FakeNccl final : public NcclApi {
   void EndComm(NcclComm comm, bool abort);
   NcclResult Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
                      CudaStream stream);
+  NcclResult Collective(bool gather, const void* send, void* recv, size_t count, NcclComm comm,
+                        CudaStream stream);
 
   const FakeNcclOptions options_;
   // Guarded by the process-wide fake mutex (nccl_fake.cc).

@@ -1,0 +1,98 @@
+// The NCCL engine: a Collective whose members are the GPUs of a data-parallel group, on a
+// communicator of their own (not the pipeline transport's), reached through NcclApi
+// (common/transport/nccl_api.h) so that the fake runs its logic on any machine.
+//
+// AllReduceSum in the default (ordered) mode keeps collective.h's contract with
+// ncclAllGather into a device buffer of size * n floats, then one kernel that sums the
+// gathered copies in member order (NcclApi::OrderedSum), on the engine's own stream: the
+// same bits as the Gloo and in-process engines and the reference trainer. Fast mode
+// (options.ordered false) is one ncclAllReduce(ncclSum): less traffic, NCCL's summation
+// order.
+//
+// Data: device() is the API's (kCuda for the real library, kCpu for the fake); the buffer
+// passed to AllReduceSum must be memory of that device, already written (the caller
+// synchronised its compute stream), and holds the result when the call returns (the
+// engine's stream has finished with it).
+//
+// Deadlines and failures: every wait polls the stream's event and the communicator's
+// asynchronous error. At the deadline, on an NCCL error, or when Abort was called, the
+// communicator is aborted (ncclCommAbort: the stream's pending work ends) and this and
+// every later call fails, naming the cause. Other members notice at their own deadline or
+// through their own abort (NCCL tells no one), as with Gloo.
+//
+// Thread safety: one AllReduceSum at a time (collective.h); Abort from any thread.
+#ifndef BATON_COMMON_COLLECTIVE_NCCL_COLLECTIVE_H_
+#define BATON_COMMON_COLLECTIVE_NCCL_COLLECTIVE_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/collective/collective.h"
+#include "common/transport/nccl_api.h"
+
+namespace baton {
+
+struct NcclCollectiveOptions {
+  NcclApi* api = nullptr;  // not owned; outlives the engine
+  // The group's communicator: member 0 makes it (NcclApi::GetUniqueId) and every member
+  // passes the same id (the worker hands it over its rendezvous).
+  NcclUniqueId id;
+  int cuda_device = 0;
+  bool ordered = true;  // false: ncclAllReduce (REDUCE_MODE_FAST)
+  // How long the members have to join (ncclCommInitRank completing).
+  absl::Duration init_timeout = absl::Seconds(60);
+};
+
+class NcclCollective final : public Collective {
+ public:
+  // Joins the group as member `rank` of `size`. DEADLINE_EXCEEDED when the others do not
+  // join within options.init_timeout; UNAVAILABLE with NCCL's words when it fails.
+  static absl::StatusOr<std::unique_ptr<NcclCollective>> Connect(
+      int rank, int size, const NcclCollectiveOptions& options);
+  // Finalises the communicator (aborts it after a failure), waits for the stream, frees.
+  ~NcclCollective() override;
+  NcclCollective(const NcclCollective&) = delete;
+  NcclCollective& operator=(const NcclCollective&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return api_->device(); }
+  bool ordered() const override { return ordered_; }
+  const char* engine() const override { return "nccl"; }
+  absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override;
+  void Abort(const absl::Status& why) override;
+
+ private:
+  NcclCollective(NcclApi* api, int rank, int size, bool ordered, int cuda_device, NcclComm comm);
+
+  // Waits until the communicator's last call is no longer in progress; its result.
+  NcclResult Settle(absl::Time deadline);
+  // Waits for the stream to pass `event_` (recorded last); fails on an NCCL error, at the
+  // deadline or on Abort.
+  absl::Status WaitStream(absl::Time deadline, const char* what);
+  // Aborts the communicator (once) and records `s` as the reason later calls fail with.
+  absl::Status Fail(const absl::Status& s);
+  absl::Status NcclError(const char* call, NcclResult r);
+
+  NcclApi* const api_;
+  const int rank_;
+  const int size_;
+  const bool ordered_;
+  const int cuda_device_;
+  NcclComm comm_ = nullptr;      // null once aborted
+  CudaStream stream_ = nullptr;  // the engine's own
+  CudaEvent event_ = nullptr;
+  float* gathered_ = nullptr;    // size_ * capacity_ floats on device(); ordered mode only
+  int64_t capacity_ = 0;
+  std::mutex mu_;
+  absl::Status failed_;                 // guarded by mu_: why calls fail from now on
+  std::atomic<bool> abort_requested_{false};
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_COLLECTIVE_NCCL_COLLECTIVE_H_

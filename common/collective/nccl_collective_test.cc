@@ -1,0 +1,249 @@
+// The NCCL engine against the fake NCCL (common/transport/nccl_fake.h): members are threads,
+// each with its own FakeNccl so that faults can differ per member.
+#include "common/collective/nccl_collective.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "common/transport/nccl_fake.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+struct Member {
+  std::unique_ptr<FakeNccl> api;
+  std::unique_ptr<NcclCollective> collective;
+};
+
+// Joins `size` members (each on its own thread, as they must: a join completes only once all
+// joined), with per-member fake options, and runs body(rank, member) on each thread.
+template <typename F>
+void OnEveryMember(int size, F body, bool ordered = true,
+                   std::vector<FakeNcclOptions> faults = {}) {
+  faults.resize(size);
+  FakeNccl id_maker;
+  NcclUniqueId id;
+  ASSERT_EQ(id_maker.GetUniqueId(&id), NcclResult::kSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      Member m;
+      m.api = MakeFakeNccl(faults[r]);
+      NcclCollectiveOptions o;
+      o.api = m.api.get();
+      o.id = id;
+      o.ordered = ordered;
+      o.init_timeout = absl::Seconds(10);
+      absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(r, size, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      m.collective = *std::move(c);
+      body(r, m);
+      m.collective.reset();
+      const FakeNccl::Counts left = m.api->counts();
+      EXPECT_EQ(left.comms, 0) << "member " << r;
+      EXPECT_EQ(left.streams, 0) << "member " << r;
+      EXPECT_EQ(left.events, 0) << "member " << r;
+      EXPECT_EQ(left.buffers, 0) << "member " << r;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+float Value(int r, int64_t i) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r)) *
+         (i % 5 == 0 ? 1e4f : 1.0f);
+}
+
+TEST(NcclCollectiveTest, OrderedModeSumsInMemberOrderAndEveryMemberGetsTheSameBits) {
+  // Float addition is not associative: in member order these sum to 0, otherwise to 1.
+  const float values[3][2] = {{1.0f, 0.1f}, {1e8f, 0.2f}, {-1e8f, 0.3f}};
+  const float want0 = (values[0][0] + values[1][0]) + values[2][0];
+  const float want1 = (values[0][1] + values[1][1]) + values[2][1];
+  ASSERT_NE(want0, values[0][0] + (values[1][0] + values[2][0])) << "the data cannot tell";
+  std::vector<std::vector<float>> out(3);
+  OnEveryMember(3, [&](int r, Member& m) {
+    EXPECT_TRUE(m.collective->ordered());
+    EXPECT_STREQ(m.collective->engine(), "nccl");
+    EXPECT_EQ(m.collective->device(), Device::kCpu);  // the fake's buffers are host memory
+    std::vector<float> data(values[r], values[r] + 2);
+    ASSERT_TRUE(m.collective->AllReduceSum(data.data(), 2, Soon()).ok());
+    out[r] = data;
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(out[r].size(), 2u);
+    EXPECT_EQ(std::memcmp(&out[r][0], &want0, sizeof(float)), 0) << "member " << r;
+    EXPECT_EQ(std::memcmp(&out[r][1], &want1, sizeof(float)), 0) << "member " << r;
+  }
+}
+
+TEST(NcclCollectiveTest, RoundsOfGrowingAndShrinkingSizesAllEqualTheOrderedSum) {
+  constexpr int kSize = 2;
+  OnEveryMember(kSize, [&](int r, Member& m) {
+    for (int64_t n : {1, 7, 1 << 18, 3, 1 << 19}) {
+      std::vector<float> data(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) data[i] = Value(r, i);
+      ASSERT_TRUE(m.collective->AllReduceSum(data.data(), n, Soon()).ok()) << n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = Value(0, i) + Value(1, i);
+        ASSERT_EQ(std::memcmp(&data[i], &want, sizeof(float)), 0) << "n " << n << " i " << i;
+      }
+    }
+  });
+}
+
+// Fast mode: one ncclAllReduce. The fake sums each chunk starting at another member, as a
+// ring does, so the result differs from the ordered sum in the last places: same bits on
+// every member, within a stated tolerance of the ordered sum.
+TEST(NcclCollectiveTest, FastModeIsOneAllReduceSameBitsEverywhereWithinToleranceOfTheOrderedSum) {
+  constexpr int kSize = 3;
+  constexpr int64_t kN = 30011;
+  std::vector<std::vector<float>> out(kSize);
+  OnEveryMember(
+      kSize,
+      [&](int r, Member& m) {
+        EXPECT_FALSE(m.collective->ordered());
+        std::vector<float> data(kN);
+        for (int64_t i = 0; i < kN; ++i) data[i] = Value(r, i);
+        ASSERT_TRUE(m.collective->AllReduceSum(data.data(), kN, Soon()).ok());
+        out[r] = data;
+      },
+      /*ordered=*/false);
+  for (int r = 1; r < kSize; ++r) {
+    ASSERT_EQ(std::memcmp(out[r].data(), out[0].data(), kN * sizeof(float)), 0) << "member " << r;
+  }
+  int64_t differ = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    float ordered = Value(0, i);
+    float scale = std::fabs(ordered);
+    for (int r = 1; r < kSize; ++r) {
+      ordered += Value(r, i);
+      scale = std::max(scale, std::fabs(ordered) + std::fabs(Value(r, i)));
+    }
+    ASSERT_LE(std::fabs(out[0][i] - ordered),
+              4 * kSize * std::numeric_limits<float>::epsilon() * scale)
+        << i;
+    differ += out[0][i] != ordered;
+  }
+  EXPECT_GT(differ, 0) << "fast mode summed in member order everywhere: the test cannot tell";
+}
+
+TEST(NcclCollectiveTest, CallsThatTheCommunicatorTakesInProgressStillComplete) {
+  std::vector<FakeNcclOptions> faults(2);
+  for (FakeNcclOptions& f : faults) f.in_progress_polls = 3;
+  OnEveryMember(
+      2,
+      [&](int r, Member& m) {
+        float x[4] = {1, 2, 3, static_cast<float>(r)};
+        ASSERT_TRUE(m.collective->AllReduceSum(x, 4, Soon()).ok());
+        EXPECT_EQ(x[0], 2.0f);
+        EXPECT_EQ(x[3], 1.0f);
+      },
+      true, faults);
+}
+
+TEST(NcclCollectiveTest, AMemberThatNeverJoinsEndsTheJoinAtItsTimeout) {
+  FakeNccl api;
+  NcclCollectiveOptions o;
+  o.api = &api;
+  ASSERT_EQ(api.GetUniqueId(&o.id), NcclResult::kSuccess);
+  o.init_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(0, 2, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_NE(c.status().message().find("member 0 of 2"), std::string::npos) << c.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(api.counts().comms, 0);
+  EXPECT_EQ(api.counts().aborted, 1);
+}
+
+TEST(NcclCollectiveTest, AFailedJoinIsUnavailableWithNcclsWords) {
+  FakeNcclOptions f;
+  f.init_fails = true;
+  FakeNccl api(f);
+  NcclCollectiveOptions o;
+  o.api = &api;
+  ASSERT_EQ(api.GetUniqueId(&o.id), NcclResult::kSuccess);
+  absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(0, 1, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_NE(c.status().message().find("ncclSystemError"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("injected initialisation failure"), std::string::npos)
+      << c.status();
+}
+
+TEST(NcclCollectiveTest, AMemberThatSkipsACollectiveEndsItAtTheDeadlineAndTheGroupStaysFailed) {
+  std::vector<absl::Status> got(2);
+  OnEveryMember(2, [&](int r, Member& m) {
+    if (r == 1) {
+      absl::SleepFor(absl::Milliseconds(800));  // joined, never calls
+      return;
+    }
+    float x = 1;
+    const absl::Time start = absl::Now();
+    got[0] = m.collective->AllReduceSum(&x, 1, absl::Now() + absl::Milliseconds(300));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+    got[1] = m.collective->AllReduceSum(&x, 1, Soon());
+  });
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kDeadlineExceeded) << got[0];
+  EXPECT_NE(got[0].message().find("replica 0 of 2"), std::string::npos) << got[0];
+  EXPECT_EQ(got[1].code(), absl::StatusCode::kDeadlineExceeded) << got[1];
+}
+
+TEST(NcclCollectiveTest, AnAsynchronousNcclErrorFailsTheCallNamingIt) {
+  std::vector<FakeNcclOptions> faults(2);
+  faults[0].async_error_at_op = 2;  // the second collective breaks member 0's communicator
+  std::vector<absl::Status> got(2);
+  OnEveryMember(
+      2,
+      [&](int r, Member& m) {
+        float x = 1;
+        ASSERT_TRUE(m.collective->AllReduceSum(&x, 1, Soon()).ok());
+        got[r] = m.collective->AllReduceSum(&x, 1, absl::Now() + absl::Seconds(1));
+      },
+      true, faults);
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kUnavailable) << got[0];
+  EXPECT_NE(got[0].message().find("ncclRemoteError"), std::string::npos) << got[0];
+  // Its peer hears nothing from NCCL: its deadline ends the call.
+  EXPECT_EQ(got[1].code(), absl::StatusCode::kDeadlineExceeded) << got[1];
+}
+
+TEST(NcclCollectiveTest, AbortFromAnotherThreadEndsACallInFlightWithTheReason) {
+  std::vector<absl::Status> got(2);
+  OnEveryMember(2, [&](int r, Member& m) {
+    if (r == 1) {
+      absl::SleepFor(absl::Milliseconds(600));
+      return;
+    }
+    std::thread aborter([&] {
+      absl::SleepFor(absl::Milliseconds(100));
+      m.collective->Abort(absl::UnavailableError("rank 3 of the pipeline failed"));
+    });
+    float x = 1;
+    const absl::Time start = absl::Now();
+    got[0] = m.collective->AllReduceSum(&x, 1, Soon());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    aborter.join();
+  });
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kUnavailable) << got[0];
+  EXPECT_NE(got[0].message().find("rank 3 of the pipeline failed"), std::string::npos) << got[0];
+}
+
+TEST(NcclCollectiveTest, OneMemberKeepsItsDataAndNeedsNoTraffic) {
+  OnEveryMember(1, [&](int, Member& m) {
+    float x[2] = {1.5f, -2.0f};
+    ASSERT_TRUE(m.collective->AllReduceSum(x, 2, Soon()).ok());
+    EXPECT_EQ(x[0], 1.5f);
+    EXPECT_EQ(x[1], -2.0f);
+  });
+}
+
+}  // namespace
+}  // namespace baton
