@@ -1143,6 +1143,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   }
   j->timings[request.step()][request.rank()] = request.timing();
   if (!request.links().empty()) RecordLinksLocked(j, request);
+  if (!request.groups().empty()) RecordGroupsLocked(j, request);
   for (const baton::v1::CheckpointWrite& w : request.checkpoints()) {
     RecordCheckpointLocked(j, request.rank(), w);
   }
@@ -1209,6 +1210,27 @@ void Coordinator::RecordLinksLocked(ActiveJob* j, const baton::v1::ReportProgres
   if (!said.empty()) {
     AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
                       absl::StrCat("links: ", absl::StrJoin(said, "; ")));
+  }
+}
+
+void Coordinator::RecordGroupsLocked(ActiveJob* j,
+                                     const baton::v1::ReportProgressRequest& request) {
+  // Every member of a group reports it, having decided alike: replica 0's word is kept (the
+  // first to come for a rank), once, in the pipeline report and in the history.
+  std::vector<std::string> said;
+  for (const baton::v1::GroupReport& g : request.groups()) {
+    bool known = false;
+    for (const baton::v1::GroupReport& k : j->job.pipeline().groups()) {
+      known = known || k.rank() == g.rank();
+    }
+    if (known) continue;
+    *j->job.mutable_pipeline()->add_groups() = g;
+    said.push_back(absl::StrCat("rank ", g.rank(), " ", g.engine(), " ", g.mode(), " (",
+                                g.reason(), ")"));
+  }
+  if (!said.empty()) {
+    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
+                      absl::StrCat("data-parallel groups: ", absl::StrJoin(said, "; ")));
   }
 }
 

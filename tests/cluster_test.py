@@ -722,6 +722,15 @@ def case_data_parallel(c):
           f"job digest {job['weights_digest']} != train-local's {want} (D=2)")
     print(f"  {job_id}: SUCCEEDED in {time.monotonic() - start:.1f} s on {' '.join(workers)}"
           f" (2 replicas x 2 stages), digest equals train-local's: {want[:16]}...")
+    # Each group's engine, and why, in the report and in `batonctl get`.
+    groups = sorted(pipeline.get("groups", []), key=lambda g: int(g.get("rank", 0)))
+    check([int(g.get("rank", 0)) for g in groups] == [0, 1], f"group reports: {groups}")
+    for g in groups:
+        check(g.get("engine") == "gloo" and g.get("mode") == "ordered" and
+              g.get("reason") == "gloo: the job computes on the CPU", f"group report: {g}")
+    text = c.ctl_ok("get", job_id).stdout
+    check("dp group:   rank 1 x 2 replicas gloo ordered (gloo: the job computes on the CPU)"
+          in text, f"batonctl get does not show the groups:\n{text}")
     # Every schedule across processes, and three replicas of one stage.
     runs = [("gpipe", {"schedule": "SCHEDULE_GPIPE", "stages": 2}, 2, 8),
             ("interleaved-1f1b", {"schedule": "SCHEDULE_INTERLEAVED_1F1B", "stages": 2,
@@ -741,6 +750,20 @@ def case_data_parallel(c):
               f"{name} D={replicas}: digest {got['weights_digest']} != train-local's {want_d}")
         print(f"  {name:17s} {replicas} replicas x {pipeline['stages']} stages ({jid}): digest "
               f"equals train-local's")
+    # Fast mode (Gloo's ring) on the last of those (three replicas: with two, a ring's sum
+    # is the ordered one, addition being commutative): the replicas agree (the coordinator
+    # checks), the bits are not the ordered sum's, the loss stays within a relative 1e-3.
+    fast_id = c.submit(p_d, "--reduce-mode", "fast")["id"]
+    fast = c.wait_state(fast_id, TERMINAL, 120)
+    check(fast["state"] == "JOB_STATE_SUCCEEDED", f"fast: {fast['state']}: {last_reason(fast)}")
+    fast_groups = fast.get("pipeline", {}).get("groups", [])
+    check(fast_groups and all(g.get("mode") == "fast" for g in fast_groups),
+          f"fast groups: {fast_groups}")
+    check(fast["weights_digest"] != want_d, "fast mode gave the ordered sum's bits")
+    lo, lf = float(got["last_loss"]), float(fast["last_loss"])
+    check(abs(lf - lo) <= 1e-3 * abs(lo), f"fast mode's loss {lf} is not within 1e-3 of {lo}")
+    print(f"  fast mode, 3 replicas ({fast_id}): replicas agree, loss {lf:.6f} vs ordered "
+          f"{lo:.6f}, other bits")
     # Checkpoints with replicas are not built yet: refused naming the field, not half-done.
     ck = dict(spec, checkpoint={"everySteps": 5, "dir": os.path.join(c.tmp, "dp-ckpt")})
     r = c.ctl("submit", "-f", c.write_spec(ck), "--stages", "2", "--data-parallel", "2")

@@ -1,6 +1,7 @@
 #include "worker/links.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -70,6 +71,36 @@ std::vector<LinkPlan> PlanLinks(const baton::v1::JobPlan& plan, const std::set<i
     }
     out.push_back(link);
   }
+  return out;
+}
+
+GroupEnginePlan PlanGroupEngine(const baton::v1::JobPlan& plan) {
+  GroupEnginePlan out;
+  if (plan.spec().pipeline().collective_engine() == baton::v1::COLLECTIVE_ENGINE_GLOO) {
+    out.reason = "gloo: asked for";
+    return out;
+  }
+  if (plan.spec().device() != baton::v1::DEVICE_KIND_CUDA) {
+    out.reason = "gloo: the job computes on the CPU";
+    return out;
+  }
+  std::map<std::string, int> by_gpu;  // GPU UUID -> the first replica on it
+  for (const baton::v1::Peer& p : plan.replica_peers()) {
+    if (!HasNccl(p)) {
+      out.reason = absl::StrCat("gloo: worker ", p.worker_id(), " (replica ", p.rank(),
+                                ") cannot run NCCL");
+      return out;
+    }
+    if (p.device().uuid().empty()) continue;
+    auto [it, fresh] = by_gpu.emplace(p.device().uuid(), p.rank());
+    if (!fresh) {
+      out.reason = absl::StrCat("gloo: replicas ", it->second, " and ", p.rank(), " share GPU ",
+                                p.device().uuid(), " (NCCL cannot connect two ranks on one device)");
+      return out;
+    }
+  }
+  out.nccl = true;
+  out.reason = "nccl";
   return out;
 }
 

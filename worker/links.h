@@ -31,6 +31,17 @@ std::set<int> Neighbours(const Schedule& schedule, int rank);
 // (same UUID: NCCL cannot connect two ranks on one device); else an NCCL candidate.
 std::vector<LinkPlan> PlanLinks(const baton::v1::JobPlan& plan, const std::set<int>& neighbours);
 
+// Which engine sums the gradients of plan.rank()'s data-parallel group (plan.replica_peers):
+// a candidate for NCCL when the spec does not ask for Gloo, the job computes on CUDA, every
+// member registered kNcclCapability and no two members share a GPU (NCCL cannot connect two
+// ranks on one device); Gloo otherwise. Every member decides alike from the same facts; an
+// NCCL candidate still needs every member's NCCL to load (the worker checks at bring-up).
+struct GroupEnginePlan {
+  bool nccl = false;   // a candidate for NCCL
+  std::string reason;  // why Gloo ("gloo: ..."), or "nccl"
+};
+GroupEnginePlan PlanGroupEngine(const baton::v1::JobPlan& plan);
+
 // The rendezvous keys of the bring-up verdict that `from` sends `to` for a job attempt.
 std::string VerdictKey(uint64_t job_key, int64_t attempt, int from, int to);
 // What every key of a job starts with (for dropping its leftovers).

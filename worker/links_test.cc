@@ -85,5 +85,40 @@ TEST(PlanLinksTest, KeysNameTheJob) {
   EXPECT_EQ(VerdictKey(7, 0, 1, 2).rfind(JobRendezvousPrefix(7), 0), 0u);
 }
 
+// A data-parallel group's engine: the replicas' peers as the plan lists them.
+baton::v1::JobPlan GroupPlan(const std::vector<std::string>& uuids, const std::vector<bool>& nccl) {
+  baton::v1::JobPlan plan = Plan(0, uuids, nccl);
+  plan.mutable_replica_peers()->CopyFrom(plan.peers());
+  plan.mutable_spec()->mutable_pipeline()->set_data_parallel(static_cast<int>(uuids.size()));
+  return plan;
+}
+
+TEST(PlanGroupEngineTest, NcclForDistinctGpusThatAllRunItGlooOtherwiseWithTheReason) {
+  GroupEnginePlan e = PlanGroupEngine(GroupPlan({"GPU-a", "GPU-b", "GPU-c"}, {true, true, true}));
+  EXPECT_TRUE(e.nccl) << e.reason;
+
+  e = PlanGroupEngine(GroupPlan({"GPU-a", "GPU-b", "GPU-a"}, {true, true, true}));
+  EXPECT_FALSE(e.nccl);
+  EXPECT_EQ(e.reason, "gloo: replicas 0 and 2 share GPU GPU-a (NCCL cannot connect two ranks on "
+                      "one device)");
+
+  e = PlanGroupEngine(GroupPlan({"GPU-a", "GPU-b"}, {true, false}));
+  EXPECT_FALSE(e.nccl);
+  EXPECT_EQ(e.reason, "gloo: worker w-1 (replica 1) cannot run NCCL");
+
+  baton::v1::JobPlan cpu = GroupPlan({"GPU-a", "GPU-b"}, {true, true});
+  cpu.mutable_spec()->set_device(baton::v1::DEVICE_KIND_CPU);
+  e = PlanGroupEngine(cpu);
+  EXPECT_FALSE(e.nccl);
+  EXPECT_EQ(e.reason, "gloo: the job computes on the CPU");
+
+  baton::v1::JobPlan asked = GroupPlan({"GPU-a", "GPU-b"}, {true, true});
+  asked.mutable_spec()->mutable_pipeline()->set_collective_engine(
+      baton::v1::COLLECTIVE_ENGINE_GLOO);
+  e = PlanGroupEngine(asked);
+  EXPECT_FALSE(e.nccl);
+  EXPECT_EQ(e.reason, "gloo: asked for");
+}
+
 }  // namespace
 }  // namespace baton

@@ -15,6 +15,7 @@
 #include "common/checkpoint/checkpoint.h"
 #include "common/collective/gloo_collective.h"
 #include "common/collective/grpc_gloo_store.h"
+#include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
 #include "common/core/log_text.h"
 #include "common/core/status.h"
@@ -114,6 +115,16 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
   // The step ends after its final send waits (end_ns), not at its last action.
   *out.mutable_step() = ToProtoDuration(absl::Nanoseconds(r.end_ns));
   out.set_peak_inflight(r.peak_inflight);
+  int64_t reduce = 0, reduce_bytes = 0;
+  for (const ActionTiming& t : r.reductions) {
+    reduce += t.end_ns - t.start_ns;
+    reduce_bytes += t.bytes;
+  }
+  if (!r.reductions.empty()) {
+    *out.mutable_reduce() = ToProtoDuration(absl::Nanoseconds(reduce));
+    out.set_reduce_bytes(reduce_bytes);
+    *out.mutable_reduce_wait() = ToProtoDuration(absl::Nanoseconds(r.reduce_wait_ns));
+  }
   return out;
 }
 
@@ -466,40 +477,14 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     grpc.reset();
     inbox_->Close();
   };
-  // Data parallelism: join this rank's group (the same rank of every replica) through the
-  // peers' TensorService.Rendezvous, then Gloo over TCP between them.
-  std::unique_ptr<GlooCollective> collective;
-  const int replicas = std::max(1, plan.data_parallel());
-  if (replicas > 1) {
-    if (plan.replica() < 0 || plan.replica() >= replicas ||
-        plan.replica_peers_size() != replicas || options_.rendezvous == nullptr) {
-      cleanup();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan: replica ", plan.replica(), " of ", replicas, " with ",
-          plan.replica_peers_size(), " replica peers",
-          options_.rendezvous == nullptr ? " (and this worker takes no rendezvous)" : ""));
-    }
-    std::vector<std::string> addresses;
-    for (const baton::v1::Peer& p : plan.replica_peers()) addresses.push_back(p.address());
-    GrpcGlooStore store(GlooGroupPrefix(plan.job_key(), plan.attempt(), plan.rank()),
-                        plan.replica(), replicas, options_.rendezvous,
-                        [this, &addresses](int m) { return TensorChannel(addresses[m]); },
-                        recv_timeout);
-    GlooOptions go;
-    const std::string& own = addresses[plan.replica()];
-    go.hostname = own.substr(0, own.rfind(':'));
-    if (go.hostname.size() >= 2 && go.hostname.front() == '[') {
-      go.hostname = go.hostname.substr(1, go.hostname.size() - 2);  // [v6]:port
-    }
-    go.connect_timeout = recv_timeout;
-    absl::StatusOr<std::unique_ptr<GlooCollective>> c =
-        GlooCollective::Connect(store, plan.replica(), replicas, go);
-    options_.rendezvous->DropPrefix(GlooGroupPrefix(plan.job_key(), plan.attempt(), plan.rank()));
+  // Data parallelism: join this rank's group (the same rank of every replica).
+  std::unique_ptr<Collective> collective;
+  baton::v1::GroupReport group;
+  if (std::max(1, plan.data_parallel()) > 1) {
+    absl::StatusOr<std::unique_ptr<Collective>> c = JoinReplicaGroup(plan, recv_timeout, &group);
     if (!c.ok()) {
       cleanup();
-      return absl::Status(c.status().code(),
-                          absl::StrCat("data-parallel group of rank ", plan.rank(), ": ",
-                                       c.status().message()));
+      return c.status();
     }
     collective = *std::move(c);
   }
@@ -655,6 +640,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     *req.mutable_timing() = Timing(*r);
     *req.mutable_trace() = RankTraceFromStep(*r);
     if (step == first_step) {
+      if (collective != nullptr) *req.add_groups() = group;
       for (const LinkPlan& l : links) {
         baton::v1::LinkReport* link = req.add_links();
         link->set_rank(std::min(plan.rank(), l.peer));
@@ -687,6 +673,123 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   }
   cleanup();
   return status;
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> WorkerAgent::JoinReplicaGroup(
+    const baton::v1::JobPlan& plan, absl::Duration timeout, baton::v1::GroupReport* report) {
+  const int replicas = std::max(1, plan.data_parallel());
+  const int member = plan.replica();
+  if (member < 0 || member >= replicas || plan.replica_peers_size() != replicas ||
+      options_.rendezvous == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: replica ", member, " of ", replicas, " with ", plan.replica_peers_size(),
+        " replica peers",
+        options_.rendezvous == nullptr ? " (and this worker takes no rendezvous)" : ""));
+  }
+  const bool fast = plan.spec().pipeline().reduce_mode() == baton::v1::REDUCE_MODE_FAST;
+  const bool nccl_required =
+      plan.spec().pipeline().collective_engine() == baton::v1::COLLECTIVE_ENGINE_NCCL;
+  report->set_rank(plan.rank());
+  report->set_mode(fast ? "fast" : "ordered");
+  auto failed = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("data-parallel group of rank ", plan.rank(), ": ",
+                                               s.message()));
+  };
+  std::vector<std::string> addresses;
+  for (const baton::v1::Peer& p : plan.replica_peers()) addresses.push_back(p.address());
+  const std::string prefix = GlooGroupPrefix(plan.job_key(), plan.attempt(), plan.rank());
+  GrpcGlooStore store(prefix, member, replicas, options_.rendezvous,
+                      [this, &addresses](int m) { return TensorChannel(addresses[m]); }, timeout);
+  struct DropKeys {  // whatever way out, this group's leftovers go
+    RendezvousBox* box;
+    std::string prefix;
+    ~DropKeys() { box->DropPrefix(prefix); }
+  } drop{options_.rendezvous, prefix};
+  auto store_get = [&](const std::string& key) -> absl::StatusOr<std::string> {
+    try {
+      std::vector<char> v = store.get(key);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      return absl::DeadlineExceededError(e.what());
+    }
+  };
+  auto store_set = [&](const std::string& key, const std::string& value) -> absl::Status {
+    try {
+      store.set(key, std::vector<char>(value.begin(), value.end()));
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(e.what());
+    }
+  };
+
+  GroupEnginePlan engine = PlanGroupEngine(plan);
+  if (engine.nccl) {
+    // Every member says whether its NCCL loads; NCCL only if all do (all decide alike).
+    absl::StatusOr<NcclApi*> api = LoadNccl();
+    const std::string mine =
+        api.ok() ? "ok" : absl::StrCat("NCCL did not load: ", api.status().message());
+    if (absl::Status s = store_set(absl::StrCat("baton/verdict/", member), mine); !s.ok()) {
+      return failed(s);
+    }
+    for (int m = 0; m < replicas && engine.nccl; ++m) {
+      absl::StatusOr<std::string> theirs = store_get(absl::StrCat("baton/verdict/", m));
+      if (!theirs.ok()) return failed(theirs.status());
+      if (*theirs != "ok") {
+        engine.nccl = false;
+        engine.reason = absl::StrCat("gloo: NCCL on replica ", m, ": ", *theirs);
+      }
+    }
+    if (engine.nccl) {
+      NcclCollectiveOptions o;
+      o.api = *api;
+      o.cuda_device = CurrentCudaDevice();
+      o.ordered = !fast;
+      o.init_timeout = timeout;
+      if (member == 0) {
+        const NcclResult r = (*api)->GetUniqueId(&o.id);
+        if (r != NcclResult::kSuccess) {
+          return failed(absl::UnavailableError(
+              absl::StrCat("ncclGetUniqueId: ", NcclResultName(r))));
+        }
+        if (absl::Status s = store_set("baton/nccl-id",
+                                       std::string(o.id.bytes.data(), o.id.bytes.size()));
+            !s.ok()) {
+          return failed(s);
+        }
+      } else {
+        absl::StatusOr<std::string> id = store_get("baton/nccl-id");
+        if (!id.ok()) return failed(id.status());
+        if (id->size() != o.id.bytes.size()) {
+          return failed(absl::DataLossError("the group's NCCL id has the wrong size"));
+        }
+        std::copy(id->begin(), id->end(), o.id.bytes.begin());
+      }
+      absl::StatusOr<std::unique_ptr<NcclCollective>> c =
+          NcclCollective::Connect(member, replicas, o);
+      if (!c.ok()) return failed(c.status());
+      report->set_engine("nccl");
+      report->set_reason(absl::StrCat("nccl: ", replicas, " GPUs, communicator up"));
+      return std::unique_ptr<Collective>(*std::move(c));
+    }
+  }
+  if (nccl_required) {
+    return failed(absl::FailedPreconditionError(absl::StrCat(
+        "the job asks for collective engine NCCL, but it cannot be used: ", engine.reason)));
+  }
+  GlooOptions go;
+  const std::string& own = addresses[member];
+  go.hostname = own.substr(0, own.rfind(':'));
+  if (go.hostname.size() >= 2 && go.hostname.front() == '[') {
+    go.hostname = go.hostname.substr(1, go.hostname.size() - 2);  // [v6]:port
+  }
+  go.connect_timeout = timeout;
+  go.ordered = !fast;
+  absl::StatusOr<std::unique_ptr<GlooCollective>> c =
+      GlooCollective::Connect(store, member, replicas, go);
+  if (!c.ok()) return failed(c.status());
+  report->set_engine("gloo");
+  report->set_reason(engine.reason);
+  return std::unique_ptr<Collective>(*std::move(c));
 }
 
 std::shared_ptr<grpc::Channel> WorkerAgent::TensorChannel(const std::string& address) {

@@ -107,6 +107,13 @@ class WorkerAgent {
   // gRPC links with the reason. Returns the NCCL transport when any link uses it.
   absl::StatusOr<std::unique_ptr<Transport>> BringUpNccl(const baton::v1::JobPlan& plan,
                                                          std::vector<LinkPlan>* links);
+  // Joins this rank's data-parallel group (the same rank of every replica) through the
+  // peers' TensorService.Rendezvous: NCCL when PlanGroupEngine allows it and every member's
+  // NCCL loads, Gloo over TCP otherwise (or the job fails when the spec asks for NCCL).
+  // `report` says which engine and why.
+  absl::StatusOr<std::unique_ptr<Collective>> JoinReplicaGroup(const baton::v1::JobPlan& plan,
+                                                               absl::Duration timeout,
+                                                               baton::v1::GroupReport* report);
   std::shared_ptr<grpc::Channel> TensorChannel(const std::string& address);
   // A context for a ClusterService call: the deadline and this process's session secret.
   std::unique_ptr<grpc::ClientContext> ClusterContext() const;

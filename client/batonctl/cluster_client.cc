@@ -201,7 +201,10 @@ std::string DescribeSpec(const baton::v1::JobSpec& spec) {
   const int chunks = std::max(1, p.virtual_stages());
   const int micro = std::max(1, p.microbatches());
   std::string extra;
-  if (p.data_parallel() > 1) absl::StrAppend(&extra, " x ", p.data_parallel(), " replicas");
+  if (p.data_parallel() > 1) {
+    absl::StrAppend(&extra, " x ", p.data_parallel(), " replicas");
+    if (p.reduce_mode() == baton::v1::REDUCE_MODE_FAST) absl::StrAppend(&extra, " (fast sum)");
+  }
   if (p.recompute() == baton::v1::RECOMPUTE_FULL) absl::StrAppend(&extra, ", recompute");
   return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s%s, %d micro-batch%s, batch %d, %d "
                          "steps, seed %d",

@@ -42,6 +42,11 @@ void PrintJob(const baton::v1::Job& job) {
     std::printf("  link:       ranks %d-%d %s (%s)\n", l.rank(), l.peer(), l.transport().c_str(),
                 l.reason().c_str());
   }
+  for (const baton::v1::GroupReport& g : job.pipeline().groups()) {
+    std::printf("  dp group:   rank %d x %d replicas %s %s (%s)\n", g.rank(),
+                job.pipeline().data_parallel(), g.engine().c_str(), g.mode().c_str(),
+                g.reason().c_str());
+  }
   if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
     std::printf("  stages:     %s (blocks per stage)\n",
                 absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());

@@ -34,6 +34,10 @@ const std::vector<FlagSpec>& Flags() {
       {"data-parallel", "", false, "override pipeline.data_parallel (replicas of the pipeline)"},
       {"recompute", "", false,
        "override pipeline.recompute: none, or full (rerun each forward before its backward)"},
+      {"reduce-mode", "", false,
+       "override pipeline.reduce_mode: ordered (bit-exact, the default) or fast (the engine's "
+       "ring)"},
+      {"collective", "", false, "override pipeline.collective_engine: auto, gloo or nccl"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
       {"transport", "", false, "override the transport: grpc, nccl or auto"},
       {"resume-from", "", false,
@@ -51,6 +55,7 @@ constexpr char kUsage[] =
     "                       [--resume-from JOB[@STEP]]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
     "                       [--recompute none|full] [--data-parallel D]\n"
+    "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
@@ -140,6 +145,29 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       p->set_recompute(baton::v1::RECOMPUTE_FULL);
     } else {
       return absl::InvalidArgumentError("--recompute must be none or full, got '" + r + "'");
+    }
+  }
+  if (args.Has("reduce-mode")) {
+    const std::string r = args.Get("reduce-mode");
+    if (r == "ordered") {
+      p->set_reduce_mode(baton::v1::REDUCE_MODE_ORDERED);
+    } else if (r == "fast") {
+      p->set_reduce_mode(baton::v1::REDUCE_MODE_FAST);
+    } else {
+      return absl::InvalidArgumentError("--reduce-mode must be ordered or fast, got '" + r + "'");
+    }
+  }
+  if (args.Has("collective")) {
+    const std::string c = args.Get("collective");
+    if (c == "auto") {
+      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_AUTO);
+    } else if (c == "gloo") {
+      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_GLOO);
+    } else if (c == "nccl") {
+      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_NCCL);
+    } else {
+      return absl::InvalidArgumentError("--collective must be auto, gloo or nccl, got '" + c +
+                                        "'");
     }
   }
   if (args.Has("device")) {

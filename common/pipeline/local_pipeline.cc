@@ -77,6 +77,19 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
       t->groups_.push_back(std::make_unique<InProcessGroup>(D));
       for (int d = 0; d < D; ++d) members[d * S + r] = t->groups_.back()->Member(d);
     }
+  } else if (D > 1 && options.engine == LocalPipelineOptions::Engine::kCustom) {
+    if (!options.make_group) {
+      return absl::InvalidArgumentError("LocalPipelineOptions: Engine::kCustom without make_group");
+    }
+    for (int r = 0; r < S; ++r) {
+      BATON_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Collective>> group,
+                             options.make_group(r, D));
+      if (static_cast<int>(group.size()) != D) {
+        return absl::InvalidArgumentError(absl::StrCat("make_group(", r, ", ", D, ") made ",
+                                                       group.size(), " members"));
+      }
+      for (int d = 0; d < D; ++d) members[d * S + r] = std::move(group[d]);
+    }
   } else if (D > 1) {
     // Gloo: every member of a group joins at once (each blocks until all have come).
     std::vector<absl::Status> joined(members.size());
@@ -85,9 +98,11 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
       t->stores_.push_back(std::make_unique<gloo::rendezvous::HashStore>());
       gloo::rendezvous::Store* store = t->stores_.back().get();
       for (int d = 0; d < D; ++d) {
-        joining.emplace_back([&members, &joined, store, d, r, D, S] {
+        joining.emplace_back([&members, &joined, &t, store, d, r, D, S] {
+          GlooOptions go;
+          go.ordered = t->spec_.pipeline().reduce_mode() != baton::v1::REDUCE_MODE_FAST;
           absl::StatusOr<std::unique_ptr<GlooCollective>> c =
-              GlooCollective::Connect(*store, d, D);
+              GlooCollective::Connect(*store, d, D, go);
           if (c.ok()) {
             members[d * S + r] = *std::move(c);
           } else {

@@ -5,6 +5,7 @@
 #ifndef BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
 #define BATON_COMMON_PIPELINE_LOCAL_PIPELINE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -25,9 +26,15 @@ namespace baton {
 struct LocalPipelineOptions {
   absl::Duration recv_timeout = absl::Seconds(60);
   // The collective engine of the data-parallel groups (pipeline.data_parallel > 1): the
-  // in-process one, or Gloo over TCP on loopback (what CPU workers use between processes).
-  enum class Engine { kInProcess, kGloo };
+  // in-process one, Gloo over TCP on loopback (what CPU workers use between processes; in
+  // fast mode when spec.pipeline.reduce_mode says so), or the members make_group makes
+  // (e.g. the NCCL engine over the fake NCCL, in tests).
+  enum class Engine { kInProcess, kGloo, kCustom };
   Engine engine = Engine::kInProcess;
+  // Engine::kCustom: the `size` members of data-parallel group `group` (member d is replica
+  // d's), all joined.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Collective>>>(int group, int size)>
+      make_group;
   // A custom clock (e.g. imported from CSV) instead of the spec's schedule. Its ranks,
   // micro-batches and stage count must fit the spec.
   std::optional<Schedule> schedule;

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
 
@@ -174,9 +175,13 @@ class StageExecutor::GradReducer {
   }
 
   // Sums the gradients over the group, bucket by bucket: each bucket is gathered into one
-  // host buffer (a parameter larger than a bucket is a bucket of its own), reduced, and
-  // scattered back. Element-wise, bucketing changes nothing of the result.
+  // buffer (a parameter larger than a bucket is a bucket of its own), reduced, and scattered
+  // back. Element-wise, bucketing changes nothing of the result. The buffer lives where the
+  // engine wants it: host memory (Gloo, in-process; device gradients are staged through
+  // it) or the GPU (NCCL: device-to-device copies, on the compute stream, which they wait
+  // for).
   absl::Status Reduce(const Task& task, int64_t* bytes) {
+    const bool on_device = collective_->device() == Device::kCuda;
     size_t i = 0;
     const std::vector<Parameter*>& ps = task.params;
     while (i < ps.size()) {
@@ -188,16 +193,38 @@ class StageExecutor::GradReducer {
         floats += ps[end]->grad.numel();
         ++end;
       }
-      buffer_.resize(static_cast<size_t>(floats));
+      float* buf = nullptr;
+      if (on_device) {
+        if (device_buffer_.numel() < floats) {
+          device_buffer_ = Tensor();
+          BATON_ASSIGN_OR_RETURN(device_buffer_,
+                                 Tensor::TryEmpty({floats}, DType::kFloat32, Device::kCuda));
+        }
+        buf = device_buffer_.f32();
+      } else {
+        buffer_.resize(static_cast<size_t>(floats));
+        buf = buffer_.data();
+      }
+      // Copies one parameter's gradient into the bucket (to_bucket) or back out of it.
+      auto move = [&](Tensor& grad, float* at, bool to_bucket) -> absl::Status {
+        if (!on_device) return to_bucket ? grad.CopyToHost(at) : grad.CopyFromHost(at);
+        if (grad.device() != Device::kCuda) {
+          return absl::FailedPreconditionError(
+              "the data-parallel engine sums GPU memory but this rank's gradients are on the "
+              "CPU");
+        }
+        return to_bucket ? CudaCopy(at, grad.raw(), grad.nbytes(), CopyKind::kDeviceToDevice)
+                         : CudaCopy(grad.raw(), at, grad.nbytes(), CopyKind::kDeviceToDevice);
+      };
       int64_t at = 0;
       for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(ps[k]->grad.CopyToHost(buffer_.data() + at));
+        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, true));
         at += ps[k]->grad.numel();
       }
-      BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buffer_.data(), floats, task.deadline));
+      BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, task.deadline));
       at = 0;
       for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(ps[k]->grad.CopyFromHost(buffer_.data() + at));
+        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, false));
         at += ps[k]->grad.numel();
       }
       *bytes += floats * static_cast<int64_t>(sizeof(float));
@@ -209,6 +236,7 @@ class StageExecutor::GradReducer {
   Collective* const collective_;
   const int64_t bucket_bytes_;
   std::vector<float> buffer_;  // the communication thread's only
+  Tensor device_buffer_;       // the same, on the GPU, for an engine that sums device memory
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;                   // guarded by mu_

@@ -198,6 +198,22 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
                    absl::StrCat("must be >= 0 (0: 25 MiB), got ", p->reduce_bucket_bytes()));
   }
   if (p->reduce_bucket_bytes() == 0) p->set_reduce_bucket_bytes(int64_t{25} << 20);
+  if (p->reduce_mode() == baton::v1::REDUCE_MODE_UNSPECIFIED) {
+    p->set_reduce_mode(baton::v1::REDUCE_MODE_ORDERED);
+  }
+  if (!baton::v1::ReduceMode_IsValid(p->reduce_mode())) {
+    return Invalid("pipeline.reduce_mode",
+                   absl::StrCat("unknown reduce mode ", p->reduce_mode(),
+                                " (REDUCE_MODE_ORDERED or REDUCE_MODE_FAST)"));
+  }
+  if (p->collective_engine() == baton::v1::COLLECTIVE_ENGINE_UNSPECIFIED) {
+    p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_AUTO);
+  }
+  if (!baton::v1::CollectiveEngine_IsValid(p->collective_engine())) {
+    return Invalid("pipeline.collective_engine",
+                   absl::StrCat("unknown collective engine ", p->collective_engine(),
+                                " (COLLECTIVE_ENGINE_AUTO, _GLOO or _NCCL)"));
+  }
   if (p->stages() > kMaxStages) {
     return Invalid("pipeline.stages",
                    absl::StrCat(p->stages(), " is more than the ", kMaxStages, " allowed"));
@@ -337,6 +353,11 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   BATON_RETURN_IF_ERROR(ValidateModel(spec->model()));
   BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
   BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));
+  if (spec->pipeline().collective_engine() == baton::v1::COLLECTIVE_ENGINE_NCCL &&
+      spec->device() == baton::v1::DEVICE_KIND_CPU) {
+    return Invalid("pipeline.collective_engine",
+                   "COLLECTIVE_ENGINE_NCCL needs GPUs, but device is DEVICE_KIND_CPU");
+  }
   BATON_RETURN_IF_ERROR(ValidateOptimizer(spec->mutable_optimizer()));
   if (spec->has_checkpoint()) {
     baton::v1::CheckpointSpec* c = spec->mutable_checkpoint();

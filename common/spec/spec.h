@@ -78,6 +78,7 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 //   pipeline.stages 1, pipeline.virtual_stages 1, pipeline.microbatches 1,
 //   pipeline.schedule SCHEDULE_1F1B, pipeline.recompute RECOMPUTE_NONE,
 //   pipeline.data_parallel 1, pipeline.reduce_bucket_bytes 25 MiB,
+//   pipeline.reduce_mode REDUCE_MODE_ORDERED, pipeline.collective_engine AUTO,
 //   data.synthetic.teacher_width 32,
 //   optimizer.adamw beta1 0.9, beta2 0.999, epsilon 1e-8, weight_decay 0.01.
 // Refuses (INVALID_ARGUMENT, message "<field path>: <reason>") among others: a missing

@@ -286,6 +286,20 @@ const std::vector<Refusal>& Refusals() {
       {"BucketBytesNegative", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_reduce_bucket_bytes(-1); },
        "pipeline.reduce_bucket_bytes", ">= 0"},
+      {"UnknownReduceMode", false,
+       [](JobSpec* s) { s->mutable_pipeline()->set_reduce_mode(static_cast<v1::ReduceMode>(7)); },
+       "pipeline.reduce_mode", "unknown reduce mode 7"},
+      {"UnknownCollectiveEngine", false,
+       [](JobSpec* s) {
+         s->mutable_pipeline()->set_collective_engine(static_cast<v1::CollectiveEngine>(8));
+       },
+       "pipeline.collective_engine", "unknown collective engine 8"},
+      {"NcclEngineOnCpu", false,
+       [](JobSpec* s) {
+         s->set_device(v1::DEVICE_KIND_CPU);
+         s->mutable_pipeline()->set_collective_engine(v1::COLLECTIVE_ENGINE_NCCL);
+       },
+       "pipeline.collective_engine", "needs GPUs"},
       {"UnknownRecompute", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_recompute(static_cast<v1::Recompute>(9)); },
        "pipeline.recompute", "unknown recompute mode 9"},
@@ -354,6 +368,8 @@ TEST(ValidateTest, FillsDefaults) {
   EXPECT_EQ(spec.pipeline().recompute(), v1::RECOMPUTE_NONE);
   EXPECT_EQ(spec.pipeline().data_parallel(), 1);
   EXPECT_EQ(spec.pipeline().reduce_bucket_bytes(), int64_t{25} << 20);
+  EXPECT_EQ(spec.pipeline().reduce_mode(), v1::REDUCE_MODE_ORDERED);
+  EXPECT_EQ(spec.pipeline().collective_engine(), v1::COLLECTIVE_ENGINE_AUTO);
   const auto& adam = spec.optimizer().adamw();
   ASSERT_TRUE(adam.has_beta1() && adam.has_beta2() && adam.has_epsilon() &&
               adam.has_weight_decay());
