@@ -43,6 +43,9 @@ from cluster_test import Failure, check, wait_for  # noqa: E402
 SCRAPE_S = 1
 
 
+WORKERS = 4  # two replicas of a two-stage pipeline
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,7 +153,7 @@ def start_cluster(c, tmp):
                          "the coordinator")
     coordinator_metrics = open(coord_metrics_file).read().strip()
     worker_metrics = []
-    for i in (1, 2):
+    for i in range(1, WORKERS + 1):
         port_file = os.path.join(tmp, f"w-{i}.port")
         metrics_file = os.path.join(tmp, f"w-{i}.metrics")
         argv = [os.path.join(c.bin_dir, "worker"), "--coordinator", c.address,
@@ -159,7 +162,7 @@ def start_cluster(c, tmp):
         c._start(f"w-{i}", argv, port_file, f"worker w-{i}")
         worker_metrics.append(wait_for(lambda: _read(metrics_file), 30,
                                        f"{metrics_file}"))
-    c.wait_idle(2)
+    c.wait_idle(WORKERS)
     print(f"  coordinator {c.address} (metrics {coordinator_metrics}), "
           f"worker metrics {' '.join(worker_metrics)}")
     return coordinator_metrics, worker_metrics
@@ -254,24 +257,40 @@ def check_trace(c, tmp, job_id, spec_path):
     check(1 <= step <= done, f"trace of step {step}, but {done} steps are done")
     plan = json.loads(c.ctl_ok("plan", "-f", spec_path, "--output", "json").stdout)
     num_stages = plan["num_stages"]
-    tracks = {(e["pid"], e["tid"]) for e in events
-              if e["ph"] == "M" and e["name"] == "thread_name"}
-    check(len(tracks) == num_stages,
-          f"{len(tracks)} tracks for {num_stages} stages: {sorted(tracks)}")
-    for stage, rank in enumerate(plan["stage_to_rank"]):
-        check((rank, stage) in tracks, f"no track for stage {stage} on rank {rank}")
+    num_ranks = len(plan["ranks"])
+    replicas = int(c.get(job_id).get("pipeline", {}).get("data_parallel", 1) or 1)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    tracks = {k for k, v in names.items() if v.startswith("stage ")}
+    comm = {k for k, v in names.items() if v == "gradient all-reduce"}
+    # Global rank d * S + r runs replica d's copy of stage r's clock.
+    check(len(tracks) == num_stages * replicas,
+          f"{len(tracks)} stage tracks for {num_stages} stages x {replicas} replicas: "
+          f"{sorted(tracks)}")
+    for d in range(replicas):
+        for stage, rank in enumerate(plan["stage_to_rank"]):
+            check((d * num_ranks + rank, stage) in tracks,
+                  f"no track for stage {stage} on rank {rank} of replica {d}")
+    check(len(comm) == (num_ranks * replicas if replicas > 1 else 0),
+          f"{len(comm)} all-reduce tracks for {num_ranks} ranks x {replicas} replicas")
     for e in events:
         if e["ph"] != "X":
             continue
-        check((e["pid"], e["tid"]) in tracks, f"event on an unnamed track: {e}")
+        check((e["pid"], e["tid"]) in names, f"event on an unnamed track: {e}")
         check(e["dur"] >= 0 and e["ts"] >= 0, f"negative time: {e}")
-    for rank, clock in enumerate(plan["ranks"]):
+    for pid in range(num_ranks * replicas):
+        clock = collections.Counter(plan["ranks"][pid % num_ranks])
         got = collections.Counter(e["name"] for e in events
-                                  if e["ph"] == "X" and e["pid"] == rank
-                                  and e["cat"] != "send_wait")
-        check(got == collections.Counter(clock),
-              f"rank {rank}: trace actions differ from its clock: "
-              f"missing {collections.Counter(clock) - got}, extra {got - collections.Counter(clock)}")
+                                  if e["ph"] == "X" and e["pid"] == pid
+                                  and e["cat"] not in ("send_wait", "allreduce"))
+        check(got == clock,
+              f"rank {pid}: trace actions differ from its clock: "
+              f"missing {clock - got}, extra {got - clock}")
+        reduces = sum(n for a, n in clock.items() if "REDUCE_GRAD" in a)
+        allreduces = sum(1 for e in events
+                         if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "allreduce")
+        check(allreduces == reduces,
+              f"rank {pid}: {allreduces} all-reduce spans for {reduces} REDUCE_GRAD actions")
     # An earlier step by number; a step not run yet is NOT_FOUND, naming the kept steps.
     if step > 1:
         c.ctl_ok("trace", job_id, "--step", str(step - 1), "-o",
@@ -279,8 +298,9 @@ def check_trace(c, tmp, job_id, spec_path):
     r = c.ctl("trace", job_id, "--step", "999999999")
     check(r.returncode == 1 and "NOT_FOUND" in r.stderr and "are kept" in r.stderr,
           f"step 999999999: {r.returncode} {r.stderr}")
-    print(f"  trace: {num_stages} tracks, {sum(len(x) for x in plan['ranks'])} actions "
-          f"as in the clocks")
+    print(f"  trace: {num_stages} stages x {replicas} replicas, "
+          f"{sum(len(x) for x in plan['ranks'])} actions per replica as in the clocks, "
+          f"{len(comm)} all-reduce tracks")
 
 
 def main():
@@ -308,14 +328,16 @@ def main():
         def all_up():
             data = prom.query("up")
             ups = {s["metric"]["instance"]: s["value"][1] for s in data["result"]}
-            return len(ups) == 3 and all(v == "1" for v in ups.values())
-        wait_for(all_up, 30, "Prometheus to scrape all three services", interval=0.5)
+            return len(ups) == WORKERS + 1 and all(v == "1" for v in ups.values())
+        wait_for(all_up, 30, "Prometheus to scrape every service", interval=0.5)
 
         # Runs until cancelled: the dashboard is checked while the job trains, as a user
         # watches it, however fast this machine is.
+        # Two replicas of a two-stage interleaved pipeline: every panel has data, the
+        # data-parallel ones included.
         spec = cluster_test.tiny_gpt("observed", steps=1000000, microbatches=4,
                                      schedule="SCHEDULE_INTERLEAVED_1F1B", stages=2,
-                                     virtualStages=2)
+                                     virtualStages=2, dataParallel=2)
         spec_path = c.write_spec(spec)
         job_id = c.submit(spec_path)["id"]
         c.wait_steps(job_id, 5, timeout=120)

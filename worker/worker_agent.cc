@@ -509,6 +509,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       info.transport_by_stage[s] = b.empty() ? transport->backend() : b;
     }
     info.samples_per_step = spec.data().batch_size();
+    if (collective != nullptr) info.collective = collective->engine();
     info.tokens_per_step =
         spec.model().has_gpt() ? spec.data().batch_size() * spec.model().gpt().context() : 0;
     eo.observer = options_.metrics->BeginJob(info);

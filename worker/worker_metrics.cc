@@ -108,6 +108,25 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                             .Name("baton_worker_checkpoint_bytes_total")
                             .Help("Bytes of checkpoint block files this rank wrote.")
                             .Register(registry)),
+      allreduce_seconds_(prometheus::BuildHistogram()
+                             .Name("baton_worker_allreduce_seconds")
+                             .Help("Time of one gradient all-reduce (one REDUCE_GRAD's "
+                                   "buckets) on this rank's communication thread.")
+                             .Register(registry)),
+      allreduce_bytes_(prometheus::BuildCounter()
+                           .Name("baton_worker_allreduce_bytes_total")
+                           .Help("Gradient bytes this rank summed with its replicas.")
+                           .Register(registry)),
+      allreduce_wait_(prometheus::BuildCounter()
+                          .Name("baton_worker_allreduce_wait_seconds_total")
+                          .Help("Time the optimizer step waited for this rank's all-reduces: "
+                                "the part not hidden under compute.")
+                          .Register(registry)),
+      allreduce_overlap_(prometheus::BuildGauge()
+                             .Name("baton_worker_allreduce_overlap_ratio")
+                             .Help("Share of the last step's all-reduce time hidden under "
+                                   "the clock: 1 - wait / all-reduce time.")
+                             .Register(registry)),
       memory_in_use_(memory_.Add({{"state", "in_use"}})),
       memory_cached_(memory_.Add({{"state", "cached"}})),
       memory_peak_(memory_.Add({{"state", "peak"}})) {}
@@ -167,6 +186,19 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
   tokens_now_ = &Track(tokens_, rank);
   checkpoint_seconds_now_ = nullptr;
   checkpoint_bytes_now_ = nullptr;
+  allreduce_seconds_now_ = nullptr;
+  allreduce_bytes_now_ = nullptr;
+  allreduce_wait_now_ = nullptr;
+  allreduce_overlap_now_ = nullptr;
+  if (!info.collective.empty()) {
+    const prometheus::Labels engine = {{"job_id", info.job_id},
+                                       {"rank", absl::StrCat(info.rank)},
+                                       {"engine", info.collective}};
+    allreduce_seconds_now_ = &TrackWith(allreduce_seconds_, engine, ActionSecondsBuckets());
+    allreduce_bytes_now_ = &Track(allreduce_bytes_, engine);
+    allreduce_wait_now_ = &Track(allreduce_wait_, rank);
+    allreduce_overlap_now_ = &Track(allreduce_overlap_, rank);
+  }
   return this;
 }
 
@@ -255,6 +287,20 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
   inflight_peak_now_->Set(step.peak_inflight);
   samples_now_->Increment(static_cast<double>(job_.samples_per_step));
   tokens_now_->Increment(static_cast<double>(job_.tokens_per_step));
+  if (allreduce_seconds_now_ != nullptr && !step.reductions.empty()) {
+    int64_t reduce_ns = 0;
+    for (const ActionTiming& t : step.reductions) {
+      reduce_ns += t.end_ns - t.start_ns;
+      allreduce_seconds_now_->Observe(Seconds(t.end_ns - t.start_ns));
+      allreduce_bytes_now_->Increment(static_cast<double>(t.bytes));
+    }
+    allreduce_wait_now_->Increment(Seconds(step.reduce_wait_ns));
+    allreduce_overlap_now_->Set(
+        reduce_ns > 0 ? std::clamp(1.0 - static_cast<double>(step.reduce_wait_ns) /
+                                             static_cast<double>(reduce_ns),
+                                   0.0, 1.0)
+                      : 1.0);
+  }
   if (loss.has_value()) {
     if (loss_now_ == nullptr) loss_now_ = &Track(loss_, {{"job_id", job_.job_id}});
     loss_now_->Set(*loss);

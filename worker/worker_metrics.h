@@ -42,6 +42,8 @@ struct JobMetricsInfo {
   std::map<int, std::string> transport_by_stage;
   int64_t samples_per_step = 0;  // the global batch
   int64_t tokens_per_step = 0;   // batch x context for gpt, 0 otherwise
+  // The data-parallel group's engine ("gloo", "nccl"); empty without replicas.
+  std::string collective;
 };
 
 class WorkerMetrics : private StepObserver {
@@ -90,6 +92,10 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Histogram>& checkpoint_seconds_;
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
+  prometheus::Family<prometheus::Histogram>& allreduce_seconds_;
+  prometheus::Family<prometheus::Counter>& allreduce_bytes_;
+  prometheus::Family<prometheus::Counter>& allreduce_wait_;
+  prometheus::Family<prometheus::Gauge>& allreduce_overlap_;
   prometheus::Gauge& memory_in_use_;
   prometheus::Gauge& memory_cached_;
   prometheus::Gauge& memory_peak_;
@@ -108,6 +114,11 @@ class WorkerMetrics : private StepObserver {
   prometheus::Gauge* loss_now_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_now_ = nullptr;
   prometheus::Counter* checkpoint_bytes_now_ = nullptr;
+  // Data-parallel jobs only (job_.collective set).
+  prometheus::Histogram* allreduce_seconds_now_ = nullptr;
+  prometheus::Counter* allreduce_bytes_now_ = nullptr;
+  prometheus::Counter* allreduce_wait_now_ = nullptr;
+  prometheus::Gauge* allreduce_overlap_now_ = nullptr;
   // (stage, kind, device time) -> histogram
   std::map<std::tuple<std::string, std::string, bool>, prometheus::Histogram*> actions_now_;
   std::map<std::tuple<bool, int, int, bool>, prometheus::Counter*> bytes_now_;

@@ -121,6 +121,35 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   EXPECT_THAT(t, Not(HasSubstr("baton_worker_action_device_seconds_count")));
 }
 
+// A data-parallel rank: each all-reduce's time and bytes, the optimizer's wait for them, and
+// the share hidden under the clock; a rank without replicas exports none of these.
+TEST(WorkerMetrics, DataParallelRanksExportTheirAllReduces) {
+  prometheus::Registry registry;
+  WorkerMetrics m(registry);
+  JobMetricsInfo info = Info("job-000002");
+  info.collective = "gloo";
+  m.BeginJob(info);
+  RankStepResult r = Step();
+  r.reductions = {At("1REDUCE_GRAD", 3500, 4500, 1 << 20)};  // 1 us, of which STEP waited
+  r.reduce_wait_ns = 250;                                      // 0.25 us: 75% hidden
+  m.RecordStep(r, std::nullopt);
+  m.RecordStep(r, std::nullopt);
+  const std::string t = Text(registry);
+  EXPECT_THAT(t, HasSubstr("baton_worker_allreduce_seconds_count{engine=\"gloo\",job_id=\"job-000002\","
+                           "rank=\"1\"} 2"));
+  EXPECT_THAT(t, HasSubstr("baton_worker_allreduce_seconds_sum{engine=\"gloo\",job_id=\"job-000002\","
+                           "rank=\"1\"} 2e-06"));
+  EXPECT_THAT(t, HasSubstr("baton_worker_allreduce_bytes_total{engine=\"gloo\",job_id=\"job-000002\","
+                           "rank=\"1\"} 2097152"));
+  EXPECT_NEAR(Value(t, "baton_worker_allreduce_wait_seconds_total{job_id=\"job-000002\",rank=\"1\"}"),
+              5e-07, 1e-15);
+  EXPECT_THAT(t, HasSubstr("baton_worker_allreduce_overlap_ratio{job_id=\"job-000002\",rank=\"1\"} 0.75"));
+  m.BeginJob(Info("job-000003"));  // no replicas
+  m.RecordStep(Step(), std::nullopt);
+  EXPECT_THAT(Text(registry), Not(HasSubstr("job_id=\"job-000002\"")));
+  EXPECT_THAT(Text(registry), Not(HasSubstr("baton_worker_allreduce_bytes_total{")));
+}
+
 // On a GPU rank the compute actions' wall times are issue times: the device times the
 // executor measured are exported, and the bubble is computed from them.
 TEST(WorkerMetrics, GpuRanksExportDeviceTimeAndComputeTheBubbleFromIt) {

@@ -33,6 +33,9 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
+// The Chrome-trace thread of a rank's communication thread (stages use their numbers).
+constexpr int kCommTid = 100000;
+
 const char* Category(ActionKind k) {
   switch (k) {
     case ActionKind::kForward: return "forward";
@@ -69,6 +72,7 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
       if (trace.stage_to_rank(s) == r.rank()) stages.insert(s);
     }
     std::vector<std::string> body;
+    bool comm = false;
     for (const baton::v1::ActionSpan& span : r.actions()) {
       absl::StatusOr<Action> a = Action::Parse(span.action());
       if (!a.ok()) {
@@ -86,8 +90,12 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
         }
         stages.insert(stage);
       }
-      const std::string name =
-          span.send_wait() ? absl::StrCat("wait ", span.action()) : span.action();
+      const std::string name = span.send_wait()   ? absl::StrCat("wait ", span.action())
+                               : span.allreduce() ? absl::StrCat("all-reduce ", span.action())
+                                                  : span.action();
+      // All-reduces run on the rank's communication thread: a row of their own.
+      const int tid = span.allreduce() ? kCommTid : stage;
+      comm = comm || span.allreduce();
       std::string args = absl::StrCat("\"action\":", Quote(span.action()));
       if (a->kind != ActionKind::kStep) {
         absl::StrAppend(&args, ",\"stage\":", a->stage, ",\"microbatch\":", a->microbatch);
@@ -99,9 +107,10 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
       const int64_t start = r.start_unix_nanos() - origin + span.start_ns();
       body.push_back(absl::StrCat(
           "{\"name\":", Quote(name), ",\"cat\":\"",
-          span.send_wait() ? "send_wait" : Category(a->kind), "\",\"ph\":\"X\",\"ts\":",
-          Micros(start), ",\"dur\":", Micros(std::max<int64_t>(0, span.end_ns() - span.start_ns())),
-          ",\"pid\":", pid, ",\"tid\":", stage, ",\"args\":{", args, "}}"));
+          span.send_wait() ? "send_wait" : span.allreduce() ? "allreduce" : Category(a->kind),
+          "\",\"ph\":\"X\",\"ts\":", Micros(start), ",\"dur\":",
+          Micros(std::max<int64_t>(0, span.end_ns() - span.start_ns())), ",\"pid\":", pid,
+          ",\"tid\":", tid, ",\"args\":{", args, "}}"));
     }
     std::string process = absl::StrCat("rank ", r.rank());
     if (!r.worker_id().empty()) absl::StrAppend(&process, " (", r.worker_id(), ")");
@@ -114,6 +123,14 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
                                     ",\"tid\":", s, ",\"args\":{\"name\":\"stage ", s, "\"}}"));
       events.push_back(absl::StrCat("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":", pid,
                                     ",\"tid\":", s, ",\"args\":{\"sort_index\":", s, "}}"));
+    }
+    if (comm) {
+      events.push_back(absl::StrCat("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", pid,
+                                    ",\"tid\":", kCommTid,
+                                    ",\"args\":{\"name\":\"gradient all-reduce\"}}"));
+      events.push_back(absl::StrCat("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":", pid,
+                                    ",\"tid\":", kCommTid, ",\"args\":{\"sort_index\":",
+                                    kCommTid, "}}"));
     }
     events.insert(events.end(), body.begin(), body.end());
   }

@@ -61,6 +61,37 @@ google::protobuf::Struct Parse(const std::string& json) {
   return out;
 }
 
+// A gradient all-reduce runs on the rank's communication thread: its own row, named, with
+// the REDUCE_GRAD it serves and the bytes.
+TEST(ChromeTraceJson, AllReducesGetTheCommunicationThreadsRow) {
+  baton::v1::JobTrace t = Interleaved();
+  Add(t.mutable_ranks(0), "0REDUCE_GRAD", 5200, 9000, 1 << 20)->set_allreduce(true);
+  absl::StatusOr<std::string> json = ChromeTraceJson(t);
+  ASSERT_TRUE(json.ok()) << json.status();
+  const google::protobuf::Struct doc = Parse(*json);
+  int spans = 0, names = 0;
+  double comm_tid = -1;
+  for (const auto& v : doc.fields().at("traceEvents").list_value().values()) {
+    const auto& e = v.struct_value().fields();
+    if (e.at("ph").string_value() == "M" && e.at("name").string_value() == "thread_name" &&
+        e.at("args").struct_value().fields().at("name").string_value() == "gradient all-reduce") {
+      ++names;
+      EXPECT_EQ(e.at("pid").number_value(), 0);
+      comm_tid = e.at("tid").number_value();
+    }
+    if (e.at("ph").string_value() == "X" && e.at("cat").string_value() == "allreduce") {
+      ++spans;
+      EXPECT_EQ(e.at("name").string_value(), "all-reduce 0REDUCE_GRAD");
+      EXPECT_EQ(e.at("args").struct_value().fields().at("bytes").number_value(), 1 << 20);
+      EXPECT_DOUBLE_EQ(e.at("dur").number_value(), 3.8);
+      EXPECT_EQ(e.at("tid").number_value(), comm_tid);
+    }
+  }
+  EXPECT_EQ(spans, 1);
+  EXPECT_EQ(names, 1);  // only the rank that reduces gets the row
+  EXPECT_GT(comm_tid, 3);  // not a stage's row
+}
+
 // A measured device time goes into the event's args; unmeasured ones add nothing.
 TEST(ChromeTraceJson, DeviceTimeIsAnArgument) {
   absl::StatusOr<std::string> json = ChromeTraceJson(Interleaved());

@@ -8,7 +8,8 @@
 
 namespace baton {
 
-// The clock's actions in order, then the end-of-step send waits (send_wait set).
+// The clock's actions in order, then the end-of-step send waits (send_wait set), then the
+// gradient all-reduces of the communication thread (allreduce set).
 baton::v1::RankTrace RankTraceFromStep(const RankStepResult& step);
 
 }  // namespace baton
