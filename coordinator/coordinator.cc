@@ -623,8 +623,10 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       for (size_t i = 0; i < idle.size(); ++i) free += taken[i] ? 0 : 1;
       const int stages = RecoveryStages(spec, free);
       if (stages == 0) {
-        waiting = absl::StrCat("waiting for ", spec.restart().min_stages(), " idle workers to ",
-                               "recover on (", free, " idle)");
+        const int replicas = std::max(1, spec.pipeline().data_parallel());
+        waiting = absl::StrCat("waiting for ",
+                               std::max(1, spec.restart().min_stages()) * replicas,
+                               " idle workers to recover on (", free, " idle)");
         break;
       }
       spec.mutable_pipeline()->set_stages(stages);
@@ -674,10 +676,10 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     std::string recovery;
     if (recovering) {
       baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
-      r->set_stages_after(static_cast<int32_t>(placed.size()));
+      r->set_stages_after(spec.pipeline().stages());
       for (const std::string& n : names) r->add_workers_after(n);
       recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
-                              placed.size(), " stages, from ",
+                              spec.pipeline().stages(), " stages, from ",
                               resume_dir.empty() ? std::string("the start")
                               : resume_step > 0  ? absl::StrCat("step ", resume_step)
                                                  : std::string("the newest checkpoint"),
@@ -761,18 +763,6 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   baton::v1::JobSpec spec = request.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
-  if (spec.pipeline().data_parallel() > 1) {
-    // Replicas on workers train and reduce (Gloo between the workers), but checkpoints and
-    // recovery do not know replicas yet: refused rather than half-done.
-    if (spec.has_checkpoint() || spec.has_restart() || spec.has_resume_from()) {
-      const char* field = spec.has_checkpoint() ? "checkpoint"
-                          : spec.has_restart()  ? "restart"
-                                                : "resume_from";
-      return absl::UnimplementedError(absl::StrCat(
-          field, ": not yet with pipeline.data_parallel > 1 (", spec.pipeline().data_parallel(),
-          " replicas); a data-parallel job runs without checkpoints and fails as a whole"));
-    }
-  }
   BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
   // A text file lives on the workers and is read there, but only under the data roots:
   // a spec naming /etc/shadow is refused now, naming the field.
@@ -1380,7 +1370,9 @@ void Coordinator::RecordCheckpointLocked(ActiveJob* j, int rank,
   if (!t.ranks.insert(rank).second) return;  // a repeat
   t.bytes += write.bytes();
   t.write_time = std::max(t.write_time, FromProtoDuration(write.duration()));
-  if (t.ranks.size() < j->ranks.size()) return;
+  // Replica 0's ranks write a data-parallel job's checkpoints (every replica holds the same
+  // weights and optimizer state); the others write none.
+  if (static_cast<int>(t.ranks.size()) < j->layout.schedule.num_ranks) return;
   baton::v1::CheckpointRecord* r = c->add_complete();
   r->set_step(write.step());
   r->set_bytes(t.bytes);
@@ -1534,8 +1526,10 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
       return;  // j is gone
     }
   }
+  // Stages, not workers: a data-parallel job has data_parallel workers per stage.
+  const int replicas = std::max(1, j->job.spec().pipeline().data_parallel());
   const int stages_before =
-      j->ranks.empty() ? j->job.workers_size() : static_cast<int>(j->ranks.size());
+      (j->ranks.empty() ? j->job.workers_size() : static_cast<int>(j->ranks.size())) / replicas;
   for (Effect e : t.effects) {
     switch (e) {
       case Effect::kRecordRecovery: {

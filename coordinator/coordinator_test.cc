@@ -840,15 +840,6 @@ TEST_F(CoordinatorTest, BadSpecsAreInvalidArgumentNamingTheField) {
   ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(job.status().message().find("pipeline.stages"), std::string::npos) << job.status();
 
-  // Data-parallel replicas do not checkpoint yet: refused with the field and why.
-  *r.mutable_spec() = Spec(2);
-  r.mutable_spec()->mutable_pipeline()->set_data_parallel(2);
-  r.mutable_spec()->mutable_restart()->set_max_restarts(1);
-  job = core_->SubmitJob(r);
-  ASSERT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(job.status().message().rfind("restart: not yet with pipeline.data_parallel", 0), 0u)
-      << job.status();
-
   *r.mutable_spec() = Spec(2);
   r.mutable_spec()->mutable_pipeline()->set_virtual_stages(2);  // 1F1B runs one chunk per rank
   job = core_->SubmitJob(r);

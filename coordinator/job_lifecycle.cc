@@ -100,6 +100,8 @@ JobTransition OnSuccess(const std::string& reason) {
 }
 
 int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {
+  // Every replica needs its own copy of each stage: D workers per stage.
+  idle /= std::max(1, spec.pipeline().data_parallel());
   const int want = spec.pipeline().stages();
   if (idle >= want) return want;
   const int floor = spec.has_restart() && spec.restart().min_stages() > 0

@@ -85,7 +85,8 @@ JobTransition OnSuccess(const std::string& reason);
 
 // The stages a recovery re-plans `spec` onto with `idle` idle workers: pipeline.stages when
 // there are enough, else the most stages in [restart.min_stages, idle] for which the
-// pipeline is valid (BuildPipelineLayout); 0 when none fits (the job waits).
+// pipeline is valid (BuildPipelineLayout); 0 when none fits (the job waits). A job with
+// data-parallel replicas keeps them all: each stage takes pipeline.data_parallel workers.
 int RecoveryStages(const baton::v1::JobSpec& spec, int idle);
 
 }  // namespace baton

@@ -172,6 +172,12 @@ TEST(JobLifecycleTest, RecoveryStagesAreTheSpecsOrFewerDownToMinStages) {
   EXPECT_EQ(RecoveryStages(interleaved, 3), 3);
   const int two = RecoveryStages(interleaved, 2);
   EXPECT_TRUE(two == 2 || two == 1) << two;
+  // Replicas: each stage needs data_parallel workers, so 3 idle hold one stage of 2 replicas.
+  baton::v1::JobSpec dp = Gpt(2, 1);
+  dp.mutable_pipeline()->set_data_parallel(2);
+  EXPECT_EQ(RecoveryStages(dp, 4), 2);
+  EXPECT_EQ(RecoveryStages(dp, 3), 1);
+  EXPECT_EQ(RecoveryStages(dp, 1), 0);
 }
 
 }  // namespace

@@ -380,6 +380,47 @@ def case_divergence_rolled_back_once(c, s):
     check("diverged again after a roll-back" in reason, f"reason: {reason}")
 
 
+def case_data_parallel(c, s):
+    """Replicas checkpoint, resume and recover: 2 replicas x 2 stages write checkpoints
+    (replica 0's ranks), a resume from one is bit-exact, and a killed worker's job recovers
+    onto the 3 left as 2 replicas x 1 stage, bit-exact."""
+    c.ensure_workers(4)
+    spec = tiny_gpt("dp-ckpt", steps=20, stages=2, dataParallel=2)
+    plain = c.write_spec(spec)
+    want = c.reference_digest(plain)
+    spec["checkpoint"] = {"everySteps": 5, "dir": s.ckpt}
+    job_id = c.submit(c.write_spec(spec))["id"]
+    job = c.wait_state(job_id, TERMINAL, 120)
+    check(job["state"] == "JOB_STATE_SUCCEEDED", f"{job['state']}: {last_reason(job)}")
+    check(job["weights_digest"] == want, "a checkpointing data-parallel job's digest differs")
+    check(complete_steps(job) == [15, 20], f"complete checkpoints: {complete_steps(job)}")
+    job_dir = job["checkpoints"]["job_dir"]
+    manifests = sorted(os.listdir(os.path.join(job_dir, "step-20")))
+    print(f"  {job_id}: checkpoints after steps {complete_steps(job)}; step-20 holds {manifests}")
+    resumed = c.submit(plain, "--resume-from", f"{job_id}@15")["id"]
+    job = c.wait_state(resumed, TERMINAL, 120)
+    check(job["state"] == "JOB_STATE_SUCCEEDED", f"resume: {job['state']}: {last_reason(job)}")
+    check(job["weights_digest"] == want, "resumed from step 15 with replicas: another digest")
+    print(f"  {resumed}: resumed from {job_id} step 15 with 2 replicas, digest unchanged")
+
+    spec = tiny_gpt("dp-restart", steps=400, stages=2, dataParallel=2)
+    plain = c.write_spec(spec)
+    spec["checkpoint"] = {"everySteps": 5, "dir": s.ckpt}
+    spec["restart"] = {"maxRestarts": 2, "minStages": 1}
+    job_id = c.submit(c.write_spec(spec))["id"]
+    wait_checkpoint(c, job_id, 10)
+    victim = c.get(job_id)["workers"][3]  # replica 1, rank 1
+    c.stop(victim, signal.SIGKILL)
+    job = c.wait_state(job_id, TERMINAL, 180)
+    check_recovered(c, job, plain, stages_after=1)
+    check(len(job["workers"]) == 2 and victim not in job["workers"],
+          f"recovered onto {job['workers']}, want 2 workers without {victim}")
+    groups = job.get("pipeline", {}).get("groups", [])
+    check(len(groups) == 1 and int(job["pipeline"].get("data_parallel", 0)) == 2,
+          f"after the recovery: {job.get('pipeline')}")
+    c.ensure_workers(4)
+
+
 CASES = [
     ("1", "checkpoints written, recorded, pruned to keep; digest == train-local", case_checkpoints),
     ("2", "resume on another schedule and on 3 stages: bit-exact", case_resume),
@@ -395,6 +436,8 @@ CASES = [
     ("9", "restart: the coordinator SIGKILLed mid-job and restarted; recovered, bit-exact",
      case_auto_recovery_coordinator_killed),
     ("10", "restart: divergence rolled back once, then FAILED", case_divergence_rolled_back_once),
+    ("11", "replicas: checkpoints by replica 0, resume and recovery onto fewer stages, "
+           "bit-exact", case_data_parallel),
 ]
 
 

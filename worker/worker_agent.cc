@@ -404,6 +404,16 @@ absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
                       p.worker_id());
     }
   }
+  // A failed all-reduce names the data-parallel group (Gloo's and NCCL's errors name their
+  // own ports, not baton's workers).
+  if (plan.replica_peers_size() > 1 && msg.find("all-reduce") != std::string::npos) {
+    std::vector<std::string> members;
+    for (const baton::v1::Peer& p : plan.replica_peers()) {
+      members.push_back(absl::StrCat("replica ", p.rank(), " on ", p.worker_id()));
+    }
+    absl::StrAppend(&names, names.empty() ? "" : "; ", "data-parallel group of rank ",
+                    plan.rank(), ": ", absl::StrJoin(members, ", "));
+  }
   if (names.empty()) return s;
   return WithMessage(s, absl::StrCat(msg, " [", names, "]"));
 }
@@ -549,7 +559,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     // after this step (perhaps by another partition, with other manifests) goes. Rank 0
     // alone, before its first step: no rank can finish a step, let alone write one, before
     // rank 0 has started it.
-    if (plan.rank() == 0 && spec.has_checkpoint() &&
+    if (plan.rank() == 0 && plan.replica() == 0 && spec.has_checkpoint() &&
         plan.resume_job_dir() == CheckpointJobDir(spec.checkpoint().dir(), plan.job_id())) {
       for (int64_t later : ListCheckpointSteps(plan.resume_job_dir())) {
         if (later <= first_step) continue;
@@ -565,7 +575,8 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       spec.has_checkpoint() ? CheckpointJobDir(spec.checkpoint().dir(), plan.job_id()) : "";
   // Its destructor waits for a write in flight, on every way out of this function.
   std::unique_ptr<CheckpointWriter> writer;
-  if (!checkpoint_dir.empty()) {
+  // Every replica holds the same weights and optimizer state: replica 0's ranks write them.
+  if (!checkpoint_dir.empty() && plan.replica() == 0) {
     writer = std::make_unique<CheckpointWriter>(checkpoint_dir, block_names,
                                                 spec.checkpoint().keep());
   }
