@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The test binaries (under build/tests) with real-GPU cases. A new GPU test goes here.
 GPU_TESTS=(cuda_device_test cuda_kernels_test cuda_training_test cuda_pipeline_test
-           nccl_real_test)
+           nccl_real_test nccl_collective_real_test)
 # Programs a bundle also carries (build/bin), for runs by hand on the GPU host.
 BUNDLE_TOOLS=(batonctl coordinator worker)
 

@@ -16,27 +16,10 @@
 #include "absl/time/time.h"
 #include "common/core/cuda_device.h"
 #include "common/transport/nccl_api.h"
+#include "common/transport/nccl_test_util.h"
 
 namespace baton {
 namespace {
-
-// Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
-#define BATON_NCCL_OR_SKIP(api)                                                         \
-  NcclApi* api = nullptr;                                                               \
-  do {                                                                                  \
-    const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;                  \
-    if (CudaDeviceCount() == 0) {                                                       \
-      if (required) FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";  \
-      GTEST_SKIP() << "no CUDA device found (built with CUDA: "                         \
-                   << (BuiltWithCuda() ? "yes" : "no") << "); real NCCL tests skipped"; \
-    }                                                                                   \
-    absl::StatusOr<NcclApi*> loaded = LoadNccl();                                       \
-    if (!loaded.ok()) {                                                                 \
-      if (required) FAIL() << "BATON_REQUIRE_GPU is set but " << loaded.status();       \
-      GTEST_SKIP() << "NCCL is not available: " << loaded.status();                     \
-    }                                                                                   \
-    api = *loaded;                                                                      \
-  } while (false)
 
 // Polls the communicator until it is no longer in progress or `timeout` passes.
 NcclResult Settle(NcclApi* api, NcclComm comm, absl::Duration timeout) {

@@ -1,0 +1,88 @@
+// The NCCL engine on a real GPU with the real library. One GPU holds one member (NCCL will
+// not put two ranks of a communicator on one device), so this checks a one-member group's
+// calls and, directly, the ordered-sum kernel against the CPU's sum bit for bit: the part
+// of the engine the fake (nccl_collective_test.cc) cannot run. Skips without a CUDA device
+// or NCCL; fails instead under BATON_REQUIRE_GPU (scripts/gpu-test.sh). ctest label gpu.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/collective/nccl_collective.h"
+#include "common/core/cuda_context.h"
+#include "common/transport/nccl_test_util.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+TEST(NcclCollectiveRealTest, TheOrderedSumKernelAddsTheMembersInOrderBitForBit) {
+  BATON_NCCL_OR_SKIP(api);
+  constexpr int kMembers = 3;
+  constexpr size_t kN = 100003;
+  std::vector<float> gathered(kMembers * kN);
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    // Magnitudes far apart, so that another order gives other bits.
+    gathered[i] = static_cast<float>(std::sin(0.1 * static_cast<double>(i))) *
+                  (i % 7 == 0 ? 1e7f : 1.0f);
+  }
+  absl::StatusOr<void*> src = api->DeviceAlloc(gathered.size() * sizeof(float), 0);
+  absl::StatusOr<void*> dst = api->DeviceAlloc(kN * sizeof(float), 0);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  absl::StatusOr<CudaStream> stream = api->StreamCreate(0);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_TRUE(CudaCopy(*src, gathered.data(), gathered.size() * sizeof(float),
+                       CopyKind::kHostToDevice)
+                  .ok());
+  ASSERT_TRUE(api->OrderedSum(static_cast<float*>(*dst), static_cast<const float*>(*src),
+                              kMembers, kN, *stream)
+                  .ok());
+  absl::StatusOr<CudaEvent> done = api->EventCreate(0);
+  ASSERT_TRUE(done.ok());
+  ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
+  absl::StatusOr<bool> reached = false;
+  while (reached.ok() && !*reached) reached = api->EventQuery(*done);
+  ASSERT_TRUE(reached.ok()) << reached.status();
+  std::vector<float> got(kN);
+  ASSERT_TRUE(CudaCopy(got.data(), *dst, kN * sizeof(float), CopyKind::kDeviceToHost).ok());
+  for (size_t i = 0; i < kN; ++i) {
+    float want = gathered[i];
+    for (int m = 1; m < kMembers; ++m) want = want + gathered[m * kN + i];
+    ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << i;
+  }
+  EXPECT_TRUE(api->EventDestroy(*done).ok());
+  EXPECT_TRUE(api->StreamDestroy(*stream).ok());
+  EXPECT_TRUE(api->DeviceFree(*src).ok());
+  EXPECT_TRUE(api->DeviceFree(*dst).ok());
+}
+
+// A one-member group through the real library, both modes: the data comes back unchanged
+// (the sum of one), through ncclAllGather + the kernel, or ncclAllReduce.
+TEST(NcclCollectiveRealTest, AOneMemberGroupJoinsAndReducesInBothModes) {
+  BATON_NCCL_OR_SKIP(api);
+  for (bool ordered : {true, false}) {
+    NcclCollectiveOptions o;
+    o.api = api;
+    ASSERT_EQ(api->GetUniqueId(&o.id), NcclResult::kSuccess);
+    o.ordered = ordered;
+    o.init_timeout = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(0, 1, o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->device(), Device::kCuda);
+    std::vector<float> host = {1.5f, -2.25f, 3e7f, 1e-7f};
+    absl::StatusOr<void*> buf = api->DeviceAlloc(host.size() * sizeof(float), 0);
+    ASSERT_TRUE(buf.ok());
+    ASSERT_TRUE(
+        CudaCopy(*buf, host.data(), host.size() * sizeof(float), CopyKind::kHostToDevice).ok());
+    ASSERT_TRUE((*c)->AllReduceSum(static_cast<float*>(*buf), 4, absl::Now() + absl::Seconds(30))
+                    .ok());
+    std::vector<float> back(4);
+    ASSERT_TRUE(
+        CudaCopy(back.data(), *buf, back.size() * sizeof(float), CopyKind::kDeviceToHost).ok());
+    EXPECT_EQ(back, host) << (ordered ? "ordered" : "fast");
+    c->reset();
+    EXPECT_TRUE(api->DeviceFree(*buf).ok());
+  }
+}
+
+}  // namespace
+}  // namespace baton

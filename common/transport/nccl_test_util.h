@@ -1,0 +1,31 @@
+// For tests of the real NCCL on a real GPU (ctest label gpu): skip with a message without
+// a device or without NCCL, but fail under BATON_REQUIRE_GPU (scripts/gpu-test.sh), so a
+// GPU run cannot pass by skipping. Include from *_test.cc only.
+#ifndef BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
+#define BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
+
+#include <cstdlib>
+
+#include "common/core/cuda_device.h"
+#include "common/transport/nccl_api.h"
+#include "gtest/gtest.h"
+
+// Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
+#define BATON_NCCL_OR_SKIP(api)                                                         \
+  ::baton::NcclApi* api = nullptr;                                                               \
+  do {                                                                                  \
+    const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;                  \
+    if (::baton::CudaDeviceCount() == 0) {                                                       \
+      if (required) FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";  \
+      GTEST_SKIP() << "no CUDA device found (built with CUDA: "                         \
+                   << (::baton::BuiltWithCuda() ? "yes" : "no") << "); real NCCL tests skipped"; \
+    }                                                                                   \
+    absl::StatusOr<::baton::NcclApi*> loaded = ::baton::LoadNccl();                                       \
+    if (!loaded.ok()) {                                                                 \
+      if (required) FAIL() << "BATON_REQUIRE_GPU is set but " << loaded.status();       \
+      GTEST_SKIP() << "NCCL is not available: " << loaded.status();                     \
+    }                                                                                   \
+    api = *loaded;                                                                      \
+  } while (false)
+
+#endif  // BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
