@@ -448,7 +448,8 @@ def case_schedules(c):
         ("zb-h1", tiny_gpt("gpt-zbh1"), ["--schedule", "zb-h1", "--stages", "4"]),
         # Recomputation across worker processes: the reference's bits all the same.
         ("1f1b recompute", tiny_gpt("gpt-1f1b-recompute"),
-         ["--schedule", "1f1b", "--stages", "4", "--recompute", "full"]),
+         ["--schedule", "1f1b", "--stages", "4", "--recompute", "full",
+          "--recompute-stages", "0,1"]),
     ]
     for i, (schedule, spec, flags) in enumerate(runs):
         path = c.write_spec(spec)
@@ -506,8 +507,9 @@ def case_schedules(c):
               f"{' '.join(job.get('workers', []))} (stages {pipeline.get('stages')}, virtual "
               f"{pipeline.get('virtual_stages')}), digest {job['weights_digest'][:16]}...")
         if "recompute" in schedule:
-            check(pipeline.get("recompute") == "RECOMPUTE_FULL",
-                  f"the job's spec does not recompute: {pipeline}")
+            check(pipeline.get("recompute") == "RECOMPUTE_FULL" and
+                  pipeline.get("recompute_stages") == [0, 1],
+                  f"the job's spec does not recompute stages 0 and 1: {pipeline}")
         check(job["weights_digest"] == want,
               f"{schedule}: job digest {job['weights_digest']} != train-local's {want}")
     print("  all five digests equal train-local's")

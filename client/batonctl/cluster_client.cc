@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/rpc.h"
@@ -205,7 +206,12 @@ std::string DescribeSpec(const baton::v1::JobSpec& spec) {
     absl::StrAppend(&extra, " x ", p.data_parallel(), " replicas");
     if (p.reduce_mode() == baton::v1::REDUCE_MODE_FAST) absl::StrAppend(&extra, " (fast sum)");
   }
-  if (p.recompute() == baton::v1::RECOMPUTE_FULL) absl::StrAppend(&extra, ", recompute");
+  if (p.recompute() == baton::v1::RECOMPUTE_FULL) {
+    absl::StrAppend(&extra, ", recompute");
+    if (!p.recompute_stages().empty()) {
+      absl::StrAppend(&extra, " (stages ", absl::StrJoin(p.recompute_stages(), ","), ")");
+    }
+  }
   return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s%s, %d micro-batch%s, batch %d, %d "
                          "steps, seed %d",
                          model, ScheduleName(p.schedule()), stages, stages == 1 ? "" : "s",

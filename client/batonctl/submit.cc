@@ -8,6 +8,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
@@ -34,6 +36,9 @@ const std::vector<FlagSpec>& Flags() {
       {"data-parallel", "", false, "override pipeline.data_parallel (replicas of the pipeline)"},
       {"recompute", "", false,
        "override pipeline.recompute: none, or full (rerun each forward before its backward)"},
+      {"recompute-stages", "", false,
+       "with --recompute full (or the spec's): only these stages recompute, e.g. 0,1 "
+       "(pipeline.recompute_stages)"},
       {"reduce-mode", "", false,
        "override pipeline.reduce_mode: ordered (bit-exact, the default) or fast (the engine's "
        "ring)"},
@@ -54,7 +59,8 @@ constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
     "                       [--resume-from JOB[@STEP]]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
-    "                       [--recompute none|full] [--data-parallel D]\n"
+    "                       [--recompute none|full] [--recompute-stages S,S...]\n"
+    "                       [--data-parallel D]\n"
     "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
@@ -145,6 +151,18 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       p->set_recompute(baton::v1::RECOMPUTE_FULL);
     } else {
       return absl::InvalidArgumentError("--recompute must be none or full, got '" + r + "'");
+    }
+  }
+  if (args.Has("recompute-stages")) {
+    p->clear_recompute_stages();
+    for (absl::string_view part : absl::StrSplit(args.Get("recompute-stages"), ',')) {
+      int32_t s = 0;
+      if (!absl::SimpleAtoi(part, &s)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--recompute-stages must be stage numbers separated by commas, got '",
+            args.Get("recompute-stages"), "'"));
+      }
+      p->add_recompute_stages(s);
     }
   }
   if (args.Has("reduce-mode")) {

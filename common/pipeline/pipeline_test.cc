@@ -431,6 +431,26 @@ TEST_P(RecomputeBitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
 INSTANTIATE_TEST_SUITE_P(AllSchedules, RecomputeBitExactTest, testing::ValuesIn(RecomputeCases()),
                          CaseName);
 
+// Per-stage recomputation (pipeline.recompute_stages): only the first stage, or only the
+// last, recomputes; the bits do not change.
+TEST(RecomputeStagesTest, SomeStagesRecomputingGiveTheReferenceBits) {
+  for (const Case& c : RecomputeCases()) {
+    if (c.stages < 2) continue;
+    baton::v1::JobSpec spec = SpecFor(c);
+    const TrainRun ref = Reference(spec);
+    const int chunks = c.stages * c.virtual_stages;
+    for (int only : {0, chunks - 1}) {
+      auto* p = spec.mutable_pipeline();
+      p->set_recompute(baton::v1::RECOMPUTE_FULL);
+      p->clear_recompute_stages();
+      p->add_recompute_stages(only);
+      absl::StatusOr<TrainRun> pipe = Pipeline(spec);
+      ASSERT_TRUE(pipe.ok()) << pipe.status();
+      EXPECT_EQ(pipe->digest, ref.digest) << CaseName(testing::TestParamInfo<Case>(c, 0)) << " recomputing stage " << only;
+    }
+  }
+}
+
 // What recomputation is for: with every micro-batch in flight at once (GPipe, one stage),
 // a step's peak memory above the weights, gradients and optimizer state is the stash of
 // all M micro-batches without it, and M inputs plus one micro-batch's stash with it.
@@ -463,6 +483,15 @@ TEST(PipelineMemoryTest, RecomputeHoldsFarLessDuringAStep) {
   ASSERT_GT(none, 0);
   ASSERT_GT(full, 0);
   EXPECT_LT(full * 3, none) << "recompute: " << full << " bytes, without: " << none;
+
+  // Two stages, only the first recomputing: between the two (the second keeps its stash).
+  p->set_stages(2);
+  const int64_t none2 = step_peak(baton::v1::RECOMPUTE_NONE);
+  const int64_t full2 = step_peak(baton::v1::RECOMPUTE_FULL);
+  p->add_recompute_stages(0);
+  const int64_t first = step_peak(baton::v1::RECOMPUTE_FULL);
+  EXPECT_LT(first, none2) << "stage 0 recomputing: " << first << " bytes, none: " << none2;
+  EXPECT_GT(first, full2) << "stage 0 recomputing: " << first << " bytes, all: " << full2;
 }
 
 // The comparison above can fail: the digest is sensitive to float rounding, so merely

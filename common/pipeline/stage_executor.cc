@@ -275,7 +275,16 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   ex->rank_ = rank;
   ex->transport_ = transport;
   ex->options_ = options;
-  ex->recompute_ = spec.pipeline().recompute() == baton::v1::RECOMPUTE_FULL;
+  {
+    const bool full = spec.pipeline().recompute() == baton::v1::RECOMPUTE_FULL;
+    const bool all = spec.pipeline().recompute_stages().empty();
+    ex->recompute_.assign(schedule.num_stages(), full && all);
+    if (full) {
+      for (int32_t s : spec.pipeline().recompute_stages()) {
+        if (s >= 0 && s < schedule.num_stages()) ex->recompute_[s] = true;
+      }
+    }
+  }
   const int data_parallel = std::max(1, spec.pipeline().data_parallel());
   if (options.replica < 0 || options.replica >= data_parallel) {
     return absl::InvalidArgumentError(absl::StrCat("replica ", options.replica, " is outside the job's ",
@@ -500,7 +509,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       }
       Tensor y;
       BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets}, x, &y));
-      if (recompute_) {
+      if (recompute_[s]) {
         // Keep only what reruns this forward; the blocks' stash goes now.
         c->model->Discard(m);
         st.kept[StepState::Key(s, m)] =
@@ -531,7 +540,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       } else {
         BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_in, s, m, "received gradient", a));
       }
-      if (recompute_) {
+      if (recompute_[s]) {
         // Rerun the forward from the kept input: the same blocks on the same bits stash
         // exactly what the first run did.
         auto it = st.kept.find(StepState::Key(s, m));

@@ -180,7 +180,9 @@ class StageExecutor {
   std::vector<Chunk> chunks_;  // ascending stage order
   std::vector<Parameter*> params_;
   std::unique_ptr<Optimizer> optimizer_;
-  bool recompute_ = false;  // spec.pipeline.recompute is RECOMPUTE_FULL
+  // By global stage: whether it recomputes (spec.pipeline.recompute is RECOMPUTE_FULL and
+  // the stage is in recompute_stages, or that list is empty).
+  std::vector<bool> recompute_;
   std::unique_ptr<GradReducer> reducer_;  // with data parallelism: the communication thread
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -177,6 +178,9 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
                    absl::StrCat("unknown recompute mode ", p->recompute(),
                                 " (RECOMPUTE_NONE or RECOMPUTE_FULL)"));
   }
+  if (p->recompute_stages_size() > 0 && p->recompute() != baton::v1::RECOMPUTE_FULL) {
+    return Invalid("pipeline.recompute_stages", "given, but pipeline.recompute is not RECOMPUTE_FULL");
+  }
   int32_t v = p->stages();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.stages", &v, 1));
   p->set_stages(v);
@@ -222,6 +226,18 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
     return Invalid("pipeline.virtual_stages", absl::StrCat(p->virtual_stages(),
                                                            " is more than the ",
                                                            kMaxVirtualStages, " allowed"));
+  }
+  const int64_t chunks = static_cast<int64_t>(p->stages()) * p->virtual_stages();
+  std::set<int32_t> seen;
+  for (int32_t s : p->recompute_stages()) {
+    if (s < 0 || s >= chunks) {
+      return Invalid("pipeline.recompute_stages",
+                     absl::StrCat("stage ", s, " is not one of the pipeline's ", chunks,
+                                  " stages (0 .. ", chunks - 1, ")"));
+    }
+    if (!seen.insert(s).second) {
+      return Invalid("pipeline.recompute_stages", absl::StrCat("stage ", s, " is listed twice"));
+    }
   }
   return absl::OkStatus();
 }

@@ -300,6 +300,24 @@ const std::vector<Refusal>& Refusals() {
          s->mutable_pipeline()->set_collective_engine(v1::COLLECTIVE_ENGINE_NCCL);
        },
        "pipeline.collective_engine", "needs GPUs"},
+      {"RecomputeStagesWithoutRecompute", false,
+       [](JobSpec* s) { s->mutable_pipeline()->add_recompute_stages(0); },
+       "pipeline.recompute_stages", "not RECOMPUTE_FULL"},
+      {"RecomputeStageOutOfRange", false,
+       [](JobSpec* s) {
+         s->mutable_pipeline()->set_stages(2);
+         s->mutable_pipeline()->set_recompute(v1::RECOMPUTE_FULL);
+         s->mutable_pipeline()->add_recompute_stages(2);
+       },
+       "pipeline.recompute_stages", "stage 2 is not one of the pipeline's 2 stages"},
+      {"RecomputeStageTwice", false,
+       [](JobSpec* s) {
+         s->mutable_pipeline()->set_stages(2);
+         s->mutable_pipeline()->set_recompute(v1::RECOMPUTE_FULL);
+         s->mutable_pipeline()->add_recompute_stages(1);
+         s->mutable_pipeline()->add_recompute_stages(1);
+       },
+       "pipeline.recompute_stages", "listed twice"},
       {"UnknownRecompute", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_recompute(static_cast<v1::Recompute>(9)); },
        "pipeline.recompute", "unknown recompute mode 9"},
