@@ -2,6 +2,7 @@
 // JSON) and, with --watch, watches it to the end.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/commands.h"
+#include "common/core/status.h"
 #include "common/spec/spec.h"
 
 namespace baton::cli {
@@ -102,6 +104,29 @@ absl::Status Int32Flag(const Args& args, const std::string& name, int32_t* out) 
 }
 
 // Applies the command-line overrides to `spec`.
+// --name WORD, for a flag whose words each name one value of an enum: sets it with `set`;
+// INVALID_ARGUMENT listing the words for any other.
+template <typename E>
+absl::Status WordFlag(const Args& args, const std::string& name,
+                      const std::vector<std::pair<std::string, E>>& words,
+                      const std::function<void(E)>& set) {
+  if (!args.Has(name)) return absl::OkStatus();
+  const std::string got = args.Get(name);
+  std::vector<std::string> known;
+  for (const auto& [word, value] : words) {
+    if (word == got) {
+      set(value);
+      return absl::OkStatus();
+    }
+    known.push_back(word);
+  }
+  const std::string last = known.back();
+  known.pop_back();
+  return absl::InvalidArgumentError(absl::StrCat("--", name, " must be ",
+                                                 absl::StrJoin(known, ", "), " or ", last,
+                                                 ", got '", got, "'"));
+}
+
 absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   if (args.Has("name")) spec->set_name(args.Get("name"));
   if (args.Has("seed")) {
@@ -143,16 +168,10 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
     }
     p->set_data_parallel(v);
   }
-  if (args.Has("recompute")) {
-    const std::string r = args.Get("recompute");
-    if (r == "none") {
-      p->set_recompute(baton::v1::RECOMPUTE_NONE);
-    } else if (r == "full") {
-      p->set_recompute(baton::v1::RECOMPUTE_FULL);
-    } else {
-      return absl::InvalidArgumentError("--recompute must be none or full, got '" + r + "'");
-    }
-  }
+  // The word-valued flags: each word names one enum value.
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::Recompute>(
+      args, "recompute", {{"none", baton::v1::RECOMPUTE_NONE}, {"full", baton::v1::RECOMPUTE_FULL}},
+      [p](baton::v1::Recompute v) { p->set_recompute(v); }));
   if (args.Has("recompute-stages")) {
     p->clear_recompute_stages();
     for (absl::string_view part : absl::StrSplit(args.Get("recompute-stages"), ',')) {
@@ -165,53 +184,28 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       p->add_recompute_stages(s);
     }
   }
-  if (args.Has("reduce-mode")) {
-    const std::string r = args.Get("reduce-mode");
-    if (r == "ordered") {
-      p->set_reduce_mode(baton::v1::REDUCE_MODE_ORDERED);
-    } else if (r == "fast") {
-      p->set_reduce_mode(baton::v1::REDUCE_MODE_FAST);
-    } else {
-      return absl::InvalidArgumentError("--reduce-mode must be ordered or fast, got '" + r + "'");
-    }
-  }
-  if (args.Has("collective")) {
-    const std::string c = args.Get("collective");
-    if (c == "auto") {
-      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_AUTO);
-    } else if (c == "gloo") {
-      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_GLOO);
-    } else if (c == "nccl") {
-      p->set_collective_engine(baton::v1::COLLECTIVE_ENGINE_NCCL);
-    } else {
-      return absl::InvalidArgumentError("--collective must be auto, gloo or nccl, got '" + c +
-                                        "'");
-    }
-  }
-  if (args.Has("device")) {
-    const std::string d = args.Get("device");
-    if (d == "cpu") {
-      spec->set_device(baton::v1::DEVICE_KIND_CPU);
-    } else if (d == "cuda") {
-      spec->set_device(baton::v1::DEVICE_KIND_CUDA);
-    } else if (d == "auto") {
-      spec->set_device(baton::v1::DEVICE_KIND_UNSPECIFIED);
-    } else {
-      return absl::InvalidArgumentError("--device must be cpu, cuda or auto, got '" + d + "'");
-    }
-  }
-  if (args.Has("transport")) {
-    const std::string t = args.Get("transport");
-    if (t == "grpc") {
-      spec->set_transport(baton::v1::TRANSPORT_KIND_GRPC);
-    } else if (t == "nccl") {
-      spec->set_transport(baton::v1::TRANSPORT_KIND_NCCL);
-    } else if (t == "auto") {
-      spec->set_transport(baton::v1::TRANSPORT_KIND_UNSPECIFIED);
-    } else {
-      return absl::InvalidArgumentError("--transport must be grpc, nccl or auto, got '" + t + "'");
-    }
-  }
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::ReduceMode>(
+      args, "reduce-mode",
+      {{"ordered", baton::v1::REDUCE_MODE_ORDERED}, {"fast", baton::v1::REDUCE_MODE_FAST}},
+      [p](baton::v1::ReduceMode v) { p->set_reduce_mode(v); }));
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::CollectiveEngine>(
+      args, "collective",
+      {{"auto", baton::v1::COLLECTIVE_ENGINE_AUTO},
+       {"gloo", baton::v1::COLLECTIVE_ENGINE_GLOO},
+       {"nccl", baton::v1::COLLECTIVE_ENGINE_NCCL}},
+      [p](baton::v1::CollectiveEngine v) { p->set_collective_engine(v); }));
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::DeviceKind>(
+      args, "device",
+      {{"cpu", baton::v1::DEVICE_KIND_CPU},
+       {"cuda", baton::v1::DEVICE_KIND_CUDA},
+       {"auto", baton::v1::DEVICE_KIND_UNSPECIFIED}},
+      [spec](baton::v1::DeviceKind v) { spec->set_device(v); }));
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::TransportKind>(
+      args, "transport",
+      {{"grpc", baton::v1::TRANSPORT_KIND_GRPC},
+       {"nccl", baton::v1::TRANSPORT_KIND_NCCL},
+       {"auto", baton::v1::TRANSPORT_KIND_UNSPECIFIED}},
+      [spec](baton::v1::TransportKind v) { spec->set_transport(v); }));
   return absl::OkStatus();
 }
 

@@ -9,11 +9,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/collective/collective_test_util.h"
 #include "common/transport/nccl_fake.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
+
+using namespace testing_collective;  // NOLINT: the shared test data
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
@@ -56,31 +59,17 @@ void OnEveryMember(int size, F body, bool ordered = true,
   for (std::thread& t : threads) t.join();
 }
 
-float Value(int r, int64_t i) {
-  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r)) *
-         (i % 5 == 0 ? 1e4f : 1.0f);
-}
-
 TEST(NcclCollectiveTest, OrderedModeSumsInMemberOrderAndEveryMemberGetsTheSameBits) {
-  // Float addition is not associative: in member order these sum to 0, otherwise to 1.
-  const float values[3][2] = {{1.0f, 0.1f}, {1e8f, 0.2f}, {-1e8f, 0.3f}};
-  const float want0 = (values[0][0] + values[1][0]) + values[2][0];
-  const float want1 = (values[0][1] + values[1][1]) + values[2][1];
-  ASSERT_NE(want0, values[0][0] + (values[1][0] + values[2][0])) << "the data cannot tell";
   std::vector<std::vector<float>> out(3);
   OnEveryMember(3, [&](int r, Member& m) {
     EXPECT_TRUE(m.collective->ordered());
     EXPECT_STREQ(m.collective->engine(), "nccl");
     EXPECT_EQ(m.collective->device(), Device::kCpu);  // the fake's buffers are host memory
-    std::vector<float> data(values[r], values[r] + 2);
+    std::vector<float> data(kOrderSensitive[r], kOrderSensitive[r] + 2);
     ASSERT_TRUE(m.collective->AllReduceSum(data.data(), 2, Soon()).ok());
     out[r] = data;
   });
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_EQ(out[r].size(), 2u);
-    EXPECT_EQ(std::memcmp(&out[r][0], &want0, sizeof(float)), 0) << "member " << r;
-    EXPECT_EQ(std::memcmp(&out[r][1], &want1, sizeof(float)), 0) << "member " << r;
-  }
+  ExpectOrderedSumOfThree(out);
 }
 
 TEST(NcclCollectiveTest, RoundsOfGrowingAndShrinkingSizesAllEqualTheOrderedSum) {
@@ -88,10 +77,10 @@ TEST(NcclCollectiveTest, RoundsOfGrowingAndShrinkingSizesAllEqualTheOrderedSum) 
   OnEveryMember(kSize, [&](int r, Member& m) {
     for (int64_t n : {1, 7, 1 << 18, 3, 1 << 19}) {
       std::vector<float> data(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) data[i] = Value(r, i);
+      for (int64_t i = 0; i < n; ++i) data[i] = SpreadValue(r, i);
       ASSERT_TRUE(m.collective->AllReduceSum(data.data(), n, Soon()).ok()) << n;
       for (int64_t i = 0; i < n; ++i) {
-        const float want = Value(0, i) + Value(1, i);
+        const float want = SpreadValue(0, i) + SpreadValue(1, i);
         ASSERT_EQ(std::memcmp(&data[i], &want, sizeof(float)), 0) << "n " << n << " i " << i;
       }
     }
@@ -110,28 +99,13 @@ TEST(NcclCollectiveTest, FastModeIsOneAllReduceSameBitsEverywhereWithinTolerance
       [&](int r, Member& m) {
         EXPECT_FALSE(m.collective->ordered());
         std::vector<float> data(kN);
-        for (int64_t i = 0; i < kN; ++i) data[i] = Value(r, i);
+        for (int64_t i = 0; i < kN; ++i) data[i] = SpreadValue(r, i);
         ASSERT_TRUE(m.collective->AllReduceSum(data.data(), kN, Soon()).ok());
         out[r] = data;
       },
       /*ordered=*/false);
-  for (int r = 1; r < kSize; ++r) {
-    ASSERT_EQ(std::memcmp(out[r].data(), out[0].data(), kN * sizeof(float)), 0) << "member " << r;
-  }
-  int64_t differ = 0;
-  for (int64_t i = 0; i < kN; ++i) {
-    float ordered = Value(0, i);
-    float scale = std::fabs(ordered);
-    for (int r = 1; r < kSize; ++r) {
-      ordered += Value(r, i);
-      scale = std::max(scale, std::fabs(ordered) + std::fabs(Value(r, i)));
-    }
-    ASSERT_LE(std::fabs(out[0][i] - ordered),
-              4 * kSize * std::numeric_limits<float>::epsilon() * scale)
-        << i;
-    differ += out[0][i] != ordered;
-  }
-  EXPECT_GT(differ, 0) << "fast mode summed in member order everywhere: the test cannot tell";
+  EXPECT_GT(ExpectFastSum(out, kSize, kN), 0)
+      << "fast mode summed in member order everywhere: the test cannot tell";
 }
 
 TEST(NcclCollectiveTest, CallsThatTheCommunicatorTakesInProgressStillComplete) {

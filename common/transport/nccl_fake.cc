@@ -273,6 +273,19 @@ struct FakeNccl::Stream {
 
 namespace {
 
+// Queues `it` on `s` for communicator `c`; kInProgress for the fake's in-progress polls.
+// World mutex held.
+NcclResult Queue(FakeNccl::Comm* c, FakeNccl::Stream* s, Item it, int in_progress_polls) {
+  ++c->pending;
+  s->queue.push_back(std::move(it));
+  TheWorld().cv.notify_all();
+  if (in_progress_polls > 0) {
+    c->in_progress_left = in_progress_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
+
 void RunStream(std::shared_ptr<FakeNccl::Stream> s) {
   World& w = TheWorld();
   std::unique_lock<std::mutex> lock(w.mu);
@@ -415,28 +428,40 @@ NcclResult FakeNccl::CommGetAsyncError(NcclComm comm, NcclResult* state) {
   return NcclResult::kSuccess;
 }
 
-NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
-                             CudaStream stream) {
-  World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
-  Comm* c = Lookup(comms_, comm);
-  Stream* s = Lookup(streams_, stream);
-  if (c == nullptr || s == nullptr) return NcclResult::kInvalidArgument;
-  if (c->init != NcclResult::kSuccess) {
-    c->last_error = "fake NCCL: an operation on a communicator that is not ready";
+NcclResult FakeNccl::Admit(NcclComm comm, CudaStream stream, Comm** c, Stream** s) {
+  *c = Lookup(comms_, comm);
+  *s = Lookup(streams_, stream);
+  if (*c == nullptr || *s == nullptr) return NcclResult::kInvalidArgument;
+  if ((*c)->init != NcclResult::kSuccess) {
+    (*c)->last_error = "fake NCCL: an operation on a communicator that is not ready";
     return NcclResult::kInvalidUsage;
   }
-  if (c->in_progress_left > 0 || c->finalizing) {
-    c->last_error = "fake NCCL: a call while the previous one is in progress or finalizing";
+  if ((*c)->in_progress_left > 0 || (*c)->finalizing) {
+    (*c)->last_error = "fake NCCL: a call while the previous one is in progress or finalizing";
     return NcclResult::kInvalidUsage;
   }
-  if (peer < 0 || peer >= c->nranks) return NcclResult::kInvalidArgument;
+  return NcclResult::kSuccess;
+}
+
+int FakeNccl::CountOp(Comm* c) {
   const int op = ++c->ops;
   if (options_.async_error_at_op > 0 && op >= options_.async_error_at_op) {
     Break(c, options_.async_error,
           absl::StrCat("fake NCCL: injected ", NcclResultName(options_.async_error),
                        " at operation ", op));
   }
+  return op;
+}
+
+NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
+                             CudaStream stream) {
+  World& w = TheWorld();
+  std::lock_guard<std::mutex> lock(w.mu);
+  Comm* c = nullptr;
+  Stream* s = nullptr;
+  if (NcclResult r = Admit(comm, stream, &c, &s); r != NcclResult::kSuccess) return r;
+  if (peer < 0 || peer >= c->nranks) return NcclResult::kInvalidArgument;
+  const int op = CountOp(c);
   Item it;
   it.kind = send ? Kind::kSend : Kind::kRecv;
   it.comm = comms_[comm];
@@ -452,14 +477,7 @@ NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclC
     it.dst = buf;
     it.drop = options_.drop_recvs_from_op > 0 && op >= options_.drop_recvs_from_op;
   }
-  ++c->pending;
-  s->queue.push_back(std::move(it));
-  w.cv.notify_all();
-  if (options_.in_progress_polls > 0) {
-    c->in_progress_left = options_.in_progress_polls;
-    return NcclResult::kInProgress;
-  }
-  return NcclResult::kSuccess;
+  return Queue(c, s, std::move(it), options_.in_progress_polls);
 }
 
 NcclResult FakeNccl::Send(const void* buf, size_t bytes, int peer, NcclComm comm,
@@ -475,23 +493,10 @@ NcclResult FakeNccl::Collective(bool gather, const void* send, void* recv, size_
                                 NcclComm comm, CudaStream stream) {
   World& w = TheWorld();
   std::lock_guard<std::mutex> lock(w.mu);
-  Comm* c = Lookup(comms_, comm);
-  Stream* s = Lookup(streams_, stream);
-  if (c == nullptr || s == nullptr) return NcclResult::kInvalidArgument;
-  if (c->init != NcclResult::kSuccess) {
-    c->last_error = "fake NCCL: an operation on a communicator that is not ready";
-    return NcclResult::kInvalidUsage;
-  }
-  if (c->in_progress_left > 0 || c->finalizing) {
-    c->last_error = "fake NCCL: a call while the previous one is in progress or finalizing";
-    return NcclResult::kInvalidUsage;
-  }
-  const int op = ++c->ops;
-  if (options_.async_error_at_op > 0 && op >= options_.async_error_at_op) {
-    Break(c, options_.async_error,
-          absl::StrCat("fake NCCL: injected ", NcclResultName(options_.async_error),
-                       " at operation ", op));
-  }
+  Comm* c = nullptr;
+  Stream* s = nullptr;
+  if (NcclResult r = Admit(comm, stream, &c, &s); r != NcclResult::kSuccess) return r;
+  CountOp(c);
   Item it;
   it.kind = gather ? Kind::kGather : Kind::kReduce;
   it.comm = comms_[comm];
@@ -499,14 +504,7 @@ NcclResult FakeNccl::Collective(bool gather, const void* send, void* recv, size_
   it.dst = recv;
   it.bytes = count * sizeof(float);
   it.round = ++c->collectives;
-  ++c->pending;
-  s->queue.push_back(std::move(it));
-  w.cv.notify_all();
-  if (options_.in_progress_polls > 0) {
-    c->in_progress_left = options_.in_progress_polls;
-    return NcclResult::kInProgress;
-  }
-  return NcclResult::kSuccess;
+  return Queue(c, s, std::move(it), options_.in_progress_polls);
 }
 
 NcclResult FakeNccl::AllGather(const void* send, void* recv, size_t count, NcclComm comm,

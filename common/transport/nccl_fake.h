@@ -138,6 +138,10 @@ class FakeNccl final : public NcclApi {
                      CudaStream stream);
   NcclResult Collective(bool gather, const void* send, void* recv, size_t count, NcclComm comm,
                         CudaStream stream);
+  // With the fake mutex held: looks up a communicator and stream and checks that the
+  // communicator takes an operation now; counts an operation (injecting faults).
+  NcclResult Admit(NcclComm comm, CudaStream stream, Comm** c, Stream** s);
+  int CountOp(Comm* c);
 
   const FakeNcclOptions options_;
   // Guarded by the process-wide fake mutex (nccl_fake.cc).
