@@ -93,6 +93,7 @@
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
 #include "common/spec/spec.h"
+#include "common/schedule/vocabulary.h"
 
 #ifndef BATON_SOURCE_DIR
 #define BATON_SOURCE_DIR "."
@@ -492,19 +493,11 @@ absl::StatusOr<baton::v1::JobSpec> MakeSpec(const Flags& f, const std::string& s
   p->set_stages(S);
   p->set_microbatches(f.microbatches);
   p->set_virtual_stages(1);
-  if (schedule == "gpipe") {
-    p->set_schedule(baton::v1::SCHEDULE_GPIPE);
-  } else if (schedule == "1f1b") {
-    p->set_schedule(baton::v1::SCHEDULE_1F1B);
-  } else if (schedule == "interleaved-1f1b") {
-    p->set_schedule(baton::v1::SCHEDULE_INTERLEAVED_1F1B);
-    p->set_virtual_stages(f.virtual_stages);
-  } else if (schedule == "zb-h1") {
-    p->set_schedule(baton::v1::SCHEDULE_ZB_H1);
-  } else {
-    return absl::InvalidArgumentError("unknown schedule " + schedule +
-                                      " (want gpipe, 1f1b, interleaved-1f1b, zb-h1)");
-  }
+  absl::StatusOr<const ScheduleEntry*> entry = FindScheduleEntry(schedule);
+  if (!entry.ok()) return entry.status();
+  if ((*entry)->spec_value == 0) return absl::InvalidArgumentError("bubble_bench: no custom");
+  p->set_schedule(static_cast<baton::v1::Schedule>((*entry)->spec_value));
+  if ((*entry)->placement == ChunkPlacement::kLooped) p->set_virtual_stages(f.virtual_stages);
   spec.set_steps(f.warmup + f.steps);
   absl::Status s = ValidateAndDefaultJobSpec(&spec);
   if (!s.ok()) return s;

@@ -1238,10 +1238,8 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   step.set_total_steps(spec.steps());
   if (request.has_loss()) step.set_loss(request.loss());
   if (seconds > 0) {
-    const double samples = spec.data().batch_size() / seconds;
-    step.set_samples_per_second(samples);
-    step.set_tokens_per_second(spec.model().has_gpt() ? samples * spec.model().gpt().context()
-                                                      : samples);
+    step.set_samples_per_second(spec.data().batch_size() / seconds);
+    step.set_tokens_per_second(static_cast<double>(TokensPerStep(spec)) / seconds);
   }
   *step.mutable_duration() = ToProtoDuration(d);
   for (const auto& [rank, t] : j->timings[k]) {

@@ -446,6 +446,9 @@ def case_schedules(c):
         ("interleaved-1f1b", tiny_gpt("gpt-interleaved"),
          ["--schedule", "interleaved-1f1b", "--stages", "2", "--virtual", "2"]),
         ("zb-h1", tiny_gpt("gpt-zbh1"), ["--schedule", "zb-h1", "--stages", "4"]),
+        # The V schedules: two chunks per worker, the first and last stage on one.
+        ("zb-v", tiny_gpt("gpt-zbv"), ["--schedule", "zb-v", "--stages", "2"]),
+        ("v-half", tiny_gpt("gpt-vhalf"), ["--schedule", "v-half", "--stages", "2"]),
         # Recomputation across worker processes: the reference's bits all the same.
         ("1f1b recompute", tiny_gpt("gpt-1f1b-recompute"),
          ["--schedule", "1f1b", "--stages", "4", "--recompute", "full",
@@ -512,7 +515,7 @@ def case_schedules(c):
                   f"the job's spec does not recompute stages 0 and 1: {pipeline}")
         check(job["weights_digest"] == want,
               f"{schedule}: job digest {job['weights_digest']} != train-local's {want}")
-    print("  all five digests equal train-local's")
+    print(f"  all {len(runs)} digests equal train-local's")
 
 
 def case_cancel(c):
@@ -802,7 +805,7 @@ CASES = [
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
     ("2", "a job needing 4 workers with 2 idle stays QUEUED with a reason, then runs when 2 "
           "more register", case_queued_until_workers),
-    ("1", "GPipe, 1F1B, interleaved 1F1B (2x2) and ZB-H1 on 4 workers: digest == train-local",
+    ("1", "GPipe, 1F1B, interleaved 1F1B (2x2), ZB-H1, ZB-V and V-Half on 4 workers: digest == train-local",
      case_schedules),
     ("3", "cancelling a running job: CANCELLED within seconds, workers IDLE, the next job runs",
      case_cancel),

@@ -520,8 +520,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     }
     info.samples_per_step = spec.data().batch_size();
     if (collective != nullptr) info.collective = collective->engine();
-    info.tokens_per_step =
-        spec.model().has_gpt() ? spec.data().batch_size() * spec.model().gpt().context() : 0;
+    info.tokens_per_step = TokensPerStep(spec);
     eo.observer = options_.metrics->BeginJob(info);
   }
   absl::StatusOr<std::unique_ptr<StageExecutor>> ex =

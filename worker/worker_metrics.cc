@@ -88,7 +88,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                    .Register(registry)),
       tokens_(prometheus::BuildCounter()
                   .Name("baton_worker_tokens_total")
-                  .Help("Tokens through this rank (gpt models; 0 otherwise).")
+                  .Help("Tokens through this rank (gpt: sequences x context; an mlp row is one token).")
                   .Register(registry)),
       loss_(prometheus::BuildGauge()
                 .Name("baton_worker_loss")

@@ -41,7 +41,7 @@ struct JobMetricsInfo {
   // on the byte counters); stages not in it get `transport`.
   std::map<int, std::string> transport_by_stage;
   int64_t samples_per_step = 0;  // the global batch
-  int64_t tokens_per_step = 0;   // batch x context for gpt, 0 otherwise
+  int64_t tokens_per_step = 0;   // TokensPerStep (spec.h): batch x context for gpt
   // The data-parallel group's engine ("gloo", "nccl"); empty without replicas.
   std::string collective;
 };

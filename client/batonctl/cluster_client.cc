@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/rpc.h"
+#include "common/schedule/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace baton::cli {
@@ -170,19 +171,10 @@ bool IsTerminal(baton::v1::JobState state) {
 }
 
 namespace {
-const char* ScheduleName(baton::v1::Schedule s) {
-  switch (s) {
-    case baton::v1::SCHEDULE_GPIPE:
-      return "gpipe";
-    case baton::v1::SCHEDULE_1F1B:
-      return "1f1b";
-    case baton::v1::SCHEDULE_INTERLEAVED_1F1B:
-      return "interleaved-1f1b";
-    case baton::v1::SCHEDULE_ZB_H1:
-      return "zb-h1";
-    default:
-      return "1f1b (default)";
-  }
+std::string ScheduleName(baton::v1::Schedule s) {
+  if (s == baton::v1::SCHEDULE_UNSPECIFIED) return "1f1b (default)";
+  absl::StatusOr<const ScheduleEntry*> e = ScheduleEntryForSpecValue(static_cast<int>(s));
+  return e.ok() ? (*e)->name : absl::StrCat("schedule ", static_cast<int>(s), " (unknown)");
 }
 }  // namespace
 

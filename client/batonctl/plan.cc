@@ -20,6 +20,7 @@
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
 #include "common/spec/spec.h"
+#include "common/schedule/vocabulary.h"
 
 namespace baton::cli {
 namespace {
@@ -27,7 +28,7 @@ namespace {
 const std::vector<FlagSpec>& Flags() {
   static const auto* flags = new std::vector<FlagSpec>{
       {"schedule", "s", false,
-       "gpipe, 1f1b (default), interleaved-1f1b, zb-h1, or custom (with --csv)"},
+       "gpipe, 1f1b (default), interleaved-1f1b, zb-h1, zb-v, v-half, or custom (with --csv)"},
       {"stages", "", false, "pipeline stages = ranks (S)"},
       {"virtual", "", false, "model chunks per rank (V; interleaved-1f1b needs >= 2)"},
       {"microbatches", "m", false, "micro-batches per step (M)"},
@@ -74,18 +75,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-ScheduleKind FromSpec(baton::v1::Schedule s) {
-  switch (s) {
-    case baton::v1::SCHEDULE_GPIPE:
-      return ScheduleKind::kGpipe;
-    case baton::v1::SCHEDULE_INTERLEAVED_1F1B:
-      return ScheduleKind::kInterleaved1F1B;
-    case baton::v1::SCHEDULE_ZB_H1:
-      return ScheduleKind::kZbH1;
-    default:
-      return ScheduleKind::k1F1B;
-  }
-}
 
 // An int flag within [lo, hi] (the generators refuse values below 1 with their own message,
 // so lo may be below that).
@@ -130,7 +119,10 @@ int Plan(const std::vector<std::string>& argv) {
     absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(path);
     if (!spec.ok()) return Fail(std::string(spec.status().message()));
     const baton::v1::PipelineSpec& p = spec->pipeline();
-    o.kind = FromSpec(p.schedule());
+    absl::StatusOr<const ScheduleEntry*> entry =
+        ScheduleEntryForSpecValue(static_cast<int>(p.schedule()));
+    if (!entry.ok()) return Fail(absl::StrCat(path, ": ", entry.status().message()));
+    o.kind = (*entry)->kind;
     o.num_ranks = p.stages() == 0 ? 1 : p.stages();
     o.virtual_stages = p.virtual_stages() == 0 ? 1 : p.virtual_stages();
     o.num_microbatches = p.microbatches() == 0 ? 1 : p.microbatches();

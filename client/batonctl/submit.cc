@@ -18,6 +18,7 @@
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/commands.h"
 #include "common/core/status.h"
+#include "common/schedule/vocabulary.h"
 #include "common/spec/spec.h"
 
 namespace baton::cli {
@@ -31,7 +32,8 @@ const std::vector<FlagSpec>& Flags() {
       {"name", "", false, "override the spec's name"},
       {"steps", "", false, "override the spec's steps"},
       {"seed", "", false, "override the spec's seed"},
-      {"schedule", "s", false, "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1"},
+      {"schedule", "s", false,
+       "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half"},
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
@@ -77,18 +79,16 @@ constexpr char kUsage[] =
     "(another --schedule or --stages loads the same checkpoint).\n\n";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
-  const std::string s = absl::AsciiStrToLower(text);
-  if (s == "gpipe") return baton::v1::SCHEDULE_GPIPE;
-  if (s == "1f1b") return baton::v1::SCHEDULE_1F1B;
-  if (s == "interleaved-1f1b" || s == "interleaved") return baton::v1::SCHEDULE_INTERLEAVED_1F1B;
-  if (s == "zb-h1" || s == "zbh1") return baton::v1::SCHEDULE_ZB_H1;
-  baton::v1::Schedule e;
-  if (baton::v1::Schedule_Parse(absl::AsciiStrToUpper(text), &e) &&
-      e != baton::v1::SCHEDULE_UNSPECIFIED) {
-    return e;
+  absl::StatusOr<const ScheduleEntry*> e = FindScheduleEntry(text);
+  baton::v1::Schedule parsed;
+  if (e.ok() && (*e)->spec_value != 0) return static_cast<baton::v1::Schedule>((*e)->spec_value);
+  // The enum's own spelling, SCHEDULE_ZB_H1, as in a JSON spec.
+  if (baton::v1::Schedule_Parse(absl::AsciiStrToUpper(text), &parsed) &&
+      parsed != baton::v1::SCHEDULE_UNSPECIFIED) {
+    return parsed;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--schedule must be gpipe, 1f1b, interleaved-1f1b or zb-h1, got '", text, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--schedule must be one of ", ScheduleNames(), ", got '", text, "'"));
 }
 
 // Reads an int32 override; semantic checks (>= 1, ...) are the coordinator's.

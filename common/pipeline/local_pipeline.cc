@@ -1,5 +1,7 @@
 #include "common/pipeline/local_pipeline.h"
 
+#include "common/schedule/vocabulary.h"
+
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -15,21 +17,9 @@
 namespace baton {
 
 absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec& p) {
-  switch (p.schedule()) {
-    case baton::v1::SCHEDULE_GPIPE:
-      return ScheduleKind::kGpipe;
-    case baton::v1::SCHEDULE_UNSPECIFIED:
-    case baton::v1::SCHEDULE_1F1B:
-      return ScheduleKind::k1F1B;
-    case baton::v1::SCHEDULE_INTERLEAVED_1F1B:
-      return ScheduleKind::kInterleaved1F1B;
-    case baton::v1::SCHEDULE_ZB_H1:
-      return ScheduleKind::kZbH1;
-    default:
-      break;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("pipeline.schedule: unknown schedule ", static_cast<int>(p.schedule())));
+  BATON_ASSIGN_OR_RETURN(const ScheduleEntry* e,
+                         ScheduleEntryForSpecValue(static_cast<int>(p.schedule())));
+  return e->kind;
 }
 
 absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Create(
@@ -182,8 +172,7 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.samples = spec_.data().batch_size();
-  stats.tokens = spec_.data().has_text() ? stats.samples * spec_.model().gpt().context()
-                                         : stats.samples;
+  stats.tokens = TokensPerStep(spec_);
   for (auto& r : results) {
     stats.peak_inflight.push_back(r->peak_inflight);
     stats.ranks.push_back(*std::move(r));

@@ -9,6 +9,7 @@
 #include "common/core/status.h"
 #include "common/schedule/internal.h"
 #include "common/schedule/validate.h"
+#include "common/schedule/vocabulary.h"
 
 namespace baton {
 namespace {
@@ -35,7 +36,8 @@ Action W(int stage, int mb) { return Action{ActionKind::kBackwardWeight, stage, 
 }  // namespace
 
 absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
-  const char* name = ScheduleKindName(o.kind);
+  const ScheduleEntry& entry = ScheduleEntryOf(o.kind);
+  const char* name = entry.name;
   if (o.kind == ScheduleKind::kCustom) {
     return absl::InvalidArgumentError(
         "schedule custom has no generator: custom schedules are imported from CSV");
@@ -58,13 +60,28 @@ absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("stages (--stages) must be at most ", kMaxRanks, ", got ", o.num_ranks));
   }
-  const int64_t chunks = static_cast<int64_t>(o.num_ranks) * o.virtual_stages;
+  if (entry.placement == ChunkPlacement::kV) {
+    if (o.virtual_stages > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " places exactly two chunks per rank in a V: virtual stages (--virtual, "
+          "pipeline.virtual_stages) must be 2 (or unset), got ", o.virtual_stages));
+    }
+    if (o.num_microbatches < o.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " needs at least as many micro-batches as stages (its V fills the pipeline "
+          "from both ends; with fewer most of it idles): --microbatches ",
+          o.num_microbatches, " is below --stages ", o.num_ranks, "; use 1f1b or ",
+          o.num_ranks, " or more"));
+    }
+  }
+  const int64_t chunks = static_cast<int64_t>(o.num_ranks) *
+                         (entry.placement == ChunkPlacement::kV ? 2 : o.virtual_stages);
   if (chunks * o.num_microbatches > kMaxCells) {
     return absl::InvalidArgumentError(
         absl::StrCat("stages x virtual stages x micro-batches = ", chunks * o.num_microbatches,
                      " is more than this planner handles (", kMaxCells, ")"));
   }
-  if (o.kind == ScheduleKind::kInterleaved1F1B) {
+  if (entry.placement == ChunkPlacement::kLooped) {
     if (o.virtual_stages < 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("interleaved-1f1b needs at least 2 virtual stages per rank (--virtual, "
@@ -81,16 +98,16 @@ absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
           o.num_microbatches, " is not a multiple of --stages ", o.num_ranks, "; use ",
           lo > 0 ? absl::StrCat(lo, " or ") : "", hi));
     }
-  } else if (o.virtual_stages != 1) {
+  } else if (entry.placement == ChunkPlacement::kOne && o.virtual_stages != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         " runs one stage per rank: virtual stages (--virtual, pipeline.virtual_stages) "
         "must be 1, got ",
-        o.virtual_stages, "; only interleaved-1f1b takes more"));
+        o.virtual_stages, "; only interleaved-1f1b takes more (zb-v and v-half take two)"));
   }
   if (o.num_blocks > 0 && chunks > o.num_blocks) {
     return absl::InvalidArgumentError(
-        absl::StrCat("stages x virtual stages = ", o.num_ranks, " x ", o.virtual_stages, " = ",
+        absl::StrCat("stages x virtual stages = ", o.num_ranks, " x ", chunks / o.num_ranks, " = ",
                      chunks, " pipeline chunks, but the model has only ", o.num_blocks,
                      " blocks; every chunk needs at least one block"));
   }
@@ -217,21 +234,124 @@ Schedule GenerateZbH1(int num_ranks, int num_microbatches) {
   return s;
 }
 
+namespace {
+
+// The V schedules' clocks, by list scheduling on a unit-cost timeline: F, I and W each take
+// one unit; at every tick each idle rank runs its most urgent ready action:
+//   1. an input gradient (I): on the critical path, and it unblocks the rank before;
+//   2. a forward (F), if the rank holds fewer than `cap` micro-batch chunks with
+//      activations (F run, W not yet); a first-chunk forward (stage < S) also leaves one
+//      slot free, so that the V's second chunk can always take the micro-batch the rank
+//      let in (without that reserve the first chunk can fill the rank and deadlock it);
+//   3. a weight gradient (W), which fills what would be a bubble.
+// Within a kind: the lowest micro-batch first, then the later stage. Each stage runs its
+// F, I and W in ascending micro-batch order (generators.h). The reserve makes it
+// deadlock-free: the earliest unfinished micro-batch can always move (its first-chunk
+// forwards find empty ranks, its second-chunk forwards the reserved slot, and I and W need
+// no slot).
+Schedule GenerateV(ScheduleKind kind, int num_ranks, int num_microbatches, int cap) {
+  const int S = num_ranks, M = num_microbatches, stages = 2 * num_ranks;
+  Schedule out;
+  out.kind = kind;
+  out.num_ranks = S;
+  out.virtual_stages = 2;
+  out.num_microbatches = M;
+  out.stage_to_rank = VShapeStageToRank(S);
+  out.ranks.resize(S);
+  // done[k][s][m]: the tick its action k (0 F, 1 I, 2 W) of (s, m) finished; -1 before.
+  std::vector<std::vector<std::vector<int64_t>>> done(
+      3, std::vector<std::vector<int64_t>>(stages, std::vector<int64_t>(M, -1)));
+  std::vector<std::vector<int>> next(3, std::vector<int>(stages, 0));  // next micro-batch
+  std::vector<int> inflight(S, 0);
+  std::vector<int64_t> busy_until(S, 0);
+  struct Running {
+    int kind, stage, mb;
+  };
+  std::vector<std::vector<Running>> finishing(S);  // what each rank finishes at busy_until
+  int64_t remaining = int64_t{3} * stages * M;
+  auto finished = [&](int k, int s, int m, int64_t t) {
+    return m >= 0 && m < M && done[k][s][m] >= 0 && done[k][s][m] <= t;
+  };
+  for (int64_t t = 0; remaining > 0; ++t) {
+    // Retire what finishes now, so that every rank sees it at this tick.
+    for (int r = 0; r < S; ++r) {
+      if (busy_until[r] != t) continue;
+      for (const Running& x : finishing[r]) {
+        done[x.kind][x.stage][x.mb] = t;
+        if (x.kind == 2) --inflight[r];
+      }
+      finishing[r].clear();
+    }
+    bool any_running = false;
+    for (int r = 0; r < S; ++r) {
+      if (busy_until[r] > t) {
+        any_running = true;
+        continue;
+      }
+      const int own[2] = {r, stages - 1 - r};  // the rank's two stages
+      int best_kind = -1, best_stage = -1, best_mb = 0;
+      auto consider = [&](int k, int s) {
+        const int m = next[k][s];
+        if (m >= M) return;
+        bool ready = false;
+        if (k == 0) {
+          const bool first_chunk = s < S;
+          ready = (s == 0 || finished(0, s - 1, m, t)) &&
+                  inflight[r] < (first_chunk ? cap - 1 : cap);
+        } else if (k == 1) {
+          ready = finished(0, s, m, t) && (s == stages - 1 || finished(1, s + 1, m, t));
+        } else {
+          ready = finished(1, s, m, t);
+        }
+        if (!ready) return;
+        const bool better = best_kind < 0 || k < best_kind ||
+                            (k == best_kind && (m < best_mb || (m == best_mb && s > best_stage)));
+        if (better) {
+          best_kind = k;
+          best_stage = s;
+          best_mb = m;
+        }
+      };
+      // Priority by kind: I, then F, then W.
+      for (int k : {1, 0, 2}) {
+        for (int s : own) consider(k, s);
+        if (best_kind >= 0) break;
+      }
+      if (best_kind < 0) continue;
+      const int s = best_stage, m = best_mb;
+      ++next[best_kind][s];
+      if (best_kind == 0) ++inflight[r];
+      const Action a = best_kind == 0 ? F(s, m) : best_kind == 1 ? I(s, m) : W(s, m);
+      out.ranks[r].push_back(a);
+      busy_until[r] = t + 1;
+      finishing[r].push_back(Running{best_kind, s, m});
+      --remaining;
+      any_running = true;
+    }
+    if (!any_running) break;  // cannot happen (see above); Validate would refuse the clock
+  }
+  return out;
+}
+
+}  // namespace
+
+Schedule GenerateZbV(int num_ranks, int num_microbatches) {
+  // 1F1B's activation memory: its rank 0 holds S micro-batches of a whole stage, that is 2S
+  // chunks of half a stage.
+  return GenerateV(ScheduleKind::kZbV, num_ranks, num_microbatches, 2 * num_ranks);
+}
+
+Schedule GenerateVHalf(int num_ranks, int num_microbatches) {
+  return GenerateV(ScheduleKind::kVHalf, num_ranks, num_microbatches, num_ranks + 1);
+}
+
 absl::StatusOr<Schedule> GenerateComputeSchedule(const ScheduleOptions& o) {
   BATON_RETURN_IF_ERROR(CheckScheduleOptions(o));
-  switch (o.kind) {
-    case ScheduleKind::kGpipe:
-      return GenerateGpipe(o.num_ranks, o.num_microbatches);
-    case ScheduleKind::k1F1B:
-      return Generate1F1B(o.num_ranks, o.num_microbatches);
-    case ScheduleKind::kInterleaved1F1B:
-      return GenerateInterleaved1F1B(o.num_ranks, o.virtual_stages, o.num_microbatches);
-    case ScheduleKind::kZbH1:
-      return GenerateZbH1(o.num_ranks, o.num_microbatches);
-    case ScheduleKind::kCustom:
-      break;
+  const ScheduleEntry& entry = ScheduleEntryOf(o.kind);
+  if (entry.generate == nullptr) {
+    return absl::InvalidArgumentError("no generator for this schedule kind");
   }
-  return absl::InvalidArgumentError("no generator for this schedule kind");
+  return entry.generate(o.num_ranks, o.virtual_stages, o.num_microbatches);
 }
 
 absl::StatusOr<Schedule> BuildSchedule(const ScheduleOptions& o) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
+#include "common/schedule/vocabulary.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -20,13 +21,18 @@ std::string Name(const ScheduleOptions& o) {
 }
 
 // Every valid combination of S in {1..4}, M in {1, 2, 3, 4, 8}, and V in {2, 3} for
-// interleaved-1f1b (where M is a multiple of S) or V = 1 for the others.
+// interleaved-1f1b (where M is a multiple of S), V = 2 for the V schedules (M >= S), V = 1
+// for the others.
 std::vector<ScheduleOptions> Sweep() {
   std::vector<ScheduleOptions> out;
   for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1}) {
+                         ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kVHalf}) {
     for (int s = 1; s <= 4; ++s) {
       for (int m : {1, 2, 3, 4, 8}) {
+        if (k == ScheduleKind::kZbV || k == ScheduleKind::kVHalf) {
+          if (m >= s) out.push_back({k, s, 2, m});
+          continue;
+        }
         if (k != ScheduleKind::kInterleaved1F1B) {
           out.push_back({k, s, 1, m});
           continue;
@@ -56,7 +62,7 @@ TEST(GeneratorsTest, EverySweptScheduleValidatesAndSimulates) {
     EXPECT_FALSE(compute->lowered());
     EXPECT_EQ(compute->kind, o.kind);
     EXPECT_EQ(compute->num_stages(), o.num_ranks * o.virtual_stages);
-    const bool split = o.kind == ScheduleKind::kZbH1;
+    const bool split = ScheduleEntryOf(o.kind).split_backward;
     for (int r = 0; r < o.num_ranks; ++r) {
       // Compute actions only, each (stage, micro-batch) once per kind; backward halves in
       // ascending micro-batch order per stage (bit-exact gradient accumulation).
@@ -79,9 +85,12 @@ TEST(GeneratorsTest, EverySweptScheduleValidatesAndSimulates) {
                 static_cast<size_t>(o.virtual_stages * o.num_microbatches * (split ? 3 : 2)));
     }
     // After lowering, every receive sits immediately before the action that consumes it
-    // (Lower never has to receive early for the built-in generators).
+    // (Lower never has to receive early for the built-in generators), except under a V:
+    // there a pair of ranks exchanges forwards of one chunk and backwards of the other over
+    // one channel, and Lower receives some early to keep the channel's order.
     absl::StatusOr<Schedule> lowered = BuildSchedule(o);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
+    if (ScheduleEntryOf(o.kind).placement == ChunkPlacement::kV) continue;
     for (const auto& clock : lowered->ranks) {
       for (size_t j = 0; j < clock.size(); ++j) {
         const Action& a = clock[j];
@@ -134,8 +143,40 @@ TEST(GeneratorsTest, BubbleRatiosMatchClosedForms) {
           EXPECT_LE(r.bubble_ratio, (s - 1) / (m + s - 1) + kTol);
         }
         break;
+      case ScheduleKind::kZbV:
+        // Never worse than 1F1B's bubble on the same S and M, at 1F1B's memory.
+        EXPECT_LE(r.bubble_ratio, (s - 1) / (m + s - 1) + kTol);
+        break;
+      case ScheduleKind::kVHalf:
+        // Half the memory has a price here: no closed form (docs/schedules.md has the
+        // simulated bubbles); it stays below GPipe's worst, S=1 aside.
+        EXPECT_LT(r.bubble_ratio, 0.5);
+        break;
       case ScheduleKind::kCustom:
         break;
+    }
+  }
+}
+
+// The V schedules: rank r holds stages r and 2S-1-r; the activations a rank holds stay
+// under the schedule's cap (2S chunks for zb-v, 1F1B's memory; S+1 for v-half); with
+// enough micro-batches zb-v's bubble is below zb-h1's, and v-half holds less than zb-v.
+TEST(GeneratorsTest, VSchedulesPlaceAVAndKeepTheirMemoryCaps) {
+  EXPECT_EQ(VShapeStageToRank(3), (std::vector<int>{0, 1, 2, 2, 1, 0}));
+  for (int s = 1; s <= 4; ++s) {
+    for (int m : {s, 2 * s, 8}) {
+      if (m < s) continue;
+      const SimResult zbv = MustSimulate({ScheduleKind::kZbV, s, 2, m});
+      const SimResult half = MustSimulate({ScheduleKind::kVHalf, s, 2, m});
+      const SimResult zbh1 = MustSimulate({ScheduleKind::kZbH1, s, 1, m});
+      SCOPED_TRACE(absl::StrCat("S=", s, " M=", m));
+      for (int r = 0; r < s; ++r) {
+        EXPECT_LE(zbv.peak_inflight[r], 2 * s) << "rank " << r;
+        EXPECT_LE(half.peak_inflight[r], s + 1) << "rank " << r;
+      }
+      EXPECT_LE(*std::max_element(half.peak_inflight.begin(), half.peak_inflight.end()),
+                *std::max_element(zbv.peak_inflight.begin(), zbv.peak_inflight.end()));
+      if (m >= 2 * s && s > 1) EXPECT_LT(zbv.bubble_ratio, zbh1.bubble_ratio);
     }
   }
 }
@@ -275,6 +316,11 @@ TEST(GeneratorsTest, RefusalsAreClear) {
   ExpectRefused({ScheduleKind::k1F1B, 4, 2, 8}, "1f1b runs one stage per rank");
   ExpectRefused({ScheduleKind::kZbH1, 4, 2, 8}, "zb-h1 runs one stage per rank");
   ExpectRefused({ScheduleKind::kCustom, 4, 1, 8}, "imported from CSV");
+  ExpectRefused({ScheduleKind::kZbV, 4, 3, 8}, "zb-v places exactly two chunks per rank");
+  ExpectRefused({ScheduleKind::kZbV, 4, 2, 3},
+                "--microbatches 3 is below --stages 4; use 1f1b or 4 or more");
+  ExpectRefused({ScheduleKind::kVHalf, 4, 2, 8, /*num_blocks=*/6},
+                "4 x 2 = 8 pipeline chunks, but the model has only 6 blocks");
   ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 2, 8, /*num_blocks=*/6},
                 "4 x 2 = 8 pipeline chunks, but the model has only 6 blocks");
   ExpectRefused({ScheduleKind::k1F1B, 8, 1, 8, /*num_blocks=*/5},

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/core/status.h"
 #include "common/schedule/internal.h"
+#include "common/schedule/vocabulary.h"
 
 namespace baton {
 namespace {
@@ -94,32 +95,11 @@ absl::Status CheckLowerable(const Schedule& s) {
 
 }  // namespace
 
-const char* ScheduleKindName(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::kGpipe:
-      return "gpipe";
-    case ScheduleKind::k1F1B:
-      return "1f1b";
-    case ScheduleKind::kInterleaved1F1B:
-      return "interleaved-1f1b";
-    case ScheduleKind::kZbH1:
-      return "zb-h1";
-    case ScheduleKind::kCustom:
-      return "custom";
-  }
-  return "?";
-}
+const char* ScheduleKindName(ScheduleKind k) { return ScheduleEntryOf(k).name; }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& name) {
-  std::string n = Lowercase(Trim(name));
-  std::replace(n.begin(), n.end(), '_', '-');
-  if (n == "gpipe") return ScheduleKind::kGpipe;
-  if (n == "1f1b" || n == "pipedream-flush") return ScheduleKind::k1F1B;
-  if (n == "interleaved-1f1b" || n == "interleaved") return ScheduleKind::kInterleaved1F1B;
-  if (n == "zb-h1" || n == "zbh1") return ScheduleKind::kZbH1;
-  if (n == "custom") return ScheduleKind::kCustom;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown schedule '", name, "' (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, custom)"));
+  BATON_ASSIGN_OR_RETURN(const ScheduleEntry* e, FindScheduleEntry(name));
+  return e->kind;
 }
 
 bool Schedule::lowered() const {
@@ -191,6 +171,12 @@ absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered) {
 std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages) {
   std::vector<int> map(static_cast<size_t>(std::max(0, num_ranks * virtual_stages)));
   for (size_t s = 0; s < map.size(); ++s) map[s] = static_cast<int>(s) % num_ranks;
+  return map;
+}
+
+std::vector<int> VShapeStageToRank(int num_ranks) {
+  std::vector<int> map(static_cast<size_t>(std::max(0, 2 * num_ranks)));
+  for (int s = 0; s < 2 * num_ranks; ++s) map[s] = s < num_ranks ? s : 2 * num_ranks - 1 - s;
   return map;
 }
 

@@ -21,10 +21,14 @@ enum class ScheduleKind : uint8_t {
   k1F1B,
   kInterleaved1F1B,
   kZbH1,
+  kZbV,
+  kVHalf,
   kCustom,  // imported from CSV
 };
 
-const char* ScheduleKindName(ScheduleKind k);  // "gpipe", "1f1b", "interleaved-1f1b", ...
+// The name and the parser of the schedule table (vocabulary.h): "gpipe", "1f1b", ...;
+// an unknown name is INVALID_ARGUMENT listing the known ones.
+const char* ScheduleKindName(ScheduleKind k);
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string& name);
 
 struct Schedule {
@@ -45,6 +49,9 @@ struct Schedule {
 // The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
 // interleaved placement, and the identity for V = 1).
 std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages);
+// The V placement of ZB-V and V-Half: two chunks per rank, stage s on rank s for s < S and
+// on rank 2S-1-s after, so rank 0 holds the first and the last stage.
+std::vector<int> VShapeStageToRank(int num_ranks);
 
 // Inserts communication and the final STEP into a compute-only schedule:
 //  - after F(s, m), if stage s+1 lives on another rank: SEND_F(s, m) on this rank, and

@@ -1,12 +1,15 @@
 #include "common/schedule/schedule.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
+#include "common/schedule/vocabulary.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -38,16 +41,17 @@ std::string Row(const std::vector<Action>& clock) {
 
 TEST(ScheduleTest, KindNamesRoundTrip) {
   for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1, ScheduleKind::kCustom}) {
+                         ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kVHalf,
+                         ScheduleKind::kCustom}) {
     absl::StatusOr<ScheduleKind> back = ParseScheduleKind(ScheduleKindName(k));
     ASSERT_TRUE(back.ok()) << ScheduleKindName(k);
     EXPECT_EQ(*back, k);
   }
   EXPECT_EQ(*ParseScheduleKind("ZB_H1"), ScheduleKind::kZbH1);
   EXPECT_EQ(*ParseScheduleKind("interleaved"), ScheduleKind::kInterleaved1F1B);
-  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("zb-v");
+  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("dualpipe-v");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("unknown schedule 'zb-v'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("unknown schedule 'dualpipe-v'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("interleaved-1f1b"), std::string::npos);
 }
 
@@ -291,6 +295,44 @@ TEST(CsvTest, ImportErrors) {
     ASSERT_FALSE(s.ok()) << c.csv;
     EXPECT_NE(s.status().message().find(c.expect), std::string::npos) << s.status();
   }
+}
+
+}  // namespace
+}  // namespace baton
+
+namespace baton {
+namespace {
+
+// The vocabulary table: every kind has one entry, names and aliases are unique, parsing
+// accepts names and aliases in any case and refuses the rest listing the known names.
+TEST(VocabularyTest, OneEntryPerKindAndUnknownNamesRefused) {
+  std::set<std::string> names;
+  std::set<int> values;
+  for (const ScheduleEntry& e : ScheduleTable()) {
+    EXPECT_TRUE(names.insert(e.name).second) << e.name;
+    for (const std::string& a : e.aliases) EXPECT_TRUE(names.insert(a).second) << a;
+    EXPECT_EQ(&ScheduleEntryOf(e.kind), &e) << e.name;
+    EXPECT_EQ(ScheduleKindName(e.kind), std::string(e.name));
+    if (e.kind != ScheduleKind::kCustom) {
+      EXPECT_TRUE(values.insert(e.spec_value).second) << e.name;
+      EXPECT_NE(e.generate, nullptr) << e.name;
+      absl::StatusOr<const ScheduleEntry*> by_value = ScheduleEntryForSpecValue(e.spec_value);
+      ASSERT_TRUE(by_value.ok()) << e.name;
+      EXPECT_EQ(*by_value, &e);
+    }
+    absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(absl::AsciiStrToUpper(e.name));
+    ASSERT_TRUE(parsed.ok()) << e.name;
+    EXPECT_EQ(*parsed, e.kind);
+  }
+  EXPECT_EQ(*ParseScheduleKind("interleaved"), ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(*ParseScheduleKind("ZB_V"), ScheduleKind::kZbV);
+  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("dualpipe");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "unknown schedule 'dualpipe' (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, "
+            "v-half, custom)");
+  EXPECT_EQ(ScheduleEntryForSpecValue(0).value()->kind, ScheduleKind::k1F1B);
+  EXPECT_FALSE(ScheduleEntryForSpecValue(99).ok());
 }
 
 }  // namespace

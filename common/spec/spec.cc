@@ -15,6 +15,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/status.h"
+#include "common/schedule/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace baton {
@@ -167,8 +168,20 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   if (p->schedule() == baton::v1::SCHEDULE_UNSPECIFIED) {
     p->set_schedule(baton::v1::SCHEDULE_1F1B);
   }
-  if (!baton::v1::Schedule_IsValid(p->schedule())) {
-    return Invalid("pipeline.schedule", absl::StrCat("unknown schedule ", p->schedule()));
+  absl::StatusOr<const ScheduleEntry*> entry =
+      ScheduleEntryForSpecValue(static_cast<int>(p->schedule()));
+  if (!baton::v1::Schedule_IsValid(p->schedule()) || !entry.ok()) {
+    return Invalid("pipeline.schedule", absl::StrCat("unknown schedule ", p->schedule(),
+                                                     " (known: ", ScheduleNames(), ")"));
+  }
+  if ((*entry)->placement == ChunkPlacement::kV) {
+    // Two chunks per rank, always: unset (or 1) reads as 2.
+    if (p->virtual_stages() > 2) {
+      return Invalid("pipeline.virtual_stages",
+                     absl::StrCat((*entry)->name, " places exactly two chunks per rank in a V; "
+                                  "want 2 (or unset), got ", p->virtual_stages()));
+    }
+    p->set_virtual_stages(2);
   }
   if (p->recompute() == baton::v1::RECOMPUTE_UNSPECIFIED) {
     p->set_recompute(baton::v1::RECOMPUTE_NONE);
@@ -292,6 +305,11 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }
   return spec;
+}
+
+int64_t TokensPerStep(const baton::v1::JobSpec& spec) {
+  const int64_t samples = spec.data().batch_size();
+  return spec.model().has_gpt() ? samples * spec.model().gpt().context() : samples;
 }
 
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model) {

@@ -109,6 +109,10 @@ std::string DescribeDevice(Device device);
 // architecture is set.
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model);
 
+// Tokens in one training step, the one rule every report uses: a gpt step's sequences times
+// its context; an mlp row counts as one token (so tokens equal samples).
+int64_t TokensPerStep(const baton::v1::JobSpec& spec);
+
 }  // namespace baton
 
 #endif  // BATON_COMMON_SPEC_SPEC_H_

@@ -1,5 +1,6 @@
 #include "common/spec/spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -7,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "common/core/cuda_device.h"
+#include "common/schedule/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gmock/gmock.h"
@@ -373,6 +376,37 @@ INSTANTIATE_TEST_SUITE_P(All, RefusalTest, testing::ValuesIn(Refusals()),
                          [](const testing::TestParamInfo<Refusal>& info) {
                            return info.param.test_name;
                          });
+
+// The schedule table keeps the job-spec enum as a number: each entry's number has the enum
+// name its entry implies ("zb-v" is SCHEDULE_ZB_V), and every enum value has an entry.
+TEST(ValidateTest, TheScheduleTableMatchesTheSpecEnum) {
+  for (const ScheduleEntry& e : ScheduleTable()) {
+    if (e.kind == ScheduleKind::kCustom) continue;
+    std::string want = absl::AsciiStrToUpper(e.name);
+    std::replace(want.begin(), want.end(), '-', '_');
+    EXPECT_EQ(v1::Schedule_Name(static_cast<v1::Schedule>(e.spec_value)), "SCHEDULE_" + want)
+        << e.name;
+  }
+  for (int v = v1::Schedule_MIN; v <= v1::Schedule_MAX; ++v) {
+    if (v1::Schedule_IsValid(v)) EXPECT_TRUE(ScheduleEntryForSpecValue(v).ok()) << v;
+  }
+}
+
+// The V schedules take two chunks per rank: unset (or 1) reads as 2, more is refused.
+TEST(ValidateTest, VSchedulesTakeTwoChunksPerRank) {
+  JobSpec spec = ValidGpt();
+  spec.mutable_pipeline()->set_schedule(v1::SCHEDULE_ZB_V);
+  spec.mutable_pipeline()->set_stages(2);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_EQ(spec.pipeline().virtual_stages(), 2);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());  // idempotent
+  spec.mutable_pipeline()->set_virtual_stages(3);
+  const absl::Status s = ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("pipeline.virtual_stages: zb-v places exactly two chunks"),
+            std::string::npos)
+      << s;
+}
 
 TEST(ValidateTest, FillsDefaults) {
   JobSpec spec = ValidGpt();
