@@ -516,6 +516,13 @@ def case_schedules(c):
         check(job["weights_digest"] == want,
               f"{schedule}: job digest {job['weights_digest']} != train-local's {want}")
     print(f"  all {len(runs)} digests equal train-local's")
+    # The last job's measured costs, from the coordinator, predict another schedule on the
+    # same partition (batonctl plan --costs-from JOB).
+    out = c.ctl_ok("plan", "-f", path, "--schedule", "zb-h1", "--stages", "4",
+                   "--costs-from", job_id).stdout
+    check(f"costs measured by {job_id} step" in out and "makespan" in out,
+          f"plan --costs-from {job_id}:\n{out[:400]}")
+    print(f"  plan --costs-from {job_id}: " + out.splitlines()[2].strip())
 
 
 def case_cancel(c):

@@ -21,12 +21,16 @@
 #include "common/schedule/validate.h"
 #include "common/spec/spec.h"
 #include "common/schedule/vocabulary.h"
+#include "client/batonctl/cluster_client.h"
+#include "client/batonctl/measured_costs.h"
+#include "common/core/status.h"
 
 namespace baton::cli {
 namespace {
 
 const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>{
+  static const auto* flags = new std::vector<FlagSpec>([] {
+  std::vector<FlagSpec> own{
       {"schedule", "s", false,
        "gpipe, 1f1b (default), interleaved-1f1b, zb-h1, zb-v, v-half, or custom (with --csv)"},
       {"stages", "", false, "pipeline stages = ranks (S)"},
@@ -43,10 +47,20 @@ const std::vector<FlagSpec>& Flags() {
        "job spec: its pipeline section gives the defaults, its model the blocks"},
       {"csv", "", false,
        "import a schedule (PyTorch's one-row-per-rank CSV) to validate and simulate"},
+      {"costs-from", "", false,
+       "the per-stage costs a run measured instead: a JOB id (its latest traced step, from "
+       "the coordinator) or a trace file (batonctl trace -o, train-local --trace); ms"},
       {"help", "h", true, "show this help"},
   };
+  // The coordinator's flags, for --costs-from JOB (plan has its own --output and --help).
+  for (FlagSpec& f : WithClusterFlags({})) {
+    if (f.name != "output" && f.name != "help") own.push_back(f);
+  }
+  return own;
+  }());
   return *flags;
 }
+
 
 constexpr char kUsage[] =
     "usage: batonctl plan --schedule 1f1b --stages 4 --microbatches 8 [--virtual V]\n"
@@ -54,6 +68,7 @@ constexpr char kUsage[] =
     "                     [--costs F=1,I=1,W=1] [--output table|json|svg|csv] [--blocks N]\n"
     "       batonctl plan -f SPEC.json [flags overriding its pipeline section]\n"
     "       batonctl plan --schedule custom --csv FILE [--costs ...] [--output ...]\n"
+    "       batonctl plan -f SPEC.json --costs-from JOB|TRACE.json\n"
     "\n"
     "Builds the schedule, lowers it (inserts sends and receives), validates it (every\n"
     "micro-batch's forward and backward, send/receive order per rank pair, no deadlock) and\n"
@@ -73,6 +88,32 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// --costs-from: a trace file if one is there, else a job id asked of the coordinator.
+absl::StatusOr<Costs> MeasuredCosts(const Args& args, std::string* source) {
+  const std::string from = args.Get("costs-from");
+  baton::v1::JobTrace trace;
+  if (std::ifstream probe(from); probe.good()) {
+    absl::StatusOr<std::string> text = ReadFile(from);
+    if (!text.ok()) return text.status();
+    BATON_ASSIGN_OR_RETURN(trace, JobTraceFromChromeJson(*text, from));
+  } else {
+    BATON_ASSIGN_OR_RETURN(std::unique_ptr<ClusterClient> client,
+                           ClusterClient::Create("plan", args, absl::Seconds(10),
+                                                 /*output_is_format=*/false));
+    baton::v1::GetJobTraceRequest req;
+    req.set_job_id(from);
+    std::unique_ptr<grpc::ClientContext> ctx = client->Context();
+    if (const grpc::Status st = client->stub().GetJobTrace(ctx.get(), req, &trace); !st.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                          absl::StrCat("--costs-from ", from, ": ", st.error_message()));
+    }
+  }
+  *source = absl::StrCat(trace.job_id().empty() ? from : trace.job_id(), " step ", trace.step(),
+                         " (", trace.schedule(), ", ", trace.num_stages(), " stages)");
+  BATON_ASSIGN_OR_RETURN(Costs costs, CostsFromTrace(trace));
+  return costs;
 }
 
 
@@ -105,7 +146,12 @@ int Plan(const std::vector<std::string>& argv) {
   if (output != "table" && output != "json" && output != "svg" && output != "csv") {
     return Fail("--output must be table, json, svg or csv, got '" + output + "'");
   }
-  absl::StatusOr<Costs> costs = ParseCosts(args->Get("costs", ""));
+  if (args->Has("costs") && args->Has("costs-from")) {
+    return Fail("--costs and --costs-from both give the costs: pick one");
+  }
+  std::string measured_from;
+  absl::StatusOr<Costs> costs = args->Has("costs-from") ? MeasuredCosts(*args, &measured_from)
+                                                        : ParseCosts(args->Get("costs", ""));
   if (!costs.ok()) return Fail(std::string(costs.status().message()));
 
   // Defaults: the spec's pipeline section, if any; flags override.
@@ -192,6 +238,15 @@ int Plan(const std::vector<std::string>& argv) {
     absl::StatusOr<Schedule> dp = AddGradReductions(schedule);
     if (!dp.ok()) return Fail(std::string(dp.status().message()));
     schedule = *std::move(dp);
+  }
+  if (!costs->per_stage.empty() &&
+      static_cast<int>(costs->per_stage.size()) != schedule.num_stages()) {
+    return Fail(absl::StrCat("--costs-from ", measured_from, " measured ", costs->per_stage.size(),
+                             " stages but this plan has ", schedule.num_stages(),
+                             ": costs are per stage, so plan the partition that ran"));
+  }
+  if (!measured_from.empty() && output == "table") {
+    std::printf("costs measured by %s, in ms\n", measured_from.c_str());
   }
   // Simulate validates first: a refused clock stops here.
   absl::StatusOr<SimResult> sim = Simulate(schedule, *costs);

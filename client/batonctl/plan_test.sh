@@ -119,5 +119,29 @@ expect_refusal bad_output "--output must be table, json, svg or csv" \
   --stages 2 --microbatches 2 --output html
 expect_refusal bad_costs "costs 'F=-1'" --stages 2 --microbatches 2 --costs F=-1
 expect_refusal no_stages "missing --stages" --microbatches 2
+expect_refusal zbv_m "--microbatches 3 is below --stages 4" \
+  --schedule zb-v --stages 4 --microbatches 3
+expect_refusal zbv_virtual "zb-v places exactly two chunks per rank" \
+  --schedule zb-v --stages 2 --virtual 3 --microbatches 4
+expect_refusal unknown_schedule "unknown schedule 'dualpipe-v' (known: gpipe" \
+  --schedule dualpipe-v --stages 2 --microbatches 4
 echo "refusals ok"
+
+# The V schedules: the clock holds both of rank 0's stages, the first and the last.
+"$BATONCTL" plan --schedule zb-v --stages 2 --microbatches 4 >"$tmp/zbv.out" ||
+  fail "zb-v plan failed"
+grep -qF "zb-v: S=2 ranks, V=2, M=4 micro-batches, 4 stages" "$tmp/zbv.out" || fail "zb-v header"
+grep -q "^rank 0 |.*0F0.*3F0" "$tmp/zbv.out" || fail "zb-v: rank 0 does not run stages 0 and 3"
+
+# Measured costs: a trace file read back into per-stage costs (ms) for the same partition.
+"$BATONCTL" train-local -f "$EXAMPLES/gpt.json" --pipeline --steps 2 --trace "$tmp/run.json" \
+  >/dev/null || fail "train-local --trace failed"
+"$BATONCTL" plan -f "$EXAMPLES/gpt.json" --schedule zb-h1 --costs-from "$tmp/run.json" \
+  >"$tmp/measured.out" || fail "plan --costs-from failed: $(cat "$tmp/measured.out")"
+grep -qF "costs measured by" "$tmp/measured.out" || fail "plan --costs-from: no source line"
+expect_refusal measured_stages "measured 4 stages but this plan has 2" \
+  -f "$EXAMPLES/gpt.json" --stages 2 --costs-from "$tmp/run.json"
+expect_refusal measured_both "--costs and --costs-from both give the costs" \
+  -f "$EXAMPLES/gpt.json" --costs F=1 --costs-from "$tmp/run.json"
+echo "measured costs ok"
 echo "PASS"
