@@ -204,11 +204,10 @@ bool IsSend(ActionKind k) { return k == ActionKind::kSendF || k == ActionKind::k
 // A message's key: (0 = activation / 1 = gradient, sending stage, micro-batch).
 using MsgKey = std::tuple<int, int, int>;
 MsgKey SendKey(const Action& a) {
-  return {a.kind == ActionKind::kSendF ? 0 : 1, a.stage, a.microbatch};
+  return {CarriesActivation(a.kind) ? 0 : 1, a.stage, a.microbatch};
 }
 MsgKey RecvKey(const Action& a) {
-  return a.kind == ActionKind::kRecvF ? MsgKey{0, a.stage - 1, a.microbatch}
-                                      : MsgKey{1, a.stage + 1, a.microbatch};
+  return {CarriesActivation(a.kind) ? 0 : 1, PeerStage(a), a.microbatch};
 }
 
 // One action on the common clock (ns since the earliest rank's start).

@@ -23,6 +23,7 @@
 #include "common/data/dataset.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
+#include "common/train/reference_trainer.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
@@ -1151,9 +1152,9 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
       losses[request.rank() / S] = request.loss();
       if (static_cast<int>(losses.size()) == D) {
         baton::v1::ReportProgressRequest combined = request;
-        double sum = 0;
-        for (const auto& [replica, loss] : losses) sum += loss;
-        combined.set_loss(static_cast<float>(sum / D));
+        StepLoss mean;  // of the replicas' means, in replica order
+        for (const auto& [replica, loss] : losses) mean.Add(loss);
+        combined.set_loss(mean.Mean());
         OnLastRankStepLocked(j, combined);
         j->replica_losses.erase(j->replica_losses.begin(),
                                 j->replica_losses.upper_bound(request.step()));

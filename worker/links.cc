@@ -26,19 +26,10 @@ std::set<int> Neighbours(const Schedule& schedule, int rank) {
   std::set<int> out;
   if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
   for (const Action& a : schedule.ranks[rank]) {
-    int peer = -1;
-    switch (a.kind) {
-      case ActionKind::kSendF:
-      case ActionKind::kRecvB:
-        if (a.stage + 1 < schedule.num_stages()) peer = schedule.stage_to_rank[a.stage + 1];
-        break;
-      case ActionKind::kSendB:
-      case ActionKind::kRecvF:
-        if (a.stage >= 1) peer = schedule.stage_to_rank[a.stage - 1];
-        break;
-      default:
-        break;
-    }
+    const int peer_stage = PeerStage(a);
+    const int peer = peer_stage >= 0 && peer_stage < schedule.num_stages()
+                         ? schedule.stage_to_rank[peer_stage]
+                         : -1;
     if (peer >= 0 && peer != rank) out.insert(peer);
   }
   return out;

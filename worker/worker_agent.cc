@@ -24,6 +24,7 @@
 #include "common/pipeline/step_trace.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/schedule.h"
+#include "common/train/reference_trainer.h"
 #include "common/spec/spec.h"
 #include "common/transport/grpc_transport.h"
 #include "common/transport/nccl_api.h"
@@ -599,9 +600,9 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     req.set_attempt(plan.attempt());
     std::optional<float> loss;
     if (owns_last) {
-      double sum = 0.0;
-      for (float l : r->losses) sum += l;  // micro-batch order, as the reference trainer
-      loss = static_cast<float>(sum / static_cast<double>(schedule.num_microbatches));
+      StepLoss mean;
+      for (float l : r->losses) mean.Add(l);
+      loss = mean.Mean();
       req.set_loss(*loss);
       if (!std::isfinite(*loss)) {
         // Divergence is a failure: the weights are garbage from here on.

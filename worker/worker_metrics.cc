@@ -264,14 +264,9 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
     if (t.device_ns >= 0) {
       ActionHistogram(stage, KindLabel(a.kind), /*device=*/true).Observe(Seconds(t.device_ns));
     }
-    switch (a.kind) {
-      case ActionKind::kSendF: Bytes(true, a.stage, a.stage + 1, true).Increment(t.bytes); break;
-      case ActionKind::kSendB: Bytes(true, a.stage, a.stage - 1, false).Increment(t.bytes); break;
-      case ActionKind::kRecvF: Bytes(false, a.stage, a.stage - 1, true).Increment(t.bytes); break;
-      case ActionKind::kRecvB:
-        Bytes(false, a.stage, a.stage + 1, false).Increment(t.bytes);
-        break;
-      default: break;
+    if (IsComm(a.kind)) {
+      const bool sent = a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB;
+      Bytes(sent, a.stage, PeerStage(a), CarriesActivation(a.kind)).Increment(t.bytes);
     }
   }
   for (const ActionTiming& t : step.send_waits) {

@@ -160,15 +160,13 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
 
   PipelineStepStats stats;
   const int last_rank = schedule_.stage_to_rank.back();
-  double sum = 0.0;
+  StepLoss loss;
   for (int d = 0; d < D; ++d) {
-    // Replica then micro-batch order, as the reference trainer.
-    for (float l : results[d * S + last_rank]->losses) sum += l;
+    for (float l : results[d * S + last_rank]->losses) loss.Add(l);
   }
   ++steps_done_;
   stats.step = steps_done_;
-  stats.loss = static_cast<float>(
-      sum / static_cast<double>(static_cast<int64_t>(D) * schedule_.num_microbatches));
+  stats.loss = loss.Mean();
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.samples = spec_.data().batch_size();

@@ -107,4 +107,17 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   return Action{kind->kind, static_cast<int32_t>(stage), static_cast<int32_t>(mb)};
 }
 
+int PeerStage(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kSendF:
+    case ActionKind::kRecvB:
+      return a.stage + 1;
+    case ActionKind::kSendB:
+    case ActionKind::kRecvF:
+      return a.stage - 1;
+    default:
+      return -1;
+  }
+}
+
 }  // namespace baton

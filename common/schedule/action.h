@@ -63,6 +63,16 @@ struct Action {
   friend bool operator!=(const Action& a, const Action& b) { return !(a == b); }
 };
 
+// The stage a communication action talks to: stage + 1 for SEND_F and RECV_B (the next
+// stage's activation goes out, its gradient comes back), stage - 1 for SEND_B and RECV_F;
+// -1 for every other kind. The one place this rule is written.
+int PeerStage(const Action& a);
+// Whether a communication action carries an activation (SEND_F, RECV_F) rather than a
+// gradient (SEND_B, RECV_B).
+inline bool CarriesActivation(ActionKind k) {
+  return k == ActionKind::kSendF || k == ActionKind::kRecvF;
+}
+
 }  // namespace baton
 
 #endif  // BATON_COMMON_SCHEDULE_ACTION_H_

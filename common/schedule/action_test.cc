@@ -48,6 +48,17 @@ TEST(ActionTest, PyTorchSpellings) {
   EXPECT_EQ(*a, (Action{ActionKind::kSendB, 12, 34}));
 }
 
+TEST(ActionTest, PeerStagesOfCommunication) {
+  EXPECT_EQ(PeerStage(*Action::Parse("2SEND_F0")), 3);
+  EXPECT_EQ(PeerStage(*Action::Parse("2RECV_B0")), 3);
+  EXPECT_EQ(PeerStage(*Action::Parse("2SEND_B0")), 1);
+  EXPECT_EQ(PeerStage(*Action::Parse("2RECV_F0")), 1);
+  EXPECT_EQ(PeerStage(*Action::Parse("2F0")), -1);
+  EXPECT_EQ(PeerStage(*Action::Parse("STEP")), -1);
+  EXPECT_TRUE(CarriesActivation(ActionKind::kRecvF));
+  EXPECT_FALSE(CarriesActivation(ActionKind::kSendB));
+}
+
 TEST(ActionTest, KindPredicates) {
   EXPECT_TRUE(IsCompute(ActionKind::kForward));
   EXPECT_TRUE(IsCompute(ActionKind::kBackwardWeight));

@@ -405,7 +405,7 @@ class Checker {
       for (int j = 0; j < static_cast<int>(clock.size()); ++j) {
         const Action& a = clock[j];
         if (a.kind != ActionKind::kSendF && a.kind != ActionKind::kSendB) continue;
-        const int dst = rank_of_[a.kind == ActionKind::kSendF ? a.stage + 1 : a.stage - 1];
+        const int dst = rank_of_[PeerStage(a)];
         const int ch = channel(r, dst);
         const MessageDir dir = a.kind == ActionKind::kSendF ? kFwdMsg : kBwdMsg;
         send_seq[MessageId(dir, a.stage, a.microbatch, n_, m_)] =

@@ -55,7 +55,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
 
   Tensor scale = Tensor::Empty({1});
   scale.f32()[0] = 1.0f / static_cast<float>(D * M);
-  double loss_sum = 0.0;
+  StepLoss step_loss;
   int64_t tokens = 0;
   // With data parallelism, each replica's gradients, summed in replica order.
   std::vector<Tensor> total;
@@ -67,7 +67,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
       MicroBatch mb{m, &b.targets};
       Tensor loss;
       BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
-      loss_sum += loss.f32()[0];
+      step_loss.Add(loss.f32()[0]);
       tokens += b.inputs.dtype() == DType::kInt32 ? b.inputs.numel() : b.inputs.dim(0);
       // Block by block, input gradient then weight gradient, last block first.
       Tensor grad = scale;
@@ -102,7 +102,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
 
   StepStats s;
   s.step = steps_done_;
-  s.loss = static_cast<float>(loss_sum / static_cast<double>(static_cast<int64_t>(D) * M));
+  s.loss = step_loss.Mean();
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.samples = batch;
   s.tokens = tokens;

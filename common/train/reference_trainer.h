@@ -35,6 +35,23 @@
 
 namespace baton {
 
+// A step's loss, the one rule every trainer and report uses: the losses summed in order
+// (replica, then micro-batch) in double, divided by how many there were.
+class StepLoss {
+ public:
+  void Add(float loss) {
+    sum_ += loss;
+    ++count_;
+  }
+  float Mean() const {
+    return count_ > 0 ? static_cast<float>(sum_ / static_cast<double>(count_)) : 0.0f;
+  }
+
+ private:
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+};
+
 struct StepStats {
   int64_t step = 0;         // 1-based index of the step just taken
   float loss = 0.0f;        // mean loss over the step's micro-batches
