@@ -31,7 +31,7 @@ const std::vector<ScheduleEntry>& ScheduleTable() {
       {ScheduleKind::kVHalf, "v-half", {"vhalf"}, 6, ChunkPlacement::kV, true,
        [](int s, int, int m) { return GenerateVHalf(s, m); },
        "above zb-v's: traded for memory (measured by plan)",
-       "at most S+1 half-size chunks per rank: about half of 1F1B's"},
+       "at most S+1 half-size chunks per rank: (S+1)/(2S) of 1F1B's"},
       {ScheduleKind::kCustom, "custom", {}, 0, ChunkPlacement::kLooped, false, nullptr,
        "as simulated", "as simulated"},
   };
