@@ -186,6 +186,14 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
   // Enqueues one NCCL call and waits for the communicator to take it.
   auto issue = [&](const char* call, NcclResult r) -> absl::Status {
     if (r == NcclResult::kInProgress) r = Settle(deadline);
+    if (r == NcclResult::kInProgress && abort_requested_.load()) {
+      absl::Status why;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        why = failed_;
+      }
+      return Fail(why);
+    }
     if (r == NcclResult::kInProgress) {
       return Fail(absl::DeadlineExceededError(
           absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ", call,

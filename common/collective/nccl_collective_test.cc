@@ -210,6 +210,32 @@ TEST(NcclCollectiveTest, AbortFromAnotherThreadEndsACallInFlightWithTheReason) {
   EXPECT_NE(got[0].message().find("rank 3 of the pipeline failed"), std::string::npos) << got[0];
 }
 
+// A call NCCL keeps "in progress" (a communicator that does not take the operation) ends
+// on Abort with Abort's reason, not a made-up deadline.
+TEST(NcclCollectiveTest, AbortWhileNcclHoldsACallInProgressEndsItWithTheReason) {
+  std::vector<FakeNcclOptions> faults(2);
+  for (FakeNcclOptions& f : faults) f.in_progress_polls = 1'000'000;
+  std::vector<absl::Status> got(2);
+  OnEveryMember(
+      2,
+      [&](int r, Member& m) {
+        std::thread aborter([&] {
+          absl::SleepFor(absl::Milliseconds(100));
+          m.collective->Abort(absl::CancelledError("the job was cancelled"));
+        });
+        float x = 1;
+        const absl::Time start = absl::Now();
+        got[r] = m.collective->AllReduceSum(&x, 1, Soon());
+        EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+        aborter.join();
+      },
+      true, faults);
+  for (const absl::Status& s : got) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+    EXPECT_NE(s.message().find("the job was cancelled"), std::string::npos) << s;
+  }
+}
+
 TEST(NcclCollectiveTest, OneMemberKeepsItsDataAndNeedsNoTraffic) {
   OnEveryMember(1, [&](int, Member& m) {
     float x[2] = {1.5f, -2.0f};
