@@ -264,6 +264,12 @@ int Plan(const std::vector<std::string>& argv) {
     out = ToCsv(schedule);
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
+  if (output == "table" && schedule.kind != ScheduleKind::kCustom) {
+    // The schedule's rules, beside what this simulation found.
+    const ScheduleEntry& e = ScheduleEntryOf(schedule.kind);
+    std::printf("%s with unit costs: bubble %s; activations held: %s\n", e.name, e.bubble,
+                e.memory);
+  }
   return 0;
 }
 

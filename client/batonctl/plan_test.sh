@@ -132,6 +132,7 @@ echo "refusals ok"
   fail "zb-v plan failed"
 grep -qF "zb-v: S=2 ranks, V=2, M=4 micro-batches, 4 stages" "$tmp/zbv.out" || fail "zb-v header"
 grep -q "^rank 0 |.*0F0.*3F0" "$tmp/zbv.out" || fail "zb-v: rank 0 does not run stages 0 and 3"
+grep -qF "zb-v with unit costs: bubble" "$tmp/zbv.out" || fail "zb-v: no rules line"
 
 # Measured costs: a trace file read back into per-stage costs (ms) for the same partition.
 "$BATONCTL" train-local -f "$EXAMPLES/gpt.json" --pipeline --steps 2 --trace "$tmp/run.json" \

@@ -9,29 +9,13 @@
 #include "common/rpc/rpc.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
+#include "common/transport/rendezvous_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
 
-// A worker's TensorService with its rendezvous box, on a real server.
-struct Node {
-  TensorInbox inbox;
-  RendezvousBox box;
-  std::unique_ptr<TensorServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-  Node() {
-    TensorServiceImpl::Options so;
-    so.rendezvous = &box;
-    so.tune_malloc = false;
-    service = std::make_unique<TensorServiceImpl>(&inbox, so);
-    ServerOptions opts;
-    opts.services = {service.get()};
-    server = *StartServer(opts, &address);
-  }
-  ~Node() { server->Shutdown(); }
-};
+using Node = RendezvousNode;
 
 // Three workers' replicas find each other through baton's gRPC alone and sum in order.
 TEST(GrpcGlooStoreTest, ReplicasOnThreeWorkersJoinAndReduceThroughTensorService) {

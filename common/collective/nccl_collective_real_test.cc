@@ -39,9 +39,7 @@ TEST(NcclCollectiveRealTest, TheOrderedSumKernelAddsTheMembersInOrderBitForBit) 
   absl::StatusOr<CudaEvent> done = api->EventCreate(0);
   ASSERT_TRUE(done.ok());
   ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
-  absl::StatusOr<bool> reached = false;
-  while (reached.ok() && !*reached) reached = api->EventQuery(*done);
-  ASSERT_TRUE(reached.ok()) << reached.status();
+  ASSERT_TRUE(Reached(api, *done, absl::Seconds(30))) << "the kernel did not complete";
   std::vector<float> got(kN);
   ASSERT_TRUE(CudaCopy(got.data(), *dst, kN * sizeof(float), CopyKind::kDeviceToHost).ok());
   for (size_t i = 0; i < kN; ++i) {

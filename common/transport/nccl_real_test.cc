@@ -34,18 +34,6 @@ NcclResult Settle(NcclApi* api, NcclComm comm, absl::Duration timeout) {
   return NcclResult::kInProgress;
 }
 
-// Polls `event` until it completed; false at the timeout.
-bool Reached(NcclApi* api, CudaEvent event, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    absl::StatusOr<bool> done = api->EventQuery(event);
-    EXPECT_TRUE(done.ok()) << done.status();
-    if (!done.ok() || *done) return done.ok();
-    absl::SleepFor(absl::Microseconds(50));
-  }
-  return false;
-}
-
 TEST(NcclRealTest, LoadsAndDescribesItself) {
   BATON_NCCL_OR_SKIP(api);
   EXPECT_NE(api->Describe().find("nccl 2."), std::string::npos) << api->Describe();

@@ -8,6 +8,8 @@
 
 #include "common/core/cuda_device.h"
 #include "common/transport/nccl_api.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 // Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
@@ -27,5 +29,21 @@
     }                                                                                   \
     api = *loaded;                                                                      \
   } while (false)
+
+namespace baton {
+
+// Polls `event` until it completed; false at the timeout.
+inline bool Reached(NcclApi* api, CudaEvent event, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<bool> done = api->EventQuery(event);
+    EXPECT_TRUE(done.ok()) << done.status();
+    if (!done.ok() || *done) return done.ok();
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  return false;
+}
+
+}  // namespace baton
 
 #endif  // BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_

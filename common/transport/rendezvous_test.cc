@@ -8,6 +8,7 @@
 #include "common/rpc/rpc.h"
 #include "common/transport/routed_transport.h"
 #include "common/transport/tensor_service.h"
+#include "common/transport/rendezvous_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -42,24 +43,7 @@ TEST(RendezvousBoxTest, PutTakeWaitAndLimits) {
   EXPECT_EQ(box.size(), 1u);  // "b" stays
 }
 
-// A TensorService with a box, on a real server.
-struct Node {
-  TensorInbox inbox;
-  RendezvousBox box;
-  std::unique_ptr<TensorServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-  Node() {
-    TensorServiceImpl::Options so;
-    so.rendezvous = &box;
-    so.tune_malloc = false;
-    service = std::make_unique<TensorServiceImpl>(&inbox, so);
-    ServerOptions opts;
-    opts.services = {service.get()};
-    server = *StartServer(opts, &address);
-  }
-  ~Node() { server->Shutdown(); }
-};
+using Node = RendezvousNode;
 
 TEST(RendezvousTest, IdsTravelOverTensorServiceBothWays) {
   Node n0, n1;
