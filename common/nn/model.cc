@@ -116,21 +116,32 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     for (int i = 0; i <= s.depth(); ++i) {
       const int64_t in = i == 0 ? s.input_dim() : s.width();
       const int64_t o = i < s.depth() ? s.width() : s.output_dim();
+      // A hidden block keeps its input and its pre-activation; the output block its input
+      // and the loss's difference to the targets.
       out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o,
-                     2 * in * o});
+                     2 * in * o, in + o});
     }
   } else if (spec.has_gpt()) {
     const auto& s = spec.gpt();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
-    out.push_back({"embed", V * C + T * C, T * C});  // one add per output element
+    // The embedding keeps its token ids (int32, as wide as a float).
+    out.push_back({"embed", V * C + T * C, T * C, T});  // one add per output element
     // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
     const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
                                  (4 * C * C + 4 * C) + (4 * C * C + C);
     const int64_t block_flops = 24 * T * C * C + 4 * T * T * C;
+    // A block keeps its input and the first LayerNorm's output (2TC), q, k and v (3TC),
+    // the attention probabilities (H T^2), the mixed heads (TC), the residual sum and the
+    // second LayerNorm's output (2TC), the MLP's pre-activation and activation (8TC), and
+    // both LayerNorms' mean and inverse deviation (4T).
+    const int64_t H = s.heads();
+    const int64_t block_acts = 16 * T * C + H * T * T + 4 * T;
     for (int i = 0; i < s.layers(); ++i) {
-      out.push_back({"block." + std::to_string(i), block_params, block_flops});
+      out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts});
     }
-    out.push_back({"head", 2 * C + C * V, 2 * T * C * V});
+    // The head keeps its input, its LayerNorm's output and statistics and the softmax
+    // probabilities (T V); the targets are the batch's.
+    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 2 * T + T * V});
   }
   return out;
 }

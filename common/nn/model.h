@@ -29,6 +29,11 @@ struct BlockInfo {
   std::string name;
   int64_t parameters = 0;        // number of float32 parameters
   int64_t forward_flops = 0;     // per sample (per sequence for gpt), multiply-add = 2
+  // Per sample: the float32 elements the block keeps from its forward until its backward
+  // (its input included, its output not: the next block keeps that), the activation memory
+  // one micro-batch in flight holds. Exact for this implementation's layers; model_test
+  // measures it against the allocator.
+  int64_t activation_floats = 0;
 };
 
 // The blocks of a (validated) model spec, in canonical order.

@@ -233,6 +233,55 @@ TEST(ModelTest, TwoStageSplitEqualsWholeModel) {
   }
 }
 
+// DescribeBlocks' activation_floats is what a block really keeps between forward and
+// backward: run one micro-batch forward through each block alone, drop everything but the
+// block's stash, and the allocator's bytes in use grew by exactly that. (The auto-planner's
+// memory model rests on it.) Shapes are multiples of 16 floats, the allocator's 64-byte
+// rounding.
+TEST(ModelTest, ActivationFloatsAreWhatEachBlockKeeps) {
+  for (bool gpt : {false, true}) {
+    baton::v1::ModelSpec spec;
+    Data d;
+    if (gpt) {
+      auto* g = spec.mutable_gpt();
+      g->set_vocab_size(16);
+      g->set_context(16);
+      g->set_d_model(32);
+      g->set_heads(2);
+      g->set_layers(2);
+      d = {RandomIds({2, 16}, 16, 53, "x"), RandomIds({2, 16}, 16, 53, "y")};
+    } else {
+      auto* m = spec.mutable_mlp();
+      m->set_input_dim(16);
+      m->set_width(32);
+      m->set_depth(2);
+      m->set_output_dim(16);
+      d = {RandomTensor({4, 16}, 53, "x"), RandomTensor({4, 16}, 53, "y")};
+    }
+    const std::vector<BlockInfo> info = DescribeBlocks(spec);
+    for (int b = 0; b < static_cast<int>(info.size()); ++b) {
+      SCOPED_TRACE(info[b].name);
+      std::unique_ptr<Sequential> block = Build(spec, 1, b, b + 1);
+      ASSERT_NE(block, nullptr);
+      const int64_t rows = d.x.dim(0);
+      Allocator* alloc = CpuAllocator();
+      // The block's input counts as its own (the first block's is the data); the targets
+      // are the batch's, not the block's.
+      Tensor x = b == 0 ? d.x : RandomTensor(BlockInputShape(spec, b, rows), 52, "act");
+      const int64_t base = alloc->Stats().bytes_in_use - x.numel() * 4;
+      Tensor y;
+      ASSERT_TRUE(block->Forward({0, &d.targets}, x, &y).ok());
+      x = Tensor();
+      y = Tensor();
+      const int64_t held = alloc->Stats().bytes_in_use - base;
+      EXPECT_EQ(held, 4 * rows * info[b].activation_floats);
+      block->Discard(0);
+      // Nothing else stays behind (d still holds the data).
+      EXPECT_EQ(alloc->Stats().bytes_in_use, base + (b == 0 ? d.x.numel() * 4 : 0));
+    }
+  }
+}
+
 // ------------------------------------------------------------------ initialisation
 
 TEST(ModelInitTest, DigestsArePerBlockPureFunctionsOfTheSeed) {
