@@ -24,6 +24,7 @@ absl::Status PipelineError(const absl::Status& s) {
 }  // namespace
 
 absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spec) {
+  if (absl::Status chosen = RequireChosenSchedule(spec); !chosen.ok()) return chosen;
   const baton::v1::PipelineSpec& p = spec.pipeline();
   ScheduleOptions o;
   absl::StatusOr<ScheduleKind> kind = ScheduleKindFromSpec(p);

@@ -439,6 +439,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   const baton::v1::JobPlan& plan = job.plan;
   baton::v1::JobSpec spec = plan.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
   BATON_ASSIGN_OR_RETURN(Schedule schedule, ScheduleFromPlan(plan));
   std::vector<BlockRange> blocks(plan.stages_size());
   for (const baton::v1::StagePlan& sp : plan.stages()) {

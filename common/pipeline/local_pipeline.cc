@@ -25,6 +25,7 @@ absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec&
 absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Create(
     baton::v1::JobSpec spec, LocalPipelineOptions options) {
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
   std::unique_ptr<LocalPipelineTrainer> t(new LocalPipelineTrainer());
   t->spec_ = std::move(spec);
   const baton::v1::PipelineSpec& p = t->spec_.pipeline();

@@ -168,13 +168,14 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   if (p->schedule() == baton::v1::SCHEDULE_UNSPECIFIED) {
     p->set_schedule(baton::v1::SCHEDULE_1F1B);
   }
+  const bool automatic = p->schedule() == baton::v1::SCHEDULE_AUTO;
   absl::StatusOr<const ScheduleEntry*> entry =
       ScheduleEntryForSpecValue(static_cast<int>(p->schedule()));
-  if (!baton::v1::Schedule_IsValid(p->schedule()) || !entry.ok()) {
+  if (!baton::v1::Schedule_IsValid(p->schedule()) || (!entry.ok() && !automatic)) {
     return Invalid("pipeline.schedule", absl::StrCat("unknown schedule ", p->schedule(),
-                                                     " (known: ", ScheduleNames(), ")"));
+                                                     " (known: ", ScheduleNames(), ", auto)"));
   }
-  if ((*entry)->placement == ChunkPlacement::kV) {
+  if (!automatic && (*entry)->placement == ChunkPlacement::kV) {
     // Two chunks per rank, always: unset (or 1) reads as 2.
     if (p->virtual_stages() > 2) {
       return Invalid("pipeline.virtual_stages",
@@ -197,12 +198,17 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   int32_t v = p->stages();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.stages", &v, 1));
   p->set_stages(v);
+  // With SCHEDULE_AUTO, unset virtual_stages and microbatches stay 0: the planner's choice.
   v = p->virtual_stages();
-  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.virtual_stages", &v, 1));
-  p->set_virtual_stages(v);
+  if (!automatic || v != 0) {
+    BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.virtual_stages", &v, 1));
+    p->set_virtual_stages(v);
+  }
   v = p->microbatches();
-  BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.microbatches", &v, 1));
-  p->set_microbatches(v);
+  if (!automatic || v != 0) {
+    BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.microbatches", &v, 1));
+    p->set_microbatches(v);
+  }
   v = p->data_parallel();
   BATON_RETURN_IF_ERROR(DefaultPositive("pipeline.data_parallel", &v, 1));
   p->set_data_parallel(v);
@@ -240,7 +246,7 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
                                                            " is more than the ",
                                                            kMaxVirtualStages, " allowed"));
   }
-  const int64_t chunks = static_cast<int64_t>(p->stages()) * p->virtual_stages();
+  const int64_t chunks = static_cast<int64_t>(p->stages()) * std::max(1, p->virtual_stages());
   std::set<int32_t> seen;
   for (int32_t s : p->recompute_stages()) {
     if (s < 0 || s >= chunks) {
@@ -441,30 +447,33 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   if (spec->model().has_mlp() && !data.has_synthetic()) {
     return Invalid("model.mlp", "needs data.synthetic (an mlp trains on synthetic regression)");
   }
-  if (data.batch_size() % pipeline.microbatches() != 0) {
+  // SCHEDULE_AUTO may leave V and M to the planner: the checks below take them as 1.
+  const int32_t M = std::max(1, pipeline.microbatches());
+  const int32_t V = std::max(1, pipeline.virtual_stages());
+  if (data.batch_size() % M != 0) {
     return Invalid("data.batch_size",
                    absl::StrCat(data.batch_size(), " is not divisible by pipeline.microbatches=",
-                                pipeline.microbatches()));
+                                M));
   }
-  if (data.batch_size() % (static_cast<int64_t>(pipeline.microbatches()) *
+  if (data.batch_size() % (static_cast<int64_t>(M) *
                            pipeline.data_parallel()) != 0) {
     return Invalid("data.batch_size",
                    absl::StrCat(data.batch_size(), " does not split into pipeline.data_parallel=",
                                 pipeline.data_parallel(), " replicas of pipeline.microbatches=",
-                                pipeline.microbatches(), " micro-batches (",
-                                static_cast<int64_t>(pipeline.microbatches()) *
+                                M, " micro-batches (",
+                                static_cast<int64_t>(M) *
                                     pipeline.data_parallel(),
                                 " equal parts)"));
   }
   const int64_t chunks =
-      static_cast<int64_t>(pipeline.stages()) * static_cast<int64_t>(pipeline.virtual_stages());
+      static_cast<int64_t>(pipeline.stages()) * static_cast<int64_t>(V);
   const int64_t blocks = ModelBlockCount(spec->model());
   if (chunks > blocks) {
     const char* what =
         spec->model().has_mlp() ? "model.mlp has depth + 1 = " : "model.gpt has layers + 2 = ";
     return Invalid("pipeline.stages",
                    absl::StrCat("stages * virtual_stages = ", pipeline.stages(), " * ",
-                                pipeline.virtual_stages(), " = ", chunks, " model chunks, but ",
+                                V, " = ", chunks, " model chunks, but ",
                                 what, blocks, " blocks; every chunk needs at least one block"));
   }
   if (blocks > kMaxModelBlocks) {
@@ -478,12 +487,12 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                 " is more than the ", kMaxChunkBlocks,
                                 " the partitioner takes; use fewer, larger blocks"));
   }
-  const double actions = 4.0 * static_cast<double>(chunks) * pipeline.microbatches() *
+  const double actions = 4.0 * static_cast<double>(chunks) * M *
                          static_cast<double>(pipeline.stages());
   if (actions > static_cast<double>(kMaxScheduleActions)) {
     return Invalid("pipeline.microbatches",
                    absl::StrCat("stages * virtual_stages * microbatches = ", pipeline.stages(),
-                                " * ", pipeline.virtual_stages(), " * ", pipeline.microbatches(),
+                                " * ", V, " * ", M,
                                 " makes a schedule of about ", static_cast<int64_t>(actions),
                                 " actions, more than the ", kMaxScheduleActions, " allowed"));
   }
@@ -504,6 +513,13 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                               pipeline.stages(), static_cast<int>(kMaxStageBytes >> 30)));
   }
   return absl::OkStatus();
+}
+
+absl::Status RequireChosenSchedule(const baton::v1::JobSpec& spec) {
+  if (spec.pipeline().schedule() != baton::v1::SCHEDULE_AUTO) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "pipeline.schedule is SCHEDULE_AUTO and the auto-planner has not chosen yet (the "
+      "coordinator and batonctl train-local choose before training)");
 }
 
 JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec) {

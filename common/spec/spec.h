@@ -91,6 +91,11 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // that passed once passes again unchanged. On error `spec` may have been partly defaulted.
 absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
 
+// FAILED_PRECONDITION when pipeline.schedule is still SCHEDULE_AUTO: what trains a spec
+// needs the auto-planner's choice written into it first (ResolveAutoPipeline, planner.h;
+// the coordinator and `batonctl train-local` do that).
+absl::Status RequireChosenSchedule(const baton::v1::JobSpec& spec);
+
 // The device a process computes a job on when it decides alone (the reference trainer,
 // an in-process pipeline): JobSpec.device, with "auto" meaning CUDA when this process sees
 // a CUDA device and the CPU otherwise. FAILED_PRECONDITION when the spec asks for CUDA and

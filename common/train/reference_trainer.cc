@@ -13,6 +13,7 @@ namespace baton {
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
     baton::v1::JobSpec spec) {
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
   t->spec_ = std::move(spec);
   BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(t->spec_));

@@ -1,0 +1,387 @@
+#include "common/pipeline/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/core/status.h"
+#include "common/schedule/generators.h"
+#include "common/schedule/vocabulary.h"
+#include "common/spec/spec.h"
+
+namespace baton {
+namespace {
+
+// The cost model's rates (planner.h, "Time").
+struct Rates {
+  double f = 1, i = 1, w = 1;  // per FLOP-sample
+  double send = 0, recv = 0;   // per float-sample of a message
+  double step = 0;             // per parameter on the rank
+};
+
+// FLOPs per sample of blocks [r.first, r.last), each block +1 as the partitioner counts.
+double RangeFlops(const std::vector<BlockInfo>& blocks, const BlockRange& r) {
+  double sum = 0;
+  for (int b = r.first; b < r.last; ++b) sum += static_cast<double>(blocks[b].forward_flops) + 1;
+  return sum;
+}
+
+double RangeParams(const std::vector<BlockInfo>& blocks, const BlockRange& r) {
+  double sum = 0;
+  for (int b = r.first; b < r.last; ++b) sum += static_cast<double>(blocks[b].parameters);
+  return sum;
+}
+
+// The floats per sample of the messages a stage sends and receives: the activation entering
+// it (from the previous stage) and the one leaving it (to the next), averaged over those it
+// has; 0 for a lone stage.
+double MessageFloats(const PlannerInput& in, const std::vector<BlockRange>& stages, int s) {
+  double sum = 0;
+  int n = 0;
+  if (s > 0) {
+    sum += static_cast<double>(in.input_floats[stages[s].first]);
+    ++n;
+  }
+  if (s + 1 < static_cast<int>(stages.size())) {
+    sum += static_cast<double>(in.input_floats[stages[s].last]);
+    ++n;
+  }
+  return n == 0 ? 0 : sum / n;
+}
+
+absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const MeasuredRun& m) {
+  const int stages = static_cast<int>(m.stage_blocks.size());
+  if (static_cast<int>(m.costs.per_stage.size()) != stages || stages == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "measured costs (", m.source, ") give ", m.costs.per_stage.size(),
+        " stages but the run's partition has ", stages));
+  }
+  if (m.rows < 1) return absl::InvalidArgumentError("measured run: rows per micro-batch unknown");
+  double flops = 0, f = 0, i = 0, w = 0, send = 0, recv = 0, floats = 0, params = 0;
+  for (int s = 0; s < stages; ++s) {
+    const BlockRange& r = m.stage_blocks[s];
+    if (r.first < 0 || r.last > static_cast<int>(in.blocks.size()) || r.size() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "measured run (", m.source, "): stage ", s, " holds blocks ", r.first, "-", r.last - 1,
+          ", not within this model's ", in.blocks.size()));
+    }
+    const Costs& c = m.costs.per_stage[s];
+    flops += RangeFlops(in.blocks, r) * static_cast<double>(m.rows);
+    f += c.f;
+    i += c.i;
+    w += c.w;
+    const double mf = MessageFloats(in, m.stage_blocks, s) * static_cast<double>(m.rows);
+    if (mf > 0) {
+      send += c.send;
+      recv += c.recv;
+      floats += mf;
+    }
+    params += RangeParams(in.blocks, r);
+  }
+  Rates out;
+  out.f = f / flops;
+  out.i = i / flops;
+  out.w = w / flops;
+  if (floats > 0) {
+    out.send = send / floats;
+    out.recv = recv / floats;
+  }
+  // The step ran on every rank at once; the slowest holds about params / ranks of them.
+  const int ranks = std::max(1, m.costs.per_stage.empty() ? 1 : stages);
+  if (params > 0) out.step = m.costs.step / (params / ranks);
+  return out;
+}
+
+struct Evaluated {
+  PlanCandidate c;
+  int order = 0;  // the schedule's place in the table, for ties
+};
+
+// Simulates one candidate; nullopt when its clock cannot be built (a combination the
+// schedule refuses).
+std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
+                                  const ScheduleEntry& e, int order, int V, int M) {
+  const int S = in.stages;
+  const int chunks = S * V;
+  if (chunks > static_cast<int>(in.blocks.size())) return std::nullopt;
+  ScheduleOptions o;
+  o.kind = e.kind;
+  o.num_ranks = S;
+  o.virtual_stages = V;
+  o.num_microbatches = M;
+  o.num_blocks = static_cast<int64_t>(in.blocks.size());
+  if (!CheckScheduleOptions(o).ok()) return std::nullopt;
+  absl::StatusOr<Schedule> sched = BuildSchedule(o);
+  if (!sched.ok()) return std::nullopt;
+  absl::StatusOr<std::vector<BlockRange>> part = PartitionBlocks(in.blocks, chunks);
+  if (!part.ok()) return std::nullopt;
+  const double rows = static_cast<double>(in.batch_size) / (static_cast<double>(in.data_parallel) * M);
+
+  Costs costs;
+  costs.per_stage.resize(chunks);
+  std::vector<double> stash(chunks), input(chunks), largest_block(chunks);
+  for (int s = 0; s < chunks; ++s) {
+    const BlockRange& r = (*part)[s];
+    const double work = RangeFlops(in.blocks, r) * rows;
+    Costs& c = costs.per_stage[s];
+    c.f = rates.f * work;
+    c.i = rates.i * work + (in.recompute ? c.f : 0);
+    c.w = rates.w * work;
+    c.b = c.i + c.w;
+    const double msg = MessageFloats(in, *part, s) * rows;
+    c.send = rates.send * msg;
+    c.recv = rates.recv * msg;
+    double floats = 0, biggest = 0;
+    for (int b = r.first; b < r.last; ++b) {
+      floats += static_cast<double>(in.blocks[b].activation_floats);
+      biggest = std::max(biggest, static_cast<double>(in.blocks[b].activation_floats));
+    }
+    stash[s] = 4 * rows * floats;
+    input[s] = 4 * rows * static_cast<double>(in.input_floats[r.first]);
+    largest_block[s] = 4 * rows * biggest;
+  }
+  std::vector<double> rank_params(S, 0);
+  for (int s = 0; s < chunks; ++s) {
+    rank_params[sched->stage_to_rank[s]] += RangeParams(in.blocks, (*part)[s]);
+  }
+  costs.step = rates.step * *std::max_element(rank_params.begin(), rank_params.end());
+  absl::StatusOr<SimResult> sim = Simulate(*sched, costs);
+  if (!sim.ok()) return std::nullopt;  // cannot happen: BuildSchedule validated it
+
+  Evaluated out;
+  out.order = order;
+  PlanCandidate& c = out.c;
+  c.kind = e.kind;
+  c.virtual_stages = V;
+  c.microbatches = M;
+  c.stage_blocks = *std::move(part);
+  c.step_time = sim->makespan;
+  c.bubble = sim->bubble_ratio;
+  c.busiest = *std::max_element(sim->busy.begin(), sim->busy.end());
+  // Memory: walk each rank's clock in order (its spans never overlap).
+  std::vector<double> held(S, 0), peak(S, 0), workspace(S, 0);
+  for (int s = 0; s < chunks; ++s) {
+    const int r = sched->stage_to_rank[s];
+    workspace[r] = std::max(workspace[r], largest_block[s] + (in.recompute ? stash[s] : 0));
+  }
+  for (const SimResult::Span& span : sim->timeline) {
+    const Action& a = span.action;
+    const double bytes = in.recompute ? input[a.stage] : stash[a.stage];
+    if (a.kind == ActionKind::kForward) {
+      held[span.rank] += bytes;
+      peak[span.rank] = std::max(peak[span.rank], held[span.rank]);
+    } else if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) {
+      held[span.rank] -= bytes;
+    }
+  }
+  c.peak_bytes.resize(S);
+  for (int r = 0; r < S; ++r) {
+    const double state = 4.0 * rank_params[r] * (2 + in.optimizer_floats);
+    c.peak_bytes[r] = static_cast<int64_t>(state + peak[r] + workspace[r]);
+  }
+  c.max_peak_bytes = *std::max_element(c.peak_bytes.begin(), c.peak_bytes.end());
+  c.fits = in.memory_budget_bytes <= 0 || c.max_peak_bytes <= in.memory_budget_bytes;
+  return out;
+}
+
+std::string Time(double t, bool measured) {
+  return measured ? absl::StrFormat("%.1f ms", t) : absl::StrFormat("%.4g", t);
+}
+
+}  // namespace
+
+std::string HumanBytes(double bytes) {
+  if (bytes >= double{1 << 30}) return absl::StrFormat("%.2f GiB", bytes / double{1 << 30});
+  if (bytes >= double{1 << 20}) return absl::StrFormat("%.1f MiB", bytes / double{1 << 20});
+  return absl::StrFormat("%.0f KiB", bytes / 1024);
+}
+
+std::string PlanCandidate::Describe() const {
+  return absl::StrCat(ScheduleKindName(kind), " V=", virtual_stages, " M=", microbatches);
+}
+
+PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
+  PlannerInput in;
+  in.blocks = DescribeBlocks(spec.model());
+  for (int b = 0; b < static_cast<int>(in.blocks.size()); ++b) {
+    if (b > 0) {
+      const Shape s = BlockInputShape(spec.model(), b, 1);
+      int64_t n = 1;
+      for (int64_t d : s) n *= d;
+      in.input_floats.push_back(n);
+    } else {
+      in.input_floats.push_back(spec.model().has_gpt() ? spec.model().gpt().context()
+                                                       : spec.model().mlp().input_dim());
+    }
+  }
+  // Past the last block: the loss, nothing to send.
+  in.input_floats.push_back(0);
+  const baton::v1::PipelineSpec& p = spec.pipeline();
+  in.stages = stages;
+  in.data_parallel = std::max(1, p.data_parallel());
+  in.batch_size = spec.data().batch_size();
+  const auto& opt = spec.optimizer();
+  in.optimizer_floats = opt.has_adamw() ? 2 : (opt.has_sgd() && opt.sgd().momentum() != 0 ? 1 : 0);
+  in.recompute = p.recompute() == baton::v1::RECOMPUTE_FULL;
+  if (p.schedule() != baton::v1::SCHEDULE_AUTO) {
+    absl::StatusOr<const ScheduleEntry*> e =
+        ScheduleEntryForSpecValue(static_cast<int>(p.schedule()));
+    if (e.ok()) in.schedule = (*e)->kind;
+  }
+  in.virtual_stages = p.virtual_stages();
+  in.microbatches = p.microbatches();
+  return in;
+}
+
+absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
+  const int n = static_cast<int>(in.blocks.size());
+  if (n == 0) return absl::InvalidArgumentError("the model has no blocks");
+  if (static_cast<int>(in.input_floats.size()) < n) {
+    return absl::InvalidArgumentError("PlannerInput: input_floats must have one entry per block");
+  }
+  if (in.stages < 1 || in.stages > n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.stages: ", in.stages, " stages for a model of ", n,
+        " blocks; every stage needs at least one block"));
+  }
+  if (in.data_parallel < 1 || in.batch_size < in.data_parallel ||
+      in.batch_size % in.data_parallel != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.batch_size: ", in.batch_size, " does not split into ",
+                     in.data_parallel, " data-parallel replicas"));
+  }
+  Rates rates;
+  Plan plan;
+  if (in.measured.has_value()) {
+    BATON_ASSIGN_OR_RETURN(rates, Calibrate(in, *in.measured));
+    plan.measured = true;
+    plan.cost_source = in.measured->source;
+  } else {
+    plan.cost_source = "model FLOPs (no measured run: times in FLOP units)";
+  }
+
+  const int64_t per_replica = in.batch_size / in.data_parallel;
+  std::vector<int> ms;
+  for (int64_t m = 1; m <= per_replica && m <= (int64_t{1} << 20); ++m) {
+    if (per_replica % m != 0) continue;
+    if (in.microbatches > 0 && m != in.microbatches) continue;
+    // The spec's bound on a clock's size.
+    if (4.0 * in.stages * in.stages * 4.0 * static_cast<double>(m) > kMaxScheduleActions) break;
+    ms.push_back(static_cast<int>(m));
+  }
+  if (ms.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.microbatches: ", in.microbatches, " does not divide the ", per_replica,
+        " samples each replica trains per step"));
+  }
+
+  std::vector<Evaluated> all;
+  const std::vector<ScheduleEntry>& table = ScheduleTable();
+  for (int order = 0; order < static_cast<int>(table.size()); ++order) {
+    const ScheduleEntry& e = table[order];
+    if (e.generate == nullptr) continue;  // custom
+    if (in.schedule.has_value() && *in.schedule != e.kind) continue;
+    // A fixed V holds for every schedule (a V schedule reads 1 as its 2).
+    std::vector<int> vs;
+    switch (e.placement) {
+      case ChunkPlacement::kOne: vs = {1}; break;
+      case ChunkPlacement::kV: vs = {2}; break;
+      case ChunkPlacement::kLooped:
+        if (in.virtual_stages > 1) {
+          vs = {in.virtual_stages};
+        } else {
+          for (int v = 2; v <= 4 && in.stages * v <= n; ++v) vs.push_back(v);
+        }
+        break;
+    }
+    const int fixed_v = in.virtual_stages == 1 && e.placement == ChunkPlacement::kV
+                            ? 2
+                            : in.virtual_stages;
+    for (int v : vs) {
+      if (fixed_v > 0 && v != fixed_v) continue;
+      for (int m : ms) {
+        std::optional<Evaluated> ev = Evaluate(in, rates, e, order, v, m);
+        if (ev.has_value()) all.push_back(*std::move(ev));
+      }
+    }
+  }
+  plan.considered = static_cast<int>(all.size());
+  if (all.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: no schedule runs ", in.stages, " stages",
+        in.microbatches > 0 ? absl::StrCat(" with ", in.microbatches, " micro-batches") : "",
+        " on a model of ", n, " blocks",
+        in.schedule.has_value() ? absl::StrCat(" as ", ScheduleKindName(*in.schedule)) : ""));
+  }
+  auto key = [](const Evaluated& e) {
+    return std::make_tuple(!e.c.fits, e.c.fits ? e.c.step_time : 0.0,
+                           e.c.fits ? 0 : e.c.max_peak_bytes, e.order, e.c.virtual_stages,
+                           e.c.microbatches);
+  };
+  std::stable_sort(all.begin(), all.end(),
+                   [&](const Evaluated& a, const Evaluated& b) { return key(a) < key(b); });
+  for (const Evaluated& e : all) plan.over_budget += e.c.fits ? 0 : 1;
+  if (!all[0].c.fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory budget: no candidate fits ", HumanBytes(in.memory_budget_bytes),
+        " per rank; the smallest, ", all[0].c.Describe(), ", needs ",
+        HumanBytes(all[0].c.max_peak_bytes), " (", plan.considered, " candidates considered)"));
+  }
+  const PlanCandidate& pick = all[0].c;
+  for (size_t k = 0; k < all.size() && static_cast<int>(plan.ranked.size()) < in.keep; ++k) {
+    PlanCandidate c = all[k].c;
+    if (k > 0) {
+      if (!c.fits) {
+        c.lost = absl::StrCat("memory: needs ", HumanBytes(c.max_peak_bytes), ", over ",
+                              HumanBytes(in.memory_budget_bytes));
+      } else if (c.busiest - pick.busiest >= 0.5 * (c.step_time - pick.step_time) &&
+                 c.busiest > pick.busiest) {
+        c.lost = absl::StrCat("work: busiest rank ", Time(c.busiest, plan.measured), " vs ",
+                              Time(pick.busiest, plan.measured));
+      } else {
+        c.lost = absl::StrFormat("bubble: %.3f vs %.3f", c.bubble, pick.bubble);
+      }
+    }
+    plan.ranked.push_back(std::move(c));
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memory_budget_bytes,
+                                         std::optional<MeasuredRun> measured) {
+  baton::v1::PipelineSpec* p = spec->mutable_pipeline();
+  if (p->schedule() != baton::v1::SCHEDULE_AUTO) return Plan{};
+  PlannerInput in = PlannerInputFor(*spec, std::max(1, p->stages()));
+  in.memory_budget_bytes = memory_budget_bytes;
+  in.measured = std::move(measured);
+  BATON_ASSIGN_OR_RETURN(Plan plan, PlanPipeline(in));
+  const PlanCandidate& pick = plan.ranked.front();
+  p->set_schedule(static_cast<baton::v1::Schedule>(ScheduleEntryOf(pick.kind).spec_value));
+  p->set_virtual_stages(pick.virtual_stages);
+  p->set_microbatches(pick.microbatches);
+  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(spec));
+  return plan;
+}
+
+std::string SummarizePlan(const Plan& plan, int losers) {
+  const PlanCandidate& p = plan.ranked.front();
+  std::string out = absl::StrFormat(
+      "auto-planner chose %s (predicted %s/step, bubble %.3f, peak %s/rank; costs: %s; %d "
+      "candidates",
+      p.Describe(), Time(p.step_time, plan.measured), p.bubble, HumanBytes(p.max_peak_bytes),
+      plan.cost_source, plan.considered);
+  if (plan.over_budget > 0) absl::StrAppend(&out, ", ", plan.over_budget, " over the memory budget");
+  absl::StrAppend(&out, ")");
+  for (int k = 1; k <= losers && k < static_cast<int>(plan.ranked.size()); ++k) {
+    const PlanCandidate& c = plan.ranked[k];
+    absl::StrAppend(&out, k == 1 ? "; next: " : ", ", c.Describe(), " ",
+                    Time(c.step_time, plan.measured), " (", c.lost, ")");
+  }
+  return out;
+}
+
+}  // namespace baton

@@ -1,0 +1,130 @@
+// The auto-planner: which schedule, how many chunks per rank (V), how many micro-batches (M)
+// and which block boundaries make a step fastest for this model on S ranks, within a memory
+// budget. `batonctl plan --auto` prints its ranking; `pipeline.schedule: SCHEDULE_AUTO` makes
+// the coordinator (and `batonctl train-local`) run it before placing a job.
+//
+// Search: every schedule in the vocabulary (vocabulary.h) x V (1; 2..4 for interleaved-1f1b,
+// within the blocks; 2 for the V schedules) x M (every divisor of batch/D the schedule can
+// run) x partition (the block boundaries: the FLOP-balanced split PartitionBlocks gives, which
+// is the split placement runs; the spec cannot carry another yet). Each candidate's clock is
+// built and validated, then simulated (validate.h) with costs from the model:
+//
+//   Time. An action's cost is a rate times the FLOPs it computes: F = r_F * rows * sum of its
+//   chunk's forward FLOPs per sample (+1 per block, as the partitioner counts), I = r_I *
+//   the same, W = r_W * the same, B = I + W (+ F again with recomputation). Without a
+//   measured run r_F = r_I = r_W = 1 and communication and the optimizer step are free, so
+//   times are in FLOP units and only their ratios mean anything. With one (MeasuredRun: a
+//   job's trace, measured_costs.h), each rate is the measured total over the measured FLOPs
+//   (in ms), a send or receive costs the measured one scaled by the message's size, and the
+//   optimizer step the measured one scaled by the rank's parameters.
+//
+//   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
+//   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
+//   (stage, micro-batch) holds 4 * rows * the chunk's BlockInfo.activation_floats from its F
+//   until its B or W ends; with recomputation only its input) + a workspace of one
+//   micro-batch's largest block stash (the gradients a backward allocates; with
+//   recomputation also the chunk's whole stash for the micro-batch it recomputes). The
+//   activation term is exact for the layers (model_test); planner_test checks whole-step
+//   peaks against the allocator (within 5%; measured: 1-3% under). Not modelled: data-
+//   parallel gradient buckets, transport buffers, the CUDA context.
+//
+// Contract: deterministic (the same input gives the same ranking, ties broken by schedule
+// table order, then V, then M); well under a second for S = 16, 48 blocks, batch 512
+// (planner_test measures nothing, bench/planner_bench does).
+#ifndef BATON_COMMON_PIPELINE_PLANNER_H_
+#define BATON_COMMON_PIPELINE_PLANNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "baton/v1/job.pb.h"
+#include "common/nn/model.h"
+#include "common/pipeline/partition.h"
+#include "common/schedule/schedule.h"
+#include "common/schedule/validate.h"
+
+namespace baton {
+
+// What a finished (or running) job measured, for calibrating the cost model.
+struct MeasuredRun {
+  Costs costs;                           // per stage, ms (CostsFromTrace)
+  std::vector<BlockRange> stage_blocks;  // that run's partition, one range per stage
+  int64_t rows = 0;                      // samples per micro-batch in that run
+  std::string source;                    // says where it came from, for reports
+};
+
+struct PlannerInput {
+  std::vector<BlockInfo> blocks;    // DescribeBlocks
+  std::vector<int64_t> input_floats;  // per block: floats per sample entering it
+  int stages = 1;                   // S, fixed
+  int data_parallel = 1;            // D, fixed
+  int64_t batch_size = 1;           // per step, all replicas
+  int optimizer_floats = 0;         // per parameter: SGD 0, momentum 1, AdamW 2
+  bool recompute = false;           // RECOMPUTE_FULL on every stage
+  // Fixed choices; unset (0) lets the planner choose.
+  std::optional<ScheduleKind> schedule;
+  int virtual_stages = 0;
+  int microbatches = 0;
+  int64_t memory_budget_bytes = 0;  // per rank; 0: no budget
+  std::optional<MeasuredRun> measured;
+  int keep = 8;                     // candidates kept in full (the rest only counted)
+};
+
+struct PlanCandidate {
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int virtual_stages = 1;
+  int microbatches = 1;
+  std::vector<BlockRange> stage_blocks;  // per global stage
+  double step_time = 0;   // predicted makespan (ms when measured, else FLOP units)
+  double bubble = 0;      // idle rank-time / (S * makespan)
+  double busiest = 0;     // the busiest rank's compute and communication time
+  std::vector<int64_t> peak_bytes;  // per rank
+  int64_t max_peak_bytes = 0;
+  bool fits = true;       // within the memory budget
+  std::string lost;       // why it is not the pick ("" for the pick)
+
+  std::string Describe() const;  // "zb-h1 V=1 M=8"
+};
+
+struct Plan {
+  // Every candidate that fits, fastest first, then those over the budget, smallest first;
+  // at most PlannerInput::keep of them. ranked[0] is the pick.
+  std::vector<PlanCandidate> ranked;
+  int considered = 0;           // candidates built and simulated
+  int over_budget = 0;          // of them, how many did not fit
+  bool measured = false;        // times in ms (else FLOP units)
+  std::string cost_source;      // "model FLOPs" or MeasuredRun::source
+};
+
+// The planner's input for a validated, defaulted spec on `stages` ranks (its pipeline's
+// schedule, V and M kept fixed unless the schedule is SCHEDULE_AUTO, where unset ones are
+// free).
+PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages);
+
+// Ranks every runnable candidate. INVALID_ARGUMENT when nothing can run (naming why: too few
+// blocks, no M the fixed choices allow), or, with a budget, when no candidate fits: the
+// message gives the budget and the smallest candidate's need. Measured costs whose stage
+// count differs from their partition's are INVALID_ARGUMENT too.
+absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in);
+
+// For a validated spec whose pipeline.schedule is SCHEDULE_AUTO: plans for its
+// pipeline.stages ranks (per rank memory_budget_bytes, 0 for none; measured costs if
+// given) and writes the pick into the spec (schedule, virtual_stages, microbatches), which
+// stays valid. Returns the plan. A spec with a concrete schedule is left alone and the plan
+// is empty (considered == 0). Errors as PlanPipeline.
+absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memory_budget_bytes,
+                                         std::optional<MeasuredRun> measured = std::nullopt);
+
+// "The pick: zb-h1 V=1 M=8, predicted 84.1 ms/step, bubble 0.06, peak 1.2 GiB/rank (costs:
+// ...); 23 candidates; 1f1b M=8: bubble 0.18 vs 0.06; ..." — one line for job histories.
+std::string SummarizePlan(const Plan& plan, int losers = 3);
+
+// Bytes as "1.25 GiB" / "312 MiB" / "12 KiB".
+std::string HumanBytes(double bytes);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_PIPELINE_PLANNER_H_

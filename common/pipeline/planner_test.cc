@@ -1,0 +1,330 @@
+// The auto-planner (planner.h): what it searches, how it ranks and explains, its memory
+// model against the allocator, its calibration from measured costs, and the spec's
+// SCHEDULE_AUTO resolved into a job that still trains bit for bit like the reference.
+#include "common/pipeline/planner.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/pipeline/local_pipeline.h"
+#include "common/schedule/generators.h"
+#include "common/schedule/vocabulary.h"
+#include "common/spec/spec.h"
+#include "common/train/reference_trainer.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+// Dimensions are multiples of 16 floats (the allocator rounds to 64 bytes), so predicted
+// and allocated bytes can be compared closely.
+baton::v1::JobSpec Gpt(int layers = 6, int batch = 16) {
+  absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(absl::StrCat(R"({
+    "model": {"gpt": {"vocabSize": 32, "context": 16, "dModel": 32, "heads": 2, "layers": )",
+                                                                        layers, R"(}},
+    "data": {"text": {"inlineText": "a planner should choose what a careful engineer would, and say why the others lost."},
+             "batchSize": )", batch, R"(},
+    "optimizer": {"adamw": {"learningRate": 0.01}},
+    "device": "DEVICE_KIND_CPU", "steps": 2, "seed": 4})"));
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&*s).ok());
+  return *s;
+}
+
+PlannerInput AutoInput(const baton::v1::JobSpec& spec, int stages) {
+  PlannerInput in = PlannerInputFor(spec, stages);
+  in.schedule.reset();
+  in.virtual_stages = 0;
+  in.microbatches = 0;
+  in.keep = 1000;
+  return in;
+}
+
+TEST(PlannerTest, SearchesEveryScheduleVAndMAndRanksThemByPredictedTime) {
+  const PlannerInput in = AutoInput(Gpt(), 4);
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->measured);
+  EXPECT_EQ(plan->considered, static_cast<int>(plan->ranked.size()));
+  std::set<ScheduleKind> kinds;
+  std::set<int> ms, vs;
+  for (size_t k = 0; k < plan->ranked.size(); ++k) {
+    const PlanCandidate& c = plan->ranked[k];
+    kinds.insert(c.kind);
+    ms.insert(c.microbatches);
+    if (c.kind == ScheduleKind::kInterleaved1F1B) vs.insert(c.virtual_stages);
+    EXPECT_EQ(16 % c.microbatches, 0) << c.Describe();
+    EXPECT_EQ(static_cast<int>(c.stage_blocks.size()), 4 * c.virtual_stages);
+    EXPECT_TRUE(c.fits);
+    if (k > 0) {
+      EXPECT_GE(c.step_time, plan->ranked[k - 1].step_time) << c.Describe();
+      EXPECT_FALSE(c.lost.empty()) << c.Describe();
+    }
+  }
+  EXPECT_TRUE(plan->ranked[0].lost.empty());
+  // Every schedule of the table that S = 4 and these 8 blocks allow.
+  for (const ScheduleEntry& e : ScheduleTable()) {
+    if (e.generate != nullptr) EXPECT_TRUE(kinds.count(e.kind)) << e.name;
+  }
+  EXPECT_EQ(ms, (std::set<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(vs, (std::set<int>{2}));  // 8 blocks: V = 3 would need 12
+  // With unit-like FLOP costs and free communication, more micro-batches only shrink the
+  // bubble: the pick uses all 16, and a zero-bubble schedule.
+  EXPECT_EQ(plan->ranked[0].microbatches, 16);
+  EXPECT_TRUE(ScheduleEntryOf(plan->ranked[0].kind).split_backward) << plan->ranked[0].Describe();
+  // Deterministic.
+  absl::StatusOr<Plan> again = PlanPipeline(in);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->ranked.size(), plan->ranked.size());
+  for (size_t k = 0; k < plan->ranked.size(); ++k) {
+    EXPECT_EQ(again->ranked[k].Describe(), plan->ranked[k].Describe());
+    EXPECT_EQ(again->ranked[k].step_time, plan->ranked[k].step_time);
+  }
+}
+
+// The predicted step is the simulator's makespan for the candidate's clock with its costs;
+// the bubble is the simulator's too.
+TEST(PlannerTest, PredictionIsTheSimulationOfTheCandidatesClock) {
+  PlannerInput in = AutoInput(Gpt(), 2);
+  in.schedule = ScheduleKind::k1F1B;
+  in.microbatches = 4;
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->considered, 1);
+  const PlanCandidate& c = plan->ranked[0];
+  ScheduleOptions o;
+  o.kind = ScheduleKind::k1F1B;
+  o.num_ranks = 2;
+  o.num_microbatches = 4;
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  ASSERT_TRUE(s.ok());
+  // FLOP costs: each stage's F is rows * its blocks' FLOPs (+1 each); I = W = F.
+  Costs costs;
+  for (const BlockRange& r : c.stage_blocks) {
+    double flops = 0;
+    for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
+    Costs st;
+    st.f = st.i = st.w = 4 * flops;  // 16 samples / 4 micro-batches
+    st.b = st.i + st.w;
+    st.send = st.recv = 0;
+    costs.per_stage.push_back(st);
+  }
+  costs.step = 0;
+  absl::StatusOr<SimResult> sim = Simulate(*s, costs);
+  ASSERT_TRUE(sim.ok());
+  EXPECT_DOUBLE_EQ(c.step_time, sim->makespan);
+  EXPECT_DOUBLE_EQ(c.bubble, sim->bubble_ratio);
+  // 1F1B: rank 0 holds min(S, M) = 2 micro-batches at its peak.
+  EXPECT_GT(c.peak_bytes[0], c.peak_bytes[1] / 2);
+}
+
+// Fixed choices in the spec are kept: a concrete schedule with its V and M is one
+// candidate; SCHEDULE_AUTO with M fixed searches schedules only.
+TEST(PlannerTest, KeepsWhatTheSpecFixes) {
+  baton::v1::JobSpec spec = Gpt();
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_ZB_H1);
+  spec.mutable_pipeline()->set_microbatches(8);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  absl::StatusOr<Plan> one = PlanPipeline(PlannerInputFor(spec, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->considered, 1);
+  EXPECT_EQ(one->ranked[0].Describe(), "zb-h1 V=1 M=8");
+
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
+  spec.mutable_pipeline()->set_virtual_stages(0);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(spec.pipeline().virtual_stages(), 0);  // left to the planner
+  absl::StatusOr<Plan> all = PlanPipeline(PlannerInputFor(spec, 2));
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const PlanCandidate& c : all->ranked) EXPECT_EQ(c.microbatches, 8) << c.Describe();
+  EXPECT_GT(all->considered, 5);
+}
+
+TEST(PlannerTest, MemoryBudgetExcludesAndExplainsAndRefusesWhenNothingFits) {
+  PlannerInput in = AutoInput(Gpt(), 4);
+  absl::StatusOr<Plan> free = PlanPipeline(in);
+  ASSERT_TRUE(free.ok());
+  int64_t smallest = INT64_MAX, largest = 0;
+  for (const PlanCandidate& c : free->ranked) {
+    smallest = std::min(smallest, c.max_peak_bytes);
+    largest = std::max(largest, c.max_peak_bytes);
+  }
+  ASSERT_LT(smallest, largest);
+  // Between the two: some fit, some do not; the pick fits; the rest say "memory".
+  in.memory_budget_bytes = (smallest + largest) / 2;
+  absl::StatusOr<Plan> some = PlanPipeline(in);
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_GT(some->over_budget, 0);
+  EXPECT_LE(some->ranked[0].max_peak_bytes, in.memory_budget_bytes);
+  bool saw_memory = false;
+  for (const PlanCandidate& c : some->ranked) {
+    if (!c.fits) {
+      saw_memory = true;
+      EXPECT_TRUE(absl::StartsWith(c.lost, "memory: needs ")) << c.lost;
+    }
+  }
+  EXPECT_TRUE(saw_memory);
+  // Below the smallest: refused, naming the smallest need.
+  in.memory_budget_bytes = smallest - 1;
+  absl::StatusOr<Plan> none = PlanPipeline(in);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "memory budget: no candidate fits"))
+      << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(), HumanBytes(smallest)))
+      << none.status();
+}
+
+// The memory model against the allocator: one stage (the whole process is the rank), a
+// step's peak bytes above what was in use before the trainer existed, for GPipe (every
+// micro-batch in flight), 1F1B (one) and GPipe with recomputation.
+TEST(PlannerTest, PredictedPeakMemoryIsWithinFivePercentOfTheAllocatorsPeak) {
+  struct Case {
+    baton::v1::Schedule schedule;
+    bool recompute;
+  };
+  for (const Case& k : {Case{baton::v1::SCHEDULE_GPIPE, false},
+                        Case{baton::v1::SCHEDULE_1F1B, false},
+                        Case{baton::v1::SCHEDULE_GPIPE, true}}) {
+    baton::v1::JobSpec spec = Gpt(4, 32);
+    auto* p = spec.mutable_pipeline();
+    p->set_schedule(k.schedule);
+    p->set_microbatches(4);
+    p->set_recompute(k.recompute ? baton::v1::RECOMPUTE_FULL : baton::v1::RECOMPUTE_NONE);
+    SCOPED_TRACE(absl::StrCat(baton::v1::Schedule_Name(k.schedule), k.recompute ? " recompute" : ""));
+    absl::StatusOr<Plan> plan = PlanPipeline(PlannerInputFor(spec, 1));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t predicted = plan->ranked[0].peak_bytes[0];
+
+    Allocator* alloc = CpuAllocator();
+    const int64_t before = alloc->Stats().bytes_in_use;
+    auto t = LocalPipelineTrainer::Create(spec);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->Step().ok());  // the optimizer state exists from the first step
+    alloc->ResetPeak();
+    ASSERT_TRUE((*t)->Step().ok());
+    const int64_t measured = alloc->Stats().peak_bytes_in_use - before;
+    RecordProperty(absl::StrCat("peak_", baton::v1::Schedule_Name(k.schedule),
+                                k.recompute ? "_recompute" : "", "_measured"),
+                   std::to_string(measured));
+    RecordProperty(absl::StrCat("peak_", baton::v1::Schedule_Name(k.schedule),
+                                k.recompute ? "_recompute" : "", "_predicted"),
+                   std::to_string(predicted));
+    EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured),
+                0.05 * static_cast<double>(measured))
+        << "predicted " << predicted << " bytes, allocator " << measured;
+  }
+}
+
+// Measured costs calibrate the rates: a run whose per-stage times are exactly proportional
+// to FLOPs (2e-6 ms per FLOP-sample forward, twice that backward, 0.01 ms per message,
+// 1 ms optimizer step) predicts that same run's simulation, in ms.
+TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
+  const baton::v1::JobSpec spec = Gpt();
+  PlannerInput in = AutoInput(spec, 2);
+  in.schedule = ScheduleKind::k1F1B;
+  in.microbatches = 4;
+  absl::StatusOr<Plan> unit = PlanPipeline(in);
+  ASSERT_TRUE(unit.ok());
+  const std::vector<BlockRange> blocks = unit->ranked[0].stage_blocks;
+  MeasuredRun m;
+  m.rows = 4;
+  m.stage_blocks = blocks;
+  m.source = "test run";
+  Costs measured;
+  for (int s = 0; s < 2; ++s) {
+    double flops = 0;
+    for (int b = blocks[s].first; b < blocks[s].last; ++b) flops += in.blocks[b].forward_flops + 1;
+    Costs c;
+    c.f = 2e-6 * flops * 4;
+    c.i = c.w = c.f;
+    c.b = c.i + c.w;
+    c.send = 0.01;
+    c.recv = 0.01;
+    measured.per_stage.push_back(c);
+  }
+  measured.step = 1;
+  m.costs = measured;
+  in.measured = m;
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->measured);
+  EXPECT_EQ(plan->cost_source, "test run");
+  ScheduleOptions o;
+  o.num_ranks = 2;
+  o.num_microbatches = 4;
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<SimResult> sim = Simulate(*s, measured);
+  ASSERT_TRUE(sim.ok());
+  // The step cost is spread by parameters (the measured step is the slowest rank's).
+  EXPECT_NEAR(plan->ranked[0].step_time, sim->makespan, 0.05 * sim->makespan);
+  EXPECT_GT(plan->ranked[0].step_time, 1.0);  // in ms, with the step in it
+
+  // A measured partition that does not fit this model is refused, naming the source.
+  in.measured->stage_blocks = {{0, 3}, {3, 99}};
+  absl::StatusOr<Plan> bad = PlanPipeline(in);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "test run")) << bad.status();
+}
+
+TEST(PlannerTest, RefusesWhatCannotRunNamingTheField) {
+  PlannerInput in = AutoInput(Gpt(), 9);  // 8 blocks
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "pipeline.stages")) << plan.status();
+  in = AutoInput(Gpt(), 2);
+  in.microbatches = 5;
+  plan = PlanPipeline(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "pipeline.microbatches"))
+      << plan.status();
+}
+
+// SCHEDULE_AUTO: nothing trains it until it is resolved; resolved, it is a concrete spec
+// whose pipeline run equals the reference trainer's, bit for bit.
+TEST(PlannerTest, AutoSpecIsResolvedIntoAJobThatTrainsBitExact) {
+  baton::v1::JobSpec spec = Gpt();
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->set_microbatches(0);
+  spec.mutable_pipeline()->set_virtual_stages(0);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  auto refused = ReferenceTrainer::Create(spec);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "SCHEDULE_AUTO"));
+  EXPECT_FALSE(LocalPipelineTrainer::Create(spec).ok());
+
+  absl::StatusOr<Plan> plan = ResolveAutoPipeline(&spec, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(spec.pipeline().schedule(), baton::v1::SCHEDULE_AUTO);
+  EXPECT_EQ(absl::StrCat(ScheduleKindName(plan->ranked[0].kind), " V=",
+                         spec.pipeline().virtual_stages(), " M=", spec.pipeline().microbatches()),
+            plan->ranked[0].Describe());
+  const std::string summary = SummarizePlan(*plan);
+  EXPECT_TRUE(absl::StartsWith(summary, "auto-planner chose " + plan->ranked[0].Describe()))
+      << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "model FLOPs")) << summary;
+
+  auto ref = ReferenceTrainer::Create(spec);
+  auto pipe = LocalPipelineTrainer::Create(spec);
+  ASSERT_TRUE(ref.ok() && pipe.ok());
+  for (int i = 0; i < spec.steps(); ++i) {
+    ASSERT_TRUE((*ref)->Step().ok());
+    ASSERT_TRUE((*pipe)->Step().ok());
+  }
+  EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest()));
+
+  // A concrete spec is left alone.
+  const std::string before = spec.SerializeAsString();
+  absl::StatusOr<Plan> none = ResolveAutoPipeline(&spec, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->considered, 0);
+  EXPECT_EQ(spec.SerializeAsString(), before);
+}
+
+}  // namespace
+}  // namespace baton
