@@ -8,6 +8,7 @@
 #include <string>
 
 #include "benchmark/benchmark.h"
+#include "common/pipeline/planner.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
@@ -120,6 +121,36 @@ BENCHMARK(BM_Validate)
     ->Args({kInterleaved, 64, 2, 1024})
     ->Complexity(benchmark::oN)
     ->Unit(benchmark::kMillisecond);
+
+// The auto-planner's whole search (planner.h) for a GPT of 48 blocks (46 layers, the
+// embedding and the head), batch 512, on S ranks: every schedule x V x M it considers,
+// built, validated and simulated. The bound: well under a second at S = 16.
+void BM_AutoPlan(benchmark::State& state) {
+  const int stages = static_cast<int>(state.range(0));
+  baton::v1::JobSpec spec;
+  auto* g = spec.mutable_model()->mutable_gpt();
+  g->set_vocab_size(256);
+  g->set_context(128);
+  g->set_d_model(512);
+  g->set_heads(8);
+  g->set_layers(46);
+  spec.mutable_data()->set_batch_size(512);
+  spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
+  PlannerInput in = PlannerInputFor(spec, stages);
+  int considered = 0;
+  for (auto _ : state) {
+    absl::StatusOr<Plan> plan = PlanPipeline(in);
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      return;
+    }
+    considered = plan->considered;
+    benchmark::DoNotOptimize(plan->ranked.front().step_time);
+  }
+  state.counters["candidates"] = considered;
+}
+BENCHMARK(BM_AutoPlan)->ArgName("S")->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace baton

@@ -1,6 +1,8 @@
 // batonctl plan: generate (or import), validate and simulate a pipeline schedule, without a
 // cluster. See docs/schedules.md.
 #include <cerrno>
+#include <cmath>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -12,7 +14,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/numbers.h"
 #include "baton/v1/job.pb.h"
+#include "common/pipeline/partition.h"
+#include "common/pipeline/planner.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
 #include "common/schedule/generators.h"
@@ -50,6 +58,12 @@ const std::vector<FlagSpec>& Flags() {
       {"costs-from", "", false,
        "the per-stage costs a run measured instead: a JOB id (its latest traced step, from "
        "the coordinator) or a trace file (batonctl trace -o, train-local --trace); ms"},
+      {"auto", "", true,
+       "search schedule x V x M for -f SPEC on --workers and rank the candidates "
+       "(with --costs-from: calibrated by what that run measured)"},
+      {"workers", "", false, "with --auto: the workers to plan for (stages = workers / D)"},
+      {"memory-gib", "", false, "with --auto: each worker's memory budget, GiB"},
+      {"top", "", false, "with --auto: candidates to print (default 10)"},
       {"help", "h", true, "show this help"},
   };
   // The coordinator's flags, for --costs-from JOB (plan has its own --output and --help).
@@ -69,11 +83,19 @@ constexpr char kUsage[] =
     "       batonctl plan -f SPEC.json [flags overriding its pipeline section]\n"
     "       batonctl plan --schedule custom --csv FILE [--costs ...] [--output ...]\n"
     "       batonctl plan -f SPEC.json --costs-from JOB|TRACE.json\n"
+    "       batonctl plan --auto -f SPEC.json --workers N [--memory-gib G]\n"
+    "                     [--costs-from JOB|TRACE.json] [--output table|json]\n"
     "\n"
     "Builds the schedule, lowers it (inserts sends and receives), validates it (every\n"
     "micro-batch's forward and backward, send/receive order per rank pair, no deadlock) and\n"
     "simulates it. A refused schedule exits 1 with the rank x position grid and the offending\n"
-    "action marked >like this<.\n\n";
+    "action marked >like this<.\n"
+    "\n"
+    "--auto searches every schedule, V and M (a divisor of the batch per replica) that can\n"
+    "run the spec's model on the workers, simulates each on the FLOP-balanced block split,\n"
+    "and prints the fastest first with predicted step time, bubble, peak memory per rank\n"
+    "and why each lost to the pick (docs/schedules.md, \"The auto-planner\"). Flags\n"
+    "--schedule, --virtual and --microbatches fix those choices.\n\n";
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "batonctl plan: %s\n", what.c_str());
@@ -90,32 +112,53 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// --costs-from: a trace file if one is there, else a job id asked of the coordinator.
-absl::StatusOr<Costs> MeasuredCosts(const Args& args, std::string* source) {
+// --costs-from: a trace file if one is there, else a job id asked of the coordinator (then
+// *job gets the job too: its partition and micro-batch size, for --auto).
+absl::Status LoadTrace(const Args& args, baton::v1::JobTrace* trace,
+                       std::optional<baton::v1::Job>* job) {
   const std::string from = args.Get("costs-from");
-  baton::v1::JobTrace trace;
   if (std::ifstream probe(from); probe.good()) {
     absl::StatusOr<std::string> text = ReadFile(from);
     if (!text.ok()) return text.status();
-    BATON_ASSIGN_OR_RETURN(trace, JobTraceFromChromeJson(*text, from));
-  } else {
-    BATON_ASSIGN_OR_RETURN(std::unique_ptr<ClusterClient> client,
-                           ClusterClient::Create("plan", args, absl::Seconds(10),
-                                                 /*output_is_format=*/false));
-    baton::v1::GetJobTraceRequest req;
-    req.set_job_id(from);
-    std::unique_ptr<grpc::ClientContext> ctx = client->Context();
-    if (const grpc::Status st = client->stub().GetJobTrace(ctx.get(), req, &trace); !st.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                          absl::StrCat("--costs-from ", from, ": ", st.error_message()));
-    }
+    BATON_ASSIGN_OR_RETURN(*trace, JobTraceFromChromeJson(*text, from));
+    return absl::OkStatus();
   }
-  *source = absl::StrCat(trace.job_id().empty() ? from : trace.job_id(), " step ", trace.step(),
-                         " (", trace.schedule(), ", ", trace.num_stages(), " stages)");
-  BATON_ASSIGN_OR_RETURN(Costs costs, CostsFromTrace(trace));
-  return costs;
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<ClusterClient> client,
+                         ClusterClient::Create("plan", args, absl::Seconds(10),
+                                               /*output_is_format=*/false));
+  auto rpc_error = [&](const grpc::Status& st) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        absl::StrCat("--costs-from ", from, ": ", st.error_message()));
+  };
+  baton::v1::GetJobTraceRequest req;
+  req.set_job_id(from);
+  std::unique_ptr<grpc::ClientContext> ctx = client->Context();
+  if (const grpc::Status st = client->stub().GetJobTrace(ctx.get(), req, trace); !st.ok()) {
+    return rpc_error(st);
+  }
+  baton::v1::GetJobRequest get;
+  get.set_job_id(from);
+  baton::v1::Job j;
+  ctx = client->Context();
+  if (const grpc::Status st = client->stub().GetJob(ctx.get(), get, &j); !st.ok()) {
+    return rpc_error(st);
+  }
+  *job = std::move(j);
+  return absl::OkStatus();
 }
 
+std::string TraceSource(const baton::v1::JobTrace& trace, const std::string& from) {
+  return absl::StrCat(trace.job_id().empty() ? from : trace.job_id(), " step ", trace.step(),
+                      " (", trace.schedule(), ", ", trace.num_stages(), " stages)");
+}
+
+absl::StatusOr<Costs> MeasuredCosts(const Args& args, std::string* source) {
+  baton::v1::JobTrace trace;
+  std::optional<baton::v1::Job> job;
+  BATON_RETURN_IF_ERROR(LoadTrace(args, &trace, &job));
+  *source = TraceSource(trace, args.Get("costs-from"));
+  return CostsFromTrace(trace);
+}
 
 // An int flag within [lo, hi] (the generators refuse values below 1 with their own message,
 // so lo may be below that).
@@ -128,6 +171,175 @@ absl::Status IntFlag(const Args& args, const std::string& name, int64_t lo, int6
   }
   *out = static_cast<int>(*v);
   return absl::OkStatus();
+}
+
+
+// batonctl plan --auto: the planner's ranking for -f SPEC on --workers.
+int PlanAuto(const Args& args, const std::string& output) {
+  if (output != "table" && output != "json") return Fail("--auto prints a table or json");
+  for (const char* flag : {"csv", "costs", "blocks"}) {
+    if (args.Has(flag)) return Fail(absl::StrCat("--", flag, " does not apply to --auto"));
+  }
+  if (!args.Has("file")) return Fail("--auto needs -f SPEC.json: the model and batch to plan for");
+  const std::string path = args.Get("file");
+  absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(path);
+  if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  if (const absl::Status st = ValidateAndDefaultJobSpec(&*spec); !st.ok()) {
+    return Fail(absl::StrCat(path, ": ", st.message()));
+  }
+  baton::v1::PipelineSpec* p = spec->mutable_pipeline();
+  int data_parallel = p->data_parallel();
+  if (const absl::Status st = IntFlag(args, "data-parallel", 1, 1024, &data_parallel); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+  p->set_data_parallel(data_parallel);
+  int stages = p->stages();
+  if (args.Has("workers") && args.Has("stages")) {
+    return Fail("--workers and --stages both give the stages: pick one");
+  }
+  if (args.Has("workers")) {
+    int workers = 0;
+    if (const absl::Status st = IntFlag(args, "workers", 1, 1 << 20, &workers); !st.ok()) {
+      return Fail(std::string(st.message()));
+    }
+    if (workers % data_parallel != 0) {
+      return Fail(absl::StrCat("--workers ", workers, " does not split into ", data_parallel,
+                               " data-parallel replicas (pipeline.data_parallel)"));
+    }
+    stages = workers / data_parallel;
+  } else if (const absl::Status st = IntFlag(args, "stages", 1, 1 << 20, &stages); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+  // What the planner may choose: everything but what flags (or an auto spec) fix.
+  const bool spec_auto = p->schedule() == baton::v1::SCHEDULE_AUTO;
+  PlannerInput in = PlannerInputFor(*spec, stages);
+  if (!spec_auto) {
+    in.schedule.reset();
+    in.virtual_stages = 0;
+    in.microbatches = 0;
+  }
+  if (args.Has("schedule")) {
+    absl::StatusOr<ScheduleKind> kind = ParseScheduleKind(args.Get("schedule"));
+    if (!kind.ok()) return Fail(std::string(kind.status().message()));
+    if (*kind == ScheduleKind::kCustom) return Fail("--auto plans generated schedules, not custom");
+    in.schedule = *kind;
+  }
+  for (const auto& [flag, field] : {std::pair<const char*, int*>{"virtual", &in.virtual_stages},
+                                    {"microbatches", &in.microbatches}}) {
+    if (!args.Has(flag)) continue;
+    if (const absl::Status st = IntFlag(args, flag, 1, 1 << 20, field); !st.ok()) {
+      return Fail(std::string(st.message()));
+    }
+  }
+  if (args.Has("memory-gib")) {
+    double gib = 0;
+    if (!absl::SimpleAtod(args.Get("memory-gib"), &gib) || !std::isfinite(gib) || gib <= 0) {
+      return Fail(absl::StrCat("--memory-gib must be a positive number of GiB, got '",
+                               args.Get("memory-gib"), "'"));
+    }
+    in.memory_budget_bytes = static_cast<int64_t>(gib * double{1 << 30});
+  }
+  int top = 10;
+  if (const absl::Status st = IntFlag(args, "top", 1, 10000, &top); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+  in.keep = top;
+  if (args.Has("costs-from")) {
+    baton::v1::JobTrace trace;
+    std::optional<baton::v1::Job> job;
+    if (const absl::Status st = LoadTrace(args, &trace, &job); !st.ok()) {
+      return Fail(std::string(st.message()));
+    }
+    absl::StatusOr<MeasuredRun> run;
+    if (job.has_value()) {
+      run = MeasuredRunFromJob(*job, trace);
+    } else {
+      // A trace file says nothing of its run's layout: it is taken to be this spec's
+      // pipeline as written, on the trace's stages.
+      const baton::v1::PipelineSpec& sp = spec->pipeline();
+      if (spec_auto && sp.microbatches() == 0) {
+        return Fail(absl::StrCat("--costs-from ", args.Get("costs-from"),
+                                 ": a trace file does not say its micro-batch size; give the "
+                                 "traced run's pipeline.microbatches in ", path));
+      }
+      MeasuredRun m;
+      absl::StatusOr<Costs> costs = CostsFromTrace(trace);
+      if (!costs.ok()) return Fail(std::string(costs.status().message()));
+      m.costs = *std::move(costs);
+      absl::StatusOr<std::vector<BlockRange>> part =
+          PartitionBlocks(in.blocks, trace.num_stages());
+      if (!part.ok()) return Fail(std::string(part.status().message()));
+      m.stage_blocks = *std::move(part);
+      m.rows = spec->data().batch_size() /
+               (static_cast<int64_t>(sp.data_parallel()) * std::max(1, sp.microbatches()));
+      m.source = TraceSource(trace, args.Get("costs-from"));
+      run = std::move(m);
+    }
+    if (!run.ok()) return Fail(std::string(run.status().message()));
+    in.measured = *std::move(run);
+  }
+  absl::StatusOr<baton::Plan> plan = PlanPipeline(in);
+  if (!plan.ok()) return Fail(std::string(plan.status().message()));
+
+  auto time = [&](double t) {
+    return plan->measured ? absl::StrFormat("%.1f ms", t) : absl::StrFormat("%.4g", t);
+  };
+  auto blocks = [](const PlanCandidate& c) {
+    std::vector<std::string> out;
+    for (const BlockRange& r : c.stage_blocks) out.push_back(absl::StrCat(r.first, "-", r.last - 1));
+    return absl::StrJoin(out, " ");
+  };
+  if (output == "json") {
+    std::string out = absl::StrFormat(
+        "{\"stages\": %d, \"data_parallel\": %d, \"measured\": %s, \"cost_source\": \"%s\", "
+        "\"considered\": %d, \"over_budget\": %d, \"candidates\": [",
+        stages, data_parallel, plan->measured ? "true" : "false",
+        absl::StrReplaceAll(plan->cost_source, {{"\"", "'"}}), plan->considered,
+        plan->over_budget);
+    for (size_t k = 0; k < plan->ranked.size(); ++k) {
+      const PlanCandidate& c = plan->ranked[k];
+      absl::StrAppendFormat(
+          &out,
+          "%s\n  {\"rank\": %d, \"schedule\": \"%s\", \"virtual_stages\": %d, "
+          "\"microbatches\": %d, \"step_time\": %.6g, \"bubble\": %.6g, \"busiest\": %.6g, "
+          "\"peak_bytes\": %d, \"fits\": %s, \"stage_blocks\": \"%s\", \"lost\": \"%s\"}",
+          k == 0 ? "" : ",", k + 1, ScheduleKindName(c.kind), c.virtual_stages, c.microbatches,
+          c.step_time, c.bubble, c.busiest, c.max_peak_bytes, c.fits ? "true" : "false",
+          blocks(c), c.lost);
+    }
+    absl::StrAppend(&out, "\n]}\n");
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
+  std::printf("auto-plan: %s, %d stage%s x %d replica%s, batch %lld, %zu blocks; costs: %s\n",
+              path.c_str(), stages, stages == 1 ? "" : "s", data_parallel,
+              data_parallel == 1 ? "" : "s", static_cast<long long>(spec->data().batch_size()),
+              in.blocks.size(), plan->cost_source.c_str());
+  if (in.memory_budget_bytes > 0) {
+    std::printf("memory budget: %s per worker\n", HumanBytes(in.memory_budget_bytes).c_str());
+  }
+  std::printf("\n%4s  %-16s %2s %5s %12s %7s %11s  %s\n", "#", "schedule", "V", "M",
+              plan->measured ? "step" : "step (FLOPs)", "bubble", "peak/rank", "why not the pick");
+  for (size_t k = 0; k < plan->ranked.size(); ++k) {
+    const PlanCandidate& c = plan->ranked[k];
+    std::printf("%4zu  %-16s %2d %5d %12s %7.3f %11s  %s\n", k + 1, ScheduleKindName(c.kind),
+                c.virtual_stages, c.microbatches, time(c.step_time).c_str(), c.bubble,
+                HumanBytes(c.max_peak_bytes).c_str(), k == 0 ? "(the pick)" : c.lost.c_str());
+  }
+  const PlanCandidate& pick = plan->ranked.front();
+  std::printf("\n%d candidates considered", plan->considered);
+  if (plan->over_budget > 0) std::printf(", %d over the memory budget", plan->over_budget);
+  if (plan->considered > static_cast<int>(plan->ranked.size())) {
+    std::printf("; %zu shown (--top)", plan->ranked.size());
+  }
+  std::printf(".\nthe pick's blocks per stage: %s\n", blocks(pick).c_str());
+  std::printf("to run it: batonctl submit -f %s --schedule %s --stages %d --microbatches %d%s\n",
+              path.c_str(), ScheduleKindName(pick.kind), stages, pick.microbatches,
+              pick.virtual_stages > 1 && ScheduleEntryOf(pick.kind).placement ==
+                                             ChunkPlacement::kLooped
+                  ? absl::StrCat(" --virtual ", pick.virtual_stages).c_str()
+                  : "");
+  return 0;
 }
 
 }  // namespace
@@ -145,6 +357,10 @@ int Plan(const std::vector<std::string>& argv) {
   const std::string output = args->Get("output", "table");
   if (output != "table" && output != "json" && output != "svg" && output != "csv") {
     return Fail("--output must be table, json, svg or csv, got '" + output + "'");
+  }
+  if (args->Has("auto")) return PlanAuto(*args, output);
+  for (const char* flag : {"workers", "memory-gib", "top"}) {
+    if (args->Has(flag)) return Fail(absl::StrCat("--", flag, " needs --auto"));
   }
   if (args->Has("costs") && args->Has("costs-from")) {
     return Fail("--costs and --costs-from both give the costs: pick one");
