@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "baton/v1/job.pb.h"
 #include "common/pipeline/partition.h"
@@ -114,9 +115,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 // --costs-from: a trace file if one is there, else a job id asked of the coordinator (then
 // *job gets the job too: its partition and micro-batch size, for --auto).
-absl::Status LoadTrace(const Args& args, baton::v1::JobTrace* trace,
+absl::Status LoadTrace(const Args& args, const std::string& from, baton::v1::JobTrace* trace,
                        std::optional<baton::v1::Job>* job) {
-  const std::string from = args.Get("costs-from");
   if (std::ifstream probe(from); probe.good()) {
     absl::StatusOr<std::string> text = ReadFile(from);
     if (!text.ok()) return text.status();
@@ -155,7 +155,7 @@ std::string TraceSource(const baton::v1::JobTrace& trace, const std::string& fro
 absl::StatusOr<Costs> MeasuredCosts(const Args& args, std::string* source) {
   baton::v1::JobTrace trace;
   std::optional<baton::v1::Job> job;
-  BATON_RETURN_IF_ERROR(LoadTrace(args, &trace, &job));
+  BATON_RETURN_IF_ERROR(LoadTrace(args, args.Get("costs-from"), &trace, &job));
   *source = TraceSource(trace, args.Get("costs-from"));
   return CostsFromTrace(trace);
 }
@@ -244,10 +244,12 @@ int PlanAuto(const Args& args, const std::string& output) {
     return Fail(std::string(st.message()));
   }
   in.keep = top;
-  if (args.Has("costs-from")) {
+  // --costs-from: one run or several, comma-separated (different micro-batch sizes let the
+  // planner separate a per-action overhead from the rates).
+  for (absl::string_view from : absl::StrSplit(args.Get("costs-from"), ',', absl::SkipEmpty())) {
     baton::v1::JobTrace trace;
     std::optional<baton::v1::Job> job;
-    if (const absl::Status st = LoadTrace(args, &trace, &job); !st.ok()) {
+    if (const absl::Status st = LoadTrace(args, std::string(from), &trace, &job); !st.ok()) {
       return Fail(std::string(st.message()));
     }
     absl::StatusOr<MeasuredRun> run;
@@ -258,7 +260,7 @@ int PlanAuto(const Args& args, const std::string& output) {
       // pipeline as written, on the trace's stages.
       const baton::v1::PipelineSpec& sp = spec->pipeline();
       if (spec_auto && sp.microbatches() == 0) {
-        return Fail(absl::StrCat("--costs-from ", args.Get("costs-from"),
+        return Fail(absl::StrCat("--costs-from ", from,
                                  ": a trace file does not say its micro-batch size; give the "
                                  "traced run's pipeline.microbatches in ", path));
       }
@@ -272,11 +274,11 @@ int PlanAuto(const Args& args, const std::string& output) {
       m.stage_blocks = *std::move(part);
       m.rows = spec->data().batch_size() /
                (static_cast<int64_t>(sp.data_parallel()) * std::max(1, sp.microbatches()));
-      m.source = TraceSource(trace, args.Get("costs-from"));
+      m.source = TraceSource(trace, std::string(from));
       run = std::move(m);
     }
     if (!run.ok()) return Fail(std::string(run.status().message()));
-    in.measured = *std::move(run);
+    in.measured.push_back(*std::move(run));
   }
   absl::StatusOr<baton::Plan> plan = PlanPipeline(in);
   if (!plan.ok()) return Fail(std::string(plan.status().message()));
@@ -327,6 +329,10 @@ int PlanAuto(const Args& args, const std::string& output) {
                 HumanBytes(c.max_peak_bytes).c_str(), k == 0 ? "(the pick)" : c.lost.c_str());
   }
   const PlanCandidate& pick = plan->ranked.front();
+  if (plan->measured) {
+    std::printf("per-action overhead fitted: %.3f ms%s\n", plan->action_overhead,
+                in.measured.size() < 2 ? " (one run: give two of different M to fit it)" : "");
+  }
   std::printf("\n%d candidates considered", plan->considered);
   if (plan->over_budget > 0) std::printf(", %d over the memory budget", plan->over_budget);
   if (plan->considered > static_cast<int>(plan->ranked.size())) {

@@ -18,6 +18,7 @@
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
 #include "common/pipeline/local_pipeline.h"
+#include "common/pipeline/planner.h"
 #include "common/pipeline/step_trace.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
@@ -148,6 +149,17 @@ int TrainLocal(const std::vector<std::string>& argv) {
     }
     spec->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
                                              : baton::v1::DEVICE_KIND_CPU);
+  }
+
+  if (spec->pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
+    // The auto-planner chooses before anything trains (from the model's FLOPs: nothing
+    // has run yet); the reference and the pipeline then train the same choice.
+    if (absl::Status st = ValidateAndDefaultJobSpec(&*spec); !st.ok()) {
+      return Fail(std::string(st.message()));
+    }
+    absl::StatusOr<baton::Plan> plan = ResolveAutoPipeline(&*spec, 0);
+    if (!plan.ok()) return Fail(std::string(plan.status().message()));
+    std::fprintf(stderr, "%s\n", SummarizePlan(*plan).c_str());
   }
 
   baton::v1::TrainingReport report;

@@ -16,12 +16,49 @@
 namespace baton {
 namespace {
 
-// The cost model's rates (planner.h, "Time").
+// The cost model (planner.h, "Time"): a compute action costs overhead + rate * work, a
+// message msg_overhead + msg_rate * floats.
 struct Rates {
-  double f = 1, i = 1, w = 1;  // per FLOP-sample
-  double send = 0, recv = 0;   // per float-sample of a message
-  double step = 0;             // per parameter on the rank
+  double overhead = 0;                 // per F, B, I or W action
+  double f = 1, b = 2, i = 1, w = 1;   // per FLOP-sample
+  double msg_overhead = 0;             // per send or receive
+  double send = 0, recv = 0;           // per float-sample of a message
+  double step = 0;                     // per parameter on the rank
 };
+
+// Least squares y = a + r x over the points, a >= 0 (when the fit's intercept is negative,
+// or the xs do not differ, the line through the origin).
+void FitLine(const std::vector<std::pair<double, double>>& pts, double* a, double* r) {
+  *a = 0;
+  *r = 0;
+  if (pts.empty()) return;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : pts) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double n = static_cast<double>(pts.size());
+  const double det = n * sxx - sx * sx;
+  if (pts.size() >= 2 && det > 1e-9 * sxx * n) {
+    *r = (n * sxy - sx * sy) / det;
+    *a = (sy - *r * sx) / n;
+    if (*a >= 0 && *r >= 0) return;
+  }
+  *a = 0;
+  *r = sxx > 0 ? sxy / sxx : 0;
+}
+
+// The rate through a fixed intercept: least squares of y - a = r x.
+double FitRate(const std::vector<std::pair<double, double>>& pts, double a) {
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : pts) {
+    sxx += x * x;
+    sxy += x * (y - a);
+  }
+  return sxx > 0 ? std::max(0.0, sxy / sxx) : 0;
+}
 
 // FLOPs per sample of blocks [r.first, r.last), each block +1 as the partitioner counts.
 double RangeFlops(const std::vector<BlockInfo>& blocks, const BlockRange& r) {
@@ -53,46 +90,79 @@ double MessageFloats(const PlannerInput& in, const std::vector<BlockRange>& stag
   return n == 0 ? 0 : sum / n;
 }
 
-absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const MeasuredRun& m) {
-  const int stages = static_cast<int>(m.stage_blocks.size());
-  if (static_cast<int>(m.costs.per_stage.size()) != stages || stages == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "measured costs (", m.source, ") give ", m.costs.per_stage.size(),
-        " stages but the run's partition has ", stages));
-  }
-  if (m.rows < 1) return absl::InvalidArgumentError("measured run: rows per micro-batch unknown");
-  double flops = 0, f = 0, i = 0, w = 0, send = 0, recv = 0, floats = 0, params = 0;
-  for (int s = 0; s < stages; ++s) {
-    const BlockRange& r = m.stage_blocks[s];
-    if (r.first < 0 || r.last > static_cast<int>(in.blocks.size()) || r.size() < 1) {
+// One point per measured run and action kind: x = the run's mean work per stage (FLOP-
+// samples, or message float-samples), y = its mean measured time per action.
+absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<MeasuredRun>& runs) {
+  std::vector<std::pair<double, double>> f, b, i, w, send, recv;
+  double step = 0, step_params = 0;
+  for (const MeasuredRun& m : runs) {
+    const int stages = static_cast<int>(m.stage_blocks.size());
+    if (static_cast<int>(m.costs.per_stage.size()) != stages || stages == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "measured run (", m.source, "): stage ", s, " holds blocks ", r.first, "-", r.last - 1,
-          ", not within this model's ", in.blocks.size()));
+          "measured costs (", m.source, ") give ", m.costs.per_stage.size(),
+          " stages but the run's partition has ", stages));
     }
-    const Costs& c = m.costs.per_stage[s];
-    flops += RangeFlops(in.blocks, r) * static_cast<double>(m.rows);
-    f += c.f;
-    i += c.i;
-    w += c.w;
-    const double mf = MessageFloats(in, m.stage_blocks, s) * static_cast<double>(m.rows);
-    if (mf > 0) {
-      send += c.send;
-      recv += c.recv;
-      floats += mf;
+    if (m.rows < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("measured run (", m.source, "): rows per micro-batch unknown"));
     }
-    params += RangeParams(in.blocks, r);
+    double work = 0, tf = 0, tb = 0, ti = 0, tw = 0, ts = 0, tr = 0, floats = 0, params = 0;
+    int messaging = 0;
+    bool split = false;
+    for (int s = 0; s < stages; ++s) {
+      const BlockRange& r = m.stage_blocks[s];
+      if (r.first < 0 || r.last > static_cast<int>(in.blocks.size()) || r.size() < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "measured run (", m.source, "): stage ", s, " holds blocks ", r.first, "-",
+            r.last - 1, ", not within this model's ", in.blocks.size()));
+      }
+      const Costs& c = m.costs.per_stage[s];
+      work += RangeFlops(in.blocks, r) * static_cast<double>(m.rows);
+      tf += c.f;
+      tb += c.backward();
+      // CostsFromTrace gives a run without split backward I = W = B / 2 and b >= 0.
+      split = split || c.b < 0;
+      ti += c.i;
+      tw += c.w;
+      const double mf = MessageFloats(in, m.stage_blocks, s) * static_cast<double>(m.rows);
+      if (mf > 0) {
+        ts += c.send;
+        tr += c.recv;
+        floats += mf;
+        ++messaging;
+      }
+      params += RangeParams(in.blocks, r);
+    }
+    const double n = stages;
+    f.push_back({work / n, tf / n});
+    b.push_back({work / n, tb / n});
+    if (split) {
+      i.push_back({work / n, ti / n});
+      w.push_back({work / n, tw / n});
+    }
+    if (messaging > 0) {
+      send.push_back({floats / messaging, ts / messaging});
+      recv.push_back({floats / messaging, tr / messaging});
+    }
+    // The step runs on every rank at once; the slowest holds about params / stages.
+    step += m.costs.step;
+    step_params += params / n;
   }
   Rates out;
-  out.f = f / flops;
-  out.i = i / flops;
-  out.w = w / flops;
-  if (floats > 0) {
-    out.send = send / floats;
-    out.recv = recv / floats;
+  FitLine(f, &out.overhead, &out.f);
+  out.b = FitRate(b, out.overhead);
+  if (!i.empty()) {
+    out.i = FitRate(i, out.overhead);
+    out.w = FitRate(w, out.overhead);
+  } else {
+    out.i = out.w = out.b / 2;  // a split backward: the same work, one more action
   }
-  // The step ran on every rank at once; the slowest holds about params / ranks of them.
-  const int ranks = std::max(1, m.costs.per_stage.empty() ? 1 : stages);
-  if (params > 0) out.step = m.costs.step / (params / ranks);
+  double send_a = 0, recv_a = 0;
+  FitLine(send, &send_a, &out.send);
+  FitLine(recv, &recv_a, &out.recv);
+  out.msg_overhead = recv_a + send_a;
+  // Split evenly between the two sides below.
+  if (step_params > 0) out.step = step / step_params;
   return out;
 }
 
@@ -128,13 +198,17 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
     const BlockRange& r = (*part)[s];
     const double work = RangeFlops(in.blocks, r) * rows;
     Costs& c = costs.per_stage[s];
-    c.f = rates.f * work;
-    c.i = rates.i * work + (in.recompute ? c.f : 0);
-    c.w = rates.w * work;
-    c.b = c.i + c.w;
+    const double a = rates.overhead;
+    c.f = a + rates.f * work;
+    const double again = in.recompute ? c.f : 0;  // the forward rerun before the backward
+    c.i = a + rates.i * work + again;
+    c.w = a + rates.w * work;
+    c.b = a + rates.b * work + again;
     const double msg = MessageFloats(in, *part, s) * rows;
-    c.send = rates.send * msg;
-    c.recv = rates.recv * msg;
+    if (msg > 0) {
+      c.send = rates.msg_overhead / 2 + rates.send * msg;
+      c.recv = rates.msg_overhead / 2 + rates.recv * msg;
+    }
     double floats = 0, biggest = 0;
     for (int b = r.first; b < r.last; ++b) {
       floats += static_cast<double>(in.blocks[b].activation_floats);
@@ -256,10 +330,18 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
   }
   Rates rates;
   Plan plan;
-  if (in.measured.has_value()) {
-    BATON_ASSIGN_OR_RETURN(rates, Calibrate(in, *in.measured));
+  if (!in.measured.empty()) {
+    BATON_ASSIGN_OR_RETURN(rates, Calibrate(in, in.measured));
     plan.measured = true;
-    plan.cost_source = in.measured->source;
+    std::vector<std::string> sources;
+    for (const MeasuredRun& m : in.measured) sources.push_back(m.source);
+    plan.cost_source = absl::StrJoin(sources, " + ");
+    plan.action_overhead = rates.overhead;
+    plan.calibration = absl::StrFormat(
+        "per action %.3g ms + per GFLOP-sample F %.3g, B %.3g, I %.3g, W %.3g ms; per message "
+        "%.3g ms + %.3g ms per MB; step %.3g ms per M parameters",
+        rates.overhead, rates.f * 1e9, rates.b * 1e9, rates.i * 1e9, rates.w * 1e9,
+        rates.msg_overhead / 2, (rates.send + rates.recv) / 2 * 1e6 / 4, rates.step * 1e6);
   } else {
     plan.cost_source = "model FLOPs (no measured run: times in FLOP units)";
   }
@@ -352,7 +434,7 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
 }
 
 absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memory_budget_bytes,
-                                         std::optional<MeasuredRun> measured) {
+                                         std::vector<MeasuredRun> measured) {
   baton::v1::PipelineSpec* p = spec->mutable_pipeline();
   if (p->schedule() != baton::v1::SCHEDULE_AUTO) return Plan{};
   PlannerInput in = PlannerInputFor(*spec, std::max(1, p->stages()));

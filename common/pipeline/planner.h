@@ -9,14 +9,18 @@
 // is the split placement runs; the spec cannot carry another yet). Each candidate's clock is
 // built and validated, then simulated (validate.h) with costs from the model:
 //
-//   Time. An action's cost is a rate times the FLOPs it computes: F = r_F * rows * sum of its
-//   chunk's forward FLOPs per sample (+1 per block, as the partitioner counts), I = r_I *
-//   the same, W = r_W * the same, B = I + W (+ F again with recomputation). Without a
-//   measured run r_F = r_I = r_W = 1 and communication and the optimizer step are free, so
-//   times are in FLOP units and only their ratios mean anything. With one (MeasuredRun: a
-//   job's trace, measured_costs.h), each rate is the measured total over the measured FLOPs
-//   (in ms), a send or receive costs the measured one scaled by the message's size, and the
-//   optimizer step the measured one scaled by the rank's parameters.
+//   Time. A compute action costs a per-action overhead plus a rate times the work it does,
+//   work = rows * the sum of its chunk's forward FLOPs per sample (+1 per block, as the
+//   partitioner counts): F = a + r_F work, B = a + r_B work, I = a + r_I work, W = a + r_W
+//   work (recomputation adds F to B and I). A message costs an overhead plus a rate times
+//   its floats; the optimizer step a rate times the rank's parameters. Without a measured
+//   run: a = 0, r_F = r_I = r_W = 1, r_B = 2, communication and the step free, so times
+//   are in FLOP units and only their ratios mean anything. Measured runs (MeasuredRun: a
+//   job's trace, measured_run.h) calibrate it in ms: each run gives, per action kind, one
+//   point (its mean work per stage, its mean time); a and r_F are the least-squares line
+//   through the F points (a = 0 from a single run or micro-batch size: then the rates are
+//   ratios), r_B, r_I and r_W the fits through that intercept (without a split-backward
+//   run, r_I = r_W = r_B / 2: the same work, one action more). Messages likewise.
 //
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
 //   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
@@ -69,7 +73,10 @@ struct PlannerInput {
   int virtual_stages = 0;
   int microbatches = 0;
   int64_t memory_budget_bytes = 0;  // per rank; 0: no budget
-  std::optional<MeasuredRun> measured;
+  // Runs that measured costs (any partition, schedule and M of this model): none for FLOP
+  // costs, one for rates, two or more with different micro-batch sizes for the per-action
+  // overhead too.
+  std::vector<MeasuredRun> measured;
   int keep = 8;                     // candidates kept in full (the rest only counted)
 };
 
@@ -96,7 +103,9 @@ struct Plan {
   int considered = 0;           // candidates built and simulated
   int over_budget = 0;          // of them, how many did not fit
   bool measured = false;        // times in ms (else FLOP units)
-  std::string cost_source;      // "model FLOPs" or MeasuredRun::source
+  std::string cost_source;      // "model FLOPs" or the MeasuredRun sources
+  double action_overhead = 0;   // measured: the fitted per-action overhead, ms
+  std::string calibration;      // measured: the fitted model, in words
 };
 
 // The planner's input for a validated, defaulted spec on `stages` ranks (its pipeline's
@@ -116,7 +125,7 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in);
 // stays valid. Returns the plan. A spec with a concrete schedule is left alone and the plan
 // is empty (considered == 0). Errors as PlanPipeline.
 absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memory_budget_bytes,
-                                         std::optional<MeasuredRun> measured = std::nullopt);
+                                         std::vector<MeasuredRun> measured = {});
 
 // "The pick: zb-h1 V=1 M=8, predicted 84.1 ms/step, bubble 0.06, peak 1.2 GiB/rank (costs:
 // ...); 23 candidates; 1f1b M=8: bubble 0.18 vs 0.06; ..." — one line for job histories.

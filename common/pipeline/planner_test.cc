@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "common/pipeline/local_pipeline.h"
+#include "common/pipeline/partition.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/vocabulary.h"
 #include "common/spec/spec.h"
@@ -247,7 +248,7 @@ TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
   }
   measured.step = 1;
   m.costs = measured;
-  in.measured = m;
+  in.measured = {m};
   absl::StatusOr<Plan> plan = PlanPipeline(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->measured);
@@ -264,10 +265,65 @@ TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
   EXPECT_GT(plan->ranked[0].step_time, 1.0);  // in ms, with the step in it
 
   // A measured partition that does not fit this model is refused, naming the source.
-  in.measured->stage_blocks = {{0, 3}, {3, 99}};
+  in.measured[0].stage_blocks = {{0, 3}, {3, 99}};
   absl::StatusOr<Plan> bad = PlanPipeline(in);
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "test run")) << bad.status();
+}
+
+// Two runs at different micro-batch sizes separate a per-action overhead from the rate:
+// times built as 0.5 ms + 2e-6 ms per FLOP-sample give back a = 0.5, and a candidate's
+// prediction is its clock simulated with those costs.
+TEST(PlannerTest, TwoMeasuredRunsFitAPerActionOverhead) {
+  const baton::v1::JobSpec spec = Gpt();
+  PlannerInput in = AutoInput(spec, 2);
+  absl::StatusOr<std::vector<BlockRange>> blocks = PartitionBlocks(in.blocks, 2);
+  ASSERT_TRUE(blocks.ok());
+  auto run = [&](int64_t rows) {
+    MeasuredRun m;
+    m.rows = rows;
+    m.stage_blocks = *blocks;
+    m.source = absl::StrCat("rows ", rows);
+    for (const BlockRange& r : *blocks) {
+      double flops = 0;
+      for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
+      Costs c;
+      c.f = 0.5 + 2e-6 * flops * rows;
+      c.b = 0.5 + 4e-6 * flops * rows;
+      c.i = c.w = c.b / 2;
+      m.costs.per_stage.push_back(c);
+    }
+    return m;
+  };
+  in.measured = {run(2), run(8)};
+  in.schedule = ScheduleKind::k1F1B;
+  in.microbatches = 16;  // rows = 1: a run neither calibration saw
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(plan->action_overhead, 0.5, 1e-9);
+  EXPECT_EQ(plan->cost_source, "rows 2 + rows 8");
+  Costs want;
+  for (const BlockRange& r : *blocks) {
+    double flops = 0;
+    for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
+    Costs c;
+    c.f = 0.5 + 2e-6 * flops;
+    c.b = 0.5 + 4e-6 * flops;
+    want.per_stage.push_back(c);
+  }
+  ScheduleOptions o;
+  o.num_ranks = 2;
+  o.num_microbatches = 16;
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<SimResult> sim = Simulate(*s, want);
+  ASSERT_TRUE(sim.ok());
+  EXPECT_NEAR(plan->ranked[0].step_time, sim->makespan, 1e-6 * sim->makespan);
+  // One run alone cannot tell overhead from rate: the line goes through the origin.
+  in.measured = {run(8)};
+  plan = PlanPipeline(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->action_overhead, 0);
 }
 
 TEST(PlannerTest, RefusesWhatCannotRunNamingTheField) {
