@@ -21,6 +21,7 @@
 #include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
+#include "common/pipeline/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
@@ -635,6 +636,26 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     std::optional<WorkerChoice> choice = ChooseWorkers(spec, idle, taken, &waiting);
     if (!choice.has_value()) break;
     queue_.pop_front();
+    if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
+      // The auto-planner chooses now, for these workers (a GPU job's budget is the smallest
+      // GPU's memory), and the choice sticks: a recovery or resume trains the same clock.
+      int64_t budget = 0;
+      for (size_t i : choice->indices) {
+        const int64_t m = idle[i].device().memory_bytes();
+        if (choice->device == Device::kCuda && m > 0) budget = budget == 0 ? m : std::min(budget, m);
+      }
+      absl::StatusOr<Plan> plan = ResolveAutoPipeline(&spec, budget, j->auto_costs);
+      if (!plan.ok()) {
+        EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
+                     absl::StrCat("auto-planner: ", plan.status().message()), effects);
+        continue;
+      }
+      baton::v1::PipelineSpec* chosen = j->job.mutable_spec()->mutable_pipeline();
+      chosen->set_schedule(spec.pipeline().schedule());
+      chosen->set_virtual_stages(spec.pipeline().virtual_stages());
+      chosen->set_microbatches(spec.pipeline().microbatches());
+      AppendStateLocked(j, j->job.state(), SummarizePlan(*plan));
+    }
     std::vector<PlacedWorker> placed;
     for (size_t i : choice->indices) {
       const baton::v1::WorkerInfo& w = idle[i];
@@ -764,7 +785,16 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   baton::v1::JobSpec spec = request.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
-  BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
+  std::vector<MeasuredRun> auto_costs;
+  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
+    // The planner runs at placement; a spec it can find nothing for is refused now.
+    baton::v1::JobSpec trial = spec;
+    BATON_RETURN_IF_ERROR(ResolveAutoPipeline(&trial, 0).status());
+    BATON_RETURN_IF_ERROR(BuildPipelineLayout(trial).status());
+    auto_costs = EarlierRunsOf(spec);
+  } else {
+    BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
+  }
   // A text file lives on the workers and is read there, but only under the data roots:
   // a spec naming /etc/shadow is refused now, naming the field.
   if (spec.data().has_text() && spec.data().text().has_path()) {
@@ -793,6 +823,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     }
   }
   auto active = std::make_unique<ActiveJob>();
+  active->auto_costs = std::move(auto_costs);
   active->seq = store_->NextSequence();
   Job& job = active->job;
   job.set_id(absl::StrFormat("job-%06d", active->seq));
@@ -969,6 +1000,35 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   for (baton::v1::RankTrace& t : traces) {
     if (t.rank() >= 0 && t.rank() < ranks) t.set_worker_id(job.workers(t.rank()));
     *out.add_ranks() = std::move(t);
+  }
+  return out;
+}
+
+std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& spec) {
+  std::vector<MeasuredRun> out;
+  if (spec.name().empty()) return out;
+  // The newest jobs first; a bounded look back (traces are kept for recent jobs only).
+  absl::StatusOr<JobStore::Page> page = store_->List(200, "");
+  if (!page.ok()) return out;
+  for (const Job& job : page->jobs) {
+    if (job.spec().name() != spec.name() || job.workers_size() == 0 ||
+        !google::protobuf::util::MessageDifferencer::Equals(job.spec().model(), spec.model()) ||
+        job.spec().data().batch_size() <= 0) {
+      continue;
+    }
+    bool seen = false;  // a second run only if its micro-batch size differs
+    for (const MeasuredRun& m : out) seen = seen || m.rows == job.spec().data().batch_size() /
+                                                         (std::max(1, job.pipeline().data_parallel()) *
+                                                          std::max(1, job.pipeline().microbatches()));
+    if (seen) continue;
+    baton::v1::GetJobTraceRequest req;
+    req.set_job_id(job.id());
+    absl::StatusOr<baton::v1::JobTrace> trace = GetJobTrace(req);
+    if (!trace.ok()) continue;
+    absl::StatusOr<MeasuredRun> run = MeasuredRunFromJob(job, *trace);
+    if (!run.ok()) continue;
+    out.push_back(*std::move(run));
+    if (out.size() == 2) break;
   }
   return out;
 }

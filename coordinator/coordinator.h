@@ -140,6 +140,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
+#include "common/pipeline/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
@@ -267,6 +268,10 @@ class Coordinator {
   // Every rank's action timeline of one step (0: the latest step all ranks reported).
   // NOT_FOUND for unknown jobs, and for steps without a trace, naming the kept steps.
   absl::StatusOr<baton::v1::JobTrace> GetJobTrace(const baton::v1::GetJobTraceRequest& request);
+  // SCHEDULE_AUTO's calibration: the traced runs of the newest (at most two, of different
+  // micro-batch sizes) earlier jobs with this spec's name and model. Takes mu_ (through
+  // GetJobTrace); call without it.
+  std::vector<MeasuredRun> EarlierRunsOf(const baton::v1::JobSpec& spec);
 
   // Workers and jobs by state, for the metrics.
   StateCounts CountStates();
@@ -338,6 +343,9 @@ class Coordinator {
     // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
     // again only once they returned (so it gets its own workers back, not fewer stages).
     int pending_aborts = 0;
+    // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
+    // measured, gathered at submission; the planner calibrates from them at placement.
+    std::vector<MeasuredRun> auto_costs;
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/digest.h"
 #include "common/nn/model.h"
@@ -1254,6 +1255,78 @@ TEST_F(CoordinatorTest, TracesAreKeptForTheLatestStepsAndServedByStep) {
   req.set_job_id("job-999999");
   req.set_step(0);
   EXPECT_EQ(core_->GetJobTrace(req).status().code(), absl::StatusCode::kNotFound);
+}
+
+// SCHEDULE_AUTO: the planner chooses at placement and the history says what and why; the
+// choice sticks in the job's spec and the plans carry it. A later job of the same name and
+// model calibrates from the earlier one's trace.
+TEST_F(CoordinatorTest, AutoScheduleIsChosenAtPlacementFromFlopsThenFromTheLastRunsCosts) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/3);
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
+  spec.mutable_pipeline()->clear_microbatches();
+  Job first = Submit(spec);
+  ASSERT_EQ(first.state(), baton::v1::JOB_STATE_QUEUED);
+  core_->Tick();
+  first = Get(first.id());
+  ASSERT_EQ(first.state(), baton::v1::JOB_STATE_RUNNING) << Reason(first);
+  const baton::v1::PipelineSpec& chosen = first.spec().pipeline();
+  EXPECT_NE(chosen.schedule(), baton::v1::SCHEDULE_AUTO);
+  EXPECT_GE(chosen.microbatches(), 1);
+  EXPECT_EQ(8 % chosen.microbatches(), 0);
+  std::string planned;
+  for (const auto& h : first.history()) {
+    if (absl::StartsWith(h.reason(), "auto-planner chose ")) planned = h.reason();
+  }
+  EXPECT_TRUE(absl::StrContains(planned, "model FLOPs")) << planned;
+  EXPECT_TRUE(absl::StrContains(planned, absl::StrCat(first.pipeline().schedule(), " V=")))
+      << planned << " vs " << first.pipeline().schedule();
+  for (const auto& plan : client_->Plans(first.id())) {
+    EXPECT_EQ(plan.spec().pipeline().schedule(), chosen.schedule());
+    EXPECT_EQ(plan.microbatches(), chosen.microbatches());
+  }
+  // The first job reports a traced step: every action of its clock, 1 ms each.
+  for (const auto& plan : client_->Plans(first.id())) {
+    baton::v1::ReportProgressRequest p;
+    p.set_job_id(first.id());
+    p.set_worker_id(first.workers(plan.rank()));
+    p.set_rank(plan.rank());
+    p.set_step(1);
+    if (plan.rank() == 1) p.set_loss(1.0f);
+    baton::v1::RankTrace* t = p.mutable_trace();
+    int64_t at = 0;
+    for (const std::string& action : plan.actions()) {
+      baton::v1::ActionSpan* a = t->add_actions();
+      a->set_action(action);
+      a->set_start_ns(at);
+      at += 1'000'000;  // 1 ms each
+      a->set_end_ns(at);
+    }
+    ASSERT_TRUE(core_->ReportProgress(p).ok());
+  }
+  baton::v1::JobSpec again = spec;
+  Job second = Submit(again);
+  FinishAllRanks(first);
+  core_->Tick();
+  second = Get(second.id());
+  ASSERT_EQ(second.state(), baton::v1::JOB_STATE_RUNNING) << Reason(second);
+  planned.clear();
+  for (const auto& h : second.history()) {
+    if (absl::StartsWith(h.reason(), "auto-planner chose ")) planned = h.reason();
+  }
+  EXPECT_TRUE(absl::StrContains(planned, absl::StrCat("costs: job ", first.id(), " step 1")))
+      << planned;
+  EXPECT_TRUE(absl::StrContains(planned, " ms/step")) << planned;
+
+  // A spec the planner can find nothing for is refused at submission, naming the field.
+  baton::v1::JobSpec bad = spec;
+  bad.mutable_pipeline()->set_stages(9);  // 4 blocks
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = bad;
+  absl::StatusOr<Job> refused = core_->SubmitJob(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "pipeline.stages")) << refused.status();
 }
 
 TEST(CoordinatorOptionsTest, BadDurationsNameTheFlag) {
