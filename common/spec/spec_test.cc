@@ -378,7 +378,8 @@ INSTANTIATE_TEST_SUITE_P(All, RefusalTest, testing::ValuesIn(Refusals()),
                          });
 
 // The schedule table keeps the job-spec enum as a number: each entry's number has the enum
-// name its entry implies ("zb-v" is SCHEDULE_ZB_V), and every enum value has an entry.
+// name its entry implies ("zb-v" is SCHEDULE_ZB_V), and every enum value has an entry but
+// SCHEDULE_AUTO (not a schedule: the planner's choice of one).
 TEST(ValidateTest, TheScheduleTableMatchesTheSpecEnum) {
   for (const ScheduleEntry& e : ScheduleTable()) {
     if (e.kind == ScheduleKind::kCustom) continue;
@@ -388,8 +389,28 @@ TEST(ValidateTest, TheScheduleTableMatchesTheSpecEnum) {
         << e.name;
   }
   for (int v = v1::Schedule_MIN; v <= v1::Schedule_MAX; ++v) {
-    if (v1::Schedule_IsValid(v)) EXPECT_TRUE(ScheduleEntryForSpecValue(v).ok()) << v;
+    if (v1::Schedule_IsValid(v) && v != v1::SCHEDULE_AUTO) {
+      EXPECT_TRUE(ScheduleEntryForSpecValue(v).ok()) << v;
+    }
   }
+  EXPECT_FALSE(ScheduleEntryForSpecValue(v1::SCHEDULE_AUTO).ok());
+}
+
+// SCHEDULE_AUTO validates with virtual_stages and microbatches left unset (the planner's to
+// choose) and keeps them 0; what trains it refuses it until it is resolved.
+TEST(ValidateTest, AutoScheduleLeavesUnsetChoicesToThePlanner) {
+  JobSpec spec = ValidGpt();
+  spec.mutable_pipeline()->set_schedule(v1::SCHEDULE_AUTO);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->clear_microbatches();
+  spec.mutable_pipeline()->clear_virtual_stages();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  EXPECT_EQ(spec.pipeline().microbatches(), 0);
+  EXPECT_EQ(spec.pipeline().virtual_stages(), 0);
+  EXPECT_EQ(RequireChosenSchedule(spec).code(), absl::StatusCode::kFailedPrecondition);
+  // What the spec does fix is still checked.
+  spec.mutable_pipeline()->set_microbatches(-3);
+  EXPECT_FALSE(ValidateAndDefaultJobSpec(&spec).ok());
 }
 
 // The V schedules take two chunks per rank: unset (or 1) reads as 2, more is refused.
