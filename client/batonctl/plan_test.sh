@@ -145,4 +145,36 @@ expect_refusal measured_stages "measured 4 stages but this plan has 2" \
 expect_refusal measured_both "--costs and --costs-from both give the costs" \
   -f "$EXAMPLES/gpt.json" --costs F=1 --costs-from "$tmp/run.json"
 echo "measured costs ok"
+
+# The auto-planner: a ranking with the pick first, every row explained, its command line.
+"$BATONCTL" plan --auto -f "$EXAMPLES/gpt.json" --workers 2 >"$tmp/auto.out" ||
+  fail "plan --auto failed: $(cat "$tmp/auto.out")"
+grep -qF "auto-plan: $EXAMPLES/gpt.json, 2 stages x 1 replica, batch 32, 4 blocks" "$tmp/auto.out" ||
+  fail "auto: header"
+grep -q "^   1  .*(the pick)$" "$tmp/auto.out" || fail "auto: no pick in row 1"
+grep -q "^   2  .*\(bubble\|work\): " "$tmp/auto.out" || fail "auto: row 2 says not why it lost"
+grep -q "^to run it: batonctl submit -f .* --stages 2 --microbatches [0-9]" "$tmp/auto.out" ||
+  fail "auto: no command line"
+# json, fixed choices, calibration from the trace above (4 stages, 1f1b M=4 as written).
+"$BATONCTL" plan --auto -f "$EXAMPLES/gpt.json" --workers 4 --schedule 1f1b --output json \
+  --costs-from "$tmp/run.json" >"$tmp/auto.json" || fail "plan --auto json: $(cat "$tmp/auto.json")"
+python3 - "$tmp/auto.json" <<'PY' || fail "auto json"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+assert plan["measured"] and plan["stages"] == 4, plan
+assert all(c["schedule"] == "1f1b" for c in plan["candidates"]), plan
+times = [c["step_time"] for c in plan["candidates"]]
+assert times == sorted(times) and len(times) == 6, times  # M in 1, 2, 4, 8, 16, 32
+PY
+# A budget between the smallest and largest need: the pick fits; below all: refused with the
+# smallest need.
+expect_refusal auto_memory "memory budget: no candidate fits 1 KiB per rank; the smallest" \
+  --auto -f "$EXAMPLES/gpt.json" --workers 2 --memory-gib 0.000001
+expect_refusal auto_workers "--workers 3 does not split into 2 data-parallel replicas" \
+  --auto -f "$EXAMPLES/gpt.json" --workers 3 --data-parallel 2
+expect_refusal auto_file "--auto needs -f SPEC.json" --auto --workers 2
+expect_refusal auto_only "--workers needs --auto" -f "$EXAMPLES/gpt.json" --workers 2
+expect_refusal auto_stages "pipeline.stages: 9 stages for a model of 4 blocks" \
+  --auto -f "$EXAMPLES/gpt.json" --workers 9
+echo "auto-planner ok"
 echo "PASS"
