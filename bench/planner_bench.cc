@@ -5,8 +5,8 @@
 // 0 for one run only) give the measured costs of their last step (CostsFromTrace, as
 // `batonctl plan --costs-from JOB1,JOB2` reads jobs); the planner ranks every candidate (schedule x V x M) with them; then every
 // candidate is trained for real with LocalPipelineTrainer (S executor threads), --warmup
-// steps, then --steps measured steps, in --rounds rounds over all candidates; its fastest
-// round's median step wall time is reported next to the prediction. The summary gives the pick's rank among the measured and its gap to the
+// steps, then --steps measured steps, in --rounds rounds over all candidates; the median of
+// its round medians is reported next to the prediction, with the spread between rounds. The summary gives the pick's rank among the measured and its gap to the
 // fastest measured candidate (the goal: first, or within 3%).
 //
 //   planner_bench [--spec=PATH] [--S=2] [--steps=5] [--warmup=2] [--calib-m=4] [--calib-m2=16]
@@ -140,6 +140,9 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
   // and W their own rates).
   std::vector<MeasuredRun> runs;
   std::string calib;
+  // The machine warms up first (the first runs of a process measure slow): one discarded
+  // run of the first calibration job.
+  Run(spec, f, nullptr, nullptr);
   for (const auto& [kind, m] : {std::pair{baton::v1::SCHEDULE_1F1B, f.calib_m},
                                 std::pair{baton::v1::SCHEDULE_ZB_H1, f.calib_m2}}) {
     baton::v1::JobSpec c = spec;
@@ -176,13 +179,16 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
               plan->action_overhead);
   struct Row {
     const PlanCandidate* c;
-    double measured;
+    double measured;  // ms
+    double spread;    // (max - min) / median of the round medians
+    std::vector<double> rounds;
   };
-  // Every candidate once per round, the rounds one after another, and each candidate's
-  // fastest round median kept: a disturbance of the machine hits one round of a few
-  // candidates, not one candidate's every measurement.
+  // Every candidate once per round, the rounds one after another; each candidate's
+  // measurement is the median of its round medians (a disturbance of the machine hits one
+  // round of a few candidates, not one candidate's every measurement), its spread the
+  // largest minus the smallest round median over that: the noise to read the ranks by.
   std::vector<Row> rows;
-  for (const PlanCandidate& c : plan->ranked) rows.push_back({&c, 1e300});
+  for (const PlanCandidate& c : plan->ranked) rows.push_back({&c, 0, 0, {}});
   for (int round = 0; round < f.rounds; ++round) {
     for (Row& row : rows) {
       baton::v1::JobSpec s = spec;
@@ -190,8 +196,15 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
           static_cast<baton::v1::Schedule>(ScheduleEntryOf(row.c->kind).spec_value));
       s.mutable_pipeline()->set_virtual_stages(row.c->virtual_stages);
       s.mutable_pipeline()->set_microbatches(row.c->microbatches);
-      row.measured = std::min(row.measured, Run(s, f, nullptr, nullptr));
+      row.rounds.push_back(Run(s, f, nullptr, nullptr));
     }
+  }
+  double spread_sum = 0;
+  for (Row& row : rows) {
+    std::sort(row.rounds.begin(), row.rounds.end());
+    row.measured = row.rounds[row.rounds.size() / 2];
+    row.spread = (row.rounds.back() - row.rounds.front()) / row.measured;
+    spread_sum += row.spread;
   }
   std::vector<double> sorted;
   for (const Row& r : rows) sorted.push_back(r.measured);
@@ -199,21 +212,30 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
   auto measured_rank = [&](double m) {
     return static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), m) - sorted.begin()) + 1;
   };
-  std::printf("%4s  %-16s %2s %4s %10s %10s %7s %8s\n", "pred", "schedule", "V", "M",
-              "predicted", "measured", "error", "measured");
-  std::printf("%4s  %-16s %2s %4s %10s %10s %7s %8s\n", "rank", "", "", "", "ms", "ms", "", "rank");
+  std::printf("%4s  %-16s %2s %4s %10s %10s %7s %7s %8s\n", "pred", "schedule", "V", "M",
+              "predicted", "measured", "spread", "error", "measured");
+  std::printf("%4s  %-16s %2s %4s %10s %10s %7s %7s %8s\n", "rank", "", "", "", "ms", "ms", "",
+              "", "rank");
   for (size_t k = 0; k < rows.size(); ++k) {
     const Row& r = rows[k];
-    std::printf("%4zu  %-16s %2d %4d %10.1f %10.1f %+6.1f%% %8d\n", k + 1,
+    std::printf("%4zu  %-16s %2d %4d %10.1f %10.1f %6.1f%% %+6.1f%% %8d\n", k + 1,
                 ScheduleKindName(r.c->kind), r.c->virtual_stages, r.c->microbatches,
-                r.c->step_time, r.measured, 100 * (r.c->step_time / r.measured - 1),
-                measured_rank(r.measured));
+                r.c->step_time, r.measured, 100 * r.spread,
+                100 * (r.c->step_time / r.measured - 1), measured_rank(r.measured));
   }
   const double best = sorted.front();
   const double pick = rows.front().measured;
-  std::printf("pick %s: measured rank %d of %zu, %.1f ms vs the fastest %.1f ms (%+.1f%%)\n",
+  // How well the predicted order matches the measured one: Spearman's rank correlation.
+  double d2 = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const double d = static_cast<double>(k + 1) - measured_rank(rows[k].measured);
+    d2 += d * d;
+  }
+  const double n = static_cast<double>(rows.size());
+  std::printf("pick %s: measured rank %d of %zu, %.1f ms vs the fastest %.1f ms (%+.1f%%); "
+              "mean spread between rounds %.1f%%; rank correlation predicted/measured %.2f\n",
               rows.front().c->Describe().c_str(), measured_rank(pick), rows.size(), pick, best,
-              100 * (pick / best - 1));
+              100 * (pick / best - 1), 100 * spread_sum / n, 1 - 6 * d2 / (n * (n * n - 1)));
 }
 
 }  // namespace

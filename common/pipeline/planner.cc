@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -21,7 +22,6 @@ namespace {
 struct Rates {
   double overhead = 0;                 // per F, B, I or W action
   double f = 1, b = 2, i = 1, w = 1;   // per FLOP-sample
-  double msg_overhead = 0;             // per send or receive
   double send = 0, recv = 0;           // per float-sample of a message
   double step = 0;                     // per parameter on the rank
 };
@@ -157,11 +157,16 @@ absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<Measur
   } else {
     out.i = out.w = out.b / 2;  // a split backward: the same work, one more action
   }
-  double send_a = 0, recv_a = 0;
-  FitLine(send, &send_a, &out.send);
-  FitLine(recv, &recv_a, &out.recv);
-  out.msg_overhead = recv_a + send_a;
-  // Split evenly between the two sides below.
+  // Messages: the cheapest per float any run saw. A receive's measured cost is already the
+  // shortest on its stage (the nearest to a transfer without waiting), and what is left of
+  // waiting in it is noise a line fit would turn into a rate; the simulator adds the waits.
+  auto cheapest = [](const std::vector<std::pair<double, double>>& pts) {
+    double r = pts.empty() ? 0 : std::numeric_limits<double>::infinity();
+    for (const auto& [x, y] : pts) r = std::min(r, x > 0 ? y / x : 0.0);
+    return r;
+  };
+  out.send = cheapest(send);
+  out.recv = cheapest(recv);
   if (step_params > 0) out.step = step / step_params;
   return out;
 }
@@ -205,10 +210,8 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
     c.w = a + rates.w * work;
     c.b = a + rates.b * work + again;
     const double msg = MessageFloats(in, *part, s) * rows;
-    if (msg > 0) {
-      c.send = rates.msg_overhead / 2 + rates.send * msg;
-      c.recv = rates.msg_overhead / 2 + rates.recv * msg;
-    }
+    c.send = rates.send * msg;
+    c.recv = rates.recv * msg;
     double floats = 0, biggest = 0;
     for (int b = r.first; b < r.last; ++b) {
       floats += static_cast<double>(in.blocks[b].activation_floats);
@@ -338,10 +341,10 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
     plan.cost_source = absl::StrJoin(sources, " + ");
     plan.action_overhead = rates.overhead;
     plan.calibration = absl::StrFormat(
-        "per action %.3g ms + per GFLOP-sample F %.3g, B %.3g, I %.3g, W %.3g ms; per message "
-        "%.3g ms + %.3g ms per MB; step %.3g ms per M parameters",
+        "per action %.3g ms + per GFLOP-sample F %.3g, B %.3g, I %.3g, W %.3g ms; messages "
+        "send %.3g, receive %.3g ms per MB; step %.3g ms per M parameters",
         rates.overhead, rates.f * 1e9, rates.b * 1e9, rates.i * 1e9, rates.w * 1e9,
-        rates.msg_overhead / 2, (rates.send + rates.recv) / 2 * 1e6 / 4, rates.step * 1e6);
+        rates.send * 1e6 / 4, rates.recv * 1e6 / 4, rates.step * 1e6);
   } else {
     plan.cost_source = "model FLOPs (no measured run: times in FLOP units)";
   }

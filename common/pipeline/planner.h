@@ -12,15 +12,16 @@
 //   Time. A compute action costs a per-action overhead plus a rate times the work it does,
 //   work = rows * the sum of its chunk's forward FLOPs per sample (+1 per block, as the
 //   partitioner counts): F = a + r_F work, B = a + r_B work, I = a + r_I work, W = a + r_W
-//   work (recomputation adds F to B and I). A message costs an overhead plus a rate times
-//   its floats; the optimizer step a rate times the rank's parameters. Without a measured
+//   work (recomputation adds F to B and I). A message costs a rate times its floats; the
+//   optimizer step a rate times the rank's parameters. Without a measured
 //   run: a = 0, r_F = r_I = r_W = 1, r_B = 2, communication and the step free, so times
 //   are in FLOP units and only their ratios mean anything. Measured runs (MeasuredRun: a
 //   job's trace, measured_run.h) calibrate it in ms: each run gives, per action kind, one
 //   point (its mean work per stage, its mean time); a and r_F are the least-squares line
 //   through the F points (a = 0 from a single run or micro-batch size: then the rates are
 //   ratios), r_B, r_I and r_W the fits through that intercept (without a split-backward
-//   run, r_I = r_W = r_B / 2: the same work, one action more). Messages likewise.
+//   run, r_I = r_W = r_B / 2: the same work, one action more). A send or receive costs the
+//   cheapest time per float any run measured for one, times its floats.
 //
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
 //   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
