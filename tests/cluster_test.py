@@ -449,6 +449,9 @@ def case_schedules(c):
         # The V schedules: two chunks per worker, the first and last stage on one.
         ("zb-v", tiny_gpt("gpt-zbv"), ["--schedule", "zb-v", "--stages", "2"]),
         ("v-half", tiny_gpt("gpt-vhalf"), ["--schedule", "v-half", "--stages", "2"]),
+        # SCHEDULE_AUTO in the spec: the coordinator's planner chooses schedule, V and M at
+        # placement; train-local resolves the same spec to the same choice (both from FLOPs).
+        ("auto", tiny_gpt("gpt-auto", microbatches=0, schedule="SCHEDULE_AUTO", stages=2), []),
         # Recomputation across worker processes: the reference's bits all the same.
         ("1f1b recompute", tiny_gpt("gpt-1f1b-recompute"),
          ["--schedule", "1f1b", "--stages", "4", "--recompute", "full",
@@ -509,6 +512,14 @@ def case_schedules(c):
         print(f"  {schedule:17s} {job_id}: SUCCEEDED in {seconds:4.1f} s on "
               f"{' '.join(job.get('workers', []))} (stages {pipeline.get('stages')}, virtual "
               f"{pipeline.get('virtual_stages')}), digest {job['weights_digest'][:16]}...")
+        if schedule == "auto":
+            planned = [h["reason"] for h in job.get("history", [])
+                       if h.get("reason", "").startswith("auto-planner chose ")]
+            check(planned and "model FLOPs" in planned[0],
+                  f"auto: no planner entry in the history: {job.get('history')}")
+            check(pipeline.get("schedule") not in (None, "SCHEDULE_AUTO"),
+                  f"auto: the job's spec kept SCHEDULE_AUTO: {pipeline}")
+            print(f"  auto: {planned[0][:110]}...")
         if "recompute" in schedule:
             check(pipeline.get("recompute") == "RECOMPUTE_FULL" and
                   pipeline.get("recompute_stages") == [0, 1],

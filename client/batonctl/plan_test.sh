@@ -152,7 +152,7 @@ echo "measured costs ok"
 grep -qF "auto-plan: $EXAMPLES/gpt.json, 2 stages x 1 replica, batch 32, 4 blocks" "$tmp/auto.out" ||
   fail "auto: header"
 grep -q "^   1  .*(the pick)$" "$tmp/auto.out" || fail "auto: no pick in row 1"
-grep -q "^   2  .*\(bubble\|work\): " "$tmp/auto.out" || fail "auto: row 2 says not why it lost"
+grep -q "^   2  .*\(bubble\|work\|tie\): " "$tmp/auto.out" || fail "auto: row 2 says not why it lost"
 grep -q "^to run it: batonctl submit -f .* --stages 2 --microbatches [0-9]" "$tmp/auto.out" ||
   fail "auto: no command line"
 # json, fixed choices, calibration from the trace above (4 stages, 1f1b M=4 as written).

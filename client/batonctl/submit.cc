@@ -33,7 +33,8 @@ const std::vector<FlagSpec>& Flags() {
       {"steps", "", false, "override the spec's steps"},
       {"seed", "", false, "override the spec's seed"},
       {"schedule", "s", false,
-       "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half"},
+       "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half, or auto "
+       "(the coordinator's auto-planner chooses; --microbatches 0 leaves M to it too)"},
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
@@ -79,6 +80,8 @@ constexpr char kUsage[] =
     "(another --schedule or --stages loads the same checkpoint).\n\n";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
+  // "auto": the coordinator's auto-planner chooses at placement (SCHEDULE_AUTO).
+  if (absl::AsciiStrToLower(text) == "auto") return baton::v1::SCHEDULE_AUTO;
   absl::StatusOr<const ScheduleEntry*> e = FindScheduleEntry(text);
   baton::v1::Schedule parsed;
   if (e.ok() && (*e)->spec_value != 0) return static_cast<baton::v1::Schedule>((*e)->spec_value);
@@ -88,7 +91,7 @@ absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
     return parsed;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--schedule must be one of ", ScheduleNames(), ", got '", text, "'"));
+      absl::StrCat("--schedule must be one of ", ScheduleNames(), ", auto, got '", text, "'"));
 }
 
 // Reads an int32 override; semantic checks (>= 1, ...) are the coordinator's.

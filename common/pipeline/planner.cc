@@ -402,10 +402,16 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
         " on a model of ", n, " blocks",
         in.schedule.has_value() ? absl::StrCat(" as ", ScheduleKindName(*in.schedule)) : ""));
   }
-  auto key = [](const Evaluated& e) {
-    return std::make_tuple(!e.c.fits, e.c.fits ? e.c.step_time : 0.0,
-                           e.c.fits ? 0 : e.c.max_peak_bytes, e.order, e.c.virtual_stages,
-                           e.c.microbatches);
+  // Fitting candidates by predicted step, those equal to 9 digits by memory (the same speed
+  // for less memory); the rest by memory. Then table order, V, M.
+  double fastest = 0;
+  for (const Evaluated& e : all) {
+    if (e.c.step_time > 0) fastest = fastest == 0 ? e.c.step_time : std::min(fastest, e.c.step_time);
+  }
+  auto key = [&](const Evaluated& e) {
+    const double step = fastest > 0 ? std::round(e.c.step_time / fastest * 1e9) : 0;
+    return std::make_tuple(!e.c.fits, e.c.fits ? step : 0.0, e.c.max_peak_bytes, e.order,
+                           e.c.virtual_stages, e.c.microbatches);
   };
   std::stable_sort(all.begin(), all.end(),
                    [&](const Evaluated& a, const Evaluated& b) { return key(a) < key(b); });
@@ -423,6 +429,10 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
       if (!c.fits) {
         c.lost = absl::StrCat("memory: needs ", HumanBytes(c.max_peak_bytes), ", over ",
                               HumanBytes(in.memory_budget_bytes));
+      } else if (std::abs(c.step_time - pick.step_time) <= 1e-9 * pick.step_time) {
+        c.lost = absl::StrCat("tie: the same predicted step, more memory (",
+                              HumanBytes(c.max_peak_bytes), " vs ",
+                              HumanBytes(pick.max_peak_bytes), ")");
       } else if (c.busiest - pick.busiest >= 0.5 * (c.step_time - pick.step_time) &&
                  c.busiest > pick.busiest) {
         c.lost = absl::StrCat("work: busiest rank ", Time(c.busiest, plan.measured), " vs ",

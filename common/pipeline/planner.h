@@ -33,8 +33,8 @@
 //   peaks against the allocator (within 5%; measured: 1-3% under). Not modelled: data-
 //   parallel gradient buckets, transport buffers, the CUDA context.
 //
-// Contract: deterministic (the same input gives the same ranking, ties broken by schedule
-// table order, then V, then M); well under a second for S = 16, 48 blocks, batch 512
+// Contract: deterministic (the same input gives the same ranking; equal predicted steps go
+// to the smaller peak memory, then schedule table order, then V, then M); well under a second for S = 16, 48 blocks, batch 512
 // (planner_test measures nothing, bench/planner_bench does).
 #ifndef BATON_COMMON_PIPELINE_PLANNER_H_
 #define BATON_COMMON_PIPELINE_PLANNER_H_
@@ -98,7 +98,8 @@ struct PlanCandidate {
 };
 
 struct Plan {
-  // Every candidate that fits, fastest first, then those over the budget, smallest first;
+  // Every candidate that fits, fastest first (equal steps: least memory first), then those
+  // over the budget, smallest first;
   // at most PlannerInput::keep of them. ranked[0] is the pick.
   std::vector<PlanCandidate> ranked;
   int considered = 0;           // candidates built and simulated
