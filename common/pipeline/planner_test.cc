@@ -43,6 +43,25 @@ PlannerInput AutoInput(const baton::v1::JobSpec& spec, int stages) {
   return in;
 }
 
+// FLOPs per sample of a chunk as the planner counts them (+1 per block).
+double Flops(const PlannerInput& in, const BlockRange& r) {
+  double flops = 0;
+  for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
+  return flops;
+}
+
+// The simulated makespan of 1F1B on S ranks with M micro-batches at these costs.
+double Makespan1F1B(int S, int M, const Costs& costs) {
+  ScheduleOptions o;
+  o.num_ranks = S;
+  o.num_microbatches = M;
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<SimResult> sim = Simulate(*s, costs);
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  return sim.ok() ? sim->makespan : -1;
+}
+
 TEST(PlannerTest, SearchesEveryScheduleVAndMAndRanksThemByPredictedTime) {
   const PlannerInput in = AutoInput(Gpt(), 4);
   absl::StatusOr<Plan> plan = PlanPipeline(in);
@@ -95,24 +114,21 @@ TEST(PlannerTest, PredictionIsTheSimulationOfTheCandidatesClock) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->considered, 1);
   const PlanCandidate& c = plan->ranked[0];
-  ScheduleOptions o;
-  o.kind = ScheduleKind::k1F1B;
-  o.num_ranks = 2;
-  o.num_microbatches = 4;
-  absl::StatusOr<Schedule> s = BuildSchedule(o);
-  ASSERT_TRUE(s.ok());
   // FLOP costs: each stage's F is rows * its blocks' FLOPs (+1 each); I = W = F.
   Costs costs;
   for (const BlockRange& r : c.stage_blocks) {
-    double flops = 0;
-    for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
     Costs st;
-    st.f = st.i = st.w = 4 * flops;  // 16 samples / 4 micro-batches
+    st.f = st.i = st.w = 4 * Flops(in, r);  // 16 samples / 4 micro-batches
     st.b = st.i + st.w;
     st.send = st.recv = 0;
     costs.per_stage.push_back(st);
   }
   costs.step = 0;
+  ScheduleOptions o;
+  o.num_ranks = 2;
+  o.num_microbatches = 4;
+  absl::StatusOr<Schedule> s = BuildSchedule(o);
+  ASSERT_TRUE(s.ok());
   absl::StatusOr<SimResult> sim = Simulate(*s, costs);
   ASSERT_TRUE(sim.ok());
   EXPECT_DOUBLE_EQ(c.step_time, sim->makespan);
@@ -236,10 +252,8 @@ TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
   m.source = "test run";
   Costs measured;
   for (int s = 0; s < 2; ++s) {
-    double flops = 0;
-    for (int b = blocks[s].first; b < blocks[s].last; ++b) flops += in.blocks[b].forward_flops + 1;
     Costs c;
-    c.f = 2e-6 * flops * 4;
+    c.f = 2e-6 * Flops(in, blocks[s]) * 4;
     c.i = c.w = c.f;
     c.b = c.i + c.w;
     c.send = 0.01;
@@ -253,15 +267,9 @@ TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->measured);
   EXPECT_EQ(plan->cost_source, "test run");
-  ScheduleOptions o;
-  o.num_ranks = 2;
-  o.num_microbatches = 4;
-  absl::StatusOr<Schedule> s = BuildSchedule(o);
-  ASSERT_TRUE(s.ok());
-  absl::StatusOr<SimResult> sim = Simulate(*s, measured);
-  ASSERT_TRUE(sim.ok());
   // The step cost is spread by parameters (the measured step is the slowest rank's).
-  EXPECT_NEAR(plan->ranked[0].step_time, sim->makespan, 0.05 * sim->makespan);
+  const double makespan = Makespan1F1B(2, 4, measured);
+  EXPECT_NEAR(plan->ranked[0].step_time, makespan, 0.05 * makespan);
   EXPECT_GT(plan->ranked[0].step_time, 1.0);  // in ms, with the step in it
 
   // A measured partition that does not fit this model is refused, naming the source.
@@ -285,11 +293,9 @@ TEST(PlannerTest, TwoMeasuredRunsFitAPerActionOverhead) {
     m.stage_blocks = *blocks;
     m.source = absl::StrCat("rows ", rows);
     for (const BlockRange& r : *blocks) {
-      double flops = 0;
-      for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
       Costs c;
-      c.f = 0.5 + 2e-6 * flops * rows;
-      c.b = 0.5 + 4e-6 * flops * rows;
+      c.f = 0.5 + 2e-6 * Flops(in, r) * rows;
+      c.b = 0.5 + 4e-6 * Flops(in, r) * rows;
       c.i = c.w = c.b / 2;
       m.costs.per_stage.push_back(c);
     }
@@ -304,21 +310,13 @@ TEST(PlannerTest, TwoMeasuredRunsFitAPerActionOverhead) {
   EXPECT_EQ(plan->cost_source, "rows 2 + rows 8");
   Costs want;
   for (const BlockRange& r : *blocks) {
-    double flops = 0;
-    for (int b = r.first; b < r.last; ++b) flops += in.blocks[b].forward_flops + 1;
     Costs c;
-    c.f = 0.5 + 2e-6 * flops;
-    c.b = 0.5 + 4e-6 * flops;
+    c.f = 0.5 + 2e-6 * Flops(in, r);
+    c.b = 0.5 + 4e-6 * Flops(in, r);
     want.per_stage.push_back(c);
   }
-  ScheduleOptions o;
-  o.num_ranks = 2;
-  o.num_microbatches = 16;
-  absl::StatusOr<Schedule> s = BuildSchedule(o);
-  ASSERT_TRUE(s.ok());
-  absl::StatusOr<SimResult> sim = Simulate(*s, want);
-  ASSERT_TRUE(sim.ok());
-  EXPECT_NEAR(plan->ranked[0].step_time, sim->makespan, 1e-6 * sim->makespan);
+  const double makespan = Makespan1F1B(2, 16, want);
+  EXPECT_NEAR(plan->ranked[0].step_time, makespan, 1e-6 * makespan);
   // One run alone cannot tell overhead from rate: the line goes through the origin.
   in.measured = {run(8)};
   plan = PlanPipeline(in);
