@@ -813,7 +813,19 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
                            store_->FindBySubmission(request.submission_id()));
     if (existing.has_value()) {
-      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), spec)) {
+      // A placed SCHEDULE_AUTO job's spec holds the planner's choice: the same request
+      // compares equal to it with the choice filled in where the request left it open.
+      baton::v1::JobSpec asked = spec;
+      const baton::v1::PipelineSpec& chosen = existing->spec().pipeline();
+      if (asked.pipeline().schedule() == baton::v1::SCHEDULE_AUTO &&
+          chosen.schedule() != baton::v1::SCHEDULE_AUTO) {
+        baton::v1::PipelineSpec* p = asked.mutable_pipeline();
+        p->set_schedule(chosen.schedule());
+        if (p->virtual_stages() == 0) p->set_virtual_stages(chosen.virtual_stages());
+        if (p->microbatches() == 0) p->set_microbatches(chosen.microbatches());
+        if (!ValidateAndDefaultJobSpec(&asked).ok()) asked = spec;
+      }
+      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), asked)) {
         return absl::AlreadyExistsError(absl::StrCat("submission_id: \"", request.submission_id(),
                                                      "\" was already used for ", existing->id(),
                                                      " with a different spec"));

@@ -1318,6 +1318,15 @@ TEST_F(CoordinatorTest, AutoScheduleIsChosenAtPlacementFromFlopsThenFromTheLastR
       << planned;
   EXPECT_TRUE(absl::StrContains(planned, " ms/step")) << planned;
 
+  // Submitting the same SCHEDULE_AUTO spec again under the same submission id is the same
+  // job, although its stored spec now holds the choice.
+  const Job keyed = Submit(spec, "auto-key");
+  FinishAllRanks(second);
+  core_->Tick();
+  ASSERT_NE(Get(keyed.id()).spec().pipeline().schedule(), baton::v1::SCHEDULE_AUTO)
+      << Reason(Get(keyed.id()));
+  EXPECT_EQ(Submit(spec, "auto-key").id(), keyed.id());
+
   // A spec the planner can find nothing for is refused at submission, naming the field.
   baton::v1::JobSpec bad = spec;
   bad.mutable_pipeline()->set_stages(9);  // 4 blocks
