@@ -58,7 +58,9 @@ const std::vector<FlagSpec>& Flags() {
        "import a schedule (PyTorch's one-row-per-rank CSV) to validate and simulate"},
       {"costs-from", "", false,
        "the per-stage costs a run measured instead: a JOB id (its latest traced step, from "
-       "the coordinator) or a trace file (batonctl trace -o, train-local --trace); ms"},
+       "the coordinator) or a trace file (batonctl trace -o, train-local --trace); ms. "
+       "With --auto, several, comma-separated (runs of different M also fit a per-action "
+       "overhead)"},
       {"auto", "", true,
        "search schedule x V x M for -f SPEC on --workers and rank the candidates "
        "(with --costs-from: calibrated by what that run measured)"},
@@ -85,7 +87,7 @@ constexpr char kUsage[] =
     "       batonctl plan --schedule custom --csv FILE [--costs ...] [--output ...]\n"
     "       batonctl plan -f SPEC.json --costs-from JOB|TRACE.json\n"
     "       batonctl plan --auto -f SPEC.json --workers N [--memory-gib G]\n"
-    "                     [--costs-from JOB|TRACE.json] [--output table|json]\n"
+    "                     [--costs-from JOB|TRACE.json[,JOB2...]] [--output table|json]\n"
     "\n"
     "Builds the schedule, lowers it (inserts sends and receives), validates it (every\n"
     "micro-batch's forward and backward, send/receive order per rank pair, no deadlock) and\n"
