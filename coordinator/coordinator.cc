@@ -1023,16 +1023,13 @@ std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& sp
   absl::StatusOr<JobStore::Page> page = store_->List(200, "");
   if (!page.ok()) return out;
   for (const Job& job : page->jobs) {
-    if (job.spec().name() != spec.name() || job.workers_size() == 0 ||
-        !google::protobuf::util::MessageDifferencer::Equals(job.spec().model(), spec.model()) ||
-        job.spec().data().batch_size() <= 0) {
+    const int64_t rows = MicrobatchRows(job);
+    if (job.spec().name() != spec.name() || job.workers_size() == 0 || rows < 1 ||
+        !google::protobuf::util::MessageDifferencer::Equals(job.spec().model(), spec.model())) {
       continue;
     }
-    bool seen = false;  // a second run only if its micro-batch size differs
-    for (const MeasuredRun& m : out) seen = seen || m.rows == job.spec().data().batch_size() /
-                                                         (std::max(1, job.pipeline().data_parallel()) *
-                                                          std::max(1, job.pipeline().microbatches()));
-    if (seen) continue;
+    // A second run only if its micro-batch size differs (it is what fits the overhead).
+    if (!out.empty() && out.front().rows == rows) continue;
     baton::v1::GetJobTraceRequest req;
     req.set_job_id(job.id());
     absl::StatusOr<baton::v1::JobTrace> trace = GetJobTrace(req);

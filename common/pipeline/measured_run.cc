@@ -100,6 +100,13 @@ absl::StatusOr<Costs> CostsFromTrace(const baton::v1::JobTrace& trace) {
   return out;
 }
 
+int64_t MicrobatchRows(const baton::v1::Job& job) {
+  const baton::v1::PipelineReport& p = job.pipeline();
+  if (p.microbatches() < 1) return 0;
+  return job.spec().data().batch_size() /
+         (static_cast<int64_t>(std::max(1, p.data_parallel())) * p.microbatches());
+}
+
 absl::StatusOr<MeasuredRun> MeasuredRunFromJob(const baton::v1::Job& job,
                                                const baton::v1::JobTrace& trace) {
   const baton::v1::PipelineReport& p = job.pipeline();
@@ -124,8 +131,7 @@ absl::StatusOr<MeasuredRun> MeasuredRunFromJob(const baton::v1::Job& job,
     }
     out.stage_blocks.push_back(BlockRange{first, last + 1});
   }
-  const int64_t replicas = std::max(1, p.data_parallel());
-  out.rows = job.spec().data().batch_size() / (replicas * p.microbatches());
+  out.rows = MicrobatchRows(job);
   out.source = absl::StrCat("job ", job.id(), " step ", trace.step(), " (", p.schedule(),
                             ", ", p.stages(), " stages, M=", p.microbatches(), ")");
   return out;

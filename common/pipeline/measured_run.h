@@ -27,6 +27,9 @@ absl::StatusOr<Costs> CostsFromTrace(const baton::v1::JobTrace& trace);
 // The planner's calibration from a job (its spec and pipeline report: partition, D, M) and
 // one step of its trace. INVALID_ARGUMENT when the job has no pipeline report yet or the
 // trace's stages differ from it.
+// The samples in one micro-batch of a placed job (its report's D and M), 0 before placement.
+int64_t MicrobatchRows(const baton::v1::Job& job);
+
 absl::StatusOr<MeasuredRun> MeasuredRunFromJob(const baton::v1::Job& job,
                                                const baton::v1::JobTrace& trace);
 

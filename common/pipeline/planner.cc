@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <tuple>
 #include <utility>
 
@@ -18,7 +19,7 @@ namespace baton {
 namespace {
 
 // The cost model (planner.h, "Time"): a compute action costs overhead + rate * work, a
-// message msg_overhead + msg_rate * floats.
+// message rate * floats, the optimizer step rate * the rank's parameters.
 struct Rates {
   double overhead = 0;                 // per F, B, I or W action
   double f = 1, b = 2, i = 1, w = 1;   // per FLOP-sample
@@ -176,31 +177,28 @@ struct Evaluated {
   int order = 0;  // the schedule's place in the table, for ties
 };
 
-// Simulates one candidate; nullopt when its clock cannot be built (a combination the
-// schedule refuses).
+// Simulates one candidate on `part` (the split of its S*V chunks); nullopt when its clock
+// cannot be built (a combination the schedule refuses: BuildSchedule checks the options).
 std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
-                                  const ScheduleEntry& e, int order, int V, int M) {
+                                  const ScheduleEntry& e, int order, int V, int M,
+                                  const std::vector<BlockRange>& part) {
   const int S = in.stages;
   const int chunks = S * V;
-  if (chunks > static_cast<int>(in.blocks.size())) return std::nullopt;
   ScheduleOptions o;
   o.kind = e.kind;
   o.num_ranks = S;
   o.virtual_stages = V;
   o.num_microbatches = M;
   o.num_blocks = static_cast<int64_t>(in.blocks.size());
-  if (!CheckScheduleOptions(o).ok()) return std::nullopt;
   absl::StatusOr<Schedule> sched = BuildSchedule(o);
   if (!sched.ok()) return std::nullopt;
-  absl::StatusOr<std::vector<BlockRange>> part = PartitionBlocks(in.blocks, chunks);
-  if (!part.ok()) return std::nullopt;
   const double rows = static_cast<double>(in.batch_size) / (static_cast<double>(in.data_parallel) * M);
 
   Costs costs;
   costs.per_stage.resize(chunks);
   std::vector<double> stash(chunks), input(chunks), largest_block(chunks);
   for (int s = 0; s < chunks; ++s) {
-    const BlockRange& r = (*part)[s];
+    const BlockRange& r = part[s];
     const double work = RangeFlops(in.blocks, r) * rows;
     Costs& c = costs.per_stage[s];
     const double a = rates.overhead;
@@ -209,7 +207,7 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
     c.i = a + rates.i * work + again;
     c.w = a + rates.w * work;
     c.b = a + rates.b * work + again;
-    const double msg = MessageFloats(in, *part, s) * rows;
+    const double msg = MessageFloats(in, part, s) * rows;
     c.send = rates.send * msg;
     c.recv = rates.recv * msg;
     double floats = 0, biggest = 0;
@@ -223,7 +221,7 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
   }
   std::vector<double> rank_params(S, 0);
   for (int s = 0; s < chunks; ++s) {
-    rank_params[sched->stage_to_rank[s]] += RangeParams(in.blocks, (*part)[s]);
+    rank_params[sched->stage_to_rank[s]] += RangeParams(in.blocks, part[s]);
   }
   costs.step = rates.step * *std::max_element(rank_params.begin(), rank_params.end());
   absl::StatusOr<SimResult> sim = Simulate(*sched, costs);
@@ -235,7 +233,7 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
   c.kind = e.kind;
   c.virtual_stages = V;
   c.microbatches = M;
-  c.stage_blocks = *std::move(part);
+  c.stage_blocks = part;
   c.step_time = sim->makespan;
   c.bubble = sim->bubble_ratio;
   c.busiest = *std::max_element(sim->busy.begin(), sim->busy.end());
@@ -286,10 +284,7 @@ PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
   in.blocks = DescribeBlocks(spec.model());
   for (int b = 0; b < static_cast<int>(in.blocks.size()); ++b) {
     if (b > 0) {
-      const Shape s = BlockInputShape(spec.model(), b, 1);
-      int64_t n = 1;
-      for (int64_t d : s) n *= d;
-      in.input_floats.push_back(n);
+      in.input_floats.push_back(NumElements(BlockInputShape(spec.model(), b, 1)));
     } else {
       in.input_floats.push_back(spec.model().has_gpt() ? spec.model().gpt().context()
                                                        : spec.model().mlp().input_dim());
@@ -365,6 +360,7 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
   }
 
   std::vector<Evaluated> all;
+  std::map<int, std::vector<BlockRange>> splits;  // by chunk count
   const std::vector<ScheduleEntry>& table = ScheduleTable();
   for (int order = 0; order < static_cast<int>(table.size()); ++order) {
     const ScheduleEntry& e = table[order];
@@ -388,8 +384,16 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
                             : in.virtual_stages;
     for (int v : vs) {
       if (fixed_v > 0 && v != fixed_v) continue;
+      if (in.stages * v > n) continue;
+      // The split depends on the chunk count only: one per V, for every M.
+      auto split = splits.find(in.stages * v);
+      if (split == splits.end()) {
+        absl::StatusOr<std::vector<BlockRange>> part = PartitionBlocks(in.blocks, in.stages * v);
+        if (!part.ok()) continue;
+        split = splits.emplace(in.stages * v, *std::move(part)).first;
+      }
       for (int m : ms) {
-        std::optional<Evaluated> ev = Evaluate(in, rates, e, order, v, m);
+        std::optional<Evaluated> ev = Evaluate(in, rates, e, order, v, m, split->second);
         if (ev.has_value()) all.push_back(*std::move(ev));
       }
     }

@@ -34,8 +34,9 @@
 //   parallel gradient buckets, transport buffers, the CUDA context.
 //
 // Contract: deterministic (the same input gives the same ranking; equal predicted steps go
-// to the smaller peak memory, then schedule table order, then V, then M); well under a second for S = 16, 48 blocks, batch 512
-// (planner_test measures nothing, bench/planner_bench does).
+// to the smaller peak memory, then schedule table order, then V, then M); well under a
+// second for S = 16, 48 blocks, batch 512 (bench/plan_bench.cc, BM_AutoPlan, measures it;
+// bench/planner_bench.cc measures how well it chooses).
 #ifndef BATON_COMMON_PIPELINE_PLANNER_H_
 #define BATON_COMMON_PIPELINE_PLANNER_H_
 
