@@ -643,7 +643,9 @@ absl::StatusOr<ScheduleResult> RunSchedule(const Flags& f, const std::string& na
     c.f = fw[s].Mean() * ms;
     if (bw[s].n) {
       c.b = bw[s].Mean() * ms;
-      c.i = c.w = 0;  // unused: the clock has full backwards
+      // Full backwards only, or (dualpipe-v) mixed with split ones.
+      c.i = in[s].n ? in[s].Mean() * ms : 0;
+      c.w = wt[s].n ? wt[s].Mean() * ms : 0;
     } else {
       c.i = in[s].Mean() * ms;
       c.w = wt[s].Mean() * ms;
@@ -853,12 +855,14 @@ void PrintTable(const Flags& f, const baton::v1::JobSpec& spec, const Calibratio
           rr.recv_count, rr.wake_us, rr.step_ms);
     }
   }
-  std::printf("\ncosts given to Simulate, ms (per stage: F, B or I/W, SEND, RECV):\n");
+  std::printf("\ncosts given to Simulate, ms (per stage: F, B and/or I/W, SEND, RECV):\n");
   for (const ScheduleResult& R : results) {
     std::printf("%s S=%d:", R.name.c_str(), R.S);
     for (size_t s = 0; s < R.costs.per_stage.size(); ++s) {
       const Costs& c = R.costs.per_stage[s];
-      if (c.b >= 0) {
+      if (c.b >= 0 && c.i > 0) {
+        std::printf("  [%zu] F %.3f B %.3f I %.3f W %.3f", s, c.f, c.b, c.i, c.w);
+      } else if (c.b >= 0) {
         std::printf("  [%zu] F %.3f B %.3f", s, c.f, c.b);
       } else {
         std::printf("  [%zu] F %.3f I %.3f W %.3f", s, c.f, c.i, c.w);

@@ -449,6 +449,7 @@ def case_schedules(c):
         # The V schedules: two chunks per worker, the first and last stage on one.
         ("zb-v", tiny_gpt("gpt-zbv"), ["--schedule", "zb-v", "--stages", "2"]),
         ("v-half", tiny_gpt("gpt-vhalf"), ["--schedule", "v-half", "--stages", "2"]),
+        ("dualpipe-v", tiny_gpt("gpt-dualpipev"), ["--schedule", "dualpipe-v", "--stages", "2"]),
         # SCHEDULE_AUTO in the spec: the coordinator's planner chooses schedule, V and M at
         # placement; train-local resolves the same spec to the same choice (both from FLOPs).
         ("auto", tiny_gpt("gpt-auto", microbatches=0, schedule="SCHEDULE_AUTO", stages=2), []),

@@ -41,7 +41,7 @@ const std::vector<FlagSpec>& Flags() {
   static const auto* flags = new std::vector<FlagSpec>([] {
   std::vector<FlagSpec> own{
       {"schedule", "s", false,
-       "gpipe, 1f1b (default), interleaved-1f1b, zb-h1, zb-v, v-half, or custom (with --csv)"},
+       absl::StrCat(ScheduleNames(), " (default 1f1b), or custom (with --csv)")},
       {"stages", "", false, "pipeline stages = ranks (S)"},
       {"virtual", "", false, "model chunks per rank (V; interleaved-1f1b needs >= 2)"},
       {"microbatches", "m", false, "micro-batches per step (M)"},

@@ -40,7 +40,8 @@ PY
 # CSV export imports back to the same clock.
 for sched in "gpipe --stages 3 --microbatches 5" "1f1b --stages 4 --microbatches 8" \
              "interleaved-1f1b --stages 2 --virtual 2 --microbatches 4" \
-             "zb-h1 --stages 4 --microbatches 6"; do
+             "zb-h1 --stages 4 --microbatches 6" "zb-v --stages 3 --microbatches 4" \
+             "v-half --stages 2 --microbatches 5" "dualpipe-v --stages 3 --microbatches 7"; do
   # shellcheck disable=SC2086
   "$BATONCTL" plan --schedule $sched --output csv >"$tmp/export.csv"
   # shellcheck disable=SC2086
@@ -123,8 +124,10 @@ expect_refusal zbv_m "--microbatches 3 is below --stages 4" \
   --schedule zb-v --stages 4 --microbatches 3
 expect_refusal zbv_virtual "zb-v places exactly two chunks per rank" \
   --schedule zb-v --stages 2 --virtual 3 --microbatches 4
-expect_refusal unknown_schedule "unknown schedule 'dualpipe-v' (known: gpipe" \
-  --schedule dualpipe-v --stages 2 --microbatches 4
+expect_refusal dualpipev_m "--microbatches 6 is below 2 x --stages 4" \
+  --schedule dualpipe-v --stages 4 --microbatches 6
+expect_refusal unknown_schedule "unknown schedule 'dualpipe' (known: gpipe" \
+  --schedule dualpipe --stages 2 --microbatches 4
 echo "refusals ok"
 
 # The V schedules: the clock holds both of rank 0's stages, the first and the last.
@@ -133,6 +136,13 @@ echo "refusals ok"
 grep -qF "zb-v: S=2 ranks, V=2, M=4 micro-batches, 4 stages" "$tmp/zbv.out" || fail "zb-v header"
 grep -q "^rank 0 |.*0F0.*3F0" "$tmp/zbv.out" || fail "zb-v: rank 0 does not run stages 0 and 3"
 grep -qF "zb-v with unit costs: bubble" "$tmp/zbv.out" || fail "zb-v: no rules line"
+# DualPipeV: the same V, with full backwards in the steady state.
+"$BATONCTL" plan --schedule dualpipe-v --stages 2 --microbatches 4 >"$tmp/dpv.out" ||
+  fail "dualpipe-v plan failed"
+grep -qF "dualpipe-v: S=2 ranks, V=2, M=4 micro-batches, 4 stages" "$tmp/dpv.out" ||
+  fail "dualpipe-v header"
+grep -q "^rank 0 | 0F0 .* 3I0 3W0 .* 3B1 " "$tmp/dpv.out" ||
+  fail "dualpipe-v: rank 0 should split its first backward of stage 3 and run the next whole"
 
 # Measured costs: a trace file read back into per-stage costs (ms) for the same partition.
 "$BATONCTL" train-local -f "$EXAMPLES/gpt.json" --pipeline --steps 2 --trace "$tmp/run.json" \

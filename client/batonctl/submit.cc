@@ -33,8 +33,9 @@ const std::vector<FlagSpec>& Flags() {
       {"steps", "", false, "override the spec's steps"},
       {"seed", "", false, "override the spec's seed"},
       {"schedule", "s", false,
-       "override the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half, or auto "
-       "(the coordinator's auto-planner chooses; --microbatches 0 leaves M to it too)"},
+       absl::StrCat("override the schedule: ", ScheduleNames(),
+                    ", or auto (the coordinator's auto-planner chooses; --microbatches 0 leaves "
+                    "M to it too)")},
       {"stages", "", false, "override pipeline.stages"},
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},

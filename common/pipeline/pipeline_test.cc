@@ -134,18 +134,21 @@ std::vector<Case> AllCases() {
     const int blocks = static_cast<int>(DescribeBlocks((gpt ? GptJob() : MlpJob()).model()).size());
     for (auto sched : {baton::v1::SCHEDULE_GPIPE, baton::v1::SCHEDULE_1F1B,
                        baton::v1::SCHEDULE_INTERLEAVED_1F1B, baton::v1::SCHEDULE_ZB_H1,
-                       baton::v1::SCHEDULE_ZB_V, baton::v1::SCHEDULE_V_HALF}) {
+                       baton::v1::SCHEDULE_ZB_V, baton::v1::SCHEDULE_V_HALF,
+                       baton::v1::SCHEDULE_DUALPIPE_V}) {
       const bool interleaved = sched == baton::v1::SCHEDULE_INTERLEAVED_1F1B;
-      const bool v_shape = sched == baton::v1::SCHEDULE_ZB_V || sched == baton::v1::SCHEDULE_V_HALF;
+      const bool dual = sched == baton::v1::SCHEDULE_DUALPIPE_V;
+      const bool v_shape = sched == baton::v1::SCHEDULE_ZB_V ||
+                           sched == baton::v1::SCHEDULE_V_HALF || dual;
       for (int S = 1; S <= 4; ++S) {
         // Interleaving needs V >= 2 (with V = 1 it is 1F1B, which the generator says) and,
         // Megatron-style, M a multiple of S. A V takes two chunks per rank (each needs a
-        // block of the model) and at least S micro-batches.
+        // block of the model) and at least S micro-batches (2S for dualpipe-v).
         if (v_shape && 2 * S > blocks) continue;
         for (int V : interleaved || v_shape ? std::vector<int>{2} : std::vector<int>{1}) {
           for (int M : {1, 2, 3, 4, 8}) {
             if (interleaved && M % S != 0) continue;
-            if (v_shape && M < S) continue;
+            if (v_shape && M < (dual ? 2 * S : S)) continue;
             out.push_back({sched, S, V, M, gpt});
           }
         }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,12 +67,21 @@ absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
           name, " places exactly two chunks per rank in a V: virtual stages (--virtual, "
           "pipeline.virtual_stages) must be 2 (or unset), got ", o.virtual_stages));
     }
-    if (o.num_microbatches < o.num_ranks) {
+    const int min_m = entry.min_microbatches_per_rank * o.num_ranks;
+    if (o.num_microbatches < min_m) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, " needs at least as many micro-batches as stages (its V fills the pipeline "
-          "from both ends; with fewer most of it idles): --microbatches ",
-          o.num_microbatches, " is below --stages ", o.num_ranks, "; use 1f1b or ",
-          o.num_ranks, " or more"));
+          name, " needs at least ",
+          entry.min_microbatches_per_rank == 1
+              ? "as many micro-batches as stages"
+              : absl::StrCat(entry.min_microbatches_per_rank, " x as many micro-batches as stages"),
+          " (its V fills the pipeline from both ends; with fewer most of it idles): "
+          "--microbatches ",
+          o.num_microbatches, " is below ",
+          entry.min_microbatches_per_rank == 1
+              ? ""
+              : absl::StrCat(entry.min_microbatches_per_rank, " x "),
+          "--stages ", o.num_ranks, " (pipeline.microbatches, pipeline.stages); use 1f1b or ",
+          min_m, " or more"));
     }
   }
   const int64_t chunks = static_cast<int64_t>(o.num_ranks) *
@@ -343,6 +353,91 @@ Schedule GenerateZbV(int num_ranks, int num_microbatches) {
 
 Schedule GenerateVHalf(int num_ranks, int num_microbatches) {
   return GenerateV(ScheduleKind::kVHalf, num_ranks, num_microbatches, num_ranks + 1);
+}
+
+// DualPipeV, rank by rank in the eight steps of the DualPipe repository's dualpipev.py
+// (chunk 0 is the rank's stage r, chunk 1 its stage 2S-1-r; "F0" is the next forward of
+// chunk 0, and so on):
+//   1. 2(S-r-1) x  F0
+//   2. r+1      x  F0 F1
+//   3. S-r-1    x  I1 W1 F1            (zero bubble: the W right after its I)
+//   4. M-2S+r+1 x  F0 B1 F1 B0         (the steady state: each F paired with the other
+//                                       chunk's B; the source overlaps each pair in one
+//                                       fused kernel, baton runs it in sequence)
+//   5. S-r-1    x  B1 F1 B0
+//   6. r+1      x  B1 B0               (the second half of them split into I, W deferred)
+//   7. S-r-1    x  W I0
+//   8. r+1      x  W
+// A deferred W is the oldest I's (the source's weight-gradient queue, first in first out),
+// so every stage's weight gradients still accumulate in micro-batch order: its full
+// backwards all come before its first deferred I. M >= 2S makes step 4 non-negative.
+Schedule GenerateDualPipeV(int num_ranks, int num_microbatches) {
+  const int S = num_ranks, M = num_microbatches;
+  Schedule out;
+  out.kind = ScheduleKind::kDualPipeV;
+  out.num_ranks = S;
+  out.virtual_stages = 2;
+  out.num_microbatches = M;
+  out.stage_to_rank = VShapeStageToRank(S);
+  out.ranks.resize(S);
+  for (int r = 0; r < S; ++r) {
+    std::vector<Action>& clock = out.ranks[r];
+    clock.reserve(6 * M);
+    const int stage[2] = {r, 2 * S - 1 - r};
+    int next_f[2] = {0, 0};
+    int next_b[2] = {0, 0};
+    std::deque<Action> deferred;  // Ws whose I ran, oldest first
+    auto fwd = [&](int c) { clock.push_back(F(stage[c], next_f[c]++)); };
+    auto bwd = [&](int c, bool split) {
+      const int m = next_b[c]++;
+      if (!split) {
+        clock.push_back(B(stage[c], m));
+        return;
+      }
+      clock.push_back(I(stage[c], m));
+      deferred.push_back(W(stage[c], m));
+    };
+    auto weight = [&] {
+      clock.push_back(deferred.front());
+      deferred.pop_front();
+    };
+    const int before = S - r - 1;  // ranks after this one
+    for (int i = 0; i < 2 * before; ++i) fwd(0);
+    for (int i = 0; i < r + 1; ++i) {
+      fwd(0);
+      fwd(1);
+    }
+    for (int i = 0; i < before; ++i) {
+      bwd(1, true);
+      weight();
+      fwd(1);
+    }
+    for (int i = 0; i < M - 2 * S + r + 1; ++i) {
+      fwd(0);
+      bwd(1, false);
+      fwd(1);
+      bwd(0, false);
+    }
+    for (int i = 0; i < before; ++i) {
+      bwd(1, false);
+      fwd(1);
+      bwd(0, false);
+    }
+    // Half of step 6's backwards split, from the middle on; odd ranks start one earlier.
+    bool split = false;
+    for (int i = 0; i < r + 1; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+      bwd(1, split);
+      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+      bwd(0, split);
+    }
+    for (int i = 0; i < before; ++i) {
+      weight();
+      bwd(0, true);
+    }
+    while (!deferred.empty()) weight();
+  }
+  return out;
 }
 
 absl::StatusOr<Schedule> GenerateComputeSchedule(const ScheduleOptions& o) {

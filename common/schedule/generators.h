@@ -21,8 +21,7 @@
 // Every generator emits each stage's B (or W) actions in ascending micro-batch order, and
 // its I actions too: gradients accumulate into the weights in micro-batch order 0..M-1, the
 // same order as the reference trainer, which the runtime relies on for bit-exact weights.
-// New generators (ZB-V, DualPipeV: V-shaped stage placement, see docs/schedules.md) must
-// keep that property.
+// New generators must keep that property.
 #ifndef BATON_COMMON_SCHEDULE_GENERATORS_H_
 #define BATON_COMMON_SCHEDULE_GENERATORS_H_
 
@@ -87,6 +86,12 @@ Schedule GenerateZbH1(int num_ranks, int num_microbatches);
 // bubbles are what `batonctl plan` simulates.
 Schedule GenerateZbV(int num_ranks, int num_microbatches);
 Schedule GenerateVHalf(int num_ranks, int num_microbatches);
+// DualPipeV (DeepSeek-AI's DualPipe repository, dualpipe/dualpipev.py: DualPipe cut in half
+// into a V): the V placement, a steady state that runs a forward of one chunk next to a
+// backward of the other, full backwards (B) in the middle and split ones (I, W) at the
+// edges. Needs M >= 2S. The clock only: the source overlaps each F/B pair's compute and
+// communication in one fused kernel; here the pair runs in sequence.
+Schedule GenerateDualPipeV(int num_ranks, int num_microbatches);
 
 }  // namespace baton
 

@@ -21,16 +21,18 @@ std::string Name(const ScheduleOptions& o) {
 }
 
 // Every valid combination of S in {1..4}, M in {1, 2, 3, 4, 8}, and V in {2, 3} for
-// interleaved-1f1b (where M is a multiple of S), V = 2 for the V schedules (M >= S), V = 1
-// for the others.
+// interleaved-1f1b (where M is a multiple of S), V = 2 for the V schedules (M >= S, 2S for
+// dualpipe-v), V = 1 for the others.
 std::vector<ScheduleOptions> Sweep() {
   std::vector<ScheduleOptions> out;
   for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kVHalf}) {
+                         ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kVHalf,
+                         ScheduleKind::kDualPipeV}) {
     for (int s = 1; s <= 4; ++s) {
       for (int m : {1, 2, 3, 4, 8}) {
-        if (k == ScheduleKind::kZbV || k == ScheduleKind::kVHalf) {
-          if (m >= s) out.push_back({k, s, 2, m});
+        const ScheduleEntry& e = ScheduleEntryOf(k);
+        if (e.placement == ChunkPlacement::kV) {
+          if (m >= e.min_microbatches_per_rank * s) out.push_back({k, s, 2, m});
           continue;
         }
         if (k != ScheduleKind::kInterleaved1F1B) {
@@ -63,7 +65,9 @@ TEST(GeneratorsTest, EverySweptScheduleValidatesAndSimulates) {
     EXPECT_EQ(compute->kind, o.kind);
     EXPECT_EQ(compute->num_stages(), o.num_ranks * o.virtual_stages);
     const bool split = ScheduleEntryOf(o.kind).split_backward;
+    const bool mixed = o.kind == ScheduleKind::kDualPipeV;  // B in the middle, I/W at the edges
     for (int r = 0; r < o.num_ranks; ++r) {
+      int forwards = 0, input_grads = 0, weight_grads = 0;
       // Compute actions only, each (stage, micro-batch) once per kind; backward halves in
       // ascending micro-batch order per stage (bit-exact gradient accumulation).
       std::vector<int> next_b(compute->num_stages(), 0);
@@ -74,15 +78,21 @@ TEST(GeneratorsTest, EverySweptScheduleValidatesAndSimulates) {
         if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) {
           EXPECT_EQ(a.microbatch, next_b[a.stage]++) << a.ToString();
         }
-        if (a.kind == ActionKind::kBackwardInput) {
+        if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput) {
           EXPECT_EQ(a.microbatch, next_i[a.stage]++) << a.ToString();
         }
-        if (a.kind != ActionKind::kForward) {
+        if (a.kind != ActionKind::kForward && !mixed) {
           EXPECT_EQ(split, a.kind != ActionKind::kBackward) << a.ToString();
         }
+        forwards += a.kind == ActionKind::kForward;
+        input_grads += a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+        weight_grads += a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
       }
-      EXPECT_EQ(compute->ranks[r].size(),
-                static_cast<size_t>(o.virtual_stages * o.num_microbatches * (split ? 3 : 2)));
+      // Every chunk of the rank runs every micro-batch once forward and once backward.
+      const int per_rank = o.virtual_stages * o.num_microbatches;
+      EXPECT_EQ(forwards, per_rank);
+      EXPECT_EQ(input_grads, per_rank);
+      EXPECT_EQ(weight_grads, per_rank);
     }
     // After lowering, every receive sits immediately before the action that consumes it
     // (Lower never has to receive early for the built-in generators), except under a V:
@@ -152,6 +162,14 @@ TEST(GeneratorsTest, BubbleRatiosMatchClosedForms) {
         // simulated bubbles); it stays below GPipe's worst, S=1 aside.
         EXPECT_LT(r.bubble_ratio, 0.5);
         break;
+      case ScheduleKind::kDualPipeV:
+        // Idle S-1 on every rank, as zb-h1 (whose ranks are busy half as long): bubble
+        // (S-1)/(6M+S-1).
+        for (int rank = 0; rank < o.num_ranks; ++rank) {
+          EXPECT_NEAR(r.makespan - r.busy[rank], s - 1, kTol) << "rank " << rank;
+        }
+        EXPECT_NEAR(r.bubble_ratio, (s - 1) / (6 * m + s - 1), kTol);
+        break;
       case ScheduleKind::kCustom:
         break;
     }
@@ -176,9 +194,45 @@ TEST(GeneratorsTest, VSchedulesPlaceAVAndKeepTheirMemoryCaps) {
       }
       EXPECT_LE(*std::max_element(half.peak_inflight.begin(), half.peak_inflight.end()),
                 *std::max_element(zbv.peak_inflight.begin(), zbv.peak_inflight.end()));
-      if (m >= 2 * s && s > 1) EXPECT_LT(zbv.bubble_ratio, zbh1.bubble_ratio);
+      if (m >= 2 * s && s > 1) {
+        EXPECT_LT(zbv.bubble_ratio, zbh1.bubble_ratio);
+      }
+      if (m < 2 * s) continue;
+      // DualPipeV: DualPipe's activation bound, PP+1 = 2S+1 chunks, reached on rank 0.
+      const SimResult dual = MustSimulate({ScheduleKind::kDualPipeV, s, 2, m});
+      for (int r = 0; r < s; ++r) EXPECT_LE(dual.peak_inflight[r], 2 * s + 1) << "rank " << r;
+      EXPECT_EQ(dual.peak_inflight[0], 2 * s + 1);
     }
   }
+}
+
+// The clock of the source's figure (4 ranks, 10 micro-batches), rank 0 and rank 3, as
+// dualpipev.py's eight steps give them: rank 0 holds stages 0 and 7, rank 3 stages 3 and 4.
+TEST(GeneratorsTest, DualPipeVFollowsItsSource) {
+  absl::StatusOr<Schedule> s = GenerateComputeSchedule({ScheduleKind::kDualPipeV, 4, 2, 10});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->stage_to_rank, VShapeStageToRank(4));
+  auto row = [&](int r) {
+    std::vector<std::string> out;
+    for (const Action& a : s->ranks[r]) out.push_back(a.ToString());
+    return out;
+  };
+  const std::vector<std::string> r0 = row(0);
+  // Steps 1-3: six F0, then F0 F1 once, then three times I1 W1 F1.
+  const std::vector<std::string> head0 = {"0F0", "0F1", "0F2", "0F3", "0F4", "0F5", "0F6",
+                                          "7F0", "7I0", "7W0", "7F1", "7I1", "7W1", "7F2",
+                                          "7I2", "7W2", "7F3", "0F7", "7B3", "7F4", "0B0"};
+  ASSERT_GE(r0.size(), head0.size());
+  EXPECT_EQ(std::vector<std::string>(r0.begin(), r0.begin() + head0.size()), head0);
+  // Steps 6-8 on rank 0: B1 then a split I0, three times the oldest W then I0, the last W.
+  const std::vector<std::string> tail0 = {"7B9", "0I6", "0W6", "0I7", "0W7",
+                                          "0I8", "0W8", "0I9", "0W9"};
+  EXPECT_EQ(std::vector<std::string>(r0.end() - tail0.size(), r0.end()), tail0);
+  // Rank 3 (the V's bottom) starts with four F0 F1 pairs and has no step 1, 3, 5 or 7.
+  const std::vector<std::string> r3 = row(3);
+  const std::vector<std::string> head3 = {"3F0", "4F0", "3F1", "4F1", "3F2", "4F2", "3F3", "4F3",
+                                          "3F4", "4B0", "4F4", "3B0"};
+  EXPECT_EQ(std::vector<std::string>(r3.begin(), r3.begin() + head3.size()), head3);
 }
 
 TEST(GeneratorsTest, ZeroBubbleIsAThirdOf1F1BForFourStagesEightMicrobatches) {
@@ -224,6 +278,16 @@ TEST(GeneratorsTest, PeakInflightMatchesTheory) {
           // Micro-batches awaiting W: at most S+1 (the paper's bound); this generator keeps S.
           EXPECT_LE(peak, s + 1) << "rank " << rank;
           EXPECT_EQ(peak, std::min(s, m)) << "rank " << rank;
+          break;
+        // The V schedules count half-stage chunks: 2S is 1F1B's memory.
+        case ScheduleKind::kZbV:
+          EXPECT_LE(peak, 2 * s) << "rank " << rank;
+          break;
+        case ScheduleKind::kVHalf:
+          EXPECT_LE(peak, s + 1) << "rank " << rank;
+          break;
+        case ScheduleKind::kDualPipeV:
+          EXPECT_LE(peak, 2 * s + 1) << "rank " << rank;
           break;
         case ScheduleKind::kCustom:
           break;
@@ -318,7 +382,14 @@ TEST(GeneratorsTest, RefusalsAreClear) {
   ExpectRefused({ScheduleKind::kCustom, 4, 1, 8}, "imported from CSV");
   ExpectRefused({ScheduleKind::kZbV, 4, 3, 8}, "zb-v places exactly two chunks per rank");
   ExpectRefused({ScheduleKind::kZbV, 4, 2, 3},
-                "--microbatches 3 is below --stages 4; use 1f1b or 4 or more");
+                "--microbatches 3 is below --stages 4 (pipeline.microbatches, pipeline.stages); "
+                "use 1f1b or 4 or more");
+  ExpectRefused({ScheduleKind::kDualPipeV, 4, 2, 7},
+                "dualpipe-v needs at least 2 x as many micro-batches as stages");
+  ExpectRefused({ScheduleKind::kDualPipeV, 4, 2, 7},
+                "--microbatches 7 is below 2 x --stages 4 (pipeline.microbatches, pipeline.stages); "
+                "use 1f1b or 8 or more");
+  ExpectRefused({ScheduleKind::kDualPipeV, 2, 3, 8}, "dualpipe-v places exactly two chunks");
   ExpectRefused({ScheduleKind::kVHalf, 4, 2, 8, /*num_blocks=*/6},
                 "4 x 2 = 8 pipeline chunks, but the model has only 6 blocks");
   ExpectRefused({ScheduleKind::kInterleaved1F1B, 4, 2, 8, /*num_blocks=*/6},

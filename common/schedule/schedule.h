@@ -23,6 +23,7 @@ enum class ScheduleKind : uint8_t {
   kZbH1,
   kZbV,
   kVHalf,
+  kDualPipeV,
   kCustom,  // imported from CSV
 };
 
@@ -49,7 +50,7 @@ struct Schedule {
 // The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
 // interleaved placement, and the identity for V = 1).
 std::vector<int> LoopedStageToRank(int num_ranks, int virtual_stages);
-// The V placement of ZB-V and V-Half: two chunks per rank, stage s on rank s for s < S and
+// The V placement of ZB-V, V-Half and DualPipeV: two chunks per rank, stage s on rank s for s < S and
 // on rank 2S-1-s after, so rank 0 holds the first and the last stage.
 std::vector<int> VShapeStageToRank(int num_ranks);
 

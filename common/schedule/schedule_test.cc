@@ -42,16 +42,17 @@ std::string Row(const std::vector<Action>& clock) {
 TEST(ScheduleTest, KindNamesRoundTrip) {
   for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
                          ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kVHalf,
-                         ScheduleKind::kCustom}) {
+                         ScheduleKind::kDualPipeV, ScheduleKind::kCustom}) {
     absl::StatusOr<ScheduleKind> back = ParseScheduleKind(ScheduleKindName(k));
     ASSERT_TRUE(back.ok()) << ScheduleKindName(k);
     EXPECT_EQ(*back, k);
   }
   EXPECT_EQ(*ParseScheduleKind("ZB_H1"), ScheduleKind::kZbH1);
   EXPECT_EQ(*ParseScheduleKind("interleaved"), ScheduleKind::kInterleaved1F1B);
-  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("dualpipe-v");
+  EXPECT_EQ(*ParseScheduleKind("DualPipeV"), ScheduleKind::kDualPipeV);
+  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("v-min");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("unknown schedule 'dualpipe-v'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("unknown schedule 'v-min'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("interleaved-1f1b"), std::string::npos);
 }
 
@@ -330,7 +331,7 @@ TEST(VocabularyTest, OneEntryPerKindAndUnknownNamesRefused) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(),
             "unknown schedule 'dualpipe' (known: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, "
-            "v-half, custom)");
+            "v-half, dualpipe-v, custom)");
   EXPECT_EQ(ScheduleEntryForSpecValue(0).value()->kind, ScheduleKind::k1F1B);
   EXPECT_FALSE(ScheduleEntryForSpecValue(99).ok());
 }

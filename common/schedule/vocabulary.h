@@ -33,7 +33,9 @@ struct ScheduleEntry {
   std::vector<std::string> aliases;  // also accepted when parsing ("interleaved")
   int spec_value;                    // its baton.v1.Schedule number; 0 for custom
   ChunkPlacement placement;
-  bool split_backward;  // runs I and W instead of B (zero-bubble family)
+  bool split_backward;  // runs I and W instead of B (zero-bubble family; dualpipe-v mixes both)
+  // The fewest micro-batches per rank it runs: M >= this x S (0: no such rule).
+  int min_microbatches_per_rank;
   // The compute-only clock for S ranks, V chunks per rank, M micro-batches (options
   // already checked); null for custom (imported from CSV).
   Schedule (*generate)(int num_ranks, int virtual_stages, int num_microbatches);
@@ -53,7 +55,7 @@ absl::StatusOr<const ScheduleEntry*> FindScheduleEntry(absl::string_view name);
 // By job-spec enum number; 0 (unspecified) is 1F1B, the spec's default. INVALID_ARGUMENT
 // naming pipeline.schedule for a number no entry has.
 absl::StatusOr<const ScheduleEntry*> ScheduleEntryForSpecValue(int value);
-// "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half" (with_custom: ", custom" too).
+// "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, v-half, dualpipe-v" (with_custom: ", custom" too).
 std::string ScheduleNames(bool with_custom = false);
 
 }  // namespace baton
