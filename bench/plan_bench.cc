@@ -125,8 +125,7 @@ BENCHMARK(BM_Validate)
 // The auto-planner's whole search (planner.h) for a GPT of 48 blocks (46 layers, the
 // embedding and the head), batch 512, on S ranks: every schedule x V x M it considers,
 // built, validated and simulated. The bound: well under a second at S = 16.
-void BM_AutoPlan(benchmark::State& state) {
-  const int stages = static_cast<int>(state.range(0));
+PlannerInput BigGptInput(int stages) {
   baton::v1::JobSpec spec;
   auto* g = spec.mutable_model()->mutable_gpt();
   g->set_vocab_size(256);
@@ -137,7 +136,12 @@ void BM_AutoPlan(benchmark::State& state) {
   spec.mutable_data()->set_batch_size(512);
   spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
   spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
-  PlannerInput in = PlannerInputFor(spec, stages);
+  return PlannerInputFor(spec, stages);
+}
+
+void BM_AutoPlan(benchmark::State& state) {
+  const int stages = static_cast<int>(state.range(0));
+  PlannerInput in = BigGptInput(stages);
   int considered = 0;
   for (auto _ : state) {
     absl::StatusOr<Plan> plan = PlanPipeline(in);
@@ -151,6 +155,40 @@ void BM_AutoPlan(benchmark::State& state) {
   state.counters["candidates"] = considered;
 }
 BENCHMARK(BM_AutoPlan)->ArgName("S")->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond);
+
+// The same under a memory budget one byte below what the least hungry candidate needs on
+// its balanced split: every candidate is over it, so every one also runs the split search.
+void BM_AutoPlanTightBudget(benchmark::State& state) {
+  const int stages = static_cast<int>(state.range(0));
+  PlannerInput in = BigGptInput(stages);
+  in.keep = 1000;  // every candidate, to find the least hungry
+  absl::StatusOr<Plan> free = PlanPipeline(in);
+  if (!free.ok()) {
+    state.SkipWithError(std::string(free.status().message()).c_str());
+    return;
+  }
+  int64_t least = free->ranked.front().max_peak_bytes;
+  for (const PlanCandidate& c : free->ranked) least = std::min(least, c.max_peak_bytes);
+  in.memory_budget_bytes = least - 1;
+  in.keep = 8;
+  int moved = 0, fits = 0;
+  for (auto _ : state) {
+    absl::StatusOr<Plan> plan = PlanPipeline(in);
+    fits = plan.ok() ? 1 : 0;
+    moved = plan.ok() && plan->ranked.front().split_moved ? 1 : 0;
+    benchmark::DoNotOptimize(plan.ok());
+  }
+  // Whether anything fits after the search, and whether the pick's split was moved.
+  state.counters["fits"] = fits;
+  state.counters["pick_moved"] = moved;
+}
+BENCHMARK(BM_AutoPlanTightBudget)
+    ->ArgName("S")
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace baton

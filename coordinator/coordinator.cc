@@ -631,7 +631,11 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                                " idle workers to recover on (", free, " idle)");
         break;
       }
-      spec.mutable_pipeline()->set_stages(stages);
+      if (stages != spec.pipeline().stages()) {
+        // Fewer stages run the balanced split (RecoveryStages planned them so).
+        spec.mutable_pipeline()->clear_partition();
+        spec.mutable_pipeline()->set_stages(stages);
+      }
     }
     std::optional<WorkerChoice> choice = ChooseWorkers(spec, idle, taken, &waiting);
     if (!choice.has_value()) break;
@@ -654,6 +658,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       chosen->set_schedule(spec.pipeline().schedule());
       chosen->set_virtual_stages(spec.pipeline().virtual_stages());
       chosen->set_microbatches(spec.pipeline().microbatches());
+      *chosen->mutable_partition() = spec.pipeline().partition();
       AppendStateLocked(j, j->job.state(), SummarizePlan(*plan));
     }
     std::vector<PlacedWorker> placed;
@@ -823,6 +828,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
         p->set_schedule(chosen.schedule());
         if (p->virtual_stages() == 0) p->set_virtual_stages(chosen.virtual_stages());
         if (p->microbatches() == 0) p->set_microbatches(chosen.microbatches());
+        *p->mutable_partition() = chosen.partition();
         if (!ValidateAndDefaultJobSpec(&asked).ok()) asked = spec;
       }
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), asked)) {
@@ -1002,7 +1008,10 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   // The layout placement built, from the spec (the same function the placement used) with
   // the stages it ran on (a recovery may have re-planned onto fewer).
   baton::v1::JobSpec planned = job.spec();
-  if (job.pipeline().stages() > 0) planned.mutable_pipeline()->set_stages(job.pipeline().stages());
+  if (job.pipeline().stages() > 0 && job.pipeline().stages() != planned.pipeline().stages()) {
+    planned.mutable_pipeline()->clear_partition();  // as recovery re-planned it
+    planned.mutable_pipeline()->set_stages(job.pipeline().stages());
+  }
   absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(planned);
   if (layout.ok()) {
     out.set_num_stages(static_cast<int>(layout->schedule.stage_to_rank.size()));

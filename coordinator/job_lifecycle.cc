@@ -110,6 +110,8 @@ int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {
   for (int s = std::min(idle, want); s >= floor && s >= 1; --s) {
     baton::v1::JobSpec fewer = spec;
     fewer.mutable_pipeline()->set_stages(s);
+    // A split given for `want` stages does not fit fewer: they run the balanced one.
+    if (s != want) fewer.mutable_pipeline()->clear_partition();
     if (ValidateAndDefaultJobSpec(&fewer).ok() && BuildPipelineLayout(fewer).ok()) return s;
   }
   return 0;

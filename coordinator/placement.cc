@@ -48,7 +48,8 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
   }
   layout.blocks = DescribeBlocks(spec.model());
   absl::StatusOr<std::vector<BlockRange>> ranges =
-      PartitionBlocks(layout.blocks, layout.schedule.num_stages());
+      StageBlocks(layout.blocks, layout.schedule.num_stages(),
+                  {p.partition().begin(), p.partition().end()});
   if (!ranges.ok()) return PipelineError(ranges.status());
   layout.stage_blocks = *std::move(ranges);
   layout.rank_blocks.assign(layout.schedule.num_ranks, {});

@@ -95,7 +95,8 @@ constexpr char kUsage[] =
     "action marked >like this<.\n"
     "\n"
     "--auto searches every schedule, V and M (a divisor of the batch per replica) that can\n"
-    "run the spec's model on the workers, simulates each on the FLOP-balanced block split,\n"
+    "run the spec's model on the workers, simulates each on the FLOP-balanced block split\n"
+    "(or, when that misses --memory-gib, the least-imbalanced split that fits: marked *),\n"
     "and prints the fastest first with predicted step time, bubble, peak memory per rank\n"
     "and why each lost to the pick (docs/schedules.md, \"The auto-planner\"). Flags\n"
     "--schedule, --virtual and --microbatches fix those choices.\n\n";
@@ -306,10 +307,11 @@ int PlanAuto(const Args& args, const std::string& output) {
           &out,
           "%s\n  {\"rank\": %d, \"schedule\": \"%s\", \"virtual_stages\": %d, "
           "\"microbatches\": %d, \"step_time\": %.6g, \"bubble\": %.6g, \"busiest\": %.6g, "
-          "\"peak_bytes\": %d, \"fits\": %s, \"stage_blocks\": \"%s\", \"lost\": \"%s\"}",
+          "\"peak_bytes\": %d, \"fits\": %s, \"stage_blocks\": \"%s\", \"split_moved\": %s, "
+          "\"lost\": \"%s\"}",
           k == 0 ? "" : ",", k + 1, ScheduleKindName(c.kind), c.virtual_stages, c.microbatches,
           c.step_time, c.bubble, c.busiest, c.max_peak_bytes, c.fits ? "true" : "false",
-          blocks(c), c.lost);
+          blocks(c), c.split_moved ? "true" : "false", c.lost);
     }
     absl::StrAppend(&out, "\n]}\n");
     std::fwrite(out.data(), 1, out.size(), stdout);
@@ -326,7 +328,8 @@ int PlanAuto(const Args& args, const std::string& output) {
               plan->measured ? "step" : "step (FLOPs)", "bubble", "peak/rank", "why not the pick");
   for (size_t k = 0; k < plan->ranked.size(); ++k) {
     const PlanCandidate& c = plan->ranked[k];
-    std::printf("%4zu  %-16s %2d %5d %12s %7.3f %11s  %s\n", k + 1, ScheduleKindName(c.kind),
+    std::printf("%4zu  %-16s %2d %5d %12s %7.3f %11s  %s\n", k + 1,
+                absl::StrCat(ScheduleKindName(c.kind), c.split_moved ? "*" : "").c_str(),
                 c.virtual_stages, c.microbatches, time(c.step_time).c_str(), c.bubble,
                 HumanBytes(c.max_peak_bytes).c_str(), k == 0 ? "(the pick)" : c.lost.c_str());
   }
@@ -340,13 +343,23 @@ int PlanAuto(const Args& args, const std::string& output) {
   if (plan->considered > static_cast<int>(plan->ranked.size())) {
     std::printf("; %zu shown (--top)", plan->ranked.size());
   }
-  std::printf(".\nthe pick's blocks per stage: %s\n", blocks(pick).c_str());
+  std::printf(".\n");
+  for (const PlanCandidate& c : plan->ranked) {
+    if (!c.split_moved) continue;
+    std::printf("* blocks moved off the rank that needed the most, to fit the budget\n");
+    break;
+  }
+  std::printf("the pick's blocks per stage: %s\n", blocks(pick).c_str());
+  std::string extra;
+  if (pick.virtual_stages > 1 && ScheduleEntryOf(pick.kind).placement == ChunkPlacement::kLooped) {
+    absl::StrAppend(&extra, " --virtual ", pick.virtual_stages);
+  }
+  if (pick.split_moved) {
+    absl::StrAppend(&extra, " --partition ", absl::StrJoin(PartitionSizes(pick.stage_blocks), ","));
+  }
   std::printf("to run it: batonctl submit -f %s --schedule %s --stages %d --microbatches %d%s\n",
               path.c_str(), ScheduleKindName(pick.kind), stages, pick.microbatches,
-              pick.virtual_stages > 1 && ScheduleEntryOf(pick.kind).placement ==
-                                             ChunkPlacement::kLooped
-                  ? absl::StrCat(" --virtual ", pick.virtual_stages).c_str()
-                  : "");
+              extra.c_str());
   return 0;
 }
 

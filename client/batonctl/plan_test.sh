@@ -180,6 +180,44 @@ PY
 # smallest need.
 expect_refusal auto_memory "memory budget: no candidate fits 1 KiB per rank; the smallest" \
   --auto -f "$EXAMPLES/gpt.json" --workers 2 --memory-gib 0.000001
+# A budget the balanced split misses: 1f1b's second rank (two layers, three micro-batches in
+# flight) gives a layer down the chain; the row is starred, and the command line carries
+# the split.
+python3 - "$EXAMPLES/gpt.json" "$tmp/deep.json" <<'PY' || fail "deep spec"
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["model"]["gpt"]["layers"] = 6
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+"$BATONCTL" plan --auto -f "$tmp/deep.json" --workers 4 --schedule 1f1b --microbatches 8 \
+  --output json >"$tmp/deep_free.json" || fail "deep plan: $(cat "$tmp/deep_free.json")"
+gib="$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))["candidates"][0]
+assert not c["split_moved"], c
+print(c["peak_bytes"] * 0.9 / 2**30)' "$tmp/deep_free.json")" || fail "deep plan json"
+"$BATONCTL" plan --auto -f "$tmp/deep.json" --workers 4 --schedule 1f1b --microbatches 8 \
+  --memory-gib "$gib" >"$tmp/deep.out" || fail "deep plan under budget: $(cat "$tmp/deep.out")"
+grep -q "^   1  1f1b\* .*(the pick)$" "$tmp/deep.out" || fail "deep: the pick is not starred"
+grep -qF "* blocks moved off the rank that needed the most" "$tmp/deep.out" || fail "deep: legend"
+grep -q "^to run it: .* --partition [0-9,]*$" "$tmp/deep.out" || fail "deep: no --partition"
+# ... which a spec takes as pipeline.partition (batonctl submit --partition sets it): the
+# in-process pipeline runs it; a wrong one is refused naming the field.
+part="$(sed -n 's/^to run it: .* --partition \([0-9,]*\)$/\1/p' "$tmp/deep.out")"
+for p in "$part" "1,1,1"; do
+  python3 - "$tmp/deep.json" "$tmp/deep_$p.json" "$p" <<'PY' || fail "deep spec with a split"
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"] = {"schedule": "SCHEDULE_1F1B", "stages": 4, "microbatches": 8,
+                    "partition": [int(x) for x in sys.argv[3].split(",")]}
+spec["steps"] = 1
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+done
+"$BATONCTL" train-local -f "$tmp/deep_$part.json" --pipeline >"$tmp/deep_train.out" 2>&1 ||
+  fail "train-local with partition $part: $(cat "$tmp/deep_train.out")"
+rc=0
+"$BATONCTL" train-local -f "$tmp/deep_1,1,1.json" --pipeline >"$tmp/deep_bad.out" 2>&1 || rc=$?
+[[ "$rc" != 0 ]] && grep -qF "pipeline.partition: 3 entries for 4 pipeline chunks" \
+  "$tmp/deep_bad.out" || fail "train-local with partition 1,1,1: $(cat "$tmp/deep_bad.out")"
 expect_refusal auto_workers "--workers 3 does not split into 2 data-parallel replicas" \
   --auto -f "$EXAMPLES/gpt.json" --workers 3 --data-parallel 2
 expect_refusal auto_file "--auto needs -f SPEC.json" --auto --workers 2

@@ -45,6 +45,9 @@ const std::vector<FlagSpec>& Flags() {
       {"recompute-stages", "", false,
        "with --recompute full (or the spec's): only these stages recompute, e.g. 0,1 "
        "(pipeline.recompute_stages)"},
+      {"partition", "", false,
+       "blocks per pipeline chunk in stage order, e.g. 3,2,2,1 (pipeline.partition; default: "
+       "the FLOP-balanced split)"},
       {"reduce-mode", "", false,
        "override pipeline.reduce_mode: ordered (bit-exact, the default) or fast (the engine's "
        "ring)"},
@@ -176,18 +179,25 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   BATON_RETURN_IF_ERROR(WordFlag<baton::v1::Recompute>(
       args, "recompute", {{"none", baton::v1::RECOMPUTE_NONE}, {"full", baton::v1::RECOMPUTE_FULL}},
       [p](baton::v1::Recompute v) { p->set_recompute(v); }));
-  if (args.Has("recompute-stages")) {
-    p->clear_recompute_stages();
-    for (absl::string_view part : absl::StrSplit(args.Get("recompute-stages"), ',')) {
-      int32_t s = 0;
-      if (!absl::SimpleAtoi(part, &s)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--recompute-stages must be stage numbers separated by commas, got '",
-            args.Get("recompute-stages"), "'"));
+  // A comma-separated list of integers into a repeated field.
+  auto int_list = [&args](const char* flag, const char* what,
+                          google::protobuf::RepeatedField<int32_t>* out) -> absl::Status {
+    if (!args.Has(flag)) return absl::OkStatus();
+    out->Clear();
+    for (absl::string_view part : absl::StrSplit(args.Get(flag), ',')) {
+      int32_t v = 0;
+      if (!absl::SimpleAtoi(part, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", what,
+                                                       " separated by commas, got '",
+                                                       args.Get(flag), "'"));
       }
-      p->add_recompute_stages(s);
+      out->Add(v);
     }
-  }
+    return absl::OkStatus();
+  };
+  BATON_RETURN_IF_ERROR(
+      int_list("recompute-stages", "stage numbers", p->mutable_recompute_stages()));
+  BATON_RETURN_IF_ERROR(int_list("partition", "block counts", p->mutable_partition()));
   BATON_RETURN_IF_ERROR(WordFlag<baton::v1::ReduceMode>(
       args, "reduce-mode",
       {{"ordered", baton::v1::REDUCE_MODE_ORDERED}, {"fast", baton::v1::REDUCE_MODE_FAST}},

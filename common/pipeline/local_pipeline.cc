@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
     BATON_RETURN_IF_ERROR(Validate(t->schedule_));
   }
   BATON_ASSIGN_OR_RETURN(t->stage_blocks_,
-                         PartitionBlocks(DescribeBlocks(t->spec_.model()),
-                                         t->schedule_.num_stages()));
+                         StageBlocks(DescribeBlocks(t->spec_.model()), t->schedule_.num_stages(),
+                                     {p.partition().begin(), p.partition().end()}));
   const int S = t->schedule_.num_ranks;
   // Replica d's ranks talk among themselves through hub d; rank r of every replica forms
   // data-parallel group r.

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/spec.h"
 
 namespace baton {
 
@@ -62,6 +63,28 @@ absl::StatusOr<std::vector<BlockRange>> PartitionBlocks(const std::vector<BlockI
     out[k - 1] = BlockRange{start, end};
     end = start;
   }
+  return out;
+}
+
+absl::StatusOr<std::vector<BlockRange>> StageBlocks(const std::vector<BlockInfo>& blocks,
+                                                    int num_chunks,
+                                                    const std::vector<int>& sizes) {
+  if (sizes.empty()) return PartitionBlocks(blocks, num_chunks);
+  const absl::Status ok =
+      CheckPartitionSizes(sizes, num_chunks, static_cast<int64_t>(blocks.size()));
+  if (!ok.ok()) return ok;
+  std::vector<BlockRange> out;
+  int first = 0;
+  for (int n : sizes) {
+    out.push_back(BlockRange{first, first + n});
+    first += n;
+  }
+  return out;
+}
+
+std::vector<int> PartitionSizes(const std::vector<BlockRange>& ranges) {
+  std::vector<int> out;
+  for (const BlockRange& r : ranges) out.push_back(r.size());
   return out;
 }
 

@@ -25,6 +25,16 @@ struct BlockRange {
 absl::StatusOr<std::vector<BlockRange>> PartitionBlocks(const std::vector<BlockInfo>& blocks,
                                                         int num_chunks);
 
+// The split a job runs: `sizes` (pipeline.partition: blocks per chunk, in chunk order) when
+// given, else PartitionBlocks. INVALID_ARGUMENT (CheckPartitionSizes, spec.h) when `sizes`
+// has not `num_chunks` entries, one is below 1, or they do not add up to the model's blocks.
+absl::StatusOr<std::vector<BlockRange>> StageBlocks(const std::vector<BlockInfo>& blocks,
+                                                    int num_chunks,
+                                                    const std::vector<int>& sizes);
+
+// Blocks per chunk, the form pipeline.partition takes: {3, 2, 2, 1}.
+std::vector<int> PartitionSizes(const std::vector<BlockRange>& ranges);
+
 }  // namespace baton
 
 #endif  // BATON_COMMON_PIPELINE_PARTITION_H_

@@ -113,5 +113,30 @@ TEST(PartitionTest, RefusesMoreChunksThanBlocks) {
       << r.status();
 }
 
+// pipeline.partition: a given split is taken as written; without one, the balanced split.
+TEST(PartitionTest, AGivenSplitIsTakenAsWrittenAndCheckedNamingTheField) {
+  const std::vector<BlockInfo> blocks = Costs({5, 5, 5, 5, 5});
+  auto given = StageBlocks(blocks, 3, {1, 3, 1});
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(Ranges(*given), (std::vector<std::pair<int, int>>{{0, 1}, {1, 4}, {4, 5}}));
+  EXPECT_EQ(PartitionSizes(*given), (std::vector<int>{1, 3, 1}));
+  auto balanced = StageBlocks(blocks, 3, {});
+  ASSERT_TRUE(balanced.ok());
+  EXPECT_EQ(Ranges(*balanced), Ranges(*PartitionBlocks(blocks, 3)));
+  struct Bad {
+    std::vector<int> sizes;
+    std::string expect;
+  };
+  for (const Bad& b : {Bad{{2, 3}, "pipeline.partition: 2 entries for 3 pipeline chunks"},
+                       Bad{{2, 0, 3}, "pipeline.partition[1]: 0 blocks; every chunk needs at least 1"},
+                       Bad{{2, 2, 2}, "pipeline.partition: the entries add up to 6 blocks, but "
+                                      "the model has 5"}}) {
+    auto r = StageBlocks(blocks, 3, b.sizes);
+    ASSERT_FALSE(r.ok()) << b.expect;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(b.expect), absl::string_view::npos) << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace baton

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -177,26 +179,195 @@ struct Evaluated {
   int order = 0;  // the schedule's place in the table, for ties
 };
 
-// Simulates one candidate on `part` (the split of its S*V chunks); nullopt when its clock
-// cannot be built (a combination the schedule refuses: BuildSchedule checks the options).
-std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
-                                  const ScheduleEntry& e, int order, int V, int M,
-                                  const std::vector<BlockRange>& part) {
-  const int S = in.stages;
-  const int chunks = S * V;
+// What each chunk of a split costs in memory, bytes for `rows` samples per micro-batch.
+struct ChunkBytes {
+  std::vector<double> held;       // per (chunk, micro-batch) from F until its B or W
+  std::vector<double> workspace;  // while the chunk runs a backward
+  std::vector<double> params;     // parameters (a count, not bytes)
+};
+
+ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& part,
+                         double rows) {
+  ChunkBytes out;
+  for (const BlockRange& r : part) {
+    double floats = 0, biggest = 0;
+    for (int b = r.first; b < r.last; ++b) {
+      floats += static_cast<double>(in.blocks[b].activation_floats);
+      biggest = std::max(biggest, static_cast<double>(in.blocks[b].activation_floats));
+    }
+    const double stash = 4 * rows * floats;
+    // With recomputation a chunk keeps only its input, and rebuilds its whole stash for the
+    // micro-batch whose backward runs.
+    out.held.push_back(in.recompute && r.size() > 0
+                           ? 4 * rows * static_cast<double>(in.input_floats[r.first])
+                           : stash);
+    out.workspace.push_back(4 * rows * biggest + (in.recompute ? stash : 0));
+    out.params.push_back(RangeParams(in.blocks, r));
+  }
+  return out;
+}
+
+// How many micro-batches each of a rank's chunks holds, at every point of its clock where
+// that could peak (after a forward), distinct combinations only. It depends on the clock's
+// order alone (a rank's count changes only at its own actions), not on costs or split, so
+// the split search re-weighs it instead of re-simulating.
+struct HeldProfile {
+  std::vector<std::vector<int>> stages;                  // per rank: its stages
+  std::vector<std::vector<std::vector<int>>> combos;     // per rank: counts per its stage
+};
+
+HeldProfile HeldProfileOf(const Schedule& sched) {
+  const int S = sched.num_ranks;
+  HeldProfile out;
+  out.stages.resize(S);
+  out.combos.resize(S);
+  for (int s = 0; s < sched.num_stages(); ++s) out.stages[sched.stage_to_rank[s]].push_back(s);
+  for (int r = 0; r < S; ++r) {
+    const std::vector<int>& mine = out.stages[r];
+    std::vector<int> count(mine.size(), 0);
+    std::set<std::vector<int>> seen;
+    for (const Action& a : sched.ranks[r]) {
+      const auto it = std::find(mine.begin(), mine.end(), a.stage);
+      if (it == mine.end()) continue;
+      const size_t k = static_cast<size_t>(it - mine.begin());
+      if (a.kind == ActionKind::kForward) {
+        ++count[k];
+        seen.insert(count);
+      } else if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) {
+        --count[k];
+      }
+    }
+    out.combos[r].assign(seen.begin(), seen.end());
+  }
+  return out;
+}
+
+// The memory model (planner.h, "Memory"): per rank, bytes.
+std::vector<double> RankBytes(const PlannerInput& in, const HeldProfile& prof,
+                              const ChunkBytes& cb) {
+  std::vector<double> out;
+  for (size_t r = 0; r < prof.stages.size(); ++r) {
+    double params = 0, workspace = 0, peak = 0;
+    for (int s : prof.stages[r]) {
+      params += cb.params[s];
+      workspace = std::max(workspace, cb.workspace[s]);
+    }
+    for (const std::vector<int>& combo : prof.combos[r]) {
+      double held = 0;
+      for (size_t k = 0; k < combo.size(); ++k) held += combo[k] * cb.held[prof.stages[r][k]];
+      peak = std::max(peak, held);
+    }
+    out.push_back(4.0 * params * (2 + in.optimizer_floats) + peak + workspace);
+  }
+  return out;
+}
+
+// The memory model for one rank (RankBytes' terms), on a split whose chunks may still be
+// empty (counting nothing).
+double OneRankBytes(const PlannerInput& in, const HeldProfile& prof,
+                    const std::vector<BlockRange>& part, double rows, int rank) {
+  double params = 0, workspace = 0, peak = 0;
+  std::vector<double> held;
+  for (int s : prof.stages[rank]) {
+    const ChunkBytes cb = ChunkBytesFor(in, {part[s]}, rows);
+    params += cb.params[0];
+    workspace = std::max(workspace, cb.workspace[0]);
+    held.push_back(cb.held[0]);
+  }
+  for (const std::vector<int>& combo : prof.combos[rank]) {
+    double h = 0;
+    for (size_t k = 0; k < combo.size(); ++k) h += combo[k] * held[k];
+    peak = std::max(peak, h);
+  }
+  return 4.0 * params * (2 + in.optimizer_floats) + peak + workspace;
+}
+
+// A split whose chunks each do at most `max_work` (RangeFlops) and whose ranks each need at
+// most `budget` bytes, filling the chunks in stage order, each with as many blocks as both
+// bounds allow (leaving one block for every later chunk); nullopt when the blocks run out
+// of room. A rank's need only grows with its chunks' blocks, so for one chunk per rank this
+// finds such a split whenever one exists; with several chunks per rank an early chunk can
+// take room a later one of its rank needed (a heuristic there).
+std::optional<std::vector<BlockRange>> FillSplit(const PlannerInput& in, const Schedule& sched,
+                                                 const HeldProfile& prof, double rows,
+                                                 double max_work, double budget) {
+  const int n = static_cast<int>(in.blocks.size());
+  const int chunks = sched.num_stages();
+  std::vector<BlockRange> part(chunks);
+  int next = 0;
+  for (int c = 0; c < chunks; ++c) {
+    part[c] = BlockRange{next, next};
+    const int rank = sched.stage_to_rank[c];
+    while (next < n && n - next > chunks - c - 1) {
+      const BlockRange before = part[c];
+      part[c].last = next + 1;
+      const bool ok = RangeFlops(in.blocks, part[c]) <= max_work &&
+                      OneRankBytes(in, prof, part, rows, rank) <= budget;
+      if (!ok) {
+        part[c] = before;
+        break;
+      }
+      ++next;
+    }
+    if (part[c].size() == 0) return std::nullopt;
+  }
+  if (next < n) return std::nullopt;
+  return part;
+}
+
+// The split search (planner.h, "Split"): the split with the least work on its busiest
+// chunk among those FillSplit finds within `budget` (a bisection on that bound); nullopt
+// when none fits.
+std::optional<std::vector<BlockRange>> SplitForMemory(const PlannerInput& in,
+                                                      const Schedule& sched,
+                                                      const HeldProfile& prof, double rows,
+                                                      double budget) {
+  const BlockRange all{0, static_cast<int>(in.blocks.size())};
+  double hi = RangeFlops(in.blocks, all);
+  std::optional<std::vector<BlockRange>> best = FillSplit(in, sched, prof, rows, hi, budget);
+  if (!best.has_value()) return std::nullopt;
+  double lo = 0;  // infeasible (every chunk does some work)
+  // Works are sums of whole numbers: bisect to a gap of 1/2.
+  while (hi - lo > 0.5) {
+    const double mid = std::floor((lo + hi) / 2);
+    if (mid <= lo) break;
+    std::optional<std::vector<BlockRange>> p = FillSplit(in, sched, prof, rows, mid, budget);
+    if (p.has_value()) {
+      hi = mid;
+      best = std::move(p);
+    } else {
+      lo = mid;
+    }
+  }
+  return best;
+}
+
+// The clock of one candidate; nullopt when the schedule refuses the combination
+// (BuildSchedule checks the options).
+std::optional<Schedule> CandidateClock(const PlannerInput& in, const ScheduleEntry& e, int V,
+                                       int M) {
   ScheduleOptions o;
   o.kind = e.kind;
-  o.num_ranks = S;
+  o.num_ranks = in.stages;
   o.virtual_stages = V;
   o.num_microbatches = M;
   o.num_blocks = static_cast<int64_t>(in.blocks.size());
   absl::StatusOr<Schedule> sched = BuildSchedule(o);
   if (!sched.ok()) return std::nullopt;
+  return *std::move(sched);
+}
+
+// Simulates one candidate, clock `sched`, on `part` (the split of its S*V chunks).
+std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
+                                  const ScheduleEntry& e, int order, const Schedule& sched,
+                                  const HeldProfile& prof, const std::vector<BlockRange>& part) {
+  const int S = in.stages;
+  const int chunks = sched.num_stages();
+  const int M = sched.num_microbatches;
   const double rows = static_cast<double>(in.batch_size) / (static_cast<double>(in.data_parallel) * M);
 
   Costs costs;
   costs.per_stage.resize(chunks);
-  std::vector<double> stash(chunks), input(chunks), largest_block(chunks);
   for (int s = 0; s < chunks; ++s) {
     const BlockRange& r = part[s];
     const double work = RangeFlops(in.blocks, r) * rows;
@@ -210,54 +381,25 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
     const double msg = MessageFloats(in, part, s) * rows;
     c.send = rates.send * msg;
     c.recv = rates.recv * msg;
-    double floats = 0, biggest = 0;
-    for (int b = r.first; b < r.last; ++b) {
-      floats += static_cast<double>(in.blocks[b].activation_floats);
-      biggest = std::max(biggest, static_cast<double>(in.blocks[b].activation_floats));
-    }
-    stash[s] = 4 * rows * floats;
-    input[s] = 4 * rows * static_cast<double>(in.input_floats[r.first]);
-    largest_block[s] = 4 * rows * biggest;
   }
+  const ChunkBytes cb = ChunkBytesFor(in, part, rows);
   std::vector<double> rank_params(S, 0);
-  for (int s = 0; s < chunks; ++s) {
-    rank_params[sched->stage_to_rank[s]] += RangeParams(in.blocks, part[s]);
-  }
+  for (int s = 0; s < chunks; ++s) rank_params[sched.stage_to_rank[s]] += cb.params[s];
   costs.step = rates.step * *std::max_element(rank_params.begin(), rank_params.end());
-  absl::StatusOr<SimResult> sim = Simulate(*sched, costs);
+  absl::StatusOr<SimResult> sim = Simulate(sched, costs);
   if (!sim.ok()) return std::nullopt;  // cannot happen: BuildSchedule validated it
 
   Evaluated out;
   out.order = order;
   PlanCandidate& c = out.c;
   c.kind = e.kind;
-  c.virtual_stages = V;
+  c.virtual_stages = sched.virtual_stages;
   c.microbatches = M;
   c.stage_blocks = part;
   c.step_time = sim->makespan;
   c.bubble = sim->bubble_ratio;
   c.busiest = *std::max_element(sim->busy.begin(), sim->busy.end());
-  // Memory: walk each rank's clock in order (its spans never overlap).
-  std::vector<double> held(S, 0), peak(S, 0), workspace(S, 0);
-  for (int s = 0; s < chunks; ++s) {
-    const int r = sched->stage_to_rank[s];
-    workspace[r] = std::max(workspace[r], largest_block[s] + (in.recompute ? stash[s] : 0));
-  }
-  for (const SimResult::Span& span : sim->timeline) {
-    const Action& a = span.action;
-    const double bytes = in.recompute ? input[a.stage] : stash[a.stage];
-    if (a.kind == ActionKind::kForward) {
-      held[span.rank] += bytes;
-      peak[span.rank] = std::max(peak[span.rank], held[span.rank]);
-    } else if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) {
-      held[span.rank] -= bytes;
-    }
-  }
-  c.peak_bytes.resize(S);
-  for (int r = 0; r < S; ++r) {
-    const double state = 4.0 * rank_params[r] * (2 + in.optimizer_floats);
-    c.peak_bytes[r] = static_cast<int64_t>(state + peak[r] + workspace[r]);
-  }
+  for (double bytes : RankBytes(in, prof, cb)) c.peak_bytes.push_back(static_cast<int64_t>(bytes));
   c.max_peak_bytes = *std::max_element(c.peak_bytes.begin(), c.peak_bytes.end());
   c.fits = in.memory_budget_bytes <= 0 || c.max_peak_bytes <= in.memory_budget_bytes;
   return out;
@@ -276,7 +418,10 @@ std::string HumanBytes(double bytes) {
 }
 
 std::string PlanCandidate::Describe() const {
-  return absl::StrCat(ScheduleKindName(kind), " V=", virtual_stages, " M=", microbatches);
+  std::string out =
+      absl::StrCat(ScheduleKindName(kind), " V=", virtual_stages, " M=", microbatches);
+  if (split_moved) absl::StrAppend(&out, " split ", absl::StrJoin(PartitionSizes(stage_blocks), "+"));
+  return out;
 }
 
 PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
@@ -393,8 +538,25 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
         split = splits.emplace(in.stages * v, *std::move(part)).first;
       }
       for (int m : ms) {
-        std::optional<Evaluated> ev = Evaluate(in, rates, e, order, v, m, split->second);
-        if (ev.has_value()) all.push_back(*std::move(ev));
+        const std::optional<Schedule> sched = CandidateClock(in, e, v, m);
+        if (!sched.has_value()) continue;
+        const HeldProfile prof = HeldProfileOf(*sched);
+        std::optional<Evaluated> ev = Evaluate(in, rates, e, order, *sched, prof, split->second);
+        if (!ev.has_value()) continue;
+        if (!ev->c.fits) {
+          // Over the budget on the balanced split: move blocks off the fullest rank.
+          const double rows = static_cast<double>(per_replica) / m;
+          const std::optional<std::vector<BlockRange>> moved = SplitForMemory(
+              in, *sched, prof, rows, static_cast<double>(in.memory_budget_bytes));
+          if (moved.has_value() && PartitionSizes(*moved) != PartitionSizes(split->second)) {
+            std::optional<Evaluated> other = Evaluate(in, rates, e, order, *sched, prof, *moved);
+            if (other.has_value() && other->c.max_peak_bytes < ev->c.max_peak_bytes) {
+              other->c.split_moved = true;
+              ev = std::move(other);
+            }
+          }
+        }
+        all.push_back(*std::move(ev));
       }
     }
   }
@@ -462,6 +624,10 @@ absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memor
   p->set_schedule(static_cast<baton::v1::Schedule>(ScheduleEntryOf(pick.kind).spec_value));
   p->set_virtual_stages(pick.virtual_stages);
   p->set_microbatches(pick.microbatches);
+  p->clear_partition();
+  if (pick.split_moved) {
+    for (int n : PartitionSizes(pick.stage_blocks)) p->add_partition(n);
+  }
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(spec));
   return plan;
 }

@@ -5,9 +5,8 @@
 //
 // Search: every schedule in the vocabulary (vocabulary.h) x V (1; 2..4 for interleaved-1f1b,
 // within the blocks; 2 for the V schedules) x M (every divisor of batch/D the schedule can
-// run) x partition (the block boundaries: the FLOP-balanced split PartitionBlocks gives, which
-// is the split placement runs; the spec cannot carry another yet). Each candidate's clock is
-// built and validated, then simulated (validate.h) with costs from the model:
+// run) x partition (the block boundaries; see Split below). Each candidate's clock is built
+// and validated, then simulated (validate.h) with costs from the model:
 //
 //   Time. A compute action costs a per-action overhead plus a rate times the work it does,
 //   work = rows * the sum of its chunk's forward FLOPs per sample (+1 per block, as the
@@ -32,6 +31,16 @@
 //   activation term is exact for the layers (model_test); planner_test checks whole-step
 //   peaks against the allocator (within 5%; measured: 1-3% under). Not modelled: data-
 //   parallel gradient buckets, transport buffers, the CUDA context.
+//
+//   Split. Every candidate starts from the FLOP-balanced split (PartitionBlocks), the
+//   fastest under this time model up to whole blocks. One that does not fit the budget is
+//   searched further: blocks move one at a time from a chunk of the rank that needs the
+//   most memory to the neighbouring chunk on another rank (under 1F1B the first ranks hold
+//   the most micro-batches in flight, so they give blocks to the last), each time the move
+//   that lowers the largest rank's need most, until it fits or no move helps. The candidate
+//   keeps the moved split (split_moved) when it needs less memory; it is then timed on it,
+//   so a split that fits but runs slower ranks accordingly. The job spec carries a moved
+//   split as pipeline.partition.
 //
 // Contract: deterministic (the same input gives the same ranking; equal predicted steps go
 // to the smaller peak memory, then schedule table order, then V, then M); well under a
@@ -93,9 +102,10 @@ struct PlanCandidate {
   std::vector<int64_t> peak_bytes;  // per rank
   int64_t max_peak_bytes = 0;
   bool fits = true;       // within the memory budget
+  bool split_moved = false;  // stage_blocks is not the balanced split but the searched one
   std::string lost;       // why it is not the pick ("" for the pick)
 
-  std::string Describe() const;  // "zb-h1 V=1 M=8"
+  std::string Describe() const;  // "zb-h1 V=1 M=8" (+ " split 3+2+2+1" when moved)
 };
 
 struct Plan {
@@ -124,8 +134,8 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in);
 
 // For a validated spec whose pipeline.schedule is SCHEDULE_AUTO: plans for its
 // pipeline.stages ranks (per rank memory_budget_bytes, 0 for none; measured costs if
-// given) and writes the pick into the spec (schedule, virtual_stages, microbatches), which
-// stays valid. Returns the plan. A spec with a concrete schedule is left alone and the plan
+// given) and writes the pick into the spec (schedule, virtual_stages, microbatches, and
+// partition when the split was moved), which stays valid. Returns the plan. A spec with a concrete schedule is left alone and the plan
 // is empty (considered == 0). Errors as PlanPipeline.
 absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memory_budget_bytes,
                                          std::vector<MeasuredRun> measured = {});

@@ -3,6 +3,8 @@
 // SCHEDULE_AUTO resolved into a job that still trains bit for bit like the reference.
 #include "common/pipeline/planner.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -192,15 +194,91 @@ TEST(PlannerTest, MemoryBudgetExcludesAndExplainsAndRefusesWhenNothingFits) {
     }
   }
   EXPECT_TRUE(saw_memory);
-  // Below the smallest: refused, naming the smallest need.
-  in.memory_budget_bytes = smallest - 1;
+  // Below anything a split search can reach: refused, naming the smallest need; a budget
+  // of that need (rounded up as printed) then plans.
+  in.memory_budget_bytes = 1024;
   absl::StatusOr<Plan> none = PlanPipeline(in);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(none.status().message(), "memory budget: no candidate fits"))
-      << none.status();
-  EXPECT_TRUE(absl::StrContains(none.status().message(), HumanBytes(smallest)))
-      << none.status();
+  const std::string msg(none.status().message());
+  EXPECT_TRUE(absl::StartsWith(msg, "memory budget: no candidate fits 1 KiB per rank; the "
+                                    "smallest, "))
+      << msg;
+  const size_t at = msg.find(", needs ");
+  ASSERT_NE(at, std::string::npos) << msg;
+  double need = 0;
+  char unit[8] = {};
+  ASSERT_EQ(std::sscanf(msg.c_str() + at + 8, "%lf %7s", &need, unit), 2) << msg;
+  const double scale = std::string(unit) == "GiB" ? 1 << 30 : std::string(unit) == "MiB" ? 1 << 20 : 1024;
+  EXPECT_LE(need * scale, 1.001 * static_cast<double>(smallest)) << msg;
+  in.memory_budget_bytes = static_cast<int64_t>((need + 0.1) * scale);
+  EXPECT_TRUE(PlanPipeline(in).ok()) << msg;
+}
+
+// The split search: under 1F1B rank r holds S-r micro-batches in flight, so under a budget
+// the balanced split misses, blocks move from the first ranks towards the last until it
+// fits; the moved split is timed (slower than the balanced one), written into the spec as
+// pipeline.partition, and trains bit for bit like the reference.
+TEST(PlannerTest, ABudgetTheBalancedSplitMissesMovesBlocksOffTheFullestRank) {
+  baton::v1::JobSpec spec = Gpt(6, 32);
+  auto* p = spec.mutable_pipeline();
+  p->set_schedule(baton::v1::SCHEDULE_1F1B);
+  p->set_stages(4);
+  p->set_microbatches(8);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  PlannerInput in = PlannerInputFor(spec, 4);
+  absl::StatusOr<Plan> free = PlanPipeline(in);
+  ASSERT_TRUE(free.ok()) << free.status();
+  ASSERT_EQ(free->considered, 1);
+  const PlanCandidate balanced = free->ranked[0];
+  EXPECT_FALSE(balanced.split_moved);
+  // Balanced (embedding + 1 layer | 2 | 2 | 2 + head), rank 1 needs the most: two layers
+  // with three micro-batches in flight (rank 0 holds four, of one layer).
+  ASSERT_EQ(PartitionSizes(balanced.stage_blocks), (std::vector<int>{2, 2, 2, 2}));
+  const int fullest = static_cast<int>(
+      std::max_element(balanced.peak_bytes.begin(), balanced.peak_bytes.end()) -
+      balanced.peak_bytes.begin());
+  EXPECT_EQ(fullest, 1);
+
+  in.memory_budget_bytes = balanced.max_peak_bytes * 9 / 10;
+  absl::StatusOr<Plan> tight = PlanPipeline(in);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  const PlanCandidate& moved = tight->ranked[0];
+  EXPECT_TRUE(moved.split_moved);
+  EXPECT_TRUE(moved.fits);
+  EXPECT_LE(moved.max_peak_bytes, in.memory_budget_bytes);
+  // No single move fits (rank 1's layer would overload rank 0 or 2): the layers shift
+  // down the chain, and the last rank, one micro-batch in flight, takes the extra one.
+  EXPECT_LT(moved.stage_blocks[fullest].size(), balanced.stage_blocks[fullest].size());
+  EXPECT_GT(moved.stage_blocks[3].size(), balanced.stage_blocks[3].size());
+  EXPECT_EQ(PartitionSizes(moved.stage_blocks), (std::vector<int>{2, 1, 2, 3}));
+  EXPECT_GE(moved.step_time, balanced.step_time);
+  EXPECT_TRUE(absl::StrContains(moved.Describe(), " split ")) << moved.Describe();
+
+  // SCHEDULE_AUTO under that budget writes the split into the spec, which trains bit-exact.
+  baton::v1::JobSpec automatic = spec;
+  automatic.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_AUTO);
+  absl::StatusOr<Plan> resolved = ResolveAutoPipeline(&automatic, in.memory_budget_bytes);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const PlanCandidate& pick = resolved->ranked[0];
+  EXPECT_EQ(automatic.pipeline().partition_size() > 0, pick.split_moved);
+  if (pick.split_moved) {
+    EXPECT_EQ(std::vector<int>(automatic.pipeline().partition().begin(),
+                               automatic.pipeline().partition().end()),
+              PartitionSizes(pick.stage_blocks));
+  }
+  // The moved 1F1B split itself, run by the in-process pipeline.
+  baton::v1::JobSpec run = spec;
+  for (int n : PartitionSizes(moved.stage_blocks)) run.mutable_pipeline()->add_partition(n);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&run).ok());
+  auto ref = ReferenceTrainer::Create(run);
+  auto pipe = LocalPipelineTrainer::Create(run);
+  ASSERT_TRUE(ref.ok() && pipe.ok());
+  for (int i = 0; i < run.steps(); ++i) {
+    ASSERT_TRUE((*ref)->Step().ok());
+    ASSERT_TRUE((*pipe)->Step().ok());
+  }
+  EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest()));
 }
 
 // The memory model against the allocator: one stage (the whole process is the rank), a

@@ -476,6 +476,15 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                 V, " = ", chunks, " model chunks, but ",
                                 what, blocks, " blocks; every chunk needs at least one block"));
   }
+  if (pipeline.partition_size() > 0) {
+    if (pipeline.schedule() == baton::v1::SCHEDULE_AUTO) {
+      return Invalid("pipeline.partition",
+                     "with SCHEDULE_AUTO the auto-planner chooses the split; leave it empty");
+    }
+    BATON_RETURN_IF_ERROR(CheckPartitionSizes(
+        {pipeline.partition().begin(), pipeline.partition().end()}, static_cast<int>(chunks),
+        blocks));
+  }
   if (blocks > kMaxModelBlocks) {
     return Invalid(spec->model().has_mlp() ? "model.mlp.depth" : "model.gpt.layers",
                    absl::StrCat(blocks, " blocks, more than the ", kMaxModelBlocks, " allowed"));
@@ -544,6 +553,29 @@ JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec) {
   out.per_stage_bytes = (out.state_bytes + out.activation_bytes) /
                         std::max<double>(1, spec.pipeline().stages());
   return out;
+}
+
+absl::Status CheckPartitionSizes(const std::vector<int>& sizes, int num_chunks,
+                                 int64_t num_blocks) {
+  if (static_cast<int>(sizes.size()) != num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.partition: ", sizes.size(), " entries for ", num_chunks,
+        " pipeline chunks (stages x virtual stages); give one block count per chunk"));
+  }
+  int64_t total = 0;
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    if (sizes[c] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline.partition[", c, "]: ", sizes[c],
+                                                     " blocks; every chunk needs at least 1"));
+    }
+    total += sizes[c];
+  }
+  if (total != num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.partition: the entries add up to ",
+                                                   total, " blocks, but the model has ",
+                                                   num_blocks));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace baton

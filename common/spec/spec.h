@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -113,6 +114,12 @@ std::string DescribeDevice(Device device);
 // (hidden.0 .. hidden.{depth-1}, out); gpt layers + 2 (embed, block.*, head); 0 when no
 // architecture is set.
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model);
+
+// pipeline.partition's rules for a split of `num_blocks` blocks into `num_chunks` chunks:
+// exactly num_chunks entries, each at least 1, adding up to num_blocks. INVALID_ARGUMENT
+// naming pipeline.partition (and the entry) otherwise.
+absl::Status CheckPartitionSizes(const std::vector<int>& sizes, int num_chunks,
+                                 int64_t num_blocks);
 
 // Tokens in one training step, the one rule every report uses: a gpt step's sequences times
 // its context; an mlp row counts as one token (so tokens equal samples).

@@ -429,6 +429,37 @@ TEST(ValidateTest, VSchedulesTakeTwoChunksPerRank) {
       << s;
 }
 
+// pipeline.partition: one block count per chunk, adding up to the model's blocks; none with
+// SCHEDULE_AUTO (the planner chooses the split).
+TEST(ValidateTest, PartitionIsCheckedAgainstTheChunksAndTheModel) {
+  JobSpec spec = ValidGpt();
+  const int64_t blocks = ModelBlockCount(spec.model());
+  ASSERT_GE(blocks, 3);
+  spec.mutable_pipeline()->set_schedule(v1::SCHEDULE_1F1B);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->add_partition(1);
+  spec.mutable_pipeline()->add_partition(static_cast<int32_t>(blocks - 1));
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  auto refused = [&](JobSpec bad, const std::string& expect) {
+    const absl::Status s = ValidateAndDefaultJobSpec(&bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << expect;
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s;
+  };
+  JobSpec three = spec;
+  three.mutable_pipeline()->set_stages(3);
+  refused(three, "pipeline.partition: 2 entries for 3 pipeline chunks");
+  JobSpec short_sum = spec;
+  short_sum.mutable_pipeline()->set_partition(1, static_cast<int32_t>(blocks - 2));
+  refused(short_sum, absl::StrCat("pipeline.partition: the entries add up to ", blocks - 1,
+                                  " blocks, but the model has ", blocks));
+  JobSpec empty_chunk = spec;
+  empty_chunk.mutable_pipeline()->set_partition(0, 0);
+  refused(empty_chunk, "pipeline.partition[0]: 0 blocks");
+  JobSpec automatic = spec;
+  automatic.mutable_pipeline()->set_schedule(v1::SCHEDULE_AUTO);
+  refused(automatic, "pipeline.partition: with SCHEDULE_AUTO the auto-planner chooses the split");
+}
+
 TEST(ValidateTest, FillsDefaults) {
   JobSpec spec = ValidGpt();
   spec.clear_pipeline();
