@@ -136,8 +136,8 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
   if (absl::Status st = ValidateAndDefaultJobSpec(&spec); !st.ok()) Die(std::string(st.message()));
 
   // Calibrate from real runs, as --costs-from does: 1f1b at --calib-m and zb-h1 at
-  // --calib-m2 micro-batches (two sizes fit the per-action overhead; the split run gives I
-  // and W their own rates).
+  // --calib-m2 micro-batches (two sizes give the compute rate per micro-batch size; the
+  // split run gives I and W their own rates).
   std::vector<MeasuredRun> runs;
   std::string calib;
   // The machine warms up first (the first runs of a process measure slow): one discarded
@@ -173,10 +173,10 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
   std::printf("\ncalibrated: %s\n", plan->calibration.c_str());
   const auto& g = spec.model().gpt();
   std::printf("\n== shape %s: gpt layers %d d_model %d heads %d context %d, batch %d, S=%d; "
-              "%zu blocks; calibration: %s; fitted overhead %.3f ms/action\n",
+              "%zu blocks; calibration: %s; compute rate %s\n",
               shape.c_str(), g.layers(), g.d_model(), g.heads(), g.context(),
               static_cast<int>(spec.data().batch_size()), f.stages, in.blocks.size(), calib.c_str(),
-              plan->action_overhead);
+              DescribeEfficiency(plan->efficiency).c_str());
   struct Row {
     const PlanCandidate* c;
     double measured;  // ms

@@ -59,8 +59,8 @@ const std::vector<FlagSpec>& Flags() {
       {"costs-from", "", false,
        "the per-stage costs a run measured instead: a JOB id (its latest traced step, from "
        "the coordinator) or a trace file (batonctl trace -o, train-local --trace); ms. "
-       "With --auto, several, comma-separated (runs of different M also fit a per-action "
-       "overhead)"},
+       "With --auto, several, comma-separated (runs of different M also measure how the "
+       "compute rate depends on the micro-batch size)"},
       {"auto", "", true,
        "search schedule x V x M for -f SPEC on --workers and rank the candidates "
        "(with --costs-from: calibrated by what that run measured)"},
@@ -248,7 +248,7 @@ int PlanAuto(const Args& args, const std::string& output) {
   }
   in.keep = top;
   // --costs-from: one run or several, comma-separated (different micro-batch sizes let the
-  // planner separate a per-action overhead from the rates).
+  // planner see how the compute rate depends on the size).
   for (absl::string_view from : absl::StrSplit(args.Get("costs-from"), ',', absl::SkipEmpty())) {
     baton::v1::JobTrace trace;
     std::optional<baton::v1::Job> job;
@@ -335,8 +335,11 @@ int PlanAuto(const Args& args, const std::string& output) {
   }
   const PlanCandidate& pick = plan->ranked.front();
   if (plan->measured) {
-    std::printf("per-action overhead fitted: %.3f ms%s\n", plan->action_overhead,
-                in.measured.size() < 2 ? " (one run: give two of different M to fit it)" : "");
+    std::printf("compute rate by micro-batch size: %s%s\n",
+                DescribeEfficiency(plan->efficiency).c_str(),
+                plan->efficiency.size() < 2
+                    ? " (one size measured: give runs of different M to see smaller ones slow)"
+                    : "");
   }
   std::printf("\n%d candidates considered", plan->considered);
   if (plan->over_budget > 0) std::printf(", %d over the memory budget", plan->over_budget);

@@ -20,48 +20,31 @@
 namespace baton {
 namespace {
 
-// The cost model (planner.h, "Time"): a compute action costs overhead + rate * work, a
+// The cost model (planner.h, "Time"): a compute action costs Factor(rows) * rate * work, a
 // message rate * floats, the optimizer step rate * the rank's parameters.
 struct Rates {
-  double overhead = 0;                 // per F, B, I or W action
-  double f = 1, b = 2, i = 1, w = 1;   // per FLOP-sample
+  double f = 1, b = 2, i = 1, w = 1;   // per FLOP-sample, at the reference micro-batch size
+  // How much slower per FLOP-sample a micro-batch of `rows` samples computes than the
+  // reference one: (rows, factor) points, ascending rows, the reference's factor 1;
+  // log-linear between them, constant beyond. Empty: 1 everywhere.
+  std::vector<std::pair<double, double>> efficiency;
   double send = 0, recv = 0;           // per float-sample of a message
   double step = 0;                     // per parameter on the rank
+
+  double Factor(double rows) const {
+    if (efficiency.empty()) return 1;
+    if (rows <= efficiency.front().first) return efficiency.front().second;
+    if (rows >= efficiency.back().first) return efficiency.back().second;
+    for (size_t k = 1; k < efficiency.size(); ++k) {
+      const auto& [x1, y1] = efficiency[k];
+      if (rows > x1) continue;
+      const auto& [x0, y0] = efficiency[k - 1];
+      const double t = std::log(rows / x0) / std::log(x1 / x0);
+      return y0 + t * (y1 - y0);
+    }
+    return efficiency.back().second;
+  }
 };
-
-// Least squares y = a + r x over the points, a >= 0 (when the fit's intercept is negative,
-// or the xs do not differ, the line through the origin).
-void FitLine(const std::vector<std::pair<double, double>>& pts, double* a, double* r) {
-  *a = 0;
-  *r = 0;
-  if (pts.empty()) return;
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [x, y] : pts) {
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
-  }
-  const double n = static_cast<double>(pts.size());
-  const double det = n * sxx - sx * sx;
-  if (pts.size() >= 2 && det > 1e-9 * sxx * n) {
-    *r = (n * sxy - sx * sy) / det;
-    *a = (sy - *r * sx) / n;
-    if (*a >= 0 && *r >= 0) return;
-  }
-  *a = 0;
-  *r = sxx > 0 ? sxy / sxx : 0;
-}
-
-// The rate through a fixed intercept: least squares of y - a = r x.
-double FitRate(const std::vector<std::pair<double, double>>& pts, double a) {
-  double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : pts) {
-    sxx += x * x;
-    sxy += x * (y - a);
-  }
-  return sxx > 0 ? std::max(0.0, sxy / sxx) : 0;
-}
 
 // FLOPs per sample of blocks [r.first, r.last), each block +1 as the partitioner counts.
 double RangeFlops(const std::vector<BlockInfo>& blocks, const BlockRange& r) {
@@ -96,7 +79,13 @@ double MessageFloats(const PlannerInput& in, const std::vector<BlockRange>& stag
 // One point per measured run and action kind: x = the run's mean work per stage (FLOP-
 // samples, or message float-samples), y = its mean measured time per action.
 absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<MeasuredRun>& runs) {
-  std::vector<std::pair<double, double>> f, b, i, w, send, recv;
+  // Per run: its rows and its rates (time / work) per kind; I and W only from split runs.
+  struct RunRates {
+    double rows, f, b, i, w;
+    bool split;
+  };
+  std::vector<RunRates> per_run;
+  std::vector<std::pair<double, double>> send, recv;
   double step = 0, step_params = 0;
   for (const MeasuredRun& m : runs) {
     const int stages = static_cast<int>(m.stage_blocks.size());
@@ -137,11 +126,9 @@ absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<Measur
       params += RangeParams(in.blocks, r);
     }
     const double n = stages;
-    f.push_back({work / n, tf / n});
-    b.push_back({work / n, tb / n});
-    if (split) {
-      i.push_back({work / n, ti / n});
-      w.push_back({work / n, tw / n});
+    if (work > 0) {
+      per_run.push_back(RunRates{static_cast<double>(m.rows), tf / work, tb / work, ti / work,
+                                 tw / work, split});
     }
     if (messaging > 0) {
       send.push_back({floats / messaging, ts / messaging});
@@ -152,13 +139,39 @@ absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<Measur
     step_params += params / n;
   }
   Rates out;
-  FitLine(f, &out.overhead, &out.f);
-  out.b = FitRate(b, out.overhead);
-  if (!i.empty()) {
-    out.i = FitRate(i, out.overhead);
-    out.w = FitRate(w, out.overhead);
-  } else {
-    out.i = out.w = out.b / 2;  // a split backward: the same work, one more action
+  if (!per_run.empty()) {
+    // The forward's rate per micro-batch size (runs of one size averaged); the largest size
+    // is the reference. The other kinds keep their measured ratio to the forward's rate at
+    // their run's size, averaged over the runs that have them.
+    std::map<double, std::pair<double, int>> by_rows;
+    for (const RunRates& r : per_run) {
+      by_rows[r.rows].first += r.f;
+      ++by_rows[r.rows].second;
+    }
+    const double ref = by_rows.rbegin()->second.first / by_rows.rbegin()->second.second;
+    for (const auto& [rows, sum] : by_rows) {
+      out.efficiency.push_back({rows, ref > 0 ? sum.first / sum.second / ref : 1});
+    }
+    out.f = ref;
+    double b = 0, i = 0, w = 0;
+    int nb = 0, nsplit = 0;
+    for (const RunRates& r : per_run) {
+      if (r.f <= 0) continue;
+      b += r.b / r.f;
+      ++nb;
+      if (r.split) {
+        i += r.i / r.f;
+        w += r.w / r.f;
+        ++nsplit;
+      }
+    }
+    out.b = nb > 0 ? ref * b / nb : 2 * ref;
+    if (nsplit > 0) {
+      out.i = ref * i / nsplit;
+      out.w = ref * w / nsplit;
+    } else {
+      out.i = out.w = out.b / 2;  // a split backward: the same work in two actions
+    }
   }
   // Messages: the cheapest per float any run saw. A receive's measured cost is already the
   // shortest on its stage (the nearest to a transfer without waiting), and what is left of
@@ -372,12 +385,12 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
     const BlockRange& r = part[s];
     const double work = RangeFlops(in.blocks, r) * rows;
     Costs& c = costs.per_stage[s];
-    const double a = rates.overhead;
-    c.f = a + rates.f * work;
+    const double k = rates.Factor(rows);
+    c.f = k * rates.f * work;
     const double again = in.recompute ? c.f : 0;  // the forward rerun before the backward
-    c.i = a + rates.i * work + again;
-    c.w = a + rates.w * work;
-    c.b = a + rates.b * work + again;
+    c.i = k * rates.i * work + again;
+    c.w = k * rates.w * work;
+    c.b = k * rates.b * work + again;
     const double msg = MessageFloats(in, part, s) * rows;
     c.send = rates.send * msg;
     c.recv = rates.recv * msg;
@@ -410,6 +423,16 @@ std::string Time(double t, bool measured) {
 }
 
 }  // namespace
+
+std::string DescribeEfficiency(const std::vector<std::pair<double, double>>& efficiency) {
+  if (efficiency.empty()) return "every micro-batch size";
+  std::vector<std::string> parts;
+  for (const auto& [rows, factor] : efficiency) {
+    parts.push_back(absl::StrFormat("%g rows x%.2f", rows, factor));
+  }
+  return absl::StrCat(parts.size() == 1 ? "" : "per micro-batch size ",
+                      absl::StrJoin(parts, ", "));
+}
 
 std::string HumanBytes(double bytes) {
   if (bytes >= double{1 << 30}) return absl::StrFormat("%.2f GiB", bytes / double{1 << 30});
@@ -479,12 +502,13 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
     std::vector<std::string> sources;
     for (const MeasuredRun& m : in.measured) sources.push_back(m.source);
     plan.cost_source = absl::StrJoin(sources, " + ");
-    plan.action_overhead = rates.overhead;
+    plan.efficiency = rates.efficiency;
     plan.calibration = absl::StrFormat(
-        "per action %.3g ms + per GFLOP-sample F %.3g, B %.3g, I %.3g, W %.3g ms; messages "
-        "send %.3g, receive %.3g ms per MB; step %.3g ms per M parameters",
-        rates.overhead, rates.f * 1e9, rates.b * 1e9, rates.i * 1e9, rates.w * 1e9,
-        rates.send * 1e6 / 4, rates.recv * 1e6 / 4, rates.step * 1e6);
+        "per GFLOP-sample F %.3g, B %.3g, I %.3g, W %.3g ms at %s; messages send %.3g, "
+        "receive %.3g ms per MB; step %.3g ms per M parameters",
+        rates.f * 1e9, rates.b * 1e9, rates.i * 1e9, rates.w * 1e9,
+        DescribeEfficiency(plan.efficiency), rates.send * 1e6 / 4, rates.recv * 1e6 / 4,
+        rates.step * 1e6);
   } else {
     plan.cost_source = "model FLOPs (no measured run: times in FLOP units)";
   }

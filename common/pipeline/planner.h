@@ -8,19 +8,22 @@
 // run) x partition (the block boundaries; see Split below). Each candidate's clock is built
 // and validated, then simulated (validate.h) with costs from the model:
 //
-//   Time. A compute action costs a per-action overhead plus a rate times the work it does,
-//   work = rows * the sum of its chunk's forward FLOPs per sample (+1 per block, as the
-//   partitioner counts): F = a + r_F work, B = a + r_B work, I = a + r_I work, W = a + r_W
-//   work (recomputation adds F to B and I). A message costs a rate times its floats; the
-//   optimizer step a rate times the rank's parameters. Without a measured
-//   run: a = 0, r_F = r_I = r_W = 1, r_B = 2, communication and the step free, so times
+//   Time. A compute action costs a rate times the work it does, work = rows * the sum of
+//   its chunk's forward FLOPs per sample (+1 per block, as the partitioner counts): F =
+//   k(rows) r_F work, B = k(rows) r_B work, I and W alike (recomputation adds F to B and
+//   I), where k(rows) says how much slower per FLOP a micro-batch of that many rows
+//   computes (small matrices run below the machine's peak). A message costs a rate times
+//   its floats; the optimizer step a rate times the rank's parameters. Without a measured
+//   run: k = 1, r_F = r_I = r_W = 1, r_B = 2, communication and the step free, so times
 //   are in FLOP units and only their ratios mean anything. Measured runs (MeasuredRun: a
-//   job's trace, measured_run.h) calibrate it in ms: each run gives, per action kind, one
-//   point (its mean work per stage, its mean time); a and r_F are the least-squares line
-//   through the F points (a = 0 from a single run or micro-batch size: then the rates are
-//   ratios), r_B, r_I and r_W the fits through that intercept (without a split-backward
-//   run, r_I = r_W = r_B / 2: the same work, one action more). A send or receive costs the
-//   cheapest time per float any run measured for one, times its floats.
+//   job's trace, measured_run.h) calibrate it in ms: each run gives its forward rate (time
+//   over work, all stages) at its rows; the largest rows are the reference (k = 1), the
+//   others give k at theirs, log-linear between, constant beyond (one size measured: k = 1
+//   everywhere). r_B, r_I, r_W keep each run's measured ratio to its forward rate,
+//   averaged (without a split-backward run, r_I = r_W = r_B / 2). Splitting the same rows
+//   into more chunks costs nothing extra here: an earlier model with a per-action overhead
+//   fitted from two sizes priced that far above what it measured. A send or receive costs
+//   the cheapest time per float any run measured for one, times its floats.
 //
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
 //   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
@@ -52,6 +55,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -117,7 +121,9 @@ struct Plan {
   int over_budget = 0;          // of them, how many did not fit
   bool measured = false;        // times in ms (else FLOP units)
   std::string cost_source;      // "model FLOPs" or the MeasuredRun sources
-  double action_overhead = 0;   // measured: the fitted per-action overhead, ms
+  // Measured: how much slower per FLOP a micro-batch of that many rows computes than the
+  // largest calibrated one, (rows, factor), ascending rows; empty without measured runs.
+  std::vector<std::pair<double, double>> efficiency;
   std::string calibration;      // measured: the fitted model, in words
 };
 
@@ -143,6 +149,9 @@ absl::StatusOr<Plan> ResolveAutoPipeline(baton::v1::JobSpec* spec, int64_t memor
 // "The pick: zb-h1 V=1 M=8, predicted 84.1 ms/step, bubble 0.06, peak 1.2 GiB/rank (costs:
 // ...); 23 candidates; 1f1b M=8: bubble 0.18 vs 0.06; ..." — one line for job histories.
 std::string SummarizePlan(const Plan& plan, int losers = 3);
+
+// "2 rows x1.18, 8 rows x1.00" (Plan::efficiency, for reports).
+std::string DescribeEfficiency(const std::vector<std::pair<double, double>>& efficiency);
 
 // Bytes as "1.25 GiB" / "312 MiB" / "12 KiB".
 std::string HumanBytes(double bytes);

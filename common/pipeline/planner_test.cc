@@ -366,14 +366,18 @@ TEST(PlannerTest, MeasuredCostsCalibrateTheModel) {
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "test run")) << bad.status();
 }
 
-// Two runs at different micro-batch sizes separate a per-action overhead from the rate:
-// times built as 0.5 ms + 2e-6 ms per FLOP-sample give back a = 0.5, and a candidate's
-// prediction is its clock simulated with those costs.
-TEST(PlannerTest, TwoMeasuredRunsFitAPerActionOverhead) {
+// Two runs at different micro-batch sizes measure how the compute rate depends on it: times
+// built as 3e-6 ms per FLOP-sample at 2 rows and 2e-6 at 8 give those rates back at those
+// sizes, log-linear between (2.5e-6 at 4 rows), the small one's below 2 rows; a candidate's
+// prediction is its clock simulated with those costs. The split into chunks does not change
+// the rate (a per-action overhead would have: that model was dropped, it priced more chunks
+// per rank far above what they measured).
+TEST(PlannerTest, RunsOfTwoMicrobatchSizesCalibrateTheRatePerSize) {
   const baton::v1::JobSpec spec = Gpt();
   PlannerInput in = AutoInput(spec, 2);
   absl::StatusOr<std::vector<BlockRange>> blocks = PartitionBlocks(in.blocks, 2);
   ASSERT_TRUE(blocks.ok());
+  auto rate = [](int64_t rows) { return rows == 2 ? 3e-6 : 2e-6; };  // the two runs
   auto run = [&](int64_t rows) {
     MeasuredRun m;
     m.rows = rows;
@@ -381,34 +385,42 @@ TEST(PlannerTest, TwoMeasuredRunsFitAPerActionOverhead) {
     m.source = absl::StrCat("rows ", rows);
     for (const BlockRange& r : *blocks) {
       Costs c;
-      c.f = 0.5 + 2e-6 * Flops(in, r) * rows;
-      c.b = 0.5 + 4e-6 * Flops(in, r) * rows;
-      c.i = c.w = c.b / 2;
+      c.f = rate(rows) * Flops(in, r) * rows;
+      c.b = 2 * c.f;
+      c.i = c.w = c.f;
       m.costs.per_stage.push_back(c);
     }
     return m;
   };
   in.measured = {run(2), run(8)};
   in.schedule = ScheduleKind::k1F1B;
-  in.microbatches = 16;  // rows = 1: a run neither calibration saw
-  absl::StatusOr<Plan> plan = PlanPipeline(in);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_NEAR(plan->action_overhead, 0.5, 1e-9);
-  EXPECT_EQ(plan->cost_source, "rows 2 + rows 8");
-  Costs want;
-  for (const BlockRange& r : *blocks) {
-    Costs c;
-    c.f = 0.5 + 2e-6 * Flops(in, r);
-    c.b = 0.5 + 4e-6 * Flops(in, r);
-    want.per_stage.push_back(c);
+  EXPECT_EQ(DescribeEfficiency({{2, 1.5}, {8, 1}}), "per micro-batch size 2 rows x1.50, 8 rows x1.00");
+  // Gpt()'s batch is 16: M = 16, 8, 4, 2 give 1, 2, 4, 8 rows.
+  for (const auto& [m, want_rate] : std::vector<std::pair<int, double>>{
+           {16, 3e-6}, {8, 3e-6}, {4, 2.5e-6}, {2, 2e-6}}) {
+    const double rows = 16.0 / m;
+    in.microbatches = m;
+    absl::StatusOr<Plan> plan = PlanPipeline(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->cost_source, "rows 2 + rows 8");
+    ASSERT_EQ(plan->efficiency.size(), 2u);
+    EXPECT_NEAR(plan->efficiency[0].second, 1.5, 1e-9);
+    Costs want;
+    for (const BlockRange& r : *blocks) {
+      Costs c;
+      c.f = want_rate * Flops(in, r) * rows;
+      c.b = 2 * c.f;
+      want.per_stage.push_back(c);
+    }
+    const double makespan = Makespan1F1B(2, m, want);
+    EXPECT_NEAR(plan->ranked[0].step_time, makespan, 1e-6 * makespan) << "M=" << m;
   }
-  const double makespan = Makespan1F1B(2, 16, want);
-  EXPECT_NEAR(plan->ranked[0].step_time, makespan, 1e-6 * makespan);
-  // One run alone cannot tell overhead from rate: the line goes through the origin.
+  // One run: one rate for every size.
   in.measured = {run(8)};
-  plan = PlanPipeline(in);
-  ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->action_overhead, 0);
+  absl::StatusOr<Plan> one = PlanPipeline(in);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->efficiency.size(), 1u);
+  EXPECT_EQ(one->efficiency[0].second, 1);
 }
 
 TEST(PlannerTest, RefusesWhatCannotRunNamingTheField) {
