@@ -631,11 +631,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                                " idle workers to recover on (", free, " idle)");
         break;
       }
-      if (stages != spec.pipeline().stages()) {
-        // Fewer stages run the balanced split (RecoveryStages planned them so).
-        spec.mutable_pipeline()->clear_partition();
-        spec.mutable_pipeline()->set_stages(stages);
-      }
+      SetPipelineStages(&spec, stages);
     }
     std::optional<WorkerChoice> choice = ChooseWorkers(spec, idle, taken, &waiting);
     if (!choice.has_value()) break;
@@ -1008,10 +1004,7 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   // The layout placement built, from the spec (the same function the placement used) with
   // the stages it ran on (a recovery may have re-planned onto fewer).
   baton::v1::JobSpec planned = job.spec();
-  if (job.pipeline().stages() > 0 && job.pipeline().stages() != planned.pipeline().stages()) {
-    planned.mutable_pipeline()->clear_partition();  // as recovery re-planned it
-    planned.mutable_pipeline()->set_stages(job.pipeline().stages());
-  }
+  if (job.pipeline().stages() > 0) SetPipelineStages(&planned, job.pipeline().stages());
   absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(planned);
   if (layout.ok()) {
     out.set_num_stages(static_cast<int>(layout->schedule.stage_to_rank.size()));

@@ -109,9 +109,7 @@ int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {
                         : want;
   for (int s = std::min(idle, want); s >= floor && s >= 1; --s) {
     baton::v1::JobSpec fewer = spec;
-    fewer.mutable_pipeline()->set_stages(s);
-    // A split given for `want` stages does not fit fewer: they run the balanced one.
-    if (s != want) fewer.mutable_pipeline()->clear_partition();
+    SetPipelineStages(&fewer, s);
     if (ValidateAndDefaultJobSpec(&fewer).ok() && BuildPipelineLayout(fewer).ok()) return s;
   }
   return 0;

@@ -76,8 +76,8 @@ double MessageFloats(const PlannerInput& in, const std::vector<BlockRange>& stag
   return n == 0 ? 0 : sum / n;
 }
 
-// One point per measured run and action kind: x = the run's mean work per stage (FLOP-
-// samples, or message float-samples), y = its mean measured time per action.
+// Per measured run: its compute rates (time over work, all stages) at its micro-batch size,
+// and its message times per float (planner.h, "Time").
 absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<MeasuredRun>& runs) {
   // Per run: its rows and its rates (time / work) per kind; I and W only from split runs.
   struct RunRates {
@@ -125,7 +125,6 @@ absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<Measur
       }
       params += RangeParams(in.blocks, r);
     }
-    const double n = stages;
     if (work > 0) {
       per_run.push_back(RunRates{static_cast<double>(m.rows), tf / work, tb / work, ti / work,
                                  tw / work, split});
@@ -136,7 +135,7 @@ absl::StatusOr<Rates> Calibrate(const PlannerInput& in, const std::vector<Measur
     }
     // The step runs on every rank at once; the slowest holds about params / stages.
     step += m.costs.step;
-    step_params += params / n;
+    step_params += params / stages;
   }
   Rates out;
   if (!per_run.empty()) {
@@ -255,42 +254,20 @@ HeldProfile HeldProfileOf(const Schedule& sched) {
   return out;
 }
 
-// The memory model (planner.h, "Memory"): per rank, bytes.
-std::vector<double> RankBytes(const PlannerInput& in, const HeldProfile& prof,
-                              const ChunkBytes& cb) {
-  std::vector<double> out;
-  for (size_t r = 0; r < prof.stages.size(); ++r) {
-    double params = 0, workspace = 0, peak = 0;
-    for (int s : prof.stages[r]) {
-      params += cb.params[s];
-      workspace = std::max(workspace, cb.workspace[s]);
-    }
-    for (const std::vector<int>& combo : prof.combos[r]) {
-      double held = 0;
-      for (size_t k = 0; k < combo.size(); ++k) held += combo[k] * cb.held[prof.stages[r][k]];
-      peak = std::max(peak, held);
-    }
-    out.push_back(4.0 * params * (2 + in.optimizer_floats) + peak + workspace);
-  }
-  return out;
-}
-
-// The memory model for one rank (RankBytes' terms), on a split whose chunks may still be
-// empty (counting nothing).
-double OneRankBytes(const PlannerInput& in, const HeldProfile& prof,
-                    const std::vector<BlockRange>& part, double rows, int rank) {
+// The memory model (planner.h, "Memory"): bytes rank `rank` needs on the split `cb`
+// describes (a chunk still empty counts nothing).
+double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkBytes& cb,
+                 int rank) {
   double params = 0, workspace = 0, peak = 0;
-  std::vector<double> held;
-  for (int s : prof.stages[rank]) {
-    const ChunkBytes cb = ChunkBytesFor(in, {part[s]}, rows);
-    params += cb.params[0];
-    workspace = std::max(workspace, cb.workspace[0]);
-    held.push_back(cb.held[0]);
+  const std::vector<int>& mine = prof.stages[rank];
+  for (int s : mine) {
+    params += cb.params[s];
+    workspace = std::max(workspace, cb.workspace[s]);
   }
   for (const std::vector<int>& combo : prof.combos[rank]) {
-    double h = 0;
-    for (size_t k = 0; k < combo.size(); ++k) h += combo[k] * held[k];
-    peak = std::max(peak, h);
+    double held = 0;
+    for (size_t k = 0; k < combo.size(); ++k) held += combo[k] * cb.held[mine[k]];
+    peak = std::max(peak, held);
   }
   return 4.0 * params * (2 + in.optimizer_floats) + peak + workspace;
 }
@@ -315,7 +292,7 @@ std::optional<std::vector<BlockRange>> FillSplit(const PlannerInput& in, const S
       const BlockRange before = part[c];
       part[c].last = next + 1;
       const bool ok = RangeFlops(in.blocks, part[c]) <= max_work &&
-                      OneRankBytes(in, prof, part, rows, rank) <= budget;
+                      RankBytes(in, prof, ChunkBytesFor(in, part, rows), rank) <= budget;
       if (!ok) {
         part[c] = before;
         break;
@@ -381,11 +358,11 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
 
   Costs costs;
   costs.per_stage.resize(chunks);
+  const double k = rates.Factor(rows);
   for (int s = 0; s < chunks; ++s) {
     const BlockRange& r = part[s];
     const double work = RangeFlops(in.blocks, r) * rows;
     Costs& c = costs.per_stage[s];
-    const double k = rates.Factor(rows);
     c.f = k * rates.f * work;
     const double again = in.recompute ? c.f : 0;  // the forward rerun before the backward
     c.i = k * rates.i * work + again;
@@ -412,7 +389,9 @@ std::optional<Evaluated> Evaluate(const PlannerInput& in, const Rates& rates,
   c.step_time = sim->makespan;
   c.bubble = sim->bubble_ratio;
   c.busiest = *std::max_element(sim->busy.begin(), sim->busy.end());
-  for (double bytes : RankBytes(in, prof, cb)) c.peak_bytes.push_back(static_cast<int64_t>(bytes));
+  for (int r = 0; r < S; ++r) {
+    c.peak_bytes.push_back(static_cast<int64_t>(RankBytes(in, prof, cb, r)));
+  }
   c.max_peak_bytes = *std::max_element(c.peak_bytes.begin(), c.peak_bytes.end());
   c.fits = in.memory_budget_bytes <= 0 || c.max_peak_bytes <= in.memory_budget_bytes;
   return out;
@@ -568,7 +547,7 @@ absl::StatusOr<Plan> PlanPipeline(const PlannerInput& in) {
         std::optional<Evaluated> ev = Evaluate(in, rates, e, order, *sched, prof, split->second);
         if (!ev.has_value()) continue;
         if (!ev->c.fits) {
-          // Over the budget on the balanced split: move blocks off the fullest rank.
+          // Over the budget on the balanced split: the least-imbalanced split that fits.
           const double rows = static_cast<double>(per_replica) / m;
           const std::optional<std::vector<BlockRange>> moved = SplitForMemory(
               in, *sched, prof, rows, static_cast<double>(in.memory_budget_bytes));

@@ -45,6 +45,19 @@ PlannerInput AutoInput(const baton::v1::JobSpec& spec, int stages) {
   return in;
 }
 
+// The in-process pipeline trains `spec` to the reference trainer's weights, bit for bit.
+void ExpectTrainsLikeTheReference(const baton::v1::JobSpec& spec) {
+  auto ref = ReferenceTrainer::Create(spec);
+  auto pipe = LocalPipelineTrainer::Create(spec);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  for (int i = 0; i < spec.steps(); ++i) {
+    ASSERT_TRUE((*ref)->Step().ok());
+    ASSERT_TRUE((*pipe)->Step().ok());
+  }
+  EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest()));
+}
+
 // FLOPs per sample of a chunk as the planner counts them (+1 per block).
 double Flops(const PlannerInput& in, const BlockRange& r) {
   double flops = 0;
@@ -271,14 +284,7 @@ TEST(PlannerTest, ABudgetTheBalancedSplitMissesMovesBlocksOffTheFullestRank) {
   baton::v1::JobSpec run = spec;
   for (int n : PartitionSizes(moved.stage_blocks)) run.mutable_pipeline()->add_partition(n);
   ASSERT_TRUE(ValidateAndDefaultJobSpec(&run).ok());
-  auto ref = ReferenceTrainer::Create(run);
-  auto pipe = LocalPipelineTrainer::Create(run);
-  ASSERT_TRUE(ref.ok() && pipe.ok());
-  for (int i = 0; i < run.steps(); ++i) {
-    ASSERT_TRUE((*ref)->Step().ok());
-    ASSERT_TRUE((*pipe)->Step().ok());
-  }
-  EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest()));
+  ExpectTrainsLikeTheReference(run);
 }
 
 // The memory model against the allocator: one stage (the whole process is the rank), a
@@ -462,14 +468,7 @@ TEST(PlannerTest, AutoSpecIsResolvedIntoAJobThatTrainsBitExact) {
       << summary;
   EXPECT_TRUE(absl::StrContains(summary, "model FLOPs")) << summary;
 
-  auto ref = ReferenceTrainer::Create(spec);
-  auto pipe = LocalPipelineTrainer::Create(spec);
-  ASSERT_TRUE(ref.ok() && pipe.ok());
-  for (int i = 0; i < spec.steps(); ++i) {
-    ASSERT_TRUE((*ref)->Step().ok());
-    ASSERT_TRUE((*pipe)->Step().ok());
-  }
-  EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest()));
+  ExpectTrainsLikeTheReference(spec);
 
   // A concrete spec is left alone.
   const std::string before = spec.SerializeAsString();

@@ -555,6 +555,13 @@ JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec) {
   return out;
 }
 
+void SetPipelineStages(baton::v1::JobSpec* spec, int stages) {
+  baton::v1::PipelineSpec* p = spec->mutable_pipeline();
+  if (p->stages() == stages) return;
+  p->clear_partition();
+  p->set_stages(stages);
+}
+
 absl::Status CheckPartitionSizes(const std::vector<int>& sizes, int num_chunks,
                                  int64_t num_blocks) {
   if (static_cast<int>(sizes.size()) != num_chunks) {

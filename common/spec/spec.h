@@ -115,6 +115,10 @@ std::string DescribeDevice(Device device);
 // architecture is set.
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model);
 
+// Sets pipeline.stages to `stages` (a recovery onto fewer); a pipeline.partition written for
+// another stage count is dropped, so the new count runs the balanced split.
+void SetPipelineStages(baton::v1::JobSpec* spec, int stages);
+
 // pipeline.partition's rules for a split of `num_blocks` blocks into `num_chunks` chunks:
 // exactly num_chunks entries, each at least 1, adding up to num_blocks. INVALID_ARGUMENT
 // naming pipeline.partition (and the entry) otherwise.
