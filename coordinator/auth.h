@@ -8,7 +8,7 @@
 //   8d2e4f6a0c1b3d5e7f9a2c4e6b8d0f1a    ci-bot  admin
 //
 // Roles, each allowing what the one before allows:
-//   viewer     GetJob, ListJobs, WatchJob, GetJobTrace, ListWorkers
+//   viewer     GetJob, ListJobs, WatchJob, GetJobTrace, GetJobHistory, ListWorkers
 //   submitter  also SubmitJob, and CancelJob of the jobs it submitted
 //   admin      also CancelJob of any job
 // A missing or unknown token is UNAUTHENTICATED; a known token asking for more than its role

@@ -1018,6 +1018,34 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   return out;
 }
 
+absl::StatusOr<baton::v1::JobHistory> Coordinator::GetJobHistory(
+    const baton::v1::GetJobHistoryRequest& request) {
+  if (request.from_step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "from_step: must be 0 (the first step) or a 1-based step, got ", request.from_step()));
+  }
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must not be negative, got ", request.page_size()));
+  }
+  const int64_t page_size = request.page_size() == 0
+                                ? kMaxHistoryPageSize
+                                : std::min(request.page_size(), kMaxHistoryPageSize);
+  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
+  // One row more than the page: whether another page follows.
+  BATON_ASSIGN_OR_RETURN(
+      std::vector<baton::v1::StepProgress> steps,
+      store_->GetSteps(job.id(), std::max<int64_t>(1, request.from_step()), page_size + 1));
+  baton::v1::JobHistory out;
+  out.set_job_id(job.id());
+  if (static_cast<int64_t>(steps.size()) > page_size) {
+    steps.pop_back();
+    out.set_next_from_step(steps.back().step() + 1);
+  }
+  for (baton::v1::StepProgress& step : steps) *out.add_steps() = std::move(step);
+  return out;
+}
+
 std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& spec) {
   std::vector<MeasuredRun> out;
   if (spec.name().empty()) return out;
@@ -1329,6 +1357,12 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   j->job.set_steps_done(k);
   if (request.has_loss()) j->job.set_last_loss(request.loss());
   j->last_step_at = now;
+  // The job's history (GetJobHistory), without the stages. A store that cannot take it
+  // loses this step's row, not the job.
+  if (absl::Status s = store_->PutStep(j->job.id(), step); !s.ok()) {
+    LogWarning(
+        absl::StrCat("step ", k, " of ", j->job.id(), " missing from its history: ", s.ToString()));
+  }
   JobEvent event;
   *event.mutable_step() = std::move(step);
   EmitLocked(j, std::move(event));

@@ -68,7 +68,9 @@
 // samples/s = batch_size / duration (tokens/s = samples/s * context for gpt, = samples/s
 // otherwise); and the timings of the ranks that had reported step k by then. steps_done and
 // last_loss are written to the store at most every progress_persist_interval, and at every
-// state change.
+// state change. The StepProgress itself, without the ranks' timings, is written at once as
+// the job's history (JobStore::PutStep; GetJobHistory reads it back), replacing the row of
+// a step trained again after a recovery; a failed write is logged and loses that row only.
 //
 // Checkpoints (spec checkpoint): a rank's progress report carries its part of a checkpoint
 // (CheckpointWrite) after the steps it writes one; when every rank has reported step N, N is
@@ -230,6 +232,9 @@ class JobWatch {
 
 class Coordinator {
  public:
+  // The most steps one GetJobHistory page holds (and its default): about 40 bytes each.
+  static constexpr int kMaxHistoryPageSize = 10000;
+
   // Opens the store, recovers it (QUEUED jobs are queued again; PLACING/RUNNING ones become
   // FAILED "coordinator restarted while the job was running"), and starts the background
   // loop (options.background). INVALID_ARGUMENT for bad durations, naming the flag.
@@ -268,6 +273,13 @@ class Coordinator {
   // Every rank's action timeline of one step (0: the latest step all ranks reported).
   // NOT_FOUND for unknown jobs, and for steps without a trace, naming the kept steps.
   absl::StatusOr<baton::v1::JobTrace> GetJobTrace(const baton::v1::GetJobTraceRequest& request);
+  // The job's per-step loss and throughput from request.from_step (0 means 1) on, in step
+  // order, at most request.page_size steps (0 means kMaxHistoryPageSize, and larger ones are
+  // cut to it); next_from_step is the step after the page's last when stored steps follow,
+  // else 0. A step never reported has no row. NOT_FOUND for unknown jobs; INVALID_ARGUMENT
+  // naming the field for an empty job_id or a negative from_step or page_size.
+  absl::StatusOr<baton::v1::JobHistory> GetJobHistory(
+      const baton::v1::GetJobHistoryRequest& request);
   // SCHEDULE_AUTO's calibration: the traced runs of the newest (at most two, of different
   // micro-batch sizes) earlier jobs with this spec's name and model. Takes mu_ (through
   // GetJobTrace); call without it.

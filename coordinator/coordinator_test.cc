@@ -1,5 +1,6 @@
 #include "coordinator/coordinator.h"
 
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -1258,6 +1259,202 @@ TEST_F(CoordinatorTest, TracesAreKeptForTheLatestStepsAndServedByStep) {
   req.set_job_id("job-999999");
   req.set_step(0);
   EXPECT_EQ(core_->GetJobTrace(req).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Reports step `step` of `rank` in `job`'s current attempt: the last rank's carries `loss`,
+// every rank's a step time of `step_ms` (and its part of a checkpoint when `bytes` > 0).
+absl::Status ReportStep(Coordinator& core, const Job& job, int rank, int64_t step, float loss,
+                        int step_ms, int64_t resumed_from = 0, int64_t bytes = 0) {
+  baton::v1::ReportProgressRequest p;
+  p.set_job_id(job.id());
+  p.set_worker_id(job.workers(rank));
+  p.set_rank(rank);
+  p.set_step(step);
+  p.set_attempt(job.recoveries_size());
+  if (rank == job.workers_size() - 1) p.set_loss(loss);
+  *p.mutable_timing()->mutable_step() = ToProtoDuration(absl::Milliseconds(step_ms));
+  p.set_resumed_from_step(resumed_from);
+  if (bytes > 0) {
+    baton::v1::CheckpointWrite* w = p.add_checkpoints();
+    w->set_step(step);
+    w->set_bytes(bytes);
+  }
+  absl::StatusOr<baton::v1::ReportProgressResponse> r = core.ReportProgress(p);
+  if (!r.ok()) return r.status();
+  if (!r->keep_running()) return absl::AbortedError("told to stop");
+  return absl::OkStatus();
+}
+
+baton::v1::GetJobHistoryRequest HistoryRequest(const std::string& job_id, int64_t from_step = 0,
+                                               int32_t page_size = 0) {
+  baton::v1::GetJobHistoryRequest r;
+  r.set_job_id(job_id);
+  r.set_from_step(from_step);
+  r.set_page_size(page_size);
+  return r;
+}
+
+std::vector<int64_t> HistorySteps(const baton::v1::JobHistory& h) {
+  std::vector<int64_t> out;
+  for (const auto& s : h.steps()) out.push_back(s.step());
+  return out;
+}
+
+TEST_F(CoordinatorTest, JobHistoryHasEveryStepInOrderAndOutlivesTheJobAndARestart) {
+  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string db = tmpl + "/jobs.db";
+  Start(db);
+  Register(1);
+  Register(2);
+  const Job queued = Submit(Spec(2, /*steps=*/5));
+  // Known but not run yet: an empty history, not an error.
+  auto empty = core_->GetJobHistory(HistoryRequest(queued.id()));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->job_id(), queued.id());
+  EXPECT_EQ(empty->steps_size(), 0);
+  EXPECT_EQ(empty->next_from_step(), 0);
+  core_->Tick();
+  const Job job = Get(queued.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int64_t step = 1; step <= 5; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(ReportStep(*core_, job, rank, step, 2.0f - 0.25f * step, 100 * step).ok());
+    }
+  }
+  auto h = core_->GetJobHistory(HistoryRequest(job.id()));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(HistorySteps(*h), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(h->next_from_step(), 0);
+  for (const baton::v1::StepProgress& s : h->steps()) {
+    const double seconds = 0.1 * s.step();
+    EXPECT_FLOAT_EQ(s.loss(), 2.0f - 0.25f * s.step());
+    EXPECT_EQ(s.total_steps(), 5);
+    EXPECT_DOUBLE_EQ(s.samples_per_second(), 8 / seconds);  // batch 8
+    EXPECT_DOUBLE_EQ(s.tokens_per_second(), 8 / seconds);   // an MLP: a sample is a token
+    EXPECT_EQ(FromProtoDuration(s.duration()), absl::Milliseconds(100 * s.step()));
+    EXPECT_EQ(s.stages_size(), 0) << "the per-rank timings are WatchJob's only";
+  }
+
+  // Pages of 2: 1-2, 3-4, 5; from_step 0 is 1; a page ending on the last step says so.
+  auto p1 = core_->GetJobHistory(HistoryRequest(job.id(), 0, 2));
+  ASSERT_TRUE(p1.ok());
+  EXPECT_EQ(HistorySteps(*p1), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(p1->next_from_step(), 3);
+  auto p2 = core_->GetJobHistory(HistoryRequest(job.id(), p1->next_from_step(), 2));
+  EXPECT_EQ(HistorySteps(*p2), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(p2->next_from_step(), 5);
+  auto p3 = core_->GetJobHistory(HistoryRequest(job.id(), p2->next_from_step(), 2));
+  EXPECT_EQ(HistorySteps(*p3), (std::vector<int64_t>{5}));
+  EXPECT_EQ(p3->next_from_step(), 0);
+  EXPECT_EQ(core_->GetJobHistory(HistoryRequest(job.id(), 4, 2))->next_from_step(), 0);
+  EXPECT_TRUE(core_->GetJobHistory(HistoryRequest(job.id(), 6))->steps().empty());
+  // Past the most a page holds: cut to it, not refused.
+  EXPECT_EQ(core_->GetJobHistory(HistoryRequest(job.id(), 1, 1 << 30))->steps_size(), 5);
+
+  // Bad requests name the field; unknown jobs are NOT_FOUND as GetJob says it.
+  auto neg_from = core_->GetJobHistory(HistoryRequest(job.id(), -1));
+  EXPECT_EQ(neg_from.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(neg_from.status().message(), "from_step:")) << neg_from.status();
+  auto neg_size = core_->GetJobHistory(HistoryRequest(job.id(), 1, -5));
+  EXPECT_EQ(neg_size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(neg_size.status().message(), "page_size:")) << neg_size.status();
+  auto unknown = core_->GetJobHistory(HistoryRequest("job-999999"));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().message(), core_->GetJob("job-999999").status().message());
+  EXPECT_EQ(core_->GetJobHistory(HistoryRequest("")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The job ends; its history stays, the last row's loss being the job's last_loss, and it
+  // survives a restart of the coordinator.
+  FinishAllRanks(job);
+  const Job done = Get(job.id());
+  ASSERT_EQ(done.state(), baton::v1::JOB_STATE_SUCCEEDED) << Reason(done);
+  h = core_->GetJobHistory(HistoryRequest(job.id()));
+  ASSERT_EQ(h->steps_size(), 5);
+  EXPECT_EQ(h->steps(4).loss(), done.last_loss());
+  core_.reset();
+  Start(db);
+  auto after = core_->GetJobHistory(HistoryRequest(job.id()));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->SerializeAsString(), h->SerializeAsString());
+  core_.reset();
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST_F(CoordinatorTest, AHistoryTheStoreCannotTakeIsLoggedAndTheJobGoesOn) {
+  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string db = tmpl + "/jobs.db";
+  Start(db);
+  Register(1);
+  Register(2);
+  const Job submitted = Submit(Spec(2, /*steps=*/3));
+  core_->Tick();
+  const Job job = Get(submitted.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  // Someone breaks the file under the coordinator: every step write fails from now on.
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE steps", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(ReportStep(*core_, job, rank, step, 0.5f * step, 10).ok());
+    }
+  }
+  Job now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(now.steps_done(), 3);
+  EXPECT_FLOAT_EQ(now.last_loss(), 1.5f);
+  EXPECT_FALSE(core_->GetJobHistory(HistoryRequest(job.id())).ok());  // the store's error
+  FinishAllRanks(now);
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_SUCCEEDED) << Reason(Get(job.id()));
+  core_.reset();
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST_F(CoordinatorTest, JobHistoryKeepsTheLastRunOfAStepTrainedAgainAfterARecovery) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  baton::v1::JobSpec spec = Spec(3, /*steps=*/6);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  spec.mutable_restart()->set_max_restarts(1);
+  spec.mutable_restart()->set_min_stages(2);
+  const Job submitted = Submit(spec);
+  core_->Tick();
+  const Job job = Get(submitted.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  // Steps 1..3 with losses 1, 2, 3; checkpoint 2 complete.
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(ReportStep(*core_, job, rank, step, 1.0f * step, 50, 0, step == 2 ? 10 : 0).ok());
+    }
+  }
+  // w-2 goes silent: the job recovers on 2 stages from step 2 and trains step 3 again.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(3));
+    Beat(w1, job.id());
+    Beat(w3, job.id());
+  }
+  core_->Tick();
+  core_->Tick();
+  const Job again = Get(job.id());
+  ASSERT_EQ(again.state(), baton::v1::JOB_STATE_RUNNING) << Reason(again);
+  ASSERT_EQ(again.recoveries_size(), 1);
+  ASSERT_EQ(again.workers_size(), 2);
+  for (int64_t step = 3; step <= 4; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(ReportStep(*core_, again, rank, step, 10.0f * step, 70, step == 3 ? 2 : 0).ok());
+    }
+  }
+  auto h = core_->GetJobHistory(HistoryRequest(job.id()));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(HistorySteps(*h), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_FLOAT_EQ(h->steps(1).loss(), 2.0f);   // from the first attempt
+  EXPECT_FLOAT_EQ(h->steps(2).loss(), 30.0f);  // trained again: its last run
+  EXPECT_FLOAT_EQ(h->steps(3).loss(), 40.0f);
+  EXPECT_EQ(FromProtoDuration(h->steps(2).duration()), absl::Milliseconds(70));
 }
 
 // SCHEDULE_AUTO on GPUs smaller than any candidate's balanced split needs: the planner

@@ -15,9 +15,9 @@
 namespace baton {
 namespace {
 
-// 1: jobs. 2: traces (added with CREATE TABLE IF NOT EXISTS: version 1 files upgrade in
-// place).
-constexpr int kSchemaVersion = 2;
+// 1: jobs. 2: traces. 3: steps. (Tables after the first are added with CREATE TABLE IF
+// NOT EXISTS: older files upgrade in place.)
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs(
@@ -34,6 +34,11 @@ CREATE TABLE IF NOT EXISTS traces(
   rank INTEGER NOT NULL,
   trace BLOB NOT NULL,
   PRIMARY KEY(job_id, step, rank)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS steps(
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  progress BLOB NOT NULL,
+  PRIMARY KEY(job_id, step)) WITHOUT ROWID;
 )sql";
 
 // A prepared statement, finalized on scope exit.
@@ -424,6 +429,55 @@ absl::StatusOr<JobStore::TraceSteps> JobStore::GetTraceSteps(const std::string& 
   out.first = st.ColumnInt(0);
   out.last = st.ColumnInt(1);
   out.last_complete = st.ColumnInt(2);  // NULL reads as 0
+  return out;
+}
+
+absl::Status JobStore::PutStep(const std::string& job_id, const baton::v1::StepProgress& progress) {
+  baton::v1::StepProgress kept = progress;
+  kept.clear_stages();
+  std::string blob;
+  if (!kept.SerializeToString(&blob)) {
+    return absl::InternalError(absl::StrCat("job database ", path_, ": cannot serialize step ",
+                                            progress.step(), " of ", job_id));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st;
+  int rc =
+      st.Prepare(db_, "INSERT OR REPLACE INTO steps(job_id, step, progress) VALUES(?1, ?2, ?3)");
+  if (rc != SQLITE_OK) return Error("preparing step insert", rc);
+  st.BindText(1, job_id);
+  st.BindInt(2, progress.step());
+  st.BindBlob(3, blob);
+  // One statement in autocommit mode is one transaction.
+  if ((rc = sqlite3_step(st.get())) != SQLITE_DONE) {
+    return Error(absl::StrCat("storing step ", progress.step(), " of ", job_id), rc);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<baton::v1::StepProgress>> JobStore::GetSteps(const std::string& job_id,
+                                                                        int64_t from_step,
+                                                                        int64_t limit) {
+  if (limit < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("limit: must be at least 1, got ", limit));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st;
+  int rc = st.Prepare(db_,
+                      "SELECT progress, step FROM steps WHERE job_id = ?1 AND step >= ?2 "
+                      "ORDER BY step LIMIT ?3");
+  if (rc != SQLITE_OK) return Error("preparing step read", rc);
+  st.BindText(1, job_id);
+  st.BindInt(2, from_step);
+  st.BindInt(3, limit);
+  std::vector<baton::v1::StepProgress> out;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    if (!out.emplace_back().ParseFromString(st.ColumnBlob(0))) {
+      return absl::DataLossError(absl::StrCat("job database ", path_, ": step ", st.ColumnInt(1),
+                                              " of ", job_id, " does not parse"));
+    }
+  }
+  if (rc != SQLITE_DONE) return Error(absl::StrCat("reading the steps of ", job_id), rc);
   return out;
 }
 

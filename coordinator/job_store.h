@@ -5,6 +5,9 @@
 //        state INTEGER NOT NULL, job BLOB NOT NULL, updated_ns INTEGER NOT NULL)
 // and the recent steps' action timelines, one serialized baton.v1.RankTrace per rank:
 //   traces(job_id TEXT, step INTEGER, rank INTEGER, trace BLOB, PRIMARY KEY(job_id, step, rank))
+// and every step's progress, one serialized baton.v1.StepProgress (without its per-rank
+// timings) per step, kept for the job's whole life:
+//   steps(job_id TEXT, step INTEGER, progress BLOB, PRIMARY KEY(job_id, step))
 // `seq` orders jobs by submission (newest first in List); `submission_id` is NULL when the
 // client gave none, so the UNIQUE constraint only binds real keys. The file runs in WAL
 // mode with synchronous=NORMAL: every write is one transaction, so a crash leaves either
@@ -99,6 +102,14 @@ class JobStore {
     int64_t last_complete = 0;  // newest step with traces from `ranks` ranks; 0 when none
   };
   absl::StatusOr<TraceSteps> GetTraceSteps(const std::string& job_id, int ranks);
+
+  // Stores `progress` as step progress.step() of the job (without its stages), replacing
+  // what was stored for that step before (a step trained again after a recovery).
+  absl::Status PutStep(const std::string& job_id, const baton::v1::StepProgress& progress);
+  // The stored steps >= from_step, in step order, at most `limit` of them (`limit` >= 1;
+  // INVALID_ARGUMENT naming it otherwise). Empty when there are none.
+  absl::StatusOr<std::vector<baton::v1::StepProgress>> GetSteps(const std::string& job_id,
+                                                                int64_t from_step, int64_t limit);
 
  private:
   explicit JobStore(std::string path) : path_(std::move(path)) {}

@@ -1,5 +1,6 @@
 #include "coordinator/job_store.h"
 
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -206,6 +207,126 @@ TEST(JobStoreTest, TracesArePrunedToTheLatestSteps) {
   EXPECT_TRUE((*store)->GetTrace("job-000001", 2)->empty());  // pruned
   EXPECT_EQ((*store)->GetTraceSteps("job-000002", 1)->last_complete, 1);
   EXPECT_EQ((*store)->GetTraceSteps("job-000003", 1)->last, 0);
+}
+
+baton::v1::StepProgress MakeStep(int64_t step, float loss) {
+  baton::v1::StepProgress p;
+  p.set_step(step);
+  p.set_total_steps(10);
+  p.set_loss(loss);
+  p.set_samples_per_second(100.0 * static_cast<double>(step));
+  p.set_tokens_per_second(1600.0 * static_cast<double>(step));
+  p.mutable_duration()->set_nanos(static_cast<int32_t>(step) * 1000);
+  baton::v1::StageTiming* t = p.add_stages();
+  t->set_rank(0);
+  t->set_worker_id("w-1");
+  return p;
+}
+
+std::vector<int64_t> StepNumbers(const std::vector<baton::v1::StepProgress>& steps) {
+  std::vector<int64_t> out;
+  for (const auto& s : steps) out.push_back(s.step());
+  return out;
+}
+
+TEST(JobStoreTest, StepsComeInStepOrderWithoutStagesAndARepeatReplacesTheRow) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  for (int64_t step : {3, 1, 2, 5}) {
+    ASSERT_TRUE((*store)->PutStep("job-000001", MakeStep(step, 1.0f * step)).ok());
+  }
+  ASSERT_TRUE((*store)->PutStep("job-000002", MakeStep(1, 9.0f)).ok());
+  // Step 2 trained again (after a recovery): its last run stays.
+  ASSERT_TRUE((*store)->PutStep("job-000001", MakeStep(2, 0.25f)).ok());
+
+  auto all = (*store)->GetSteps("job-000001", 0, 100);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(StepNumbers(*all), (std::vector<int64_t>{1, 2, 3, 5}));
+  EXPECT_FLOAT_EQ((*all)[1].loss(), 0.25f);
+  EXPECT_FLOAT_EQ((*all)[2].loss(), 3.0f);
+  EXPECT_DOUBLE_EQ((*all)[3].samples_per_second(), 500.0);
+  EXPECT_DOUBLE_EQ((*all)[3].tokens_per_second(), 8000.0);
+  EXPECT_EQ((*all)[3].duration().nanos(), 5000);
+  EXPECT_EQ((*all)[3].total_steps(), 10);
+  for (const auto& s : *all) EXPECT_EQ(s.stages_size(), 0) << "step " << s.step();
+
+  // Pages: from a step on, at most `limit` rows.
+  EXPECT_EQ(StepNumbers(*(*store)->GetSteps("job-000001", 2, 2)), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(StepNumbers(*(*store)->GetSteps("job-000001", 4, 2)), (std::vector<int64_t>{5}));
+  EXPECT_TRUE((*store)->GetSteps("job-000001", 6, 2)->empty());
+  EXPECT_EQ(StepNumbers(*(*store)->GetSteps("job-000002", 1, 10)), (std::vector<int64_t>{1}));
+  EXPECT_TRUE((*store)->GetSteps("job-000404", 1, 10)->empty());
+  auto bad = (*store)->GetSteps("job-000001", 1, 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("limit"), std::string::npos) << bad.status();
+}
+
+// Runs `sql` on the file at `path` with SQLite directly; returns its error message ("" ok).
+std::string RawSql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    out = db != nullptr ? sqlite3_errmsg(db) : "cannot open";
+  } else {
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+      out = err != nullptr ? err : "error";
+    }
+    sqlite3_free(err);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+int64_t UserVersion(const std::string& path) {
+  sqlite3* db = nullptr;
+  sqlite3_stmt* st = nullptr;
+  int64_t version = -1;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK &&
+      sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW) {
+    version = sqlite3_column_int64(st, 0);
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return version;
+}
+
+TEST(JobStoreTest, VersionTwoFilesGainTheStepsTableAndNewerOnesAreRefused) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/jobs.db";
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Insert(1, MakeJob(1, baton::v1::JOB_STATE_SUCCEEDED)).ok());
+    baton::v1::RankTrace t;
+    ASSERT_TRUE((*store)->PutTrace("job-000001", 1, t, 10).ok());
+  }
+  // What a version-2 coordinator left: jobs and traces, no steps table.
+  ASSERT_EQ(RawSql(path, "DROP TABLE steps; PRAGMA user_version=2;"), "");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->Get("job-000001")->state(), baton::v1::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ((*store)->GetTrace("job-000001", 1)->size(), 1u);
+    EXPECT_TRUE((*store)->GetSteps("job-000001", 1, 10)->empty());  // no history before v3
+    ASSERT_TRUE((*store)->PutStep("job-000001", MakeStep(1, 2.5f)).ok());
+    EXPECT_EQ(StepNumbers(*(*store)->GetSteps("job-000001", 1, 10)), (std::vector<int64_t>{1}));
+  }
+  {
+    // Upgraded for good: version 3, the step still there.
+    EXPECT_EQ(UserVersion(path), 3);
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_FLOAT_EQ((*(*store)->GetSteps("job-000001", 1, 10))[0].loss(), 2.5f);
+  }
+  ASSERT_EQ(RawSql(path, "PRAGMA user_version=4;"), "");
+  auto newer = JobStore::Open(path);
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(newer.status().message().find("schema version 4, newer than this coordinator's 3"),
+            std::string::npos)
+      << newer.status();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(JobStoreTest, CountsJobsByState) {

@@ -88,6 +88,15 @@ grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext* context,
   return Reply(core_->GetJobTrace(*request), response);
 }
 
+grpc::Status JobServiceImpl::GetJobHistory(grpc::ServerContext* context,
+                                           const baton::v1::GetJobHistoryRequest* request,
+                                           baton::v1::JobHistory* response) {
+  if (auto who = Caller(*context, Role::kViewer, "read job histories"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
+  return Reply(core_->GetJobHistory(*request), response);
+}
+
 namespace {
 // "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1"; "ipv6:[::1]:5555" -> "ipv6:[::1]".
 std::string PeerHost(const std::string& peer) {

@@ -52,6 +52,9 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   grpc::Status GetJobTrace(grpc::ServerContext* context,
                            const baton::v1::GetJobTraceRequest* request,
                            baton::v1::JobTrace* response) override;
+  grpc::Status GetJobHistory(grpc::ServerContext* context,
+                             const baton::v1::GetJobHistoryRequest* request,
+                             baton::v1::JobHistory* response) override;
 
  private:
   // The caller, if it may do `what`, which needs `needed`; the refusal otherwise (counted).

@@ -138,6 +138,32 @@ TEST_F(ServiceTest, SubmitGetAndErrorsOverGrpc) {
   EXPECT_TRUE(s.ok());
 }
 
+TEST_F(ServiceTest, GetJobHistoryOverGrpc) {
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1), &job).ok());
+  baton::v1::GetJobHistoryRequest r;
+  r.set_job_id(job.id());
+  baton::v1::JobHistory history;
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    grpc::Status s = jobs_->GetJobHistory(ctx.get(), r, &history);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(history.job_id(), job.id());
+  EXPECT_EQ(history.next_from_step(), 0);
+  r.set_page_size(-1);
+  {
+    auto ctx = ContextWithTimeout(absl::Seconds(10));
+    grpc::Status s = jobs_->GetJobHistory(ctx.get(), r, &history);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message().rfind("page_size", 0), 0u) << s.error_message();
+  }
+  r.set_page_size(0);
+  r.set_job_id("job-999999");
+  auto ctx = ContextWithTimeout(absl::Seconds(10));
+  EXPECT_EQ(jobs_->GetJobHistory(ctx.get(), r, &history).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(ServiceTest, ListJobsPagesOverGrpc) {
   for (int i = 0; i < 5; ++i) {
     baton::v1::Job job;
@@ -689,6 +715,21 @@ TEST_F(SecureServiceTest, TokensDecideWhoMaySubmitReadAndCancel) {
   // Every refusal counted by code; none of the successes.
   EXPECT_EQ(Refusals("jobs", "unauthenticated"), 3);
   EXPECT_EQ(Refusals("jobs", "permission_denied"), 3);
+}
+
+TEST_F(SecureServiceTest, AViewerReadsJobHistoriesAndNoTokenDoesNot) {
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  baton::v1::GetJobHistoryRequest r;
+  r.set_job_id(job.id());
+  baton::v1::JobHistory history;
+  grpc::Status s = jobs_->GetJobHistory(As(kViewer).get(), r, &history);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(history.job_id(), job.id());
+  EXPECT_EQ(history.steps_size(), 0);  // queued: no steps yet
+  EXPECT_EQ(jobs_->GetJobHistory(As("").get(), r, &history).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Refusals("jobs", "unauthenticated"), 1);
 }
 
 TEST_F(SecureServiceTest, WorkersNeedTheJoinTokenAndTheirSessionForEveryCall) {

@@ -23,6 +23,9 @@ Cases (the issue's "done means"):
      within seconds, the job fails with a reason, the other workers are IDLE again.
   8. A job asking for device cuda on a cluster without GPU workers stays QUEUED, and submit
      says why; an "auto" job runs on the CPU, its history and `batonctl get` say so.
+  History: `batonctl history JOB --csv` of a finished job (case 1's 1F1B job) has a row for
+     every step 1..N, the last one's loss being the job's last_loss as `batonctl get` shows
+     it; after the coordinator's restart (case 6) the histories are still there.
 
 usage: cluster_test.py --bin-dir build/bin --examples client/examples [--keep]
 """
@@ -33,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -349,6 +353,51 @@ def states_of(job):
 # ---- cases -----------------------------------------------------------------------------
 
 
+HISTORY_HEADER = "step,loss,samples_per_second,tokens_per_second,step_seconds"
+
+
+def float32(x):
+    return struct.unpack("f", struct.pack("f", float(x)))[0]
+
+
+def history_rows(c, job_id):
+    """`batonctl history JOB --csv` as a list of rows (lists of strings), header checked."""
+    lines = c.ctl_ok("history", job_id, "--csv").stdout.splitlines()
+    check(lines and lines[0] == HISTORY_HEADER,
+          f"batonctl history {job_id} --csv: the header is {lines[:1]}, not {HISTORY_HEADER}")
+    rows = [line.split(",") for line in lines[1:]]
+    check(all(len(row) == 5 for row in rows), f"history rows of other than 5 cells: {rows[:3]}")
+    return rows
+
+
+def check_history(c, job):
+    """A finished job's history: a row per step 1..N, each with loss and throughput, the
+    last one's loss the job's last_loss as `batonctl get` shows it (JSON: the same float;
+    text: the same 4 decimals, in the text table too)."""
+    job_id, total = job["id"], int(job["spec"]["steps"])
+    rows = history_rows(c, job_id)
+    steps = [int(row[0]) for row in rows]
+    check(steps == list(range(1, total + 1)),
+          f"history of {job_id}: steps {steps[:5]}...{steps[-3:]}, want 1..{total}")
+    check(all(float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0 for row in rows),
+          f"history of {job_id}: a step without throughput or time: {rows[:3]}")
+    check(float32(rows[-1][1]) == float32(job["last_loss"]),
+          f"history of {job_id}: the last loss {rows[-1][1]} is not last_loss "
+          f"{job['last_loss']}")
+    got = c.ctl_ok("get", job_id).stdout
+    shown = f"step {total}/{total}, loss {float32(job['last_loss']):.4f}"
+    check(shown in got, f"batonctl get {job_id} does not show '{shown}':\n{got}")
+    table = c.ctl_ok("history", job_id).stdout.splitlines()
+    check(table[0].split()[:2] == ["STEP", "LOSS"] and len(table) == total + 1,
+          f"batonctl history {job_id}: {table[:2]} ... ({len(table)} lines)")
+    last = table[-1].split()
+    check(last[0] == str(total) and last[1] == f"{float32(job['last_loss']):.4f}",
+          f"batonctl history {job_id}: the last row is {last}, not step {total} with loss "
+          f"{float32(job['last_loss']):.4f}")
+    print(f"  batonctl history {job_id}: {len(rows)} steps; the last loss, {rows[-1][1]}, is "
+          f"the job's")
+
+
 def case_invalid_specs(c):
     """4. bad specs -> INVALID_ARGUMENT naming the field; unknown id -> NOT_FOUND."""
     def refused(name, expect_code, expect_text, *args):
@@ -498,6 +547,7 @@ def case_schedules(c):
                   f"watch did not end with the digest: {r.stdout[-300:]}")
             print(f"  submit --watch (text, not a terminal): the id, "
                   f"{r.stdout.count(chr(10))} plain lines, the final digest")
+            check_history(c, c.get(job_id))
         else:
             job_id = c.submit(path, *flags)["id"]
             r = c.ctl("watch", job_id, timeout=180)
@@ -648,6 +698,15 @@ def case_restart(c):
         print(f"    {line}")
     ids = c.wait_idle(4, timeout=20)
     print(f"  workers registered again: {' '.join(ids)}")
+    # Every step's history outlives the restart.
+    for job_id, old in before.items():
+        if old["state"] == "JOB_STATE_SUCCEEDED":
+            rows = history_rows(c, job_id)
+            total = int(old["spec"]["steps"])
+            check([int(row[0]) for row in rows] == list(range(1, total + 1)),
+                  f"history of {job_id} after the restart: {len(rows)} rows, want {total}")
+            print(f"  batonctl history {job_id} after the restart: steps 1..{total}")
+            break
     some = next(iter(before))
     r = c.ctl_ok("get", some)
     check(some in r.stdout and "history:" in r.stdout, f"batonctl get {some}: {r.stdout}")

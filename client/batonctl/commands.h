@@ -49,6 +49,10 @@ int Workers(const std::vector<std::string>& argv);
 // Chrome trace-event JSON (Perfetto, chrome://tracing), one track per stage.
 int Trace(const std::vector<std::string>& argv);
 
+// batonctl history JOB [--csv]: the job's loss and throughput, one row per step (every page
+// of GetJobHistory): an aligned table, CSV with a header, or the JobHistory as JSON.
+int History(const std::vector<std::string>& argv);
+
 // batonctl export: a job's weights from a complete checkpoint, as one safetensors file.
 int Export(const std::vector<std::string>& argv);
 

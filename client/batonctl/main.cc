@@ -22,6 +22,7 @@ constexpr char kUsage[] =
     "  watch         follow a job to its end (exit 0 only if it succeeded)\n"
     "  cancel        cancel a queued or running job\n"
     "  workers       list the workers and what they run\n"
+    "  history       show a job's loss and throughput, one row per step (--csv)\n"
     "  trace         write one step's action timeline as Chrome trace-event JSON\n"
     "  export        write a job's weights from a checkpoint as one safetensors file\n"
     "\n"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (command == "watch") return baton::cli::Watch(rest);
   if (command == "cancel") return baton::cli::Cancel(rest);
   if (command == "workers") return baton::cli::Workers(rest);
+  if (command == "history") return baton::cli::History(rest);
   if (command == "trace") return baton::cli::Trace(rest);
   if (command == "export") return baton::cli::Export(rest);
   std::fprintf(stderr, "batonctl: unknown command '%s'\n\n%s", command.c_str(), kUsage);
