@@ -22,6 +22,10 @@
 #                                             pipeline on the 4 workers (gradients summed
 #                                             over Gloo); the reference trainer runs the
 #                                             same 2-replica grouping
+#   scripts/demo.sh --serve [...]             any of the above, then keeps the cluster up
+#                                             (coordinator on 127.0.0.1:7070, batonctl's
+#                                             and the Python client's default) until
+#                                             Ctrl-C, for batonctl and docs/python.md
 #   scripts/demo.sh --local [ARGS...]         the reference trainer only (the old demo);
 #                                             ARGS go to `batonctl train-local`
 set -euo pipefail
@@ -39,6 +43,7 @@ local_only=0
 chaos=0
 secure=0
 data_parallel=0
+serve=0
 overrides=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -46,11 +51,12 @@ while [[ $# -gt 0 ]]; do
     --chaos) chaos=1; shift ;;
     --secure) secure=1; shift ;;
     --data-parallel) data_parallel=1; shift ;;
+    --serve) serve=1; shift ;;
     --steps | --seed)
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
@@ -175,7 +181,9 @@ if [[ $secure -eq 1 ]]; then
 fi
 
 section "cluster: a coordinator and ${NUM_WORKERS} workers on loopback"
-start coordinator "$BIN/coordinator" --listen 127.0.0.1:0 --db "$tmp/baton.db" \
+listen=127.0.0.1:0
+[[ $serve -eq 1 ]] && listen=127.0.0.1:7070
+start coordinator "$BIN/coordinator" --listen "$listen" --db "$tmp/baton.db" \
   --port_file "$tmp/coordinator.port" --metrics_listen 127.0.0.1:0 \
   --metrics_port_file "$tmp/coordinator.metrics" ${coordinator_security[@]+"${coordinator_security[@]}"}
 coordinator="$(wait_port_file coordinator "$tmp/coordinator.port")"
@@ -335,3 +343,18 @@ if [[ $watch_rc -ne 0 || $verdict -ne 0 ]]; then
   exit 1
 fi
 ok=1
+
+if [[ $serve -eq 1 ]]; then
+  section "serving until Ctrl-C"
+  echo "the cluster stays up: batonctl and the Python client (docs/python.md) reach it with"
+  echo "  export BATON_COORDINATOR=$coordinator${BATON_TLS_CA:+ BATON_TLS_CA=$BATON_TLS_CA BATON_TOKEN=$BATON_TOKEN}"
+  echo "  pip install ./client/python"
+  trap 'echo; echo "demo: stopping the cluster"; exit 0' INT TERM
+  # Until interrupted, or until the coordinator exits.
+  while kill -0 "${pids[0]}" 2>/dev/null; do
+    sleep 1 &
+    wait $! || true
+  done
+  echo "demo: the coordinator exited"
+  exit 1
+fi

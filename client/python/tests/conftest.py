@@ -1,0 +1,81 @@
+"""A real cluster for the client's tests: a coordinator and 4 workers from build/bin on
+loopback (tests/cluster_test.py's harness), started once per session and stopped at the
+end, with every wait bounded.
+
+    pytest client/python/tests --bin-dir build/bin
+
+The package under test is the installed one (scripts/python-client-test.sh installs it
+into a fresh virtual environment); nothing here imports client/python/src directly.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import cluster_test  # noqa: E402  (the harness: Cluster, tiny_gpt)
+
+NUM_WORKERS = 4
+
+
+def pytest_addoption(parser):
+    parser.addoption("--bin-dir", default=os.path.join(REPO, "build", "bin"),
+                     help="where coordinator, worker and batonctl are")
+
+
+@pytest.fixture(scope="session")
+def repo():
+    return REPO
+
+
+def start_cluster(bin_dir, tmp, workers, configure=None):
+    for binary in ("batonctl", "coordinator", "worker"):
+        if not os.access(os.path.join(bin_dir, binary), os.X_OK):
+            pytest.fail(f"{bin_dir}/{binary} is missing: build first (scripts/build.sh)")
+    c = cluster_test.Cluster(bin_dir, os.path.join(REPO, "client", "examples"), tmp)
+    if configure is not None:
+        configure(c)
+    c.start_coordinator()
+    for i in range(1, workers + 1):
+        c.start_worker(f"w-{i}")
+    c.wait_idle(workers, timeout=30)
+    return c
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    tmp = tempfile.mkdtemp(prefix="baton-python-client-test.")
+    c = None
+    try:
+        c = start_cluster(request.config.getoption("--bin-dir"), tmp, NUM_WORKERS)
+        yield c
+    finally:
+        if c is not None:
+            c.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def client(cluster):
+    import baton
+    with baton.Client(cluster.address, timeout=20) as c:
+        yield c
+
+
+@pytest.fixture
+def idle(cluster):
+    """Every worker idle before and after the test (a test that leaves a job running would
+    hold up the next one's)."""
+    cluster.wait_idle(NUM_WORKERS, timeout=60)
+    yield cluster
+    cluster.wait_idle(NUM_WORKERS, timeout=60)
+
+
+def tiny_gpt(name, steps=6, stages=2, **pipeline):
+    """A job of a second or two on 2 workers."""
+    return cluster_test.tiny_gpt(name, steps=steps, stages=stages, **pipeline)
