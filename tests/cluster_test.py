@@ -83,6 +83,13 @@ def _die_with_parent():
         pass
 
 
+# The same through util-linux's setpriv where it is (Debian's is): no Python code runs in the
+# child between fork and exec, which a process with gRPC threads of its own (the Python
+# client's tests) cannot afford.
+_DIE_WITH_PARENT = (["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv")
+                    else [])
+
+
 def tiny_gpt(name, steps=40, microbatches=4, heads=2, **pipeline):
     spec = {
         "name": name,
@@ -126,8 +133,9 @@ class Cluster:
         with open(log, "ab") as out:
             out.write(f"==== {' '.join(argv)}\n".encode())
             out.flush()
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(_DIE_WITH_PARENT + argv, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=None if _DIE_WITH_PARENT else _die_with_parent)
         self.procs[name] = proc
 
         def ready():

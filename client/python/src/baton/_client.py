@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import grpc
 
@@ -61,6 +61,22 @@ def _read(path: Optional[str], what: str) -> Optional[bytes]:
         raise ConfigError(f"TLS {what} {path}: cannot read: {e.strerror or e}") from None
 
 
+def _tls_settings(tls: Union[TLS, str, "os.PathLike[str]", bool, None]) -> Optional[TLS]:
+    """The TLS to speak, None for plaintext (see Client's `tls`)."""
+    if tls is None:
+        ca = os.environ.get("BATON_TLS_CA")
+        return TLS(ca=ca) if ca else None
+    if tls is True:
+        return TLS()
+    if tls is False:
+        return None
+    if isinstance(tls, (str, os.PathLike)):
+        return TLS(ca=os.fspath(tls))
+    if isinstance(tls, TLS):
+        return tls
+    raise ConfigError(f"tls is a baton.TLS, a CA file path, True or False, got {tls!r}")
+
+
 def _job_id(job: JobRef) -> str:
     if isinstance(job, Job):
         return job.id
@@ -93,29 +109,25 @@ class Client:
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if token is None:
             token = os.environ.get("BATON_TOKEN", "").strip() or None
-        if tls is None:
-            tls = TLS(ca=os.environ["BATON_TLS_CA"]) if os.environ.get("BATON_TLS_CA") else False
-        elif tls is True:
-            tls = TLS()
-        elif isinstance(tls, (str, os.PathLike)):
-            tls = TLS(ca=os.fspath(tls))
+        settings = _tls_settings(tls)
         self.address = address
         self.timeout = float(timeout)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE)]
-        if tls:
-            if (tls.cert is None) != (tls.key is None):
+        options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                                          ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        if settings is not None:
+            if (settings.cert is None) != (settings.key is None):
                 raise ConfigError("TLS cert and key go together: give both or neither")
-            creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "ca"),
-                                                 private_key=_read(tls.key, "key"),
-                                                 certificate_chain=_read(tls.cert, "cert"))
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(settings.ca, "ca"),
+                private_key=_read(settings.key, "key"),
+                certificate_chain=_read(settings.cert, "cert"))
+            if settings.server_name:
+                options.append(("grpc.ssl_target_name_override", settings.server_name))
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
-        self._tls = bool(tls)
+        self._tls = settings is not None
         self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
         # The channel's last connectivity state (set on gRPC's thread): a deadline missed
         # while not READY means the coordinator was never reached.
