@@ -133,6 +133,17 @@ baton::v1::JobSpec Spec(int stages, int steps = 2) {
   return spec;
 }
 
+// Spec() with a checkpoint every 2 steps in /shared/ckpt and one recovery, onto 2 stages
+// or more.
+baton::v1::JobSpec RecoverableSpec(int stages, int steps) {
+  baton::v1::JobSpec spec = Spec(stages, steps);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  spec.mutable_restart()->set_max_restarts(1);
+  spec.mutable_restart()->set_min_stages(2);
+  return spec;
+}
+
 std::string Address(int i) { return absl::StrCat("10.0.0.", i, ":7000"); }
 
 Digest FakeBlockDigest(int block) {
@@ -147,11 +158,15 @@ class CoordinatorTest : public testing::Test {
 
   // Every scenario's state changes follow the job life's table.
   void TearDown() override {
-    if (core_ != nullptr) EXPECT_EQ(core_->InvalidTransitions(), 0);
+    if (core_ != nullptr) {
+      EXPECT_EQ(core_->InvalidTransitions(), 0);
+    }
   }
 
   void Start(const std::string& db) {
-    if (core_ != nullptr) EXPECT_EQ(core_->InvalidTransitions(), 0);
+    if (core_ != nullptr) {
+      EXPECT_EQ(core_->InvalidTransitions(), 0);
+    }
     CoordinatorOptions o;
     o.db_path = db;
     o.clock = clock_.fn();
@@ -184,6 +199,15 @@ class CoordinatorTest : public testing::Test {
     auto resp = core_->Heartbeat(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
     return *resp;
+  }
+
+  // 6 s pass (more than the 5 s lease) in which only `alive` heartbeat, running `job`:
+  // every other worker's lease expires at the next Tick.
+  void OutliveLeases(const std::string& job, const std::vector<std::string>& alive) {
+    for (int i = 0; i < 2; ++i) {
+      clock_.Advance(absl::Seconds(3));
+      for (const std::string& w : alive) Beat(w, job);
+    }
   }
 
   Job Submit(const baton::v1::JobSpec& spec, const std::string& submission = "") {
@@ -945,12 +969,7 @@ TEST_F(CoordinatorTest, ReRegisteringBusyWorkerFailsItsJob) {
 
 TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoint) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
-  baton::v1::JobSpec spec = Spec(3, /*steps=*/10);
-  spec.mutable_checkpoint()->set_every_steps(2);
-  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
-  spec.mutable_restart()->set_max_restarts(1);
-  spec.mutable_restart()->set_min_stages(2);
-  const Job submitted = Submit(spec);
+  const Job submitted = Submit(RecoverableSpec(3, /*steps=*/10));
   core_->Tick();
   const Job job = Get(submitted.id());
   ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
@@ -964,11 +983,7 @@ TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoi
   }
   ASSERT_EQ(Get(job.id()).steps_done(), 3);
   // w-2 (rank 1) goes silent past its lease.
-  for (int i = 0; i < 2; ++i) {
-    clock_.Advance(absl::Seconds(3));
-    Beat(w1, job.id());
-    Beat(w3, job.id());
-  }
+  OutliveLeases(job.id(), {w1, w3});
   core_->Tick();  // RECOVERING; w-1 and w-3 aborted (and freed when the calls return)
   EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING);
   core_->Tick();  // placed again on them
@@ -1046,10 +1061,7 @@ TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
   const Job job = Submit(spec);
   core_->Tick();
   ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
-  for (int i = 0; i < 2; ++i) {
-    clock_.Advance(absl::Seconds(3));
-    Beat(w1, job.id());
-  }
+  OutliveLeases(job.id(), {w1});
   core_->Tick();
   core_->Tick();
   Job now = Get(job.id());
@@ -1063,7 +1075,9 @@ TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
   ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING) << Reason(now);
   EXPECT_EQ(now.workers_size(), 2);
   for (const auto& plan : client_->Plans(job.id())) {
-    if (plan.attempt() == 1) EXPECT_TRUE(plan.resume_job_dir().empty());
+    if (plan.attempt() == 1) {
+      EXPECT_TRUE(plan.resume_job_dir().empty());
+    }
   }
   // A configuration error fails at once, restarts or not.
   baton::v1::ReportResultRequest fail;
@@ -1416,12 +1430,7 @@ TEST_F(CoordinatorTest, AHistoryTheStoreCannotTakeIsLoggedAndTheJobGoesOn) {
 
 TEST_F(CoordinatorTest, JobHistoryKeepsTheLastRunOfAStepTrainedAgainAfterARecovery) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
-  baton::v1::JobSpec spec = Spec(3, /*steps=*/6);
-  spec.mutable_checkpoint()->set_every_steps(2);
-  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
-  spec.mutable_restart()->set_max_restarts(1);
-  spec.mutable_restart()->set_min_stages(2);
-  const Job submitted = Submit(spec);
+  const Job submitted = Submit(RecoverableSpec(3, /*steps=*/6));
   core_->Tick();
   const Job job = Get(submitted.id());
   ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
@@ -1432,11 +1441,7 @@ TEST_F(CoordinatorTest, JobHistoryKeepsTheLastRunOfAStepTrainedAgainAfterARecove
     }
   }
   // w-2 goes silent: the job recovers on 2 stages from step 2 and trains step 3 again.
-  for (int i = 0; i < 2; ++i) {
-    clock_.Advance(absl::Seconds(3));
-    Beat(w1, job.id());
-    Beat(w3, job.id());
-  }
+  OutliveLeases(job.id(), {w1, w3});
   core_->Tick();
   core_->Tick();
   const Job again = Get(job.id());

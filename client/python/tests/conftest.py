@@ -8,6 +8,7 @@ The package under test is the installed one (scripts/python-client-test.sh insta
 into a fresh virtual environment); nothing here imports client/python/src directly.
 """
 
+import contextlib
 import os
 import shutil
 import sys
@@ -28,36 +29,43 @@ def pytest_addoption(parser):
                      help="where coordinator, worker and batonctl are")
 
 
-@pytest.fixture(scope="session")
-def repo():
-    return REPO
-
-
 def start_cluster(bin_dir, tmp, workers, configure=None):
     for binary in ("batonctl", "coordinator", "worker"):
         if not os.access(os.path.join(bin_dir, binary), os.X_OK):
             pytest.fail(f"{bin_dir}/{binary} is missing: build first (scripts/build.sh)")
     c = cluster_test.Cluster(bin_dir, os.path.join(REPO, "client", "examples"), tmp)
-    if configure is not None:
-        configure(c)
-    c.start_coordinator()
-    for i in range(1, workers + 1):
-        c.start_worker(f"w-{i}")
-    c.wait_idle(workers, timeout=30)
+    try:
+        if configure is not None:
+            configure(c)
+        c.start_coordinator()
+        for i in range(1, workers + 1):
+            c.start_worker(f"w-{i}")
+        c.wait_idle(workers, timeout=30)
+    except BaseException:
+        c.stop_all()
+        raise
     return c
 
 
-@pytest.fixture(scope="session")
-def cluster(request):
-    tmp = tempfile.mkdtemp(prefix="baton-python-client-test.")
+@contextlib.contextmanager
+def running_cluster(request, name, workers, configure=None):
+    """A cluster in a temp dir of its own, stopped and removed on exit. configure(c) runs
+    before anything starts (flags, certificates in c.tmp)."""
+    tmp = tempfile.mkdtemp(prefix=f"baton-python-client-{name}.")
     c = None
     try:
-        c = start_cluster(request.config.getoption("--bin-dir"), tmp, NUM_WORKERS)
+        c = start_cluster(request.config.getoption("--bin-dir"), tmp, workers, configure)
         yield c
     finally:
         if c is not None:
             c.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    with running_cluster(request, "test", NUM_WORKERS) as c:
+        yield c
 
 
 @pytest.fixture

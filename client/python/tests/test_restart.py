@@ -3,29 +3,20 @@ the restart, recovered from its newest checkpoint, and succeeds; the client wait
 all along returns the successful job, whose digest equals the reference trainer's."""
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 
 import pytest
 
 import baton
 
-from conftest import start_cluster, tiny_gpt
+from conftest import running_cluster, tiny_gpt
 
 
 @pytest.fixture(scope="module")
 def own_cluster(request):
-    tmp = tempfile.mkdtemp(prefix="baton-python-client-restart.")
-    c = None
-    try:
-        c = start_cluster(request.config.getoption("--bin-dir"), tmp, 2)
+    with running_cluster(request, "restart", 2) as c:
         yield c
-    finally:
-        if c is not None:
-            c.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_wait_rides_out_a_coordinator_restart(own_cluster):

@@ -3,15 +3,13 @@ client certificate, bearer tokens with roles, and the environment defaults baton
 ($BATON_COORDINATOR, $BATON_TLS_CA, $BATON_TOKEN)."""
 
 import os
-import shutil
 import subprocess
-import tempfile
 
 import pytest
 
 import baton
 
-from conftest import REPO, start_cluster, tiny_gpt
+from conftest import REPO, running_cluster, tiny_gpt
 
 SUBMITTER = "py-submitter-token-0123456789abcdef"
 VIEWER = "py-viewer-token-0123456789abcdef00"
@@ -19,35 +17,27 @@ VIEWER = "py-viewer-token-0123456789abcdef00"
 
 @pytest.fixture(scope="module")
 def secure(request):
-    tmp = tempfile.mkdtemp(prefix="baton-python-client-tls.")
-    tls, other = os.path.join(tmp, "tls"), os.path.join(tmp, "other-ca")
-    c = None
-    try:
+    def configure(c):
+        tls, other = os.path.join(c.tmp, "tls"), os.path.join(c.tmp, "other-ca")
         for d, n in ((tls, "2"), (other, "1")):
             r = subprocess.run(["bash", os.path.join(REPO, "scripts", "make-certs.sh"), d, n],
                                capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
-        tokens = os.path.join(tmp, "tokens")
+        tokens = os.path.join(c.tmp, "tokens")
         with open(tokens, "w") as f:
             f.write(f"{SUBMITTER} sam submitter\n{VIEWER} vic viewer\n")
-
-        def configure(cl):
-            cl.coordinator_flags = ["--tls_cert", f"{tls}/coordinator.pem",
-                                    "--tls_key", f"{tls}/coordinator.key",
-                                    "--tls_ca", f"{tls}/ca.pem", "--auth_tokens", tokens]
-            certs = {"w-1": "worker-0", "w-2": "worker-1"}
-            cl.worker_flags = lambda w: ["--tls_cert", f"{tls}/{certs[w]}.pem",
-                                         "--tls_key", f"{tls}/{certs[w]}.key",
-                                         "--tls_ca", f"{tls}/ca.pem"]
-            cl.env = {"BATON_TLS_CA": f"{tls}/ca.pem", "BATON_TOKEN": SUBMITTER}
-
-        c = start_cluster(request.config.getoption("--bin-dir"), tmp, 2, configure)
+        c.coordinator_flags = ["--tls_cert", f"{tls}/coordinator.pem",
+                               "--tls_key", f"{tls}/coordinator.key",
+                               "--tls_ca", f"{tls}/ca.pem", "--auth_tokens", tokens]
+        certs = {"w-1": "worker-0", "w-2": "worker-1"}
+        c.worker_flags = lambda w: ["--tls_cert", f"{tls}/{certs[w]}.pem",
+                                    "--tls_key", f"{tls}/{certs[w]}.key",
+                                    "--tls_ca", f"{tls}/ca.pem"]
+        c.env = {"BATON_TLS_CA": f"{tls}/ca.pem", "BATON_TOKEN": SUBMITTER}
         c.tls, c.other_ca = tls, other
+
+    with running_cluster(request, "tls", 2, configure) as c:
         yield c
-    finally:
-        if c is not None:
-            c.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_tls_and_a_submitter_token_train_a_job(secure):

@@ -15,8 +15,8 @@ from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import grpc
 
-from baton._errors import (ConfigError, DeadlineExceeded, JobCancelled, JobFailed, RpcError,
-                           Unavailable, WaitTimeout, from_grpc)
+from baton._errors import (Cancelled, ConfigError, DeadlineExceeded, JobCancelled, JobFailed,
+                           RpcError, Unavailable, WaitTimeout, from_grpc)
 from baton._spec import SpecLike, to_job_spec
 from baton._trace import chrome_trace
 from baton._types import (Event, History, Job, JobState, StateEvent, StepEvent, Worker,
@@ -257,7 +257,9 @@ class Client:
                         break
             except DeadlineExceeded:
                 pass
-            except Unavailable:
+            except (Unavailable, Cancelled):
+                # The coordinator went away (a restart cancels its watch streams, then
+                # refuses connections for a moment): look again shortly.
                 time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
             try:
                 last = self.get(job_id)
