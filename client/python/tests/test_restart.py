@@ -31,6 +31,16 @@ def test_wait_rides_out_a_coordinator_restart(own_cluster):
         if isinstance(event, baton.StepEvent) and event.step >= 12:
             break
     outcome = {}
+    # The coordinator goes away after wait() had its first answer (one unreachable from the
+    # start is an error at once).
+    answered = threading.Event()
+    first_get = client.get
+
+    def get(j):
+        snapshot = first_get(j)
+        answered.set()
+        return snapshot
+    client.get = get
 
     def waiter():
         try:
@@ -39,6 +49,7 @@ def test_wait_rides_out_a_coordinator_restart(own_cluster):
             outcome["error"] = e
     t = threading.Thread(target=waiter)
     t.start()
+    assert answered.wait(timeout=30), "wait() did not ask for the job"
     port = c.address.rsplit(":", 1)[1]
     assert c.stop("coordinator", signal.SIGTERM) == 0
     c.start_coordinator(listen=f"127.0.0.1:{port}")

@@ -240,7 +240,8 @@ class Client:
 
         Raises JobFailed or JobCancelled (with .job and .reason) when it ended otherwise,
         WaitTimeout (with the last snapshot) when `timeout` seconds pass first. A
-        coordinator that goes away meanwhile (a restart) is waited for, within `timeout`.
+        coordinator that goes away after the first answer (a restart) is waited for,
+        within `timeout`; one that cannot be reached at all raises Unavailable at once.
         """
         if timeout is None or timeout <= 0:
             raise ConfigError(f"wait needs a positive timeout in seconds, got {timeout!r}")
@@ -263,7 +264,7 @@ class Client:
                 time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
             try:
                 last = self.get(job_id)
-            except (Unavailable, DeadlineExceeded):
+            except (Unavailable, DeadlineExceeded, Cancelled):
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(last, timeout) from None
         if last.state == JobState.SUCCEEDED:
