@@ -735,7 +735,7 @@ void Coordinator::Tick() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLeasesLocked(&effects);
-    // Jobs whose only error so far is an ABORTED echo: no root cause came in time.
+    // Jobs whose only errors so far are ABORTED or PEER ones: no root cause came in time.
     std::vector<std::string> echoed;
     for (const auto& [id, j] : active_) {
       if (!j->echo_failure.empty() && Now() - j->echo_since >= options_.root_cause_wait) {
@@ -765,7 +765,7 @@ void Coordinator::Tick() {
                                 "first report: ", j->echo_failure),
                    baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
       } else {
-        FailLocked(id, std::string(j->echo_failure), baton::v1::FAILURE_CAUSE_ABORTED, &effects);
+        FailLocked(id, std::string(j->echo_failure), j->echo_cause, &effects);
       }
     }
     PlaceQueuedLocked(&effects);
@@ -1436,26 +1436,34 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
         j->digests.insert(got.begin(), got.end());
       }
     }
-    const bool echo = !request.error().empty() &&
-                      request.cause() == baton::v1::FAILURE_CAUSE_ABORTED;
     const baton::v1::FailureCause cause =
         request.error().empty() || request.cause() == baton::v1::FAILURE_CAUSE_UNSPECIFIED
             ? baton::v1::FAILURE_CAUSE_INTERNAL  // a malformed report, or no cause given
             : request.cause();
+    // An ABORTED error is most likely another rank's failure echoed through the transport;
+    // a PEER error (a link or the replicas' group failed) may be a peer that died, or one
+    // that merely stopped because its own neighbour died. Both wait a moment for the root
+    // cause: an error of another kind, or a worker gone silent (Tick).
+    const bool echo = !failure.empty() && !request.error().empty() &&
+                      (cause == baton::v1::FAILURE_CAUSE_ABORTED ||
+                       cause == baton::v1::FAILURE_CAUSE_PEER);
     const bool all_reported =
         std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
-    if (!failure.empty() && echo && !all_reported) {
-      // Most likely another rank's failure echoed through the transport: wait a moment for
-      // the root cause (the first error that is not ABORTED), as LocalPipelineTrainer does.
-      if (j->echo_failure.empty()) {
+    if (echo) {
+      if (j->echo_failure.empty()) j->echo_since = Now();
+      // The first PEER error says more than any ABORTED one.
+      if (j->echo_failure.empty() || (j->echo_cause == baton::v1::FAILURE_CAUSE_ABORTED &&
+                                      cause == baton::v1::FAILURE_CAUSE_PEER)) {
         j->echo_failure = failure;
-        j->echo_since = Now();
+        j->echo_cause = cause;
+      }
+      if (all_reported) {
+        FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
       }
     } else if (!failure.empty()) {
       FailLocked(request.job_id(), failure, cause, &effects);
     } else if (!j->echo_failure.empty() && all_reported) {
-      FailLocked(request.job_id(), std::string(j->echo_failure),
-                 baton::v1::FAILURE_CAUSE_ABORTED, &effects);
+      FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
     } else if (std::all_of(j->ranks.begin(), j->ranks.end(),
                            [](const RankSlot& s) { return s.finished; })) {
       SucceedLocked(j, &effects);
@@ -1671,6 +1679,7 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         j->resumed_from.clear();
         j->peak_inflight.clear();
         j->echo_failure.clear();
+        j->echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
         j->job.clear_workers();
         j->job.set_steps_done(facts.resume_step);
         break;

@@ -24,10 +24,14 @@
 //              Job.block_digests named by DescribeBlocks.
 //   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
 //              one whose cause is FAILURE_CAUSE_ABORTED is taken for an echo of another
-//              rank's failure, and the job waits up to root_cause_wait for a different one
-//              to report; if none does, a worker of the job that stopped heartbeating
-//              (for 1.5 heartbeat intervals; the job waits up to 2 for one) is named:
-//              "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost)")
+//              rank's failure, and one whose cause is FAILURE_CAUSE_PEER (a link or the
+//              replicas' group broke: the peer may have died, or stopped because its own
+//              neighbour did) for a possible one: the job waits up to root_cause_wait for
+//              an error of another kind; if none comes, a worker of the job that stopped
+//              heartbeating (for 1.5 heartbeat intervals; the job waits up to 2 for one)
+//              is named: "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost);
+//              first report: ...", else the first PEER error stands, else the first
+//              ABORTED one)
 //              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
 //              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
 //              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"
@@ -339,9 +343,11 @@ class Coordinator {
     std::vector<int> peak_inflight;
     absl::Time last_step_at;
     absl::Time last_persist;
-    // The first error a rank reported when it was an ABORTED echo; the job fails with it
-    // unless a root cause arrives within root_cause_wait.
+    // While every error ranks reported is ABORTED or PEER: the first PEER one, else the
+    // first ABORTED one, and its cause. The job fails with it unless a root cause (another
+    // kind of error, a silent worker) shows within root_cause_wait.
     std::string echo_failure;
+    baton::v1::FailureCause echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
     absl::Time echo_since;
     // Checkpoints being written: step -> what the ranks that wrote their part reported.
     struct CheckpointTally {

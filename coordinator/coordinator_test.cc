@@ -754,12 +754,40 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   report(2, w3, "rank 2 at 2RECV_F0: rank 1 aborted", baton::v1::FAILURE_CAUSE_ABORTED);
   EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(WorkerState(w3), baton::v1::WORKER_STATE_IDLE);
+  // A broken link may be a dead peer or one that stopped for its own neighbour: it waits
+  // too.
   report(1, w2, "UNAVAILABLE: the stream to rank 0 failed", baton::v1::FAILURE_CAUSE_PEER);
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  // The root cause: rank 0's own error.
+  report(0, w1, "INTERNAL: out of memory in 0F1", baton::v1::FAILURE_CAUSE_INTERNAL);
   Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
-  EXPECT_EQ(Reason(failed),
-            absl::StrCat("rank 1 on worker ", w2, ": UNAVAILABLE: the stream to rank 0 failed"));
-  EXPECT_EQ(client_->Calls("abort", job.id()).size(), 1u);  // rank 0's worker
+  EXPECT_EQ(Reason(failed), absl::StrCat("rank 0 on worker ", w1, ": INTERNAL: out of memory in 0F1"));
+
+  // ABORTED echoes and a PEER error, nobody silent: the PEER error stands, after waiting.
+  const Job linked = Submit(Spec(3));
+  core_->Tick();
+  ASSERT_EQ(Get(linked.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  const Job placed = Get(linked.id());
+  auto report_on = [&](const Job& j, int rank, const std::string& error,
+                       baton::v1::FailureCause cause) {
+    baton::v1::ReportResultRequest r;
+    r.set_job_id(j.id());
+    r.set_worker_id(j.workers(rank));
+    r.set_rank(rank);
+    r.set_error(error);
+    r.set_cause(cause);
+    ASSERT_TRUE(core_->ReportResult(r).ok());
+  };
+  report_on(placed, 2, "ABORTED: an echo", baton::v1::FAILURE_CAUSE_ABORTED);
+  report_on(placed, 1, "UNAVAILABLE: lost a member of the group",
+            baton::v1::FAILURE_CAUSE_PEER);
+  report_on(placed, 0, "ABORTED: another echo", baton::v1::FAILURE_CAUSE_ABORTED);
+  failed = Get(linked.id());  // every rank reported: nothing more to wait for
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Reason(failed), absl::StrCat("rank 1 on worker ", placed.workers(1),
+                                         ": UNAVAILABLE: lost a member of the group"));
+  EXPECT_EQ(failed.history(failed.history_size() - 1).state(), baton::v1::JOB_STATE_FAILED);
 
   // With only echoes, the first one stands after root_cause_wait.
   const Job other = Submit(Spec(3));
@@ -1049,8 +1077,14 @@ TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoi
   fail.set_error("UNAVAILABLE: the stream to rank 0 failed");
   fail.set_cause(baton::v1::FAILURE_CAUSE_PEER);
   ASSERT_TRUE(core_->ReportResult(fail).ok());
+  // A broken link waits for a root cause (rank 0's error or silence); none comes.
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(2));
+  Beat(now.workers(0), job.id());
+  core_->Tick();
   now = Get(job.id());
   EXPECT_EQ(now.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Reason(now), testing::HasSubstr("UNAVAILABLE: the stream to rank 0 failed"));
   EXPECT_THAT(Reason(now), testing::HasSubstr("(no restarts left (1 of 1 used))"));
 }
 
