@@ -161,6 +161,19 @@ class CoordinatorTest : public testing::Test {
     if (core_ != nullptr) {
       EXPECT_EQ(core_->InvalidTransitions(), 0);
     }
+    core_.reset();  // closes the job database before its directory goes
+    if (!db_dir_.empty()) std::filesystem::remove_all(db_dir_);
+  }
+
+  // A job database in a temp directory of this test's own (removed at TearDown), for tests
+  // that restart the coordinator on it.
+  std::string TempDb() {
+    if (db_dir_.empty()) {
+      std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
+      EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+      db_dir_ = tmpl;
+    }
+    return db_dir_ + "/jobs.db";
   }
 
   void Start(const std::string& db) {
@@ -270,6 +283,7 @@ class CoordinatorTest : public testing::Test {
   prometheus::Registry registry_;
   CoordinatorMetrics metrics_{registry_};
   std::unique_ptr<Coordinator> core_;
+  std::string db_dir_;  // TempDb()
 };
 
 TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
@@ -1128,9 +1142,7 @@ TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
 }
 
 TEST_F(CoordinatorTest, RestartedCoordinatorRecoversRunningJobsThatAskForIt) {
-  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string db = tmpl + "/jobs.db";
+  const std::string db = TempDb();
   Start(db);
   Register(1);
   Register(2);
@@ -1166,14 +1178,10 @@ TEST_F(CoordinatorTest, RestartedCoordinatorRecoversRunningJobsThatAskForIt) {
   }
   EXPECT_EQ(attempt1, 2);
   EXPECT_EQ(core_->InvalidTransitions(), 0);
-  core_.reset();
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
-  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string db = tmpl + "/jobs.db";
+  const std::string db = TempDb();
   Start(db);
   const std::string w1 = Register(1), w2 = Register(2);
   const Job running = Submit(Spec(2));
@@ -1209,8 +1217,6 @@ TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
   // New ids continue after the old ones.
   EXPECT_EQ(Submit(Spec(1)).id(), "job-000004");
   EXPECT_EQ(core_->InvalidTransitions(), 0);
-  core_.reset();
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(CoordinatorTest, MetricsCountStatesQueueWaitAndMissedHeartbeats) {
@@ -1349,9 +1355,7 @@ std::vector<int64_t> HistorySteps(const baton::v1::JobHistory& h) {
 }
 
 TEST_F(CoordinatorTest, JobHistoryHasEveryStepInOrderAndOutlivesTheJobAndARestart) {
-  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string db = tmpl + "/jobs.db";
+  const std::string db = TempDb();
   Start(db);
   Register(1);
   Register(2);
@@ -1426,14 +1430,10 @@ TEST_F(CoordinatorTest, JobHistoryHasEveryStepInOrderAndOutlivesTheJobAndARestar
   auto after = core_->GetJobHistory(HistoryRequest(job.id()));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->SerializeAsString(), h->SerializeAsString());
-  core_.reset();
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(CoordinatorTest, AHistoryTheStoreCannotTakeIsLoggedAndTheJobGoesOn) {
-  std::string tmpl = testing::TempDir() + "/coordinator_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string db = tmpl + "/jobs.db";
+  const std::string db = TempDb();
   Start(db);
   Register(1);
   Register(2);
@@ -1458,8 +1458,6 @@ TEST_F(CoordinatorTest, AHistoryTheStoreCannotTakeIsLoggedAndTheJobGoesOn) {
   EXPECT_FALSE(core_->GetJobHistory(HistoryRequest(job.id())).ok());  // the store's error
   FinishAllRanks(now);
   EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_SUCCEEDED) << Reason(Get(job.id()));
-  core_.reset();
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(CoordinatorTest, JobHistoryKeepsTheLastRunOfAStepTrainedAgainAfterARecovery) {
