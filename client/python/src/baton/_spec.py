@@ -36,25 +36,20 @@ def apply_overrides(spec: dict, overrides: Mapping[str, Any]) -> dict:
     not remove another the spec set: the message then refuses both.
     """
     for key, value in overrides.items():
-        path = [p for p in key.split("__")]
+        path = key.split("__")
         if not all(path):
             raise SpecError(f"override {key!r}: empty field name (use a__b for a.b)")
         node = spec
-        for i, part in enumerate(path):
-            existing = next((k for k in node if _same_key(k, part)), None)
-            if i == len(path) - 1:
-                if existing is not None:
-                    del node[existing]
-                node[part] = value
-                break
-            if existing is None:
-                node[part] = {}
-                existing = part
-            child = node[existing]
+        for depth, part in enumerate(path[:-1], start=1):
+            name = next((k for k in node if _same_key(k, part)), part)
+            child = node.setdefault(name, {})
             if not isinstance(child, dict):
-                raise SpecError(f"override {key!r}: {'.'.join(path[:i + 1])} is "
+                raise SpecError(f"override {key!r}: {'.'.join(path[:depth])} is "
                                 f"{type(child).__name__}, not a message")
             node = child
+        for k in [k for k in node if _same_key(k, path[-1])]:
+            del node[k]
+        node[path[-1]] = value
     return spec
 
 

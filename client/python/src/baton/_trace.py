@@ -20,7 +20,7 @@ _ACTION = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD)(\
 
 _CATEGORY = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight",
              "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv_wait", "RECV_B": "recv_wait",
-             "REDUCE_GRAD": "reduce_grad"}
+             "REDUCE_GRAD": "reduce_grad", "STEP": "optimizer"}
 
 
 def _us(ns: int) -> float:
@@ -62,7 +62,7 @@ def chrome_trace(trace: jobs_pb2.JobTrace) -> dict:
             elif span.allreduce:
                 name, cat = f"all-reduce {span.action}", "allreduce"
             else:
-                name, cat = span.action, _CATEGORY.get(kind, "optimizer")
+                name, cat = span.action, _CATEGORY[kind]
             comm = comm or span.allreduce
             args = {"action": span.action}
             if kind != "STEP":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Tuple, Union
 
 from baton.v1 import cluster_pb2, jobs_pb2
 
@@ -198,10 +198,11 @@ class StepEvent:
     stages: Tuple[Any, ...] = field(default=(), repr=False)
 
 
-Event = Any  # StateEvent | StepEvent (3.10's typing spelled for every supported version)
+# What watch() yields.
+Event = Union[StateEvent, StepEvent]
 
 
-def event_from_proto(e: jobs_pb2.JobEvent):
+def event_from_proto(e: jobs_pb2.JobEvent) -> Optional[Event]:
     which = e.WhichOneof("event")
     if which == "state_change":
         s = e.state_change
