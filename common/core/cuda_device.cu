@@ -36,20 +36,6 @@ struct DeviceBuffer {
   }
 };
 
-// Restores the calling thread's current device.
-struct CurrentDeviceGuard {
-  int previous = -1;
-  CurrentDeviceGuard() {
-    if (cudaGetDevice(&previous) != cudaSuccess) {
-      previous = -1;
-      cudaGetLastError();
-    }
-  }
-  ~CurrentDeviceGuard() {
-    if (previous >= 0) cudaSetDevice(previous);
-  }
-};
-
 int Fail(cudaError_t err, const char* what, char* message, int capacity) {
   std::snprintf(message, static_cast<size_t>(capacity), "%s: %s (%s)", what,
                 cudaGetErrorString(err), cudaGetErrorName(err));
@@ -112,7 +98,9 @@ const char* RuntimeErrorString(int error) {
 
 int RuntimeSelfTest(int index, char* message, int message_capacity) {
   message[0] = '\0';
-  CurrentDeviceGuard guard;
+  // `index` stays current afterwards. Restoring the previous device would be wrong: on a
+  // thread that never chose one, cudaGetDevice answers 0, and cudaSetDevice(0) then creates
+  // a context on GPU 0 (or fails, when GPU 0 is another process's in exclusive mode).
   cudaError_t err = cudaSetDevice(index);
   if (err != cudaSuccess) return Fail(err, "cudaSetDevice", message, message_capacity);
 

@@ -40,7 +40,8 @@ int CudaDeviceCount();
 // [0, CudaDeviceCount()), UNAVAILABLE when the runtime fails.
 absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index);
 // A smoke test of device `index`: copies a small buffer host -> device, runs a kernel on it,
-// copies it back and checks the values. INTERNAL with the CUDA error on failure.
+// copies it back and checks the values. INTERNAL with the CUDA error on failure. Leaves
+// `index` the calling thread's current device (and touches no other device).
 absl::Status CudaSelfTest(int index = 0);
 
 #else  // !BATON_HAVE_CUDA

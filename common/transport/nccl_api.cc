@@ -83,6 +83,7 @@ struct NcclFunctions {
 };
 
 absl::Status CudaError(const char* call, cudaError_t e) {
+  (void)cudaGetLastError();  // handled here: it must not surface from a later call's check
   return absl::InternalError(
       absl::StrCat(call, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
@@ -198,7 +199,12 @@ class RealNccl final : public NcclApi {
   absl::StatusOr<bool> EventQuery(CudaEvent event) override {
     const cudaError_t e = cudaEventQuery(Event(event));
     if (e == cudaSuccess) return true;
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // The runtime records "not ready" as this thread's last error, like any failure:
+      // clear it, or the next kernel launch's check on this thread reports it as its own.
+      (void)cudaGetLastError();
+      return false;
+    }
     return CudaError("cudaEventQuery", e);
   }
   absl::StatusOr<void*> DeviceAlloc(size_t bytes, int cuda_device) override {
