@@ -25,8 +25,9 @@
 // iteration after warm-up (0 means the hot loop allocates nothing new: every tensor comes
 // from the caching allocator).
 //
-// Flags: --spec=PATH (default: $BATON_SOURCE_DIR/client/examples/gpt.json) plus Google
-// Benchmark's own (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json...).
+// Flags: --spec=PATH (default: $BATON_SOURCE_DIR/client/examples/gpt.json), --device=cpu|cuda
+// (default cpu; cuda runs BM_GptTrainerStep on the GPU, the reference trainer on the CUDA
+// backend, and skips the CPU-only benchmarks) plus Google Benchmark's own (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json...).
 // See docs/benchmarks.md for results and bench/run_gpt_bench.sh for the PyTorch comparison.
 #include <benchmark/benchmark.h>
 
@@ -55,6 +56,11 @@
 namespace baton {
 namespace {
 
+bool& OnCuda() {
+  static bool cuda = false;
+  return cuda;
+}
+
 std::string& SpecPath() {
   static std::string path = std::string(BATON_SOURCE_DIR) + "/client/examples/gpt.json";
   return path;
@@ -76,6 +82,7 @@ const baton::v1::JobSpec& Spec() {
     if (!out->model().has_gpt()) {
       Die(SpecPath(), absl::InvalidArgumentError("gpt_bench needs a gpt model spec"));
     }
+    out->set_device(OnCuda() ? baton::v1::DEVICE_KIND_CUDA : baton::v1::DEVICE_KIND_CPU);
     return out;
   }();
   return *spec;
@@ -160,7 +167,15 @@ void SetCommonCounters(benchmark::State& state, int64_t tokens_per_iter, int64_t
 
 constexpr int kWarmup = 3;
 
+// The benchmarks below that build blocks themselves run on the CPU only.
+bool SkipOnCuda(benchmark::State& state) {
+  if (!OnCuda()) return false;
+  state.SkipWithError("CPU only (--device=cuda runs BM_GptTrainerStep)");
+  return true;
+}
+
 void BM_GptForwardBackward(benchmark::State& state) {
+  if (SkipOnCuda(state)) return;
   SetBlasThreads(1);
   GptFixture f = GptFixture::Make();
   const Tensor scale = ScaleTensor(1.0f / static_cast<float>(Spec().pipeline().microbatches()));
@@ -192,6 +207,7 @@ void BM_GptForwardBackward(benchmark::State& state) {
 }
 
 void BM_GptForward(benchmark::State& state) {
+  if (SkipOnCuda(state)) return;
   SetBlasThreads(1);
   GptFixture f = GptFixture::Make();
   const MicroBatch mb{0, &f.batch.targets};
@@ -250,6 +266,7 @@ void BM_GptTrainerStep(benchmark::State& state) {
 // A reference trainer on the default spec after kWarmup steps (its optimizer state filled
 // in, as a checkpoint holds it); null, with the benchmark skipped, on an error.
 std::unique_ptr<ReferenceTrainer> WarmTrainer(benchmark::State& state) {
+  if (SkipOnCuda(state)) return nullptr;
   SetBlasThreads(1);
   absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
   if (!t.ok()) {
@@ -519,6 +536,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--spec=", 7) == 0) {
       baton::SpecPath() = argv[i] + 7;
+    } else if (std::strcmp(argv[i], "--device=cuda") == 0) {
+      baton::OnCuda() = true;
+    } else if (std::strcmp(argv[i], "--device=cpu") == 0) {
+      baton::OnCuda() = false;
     } else {
       argv[kept++] = argv[i];
     }
@@ -538,7 +559,8 @@ int main(int argc, char** argv) {
       "micro_batch", std::to_string(baton::MicroBatchSequences()) + " sequences x " +
                          std::to_string(g.context()) + " tokens");
   benchmark::AddCustomContext("blas_threads", std::to_string(baton::BlasThreads()));
-  baton::RegisterKernelBenchmarks();
+  benchmark::AddCustomContext("device", baton::OnCuda() ? "cuda" : "cpu");
+  if (!baton::OnCuda()) baton::RegisterKernelBenchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

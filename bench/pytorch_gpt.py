@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch CPU eager baseline for bench/gpt_bench.cc: the same GPT on one core.
+"""PyTorch eager baseline for bench/gpt_bench.cc: the same GPT on one core, or on a GPU.
 
 The model is baton's gpt (common/nn/transformer.h, common/nn/model.h) written in plain
 PyTorch eager mode, with the shapes of a baton job spec (default client/examples/gpt.json):
@@ -10,9 +10,12 @@ PyTorch eager mode, with the shapes of a baton job spec (default client/examples
     x = x + mlp.proj(GELU_tanh(mlp.fc(LN2(x))))               fc: Linear(C, 4C), proj: Linear(4C, C)
   final LN, Linear(C, V, bias=False), cross-entropy (mean over the B*T positions)
 
-float32, torch.set_num_threads(1), eager (no torch.compile). What is timed, each per
-iteration with time.perf_counter after a warm-up, reporting the median and the best wall
-time, and the mean process CPU time (robust when other jobs share the cores):
+float32, eager (no torch.compile). On the CPU (--device cpu, the default) with
+torch.set_num_threads(1); on a GPU (--device cuda) with TF32 off for matrix products and
+convolutions, as baton computes (full fp32, cuBLAS pedantic math), and the device
+synchronised before each clock read. What is timed, each per iteration with
+time.perf_counter after a warm-up, reporting the median and the best wall time, and the
+mean process CPU time (robust when other jobs share the cores):
 
   fwd_bwd  one micro-batch (batch_size / microbatches sequences of `context` tokens): forward,
            loss.backward(); grads are reset with zero_grad(set_to_none=True) before each.
@@ -25,7 +28,8 @@ attention written out (q k^T, mask, softmax, att v) as baton computes it, and "s
 F.scaled_dot_product_attention(is_causal=True). Prints one JSON object per variant on stdout.
 
 Usage: python3 bench/pytorch_gpt.py [--spec client/examples/gpt.json] [--min-time 3]
-                                    [--variants explicit,sdpa]
+                                    [--variants explicit,sdpa] [--device cpu|cuda]
+                                    [--measure fwd_bwd,fwd,step]
 """
 
 import argparse
@@ -136,32 +140,36 @@ def load_spec(path):
     )
 
 
-def time_it(fn, min_time, warmup):
-    """Per-iteration wall-clock and process CPU times after `warmup` untimed calls."""
+def time_it(fn, min_time, warmup, sync):
+    """Per-iteration wall-clock and process CPU times after `warmup` untimed calls; `sync`
+    waits for the device's queued work (a no-op on the CPU)."""
     for _ in range(warmup):
         fn()
+    sync()
     wall, cpu = [], []
     start = time.perf_counter()
     while time.perf_counter() - start < min_time or len(wall) < 5:
         c0 = time.process_time()
         t0 = time.perf_counter()
         fn()
+        sync()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return wall, cpu
 
 
-def run_variant(s, sdpa, min_time, warmup):
+def run_variant(s, sdpa, min_time, warmup, device, measure):
     torch.manual_seed(s["seed"])
-    model = Gpt(s["V"], s["T"], s["C"], s["H"], s["L"], sdpa)
+    model = Gpt(s["V"], s["T"], s["C"], s["H"], s["L"], sdpa).to(device)
     model.train()
     b = s["batch"] // s["M"]
     g = torch.Generator().manual_seed(s["seed"])
     mbs = [
-        (torch.randint(0, s["V"], (b, s["T"]), generator=g),
-         torch.randint(0, s["V"], (b, s["T"]), generator=g))
+        (torch.randint(0, s["V"], (b, s["T"]), generator=g).to(device),
+         torch.randint(0, s["V"], (b, s["T"]), generator=g).to(device))
         for _ in range(s["M"])
     ]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(s["beta1"], s["beta2"]),
                             eps=s["eps"], weight_decay=s["wd"])
     idx, tgt = mbs[0]
@@ -185,7 +193,9 @@ def run_variant(s, sdpa, min_time, warmup):
     out = {}
     for name, fn, tokens in (("fwd_bwd", fwd_bwd, tokens_mb), ("fwd", fwd, tokens_mb),
                              ("step", step, tokens_mb * s["M"])):
-        wall, cpu = time_it(fn, min_time, warmup)
+        if name not in measure:
+            continue
+        wall, cpu = time_it(fn, min_time, warmup, sync)
         med = statistics.median(wall)
         best = min(wall)
         cpu_mean = sum(cpu) / len(cpu)  # process_time ticks coarsely: use the mean
@@ -211,22 +221,39 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--variants", default="explicit,sdpa",
                     help="comma-separated: explicit (softmax attention), sdpa")
+    ap.add_argument("--device", default="cpu", help="cpu (one thread) or cuda[:N]")
+    ap.add_argument("--measure", default="fwd_bwd,fwd,step",
+                    help="comma-separated: fwd_bwd, fwd, step")
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(f"pytorch_gpt: --device {args.device}: torch {torch.__version__} sees no CUDA "
+                  "device", file=sys.stderr)
+            return 1
+        # baton's CUDA backend computes in full fp32: no TF32 on either side.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    else:
+        torch.set_num_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+    measure = set(args.measure.split(","))
     s = load_spec(args.spec)
     for variant in args.variants.split(","):
         sdpa = variant == "sdpa"
         if sdpa and not hasattr(F, "scaled_dot_product_attention"):
             continue
-        res = run_variant(s, sdpa, args.min_time, args.warmup)
+        res = run_variant(s, sdpa, args.min_time, args.warmup, device, measure)
         print(json.dumps(dict(
             framework="pytorch-eager",
             torch=torch.__version__,
+            device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                    else platform.processor() or "cpu"),
             python=platform.python_version(),
             threads=torch.get_num_threads(),
             attention=variant,
