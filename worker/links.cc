@@ -95,6 +95,43 @@ GroupEnginePlan PlanGroupEngine(const baton::v1::JobPlan& plan) {
   return out;
 }
 
+InboxPlan PlanInbox(const baton::v1::JobPlan& plan, const Schedule& schedule,
+                    int64_t capacity_bytes) {
+  InboxPlan out;
+  out.job_key = plan.job_key();
+  out.capacity_bytes = capacity_bytes;
+  out.num_ranks = plan.num_ranks();
+  out.identities.resize(std::max(plan.num_ranks(), 0));
+  for (const baton::v1::Peer& p : plan.peers()) {
+    if (p.rank() >= 0 && p.rank() < plan.num_ranks()) out.identities[p.rank()] = p.identity();
+  }
+  const int rank = plan.rank();
+  if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
+  for (const Action& a : schedule.ranks[rank]) {
+    if (a.kind != ActionKind::kRecvF && a.kind != ActionKind::kRecvB) continue;
+    const int from_stage = PeerStage(a);
+    if (from_stage < 0 || from_stage >= schedule.num_stages()) continue;
+    const InboxSource source{schedule.stage_to_rank[from_stage], from_stage,
+                             a.kind == ActionKind::kRecvF ? TensorKind::kActivation
+                                                          : TensorKind::kGradient};
+    if (std::find(out.sources.begin(), out.sources.end(), source) == out.sources.end()) {
+      out.sources.push_back(source);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> RendezvousMembers(const baton::v1::JobPlan& plan) {
+  std::vector<std::string> out;
+  for (const auto* peers : {&plan.peers(), &plan.replica_peers()}) {
+    for (const baton::v1::Peer& p : *peers) {
+      if (p.identity().empty()) return {};
+      out.push_back(p.identity());
+    }
+  }
+  return out;
+}
+
 std::string JobRendezvousPrefix(uint64_t job_key) {
   return absl::StrCat("baton/nccl/job/", job_key, "/");
 }

@@ -10,6 +10,7 @@
 
 #include "baton/v1/worker.pb.h"
 #include "common/schedule/schedule.h"
+#include "common/transport/tensor_inbox.h"
 
 namespace baton {
 
@@ -41,6 +42,17 @@ struct GroupEnginePlan {
   std::string reason;  // why Gloo ("gloo: ..."), or "nccl"
 };
 GroupEnginePlan PlanGroupEngine(const baton::v1::JobPlan& plan);
+
+// What this rank's inbox accepts while it runs `plan` (its clock in `schedule`): the
+// tensors its RECV_F and RECV_B actions take, and the certificate name of every rank
+// (tensor_inbox.h). `capacity_bytes` bounds what waits in it.
+InboxPlan PlanInbox(const baton::v1::JobPlan& plan, const Schedule& schedule,
+                    int64_t capacity_bytes);
+
+// Who may file rendezvous values for `plan`'s attempt on this worker: the certificate
+// names of the job's ranks (plan.peers) and of this rank's replicas (plan.replica_peers).
+// Empty, meaning anyone with the job key, when any of them has none (no mutual TLS).
+std::vector<std::string> RendezvousMembers(const baton::v1::JobPlan& plan);
 
 // The rendezvous keys of the bring-up verdict that `from` sends `to` for a job attempt.
 std::string VerdictKey(uint64_t job_key, int64_t attempt, int from, int to);

@@ -1,6 +1,7 @@
 #include "worker/links.h"
 
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,45 @@ TEST(PlanGroupEngineTest, NcclForDistinctGpusThatAllRunItGlooOtherwiseWithTheRea
   e = PlanGroupEngine(asked);
   EXPECT_FALSE(e.nccl);
   EXPECT_EQ(e.reason, "gloo: asked for");
+}
+
+// The inbox of a rank accepts exactly what its clock receives: for rank 1 of 1F1B on 3
+// ranks, stage 0's activations from rank 0 and stage 2's gradients from rank 2; with the
+// interleaved schedule, also what wraps around between the chunks.
+TEST(PlanInboxTest, TheInboxAcceptsWhatTheClockReceives) {
+  baton::v1::JobPlan plan = Plan(1, {"", "", ""}, {false, false, false});
+  plan.set_job_key(42);
+  plan.mutable_peers(0)->set_identity("baton-worker-0");
+  plan.mutable_peers(2)->set_identity("baton-worker-2");
+  const InboxPlan p = PlanInbox(plan, Build(ScheduleKind::k1F1B, 3, 1, 4), 1000);
+  EXPECT_EQ(p.job_key, 42u);
+  EXPECT_EQ(p.capacity_bytes, 1000);
+  EXPECT_EQ(p.num_ranks, 3);
+  EXPECT_EQ(p.identities, (std::vector<std::string>{"baton-worker-0", "", "baton-worker-2"}));
+  EXPECT_EQ(p.sources, (std::vector<InboxSource>{{0, 0, TensorKind::kActivation},
+                                                 {2, 2, TensorKind::kGradient}}));
+  // Rank 0 of the interleaved schedule (stages 0 and 4 of 8 on 4 ranks) receives stage 3's
+  // activations from rank 3 and stage 1's and 5's gradients from rank 1.
+  plan.set_rank(0);
+  plan.set_num_ranks(4);
+  const InboxPlan i = PlanInbox(plan, Build(ScheduleKind::kInterleaved1F1B, 4, 2, 4), 1000);
+  std::set<std::tuple<int, int, int>> got;
+  for (const InboxSource& s : i.sources) got.insert({s.rank, s.stage, static_cast<int>(s.kind)});
+  EXPECT_EQ(got, (std::set<std::tuple<int, int, int>>{
+                     {3, 3, static_cast<int>(TensorKind::kActivation)},
+                     {1, 1, static_cast<int>(TensorKind::kGradient)},
+                     {1, 5, static_cast<int>(TensorKind::kGradient)}}));
+}
+
+TEST(RendezvousMembersTest, TheJobsRanksAndReplicasOrAnyoneWithoutCertificates) {
+  baton::v1::JobPlan plan = Plan(0, {"", ""}, {false, false});
+  EXPECT_TRUE(RendezvousMembers(plan).empty());  // no identities: plaintext
+  plan.mutable_peers(0)->set_identity("baton-worker-0");
+  plan.mutable_peers(1)->set_identity("baton-worker-1");
+  baton::v1::Peer* replica = plan.add_replica_peers();
+  replica->set_identity("baton-worker-5");
+  EXPECT_EQ(RendezvousMembers(plan),
+            (std::vector<std::string>{"baton-worker-0", "baton-worker-1", "baton-worker-5"}));
 }
 
 }  // namespace

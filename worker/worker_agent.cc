@@ -326,6 +326,9 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
           plan.resume_job_dir(), " (is checkpoint.dir mounted on every worker?)"));
     }
   }
+  // What the inbox will accept: the tensors this rank's clock receives, from their ranks.
+  absl::StatusOr<Schedule> schedule = ScheduleFromPlan(plan);
+  if (!schedule.ok()) return schedule.status();
   std::thread previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -345,11 +348,12 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
   if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   // Accept the job's tensors before answering: once every rank has answered StartJob, any
   // peer may send to this one (the coordinator starts rank 0, the first sender, last).
-  std::vector<std::string> identities(plan.num_ranks());
-  for (const baton::v1::Peer& p : plan.peers()) {
-    if (p.rank() >= 0 && p.rank() < plan.num_ranks()) identities[p.rank()] = p.identity();
+  // Its rendezvous values too (the members' NCCL ids, verdicts and Gloo addresses), until
+  // the attempt ends.
+  inbox_->Open(PlanInbox(plan, *schedule, options_.inbox_bytes));
+  if (options_.rendezvous != nullptr) {
+    options_.rendezvous->OpenJob(plan.job_key(), RendezvousMembers(plan));
   }
-  inbox_->Open(plan.job_key(), options_.inbox_bytes, std::move(identities));
   Log(absl::StrCat("starting job ", plan.job_id(), " as rank ", plan.rank(), " of ",
                    plan.num_ranks()));
   job_thread_ = std::thread([this, job = job_] { RunJob(job); });
@@ -423,6 +427,8 @@ absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
 void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
   absl::Status status = NamePeers(RunSteps(*job), job->plan);
   inbox_->Close();  // also when RunSteps failed before it had a transport
+  // The attempt's rendezvous values expire with it; later ones for it are refused.
+  if (options_.rendezvous != nullptr) options_.rendezvous->CloseJob(job->plan.job_key());
   if (!status.ok() && job->aborted.load()) {
     std::lock_guard<std::mutex> lock(job->mu);
     status = absl::Status(job->abort_status.code(),

@@ -29,7 +29,8 @@ void GrpcGlooStore::set(const std::string& key, const std::vector<char>& data) {
     const absl::Status s = SendRendezvous(channel_for_(m), prefix_ + key, value, deadline);
     if (!s.ok()) {
       throw std::runtime_error(absl::StrCat("gloo store: member ", rank_, " could not send ",
-                                            prefix_, key, " to member ", m, ": ", s.ToString()));
+                                            RedactJobKey(prefix_ + key), " to member ", m, ": ",
+                                            s.ToString()));
     }
   }
   values_[key] = data;
@@ -40,7 +41,8 @@ void GrpcGlooStore::Take(const std::string& key, absl::Time deadline) {
   absl::StatusOr<std::string> v = box_->Take(prefix_ + key, deadline);
   if (!v.ok()) {
     throw std::runtime_error(absl::StrCat("gloo store: member ", rank_, " waiting for ",
-                                          prefix_, key, ": ", v.status().ToString()));
+                                          RedactJobKey(prefix_ + key), ": ",
+                                          v.status().ToString()));
   }
   values_[key] = std::vector<char>(v->begin(), v->end());
 }

@@ -8,7 +8,9 @@
 namespace baton {
 
 std::string TensorTag::ToString() const {
-  return absl::StrCat("job ", job, " step ", step, " microbatch ", microbatch, " stage ", stage,
+  // Not the job key: it is the secret that guards a job's tensor streams, and this text ends
+  // up in errors that people and logs see.
+  return absl::StrCat("step ", step, " microbatch ", microbatch, " stage ", stage,
                       kind == TensorKind::kActivation ? " activation" : " gradient");
 }
 

@@ -46,7 +46,8 @@ struct TensorTag {
   int32_t stage = 0;  // the sending stage
   TensorKind kind = TensorKind::kActivation;
 
-  std::string ToString() const;  // "job 7 step 3 microbatch 1 stage 2 activation"
+  // "step 3 microbatch 1 stage 2 activation": never the job key (a secret: see tensor.proto).
+  std::string ToString() const;
 
   friend bool operator==(const TensorTag& a, const TensorTag& b) {
     return a.job == b.job && a.step == b.step && a.microbatch == b.microbatch &&

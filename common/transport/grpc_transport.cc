@@ -235,7 +235,7 @@ std::unique_ptr<SendWork> GrpcTransport::Send(int peer, const TensorTag& tag, co
   }
   if (tag.job != options_.job_key) {
     return CompletedSend(absl::InvalidArgumentError(
-        absl::StrCat(Where(*p, tag), ": the transport is for job ", options_.job_key)));
+        absl::StrCat(Where(*p, tag), ": the tag's job key is not this transport's")));
   }
   if (!t.defined()) {
     return CompletedSend(absl::InvalidArgumentError(

@@ -42,6 +42,7 @@ const bool kGrpcKeptAlive = [] {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uint64_t kJob = 7;
 
@@ -424,7 +425,8 @@ TEST(TensorServiceTest, TagOfAnotherJobIsRefused) {
                        .Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("unexpected tag"), HasSubstr(other.ToString()),
-                                       HasSubstr("from rank 2"), HasSubstr("job 7")));
+                                       HasSubstr("from rank 2"), HasSubstr("the key is wrong"),
+                                       Not(HasSubstr("99"))));
 }
 
 TEST(TensorServiceTest, DuplicateTagIsRefused) {
@@ -681,14 +683,18 @@ TEST(TensorInboxTest, RefusesWhenClosedAndAfterAbort) {
 TEST(TensorInboxTest, SendersAndAbortNoticesAreCheckedAgainstThePlansIdentities) {
   TensorInbox inbox;
   inbox.Open(kJob, 1 << 20, {"baton-worker-0", "baton-worker-1", ""});
-  EXPECT_TRUE(inbox.CheckSender(0, "baton-worker-0").ok());
-  EXPECT_TRUE(inbox.CheckSender(1, "baton-worker-1").ok());
-  EXPECT_TRUE(inbox.CheckSender(2, "anyone").ok());  // no identity known for rank 2
-  absl::Status s = inbox.CheckSender(1, "baton-worker-0");
+  EXPECT_TRUE(inbox.CheckSender(0, Tag(0), "baton-worker-0").ok());
+  EXPECT_TRUE(inbox.CheckSender(1, Tag(0), "baton-worker-1").ok());
+  EXPECT_TRUE(inbox.CheckSender(2, Tag(0), "anyone").ok());  // no identity known for rank 2
+  absl::Status s = inbox.CheckSender(1, Tag(0), "baton-worker-0");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("rank 1 of this job is baton-worker-1, not baton-worker-0"));
-  EXPECT_EQ(inbox.CheckSender(0, "").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(inbox.CheckSender(0, Tag(0), "").code(), absl::StatusCode::kPermissionDenied);
+  // Made-up ranks are not a way around the identities.
+  EXPECT_EQ(inbox.CheckSender(3, Tag(0), "anyone").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(inbox.CheckSender(7, Tag(0), "anyone").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(inbox.CheckSender(-1, Tag(0), "anyone").code(), absl::StatusCode::kPermissionDenied);
   // An abort notice from a stranger does not stop the job; one from a peer does.
   EXPECT_FALSE(inbox.AbortJob(kJob, absl::AbortedError("forged"), "intruder"));
   ASSERT_TRUE(inbox.Deliver(0, Tag(0), Pattern({1}, DType::kFloat32, 0)).ok());
@@ -698,8 +704,91 @@ TEST(TensorInboxTest, SendersAndAbortNoticesAreCheckedAgainstThePlansIdentities)
             absl::StatusCode::kAborted);
   // Without identities (no mutual TLS) the job key alone decides, as before.
   inbox.Open(kJob, 1 << 20);
-  EXPECT_TRUE(inbox.CheckSender(1, "").ok());
+  EXPECT_TRUE(inbox.CheckSender(1, Tag(0), "").ok());
   EXPECT_TRUE(inbox.AbortJob(kJob, absl::AbortedError("x"), ""));
+}
+
+// The job key guards a plaintext cluster's streams: no refusal names it (nor a guess).
+TEST(TensorInboxTest, RefusalsNeverNameAJobKey) {
+  constexpr uint64_t kSecret = 0x5eed5eed5eed5eedULL;
+  constexpr uint64_t kGuess = 0x0badc0ffee0badULL;
+  const std::string secret = absl::StrCat(kSecret), guess = absl::StrCat(kGuess);
+  TensorInbox inbox;
+  inbox.Open(kSecret, 1 << 20, {"", ""});
+  const TensorTag wrong = Tag(0, 0, TensorKind::kActivation, 0, kGuess);
+  const TensorTag right = Tag(0, 0, TensorKind::kActivation, 0, kSecret);
+  std::vector<absl::Status> refusals = {
+      inbox.CheckSender(0, wrong, ""),
+      inbox.Deliver(0, wrong, Tensor::Zeros({1})),
+      inbox.Take(0, wrong, In(absl::Milliseconds(1))).status(),
+      inbox.CheckSender(5, right, ""),
+  };
+  ASSERT_TRUE(inbox.Deliver(0, right, Tensor::Zeros({1})).ok());
+  refusals.push_back(inbox.Deliver(0, right, Tensor::Zeros({1})));  // a duplicate
+  refusals.push_back(inbox.Take(1, right, In(absl::Milliseconds(1))).status());
+  for (const absl::Status& s : refusals) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(std::string(s.message()), Not(HasSubstr(secret))) << s;
+    EXPECT_THAT(std::string(s.message()), Not(HasSubstr(guess))) << s;
+  }
+  EXPECT_EQ(refusals[0].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refusals[0].message()), HasSubstr("the key is wrong"));
+}
+
+// A rank's plan names every tensor it receives: the rank that sends it, its stage and kind.
+// Anything else is refused, from any sender, before it takes room in the inbox.
+TEST(TensorInboxTest, OnlyThePlansSourcesAreAccepted) {
+  TensorInbox inbox;
+  InboxPlan plan;  // rank 1 of 3: stage 0's activations from rank 0, stage 2's gradients from 2
+  plan.job_key = kJob;
+  plan.capacity_bytes = 1 << 20;
+  plan.num_ranks = 3;
+  plan.sources = {{0, 0, TensorKind::kActivation}, {2, 2, TensorKind::kGradient}};
+  inbox.Open(plan);
+  EXPECT_TRUE(inbox.CheckSender(0, Tag(3, 0, TensorKind::kActivation, 5), "").ok());
+  EXPECT_TRUE(inbox.CheckSender(2, Tag(3, 2, TensorKind::kGradient, 5), "").ok());
+  for (const auto& [rank, tag] : std::vector<std::pair<int, TensorTag>>{
+           {7, Tag(0)},                                  // outside the plan
+           {-1, Tag(0)},                                 // outside the plan
+           {3, Tag(0)},                                  // one past the last rank
+           {0, Tag(0, 0, TensorKind::kGradient)},        // rank 0 sends rank 1 no gradients
+           {2, Tag(0, 2, TensorKind::kActivation)},      // nor rank 2 activations
+           {0, Tag(0, 1, TensorKind::kActivation)},      // another stage
+       }) {
+    EXPECT_EQ(inbox.CheckSender(rank, tag, "").code(), absl::StatusCode::kPermissionDenied)
+        << rank << " " << tag.ToString();
+    EXPECT_EQ(inbox.Deliver(rank, tag, Tensor::Zeros({1})).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(inbox.Stats().bytes_in_use, 0);
+}
+
+// The cap holds for the whole inbox: made-up sources are refused, so only the plan's
+// sources get the one-tensor exception, and memory stays within capacity + one tensor per
+// source of the plan however many senders try.
+TEST(TensorInboxTest, TheCapHoldsForTheWholeInboxWhoeverSends) {
+  TensorInbox inbox;
+  InboxPlan plan;
+  plan.job_key = kJob;
+  plan.capacity_bytes = 1000;
+  plan.num_ranks = 4;
+  plan.sources = {{0, 0, TensorKind::kActivation}, {2, 2, TensorKind::kGradient}};
+  inbox.Open(plan);
+  for (int rank = 4; rank < 16; ++rank) {  // twelve made-up senders
+    EXPECT_EQ(inbox.Reserve(rank, Tag(rank), 800, In(absl::Milliseconds(1))).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  ASSERT_TRUE(inbox.Deliver(0, Tag(0), Tensor::Zeros({200})).ok());  // 800 of 1000 bytes
+  // The plan's other source has nothing in: admitted past the capacity (no deadlock).
+  ASSERT_TRUE(inbox.Deliver(2, Tag(0, 2, TensorKind::kGradient), Tensor::Zeros({200})).ok());
+  // A second tensor from either waits, and gives up at its deadline.
+  EXPECT_EQ(inbox.Reserve(0, Tag(1), 800, In(absl::Milliseconds(20))).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(inbox.Reserve(2, Tag(1, 2, TensorKind::kGradient), 800, In(absl::Milliseconds(20)))
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(inbox.Stats().peak_bytes_in_use, 1600);  // capacity + one tensor per source at most
 }
 
 TEST(TensorInboxTest, DeliveryWaitsForSpaceAndCloseWakesIt) {

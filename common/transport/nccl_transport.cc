@@ -561,10 +561,13 @@ absl::Status NcclTransport::BringUp(std::vector<int>* failed_peers) {
             }
             if (!h->hello || h->tag.job != options_.job_key || h->tag.step != options_.attempt ||
                 h->source_rank != e.peer) {
+              // The job keys are not named: they are the jobs' secrets.
               fail(i, absl::StatusCode::kFailedPrecondition,
-                   absl::StrCat("got a handshake from rank ", h->source_rank, " for job ",
-                                h->tag.job, " attempt ", h->tag.step, "; expected rank ", e.peer,
-                                ", job ", options_.job_key, ", attempt ", options_.attempt));
+                   absl::StrCat("got a handshake from rank ", h->source_rank, " attempt ",
+                                h->tag.step,
+                                h->tag.job != options_.job_key ? " of another job" : "",
+                                "; expected rank ", e.peer, " attempt ", options_.attempt,
+                                " of this job"));
               return;
             }
           }
@@ -929,7 +932,7 @@ std::unique_ptr<SendWork> NcclTransport::Send(int peer, const TensorTag& tag, co
       absl::StrCat("rank ", options_.rank, ": sending ", tag.ToString(), " to rank ", peer);
   if (tag.job != options_.job_key) {
     return CompletedSend(absl::InvalidArgumentError(
-        absl::StrCat(what, ": the transport is for job ", options_.job_key)));
+        absl::StrCat(what, ": the tag's job key is not this transport's")));
   }
   if (t.defined() && t.device() != api_->device()) {
     return CompletedSend(absl::InvalidArgumentError(

@@ -1,36 +1,118 @@
 #include "common/transport/rendezvous.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "baton/v1/tensor.grpc.pb.h"
 #include "common/rpc/rpc.h"
 
 namespace baton {
 
-absl::Status RendezvousBox::Put(const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("rendezvous: empty key");
+std::optional<uint64_t> JobKeyOfRendezvousKey(absl::string_view key) {
+  // "baton/<kind>/job/<digits>/..."
+  if (!absl::ConsumePrefix(&key, "baton/")) return std::nullopt;
+  const size_t slash = key.find('/');
+  if (slash == 0 || slash == absl::string_view::npos) return std::nullopt;
+  key.remove_prefix(slash + 1);
+  if (!absl::ConsumePrefix(&key, "job/")) return std::nullopt;
+  const size_t end = key.find('/');
+  if (end == absl::string_view::npos) return std::nullopt;
+  uint64_t job_key = 0;
+  if (!absl::SimpleAtoi(key.substr(0, end), &job_key)) return std::nullopt;
+  return job_key;
+}
+
+std::string RedactJobKey(absl::string_view text) {
+  std::string out;
+  for (;;) {
+    const size_t at = text.find("/job/");
+    if (at == absl::string_view::npos) break;
+    size_t end = at + 5;
+    while (end < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    absl::StrAppend(&out, text.substr(0, at + 5), end > at + 5 ? "<key>" : "");
+    text.remove_prefix(end);
+  }
+  absl::StrAppend(&out, text);
+  return out;
+}
+
+void RendezvousBox::OpenJob(uint64_t job_key, std::vector<std::string> members) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Attempt& a = open_[job_key];
+  a.members.clear();
+  for (std::string& m : members) {
+    if (!m.empty()) a.members.insert(std::move(m));
+  }
+}
+
+void RendezvousBox::CloseJob(uint64_t job_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_.erase(job_key);
+  for (auto it = values_.begin(); it != values_.end();) {
+    if (JobKeyOfRendezvousKey(it->first) == job_key) {
+      it = values_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RendezvousBox::EraseLocked(std::map<std::string, std::string>::iterator it) {
+  const std::optional<uint64_t> job = JobKeyOfRendezvousKey(it->first);
+  if (job.has_value()) {
+    auto a = open_.find(*job);
+    if (a != open_.end() && a->second.entries > 0) --a->second.entries;
+  }
+  values_.erase(it);
+}
+
+absl::Status RendezvousBox::Put(const std::string& key, std::string value,
+                                absl::string_view identity) {
+  const std::optional<uint64_t> job = JobKeyOfRendezvousKey(key);
+  if (!job.has_value()) {
+    return absl::InvalidArgumentError(
+        "rendezvous: the key names no job attempt (baton/<kind>/job/<job key>/...)");
+  }
+  const std::string named = RedactJobKey(key);
   if (value.size() > options_.max_value_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("rendezvous: value of ", value.size(),
-                                                   " bytes under ", key, " is over ",
+                                                   " bytes under ", named, " is over ",
                                                    options_.max_value_bytes));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  auto attempt = open_.find(*job);
+  if (attempt == open_.end()) {
+    return absl::UnavailableError(
+        absl::StrCat("rendezvous: ", named, ": its job attempt does not run on this worker (yet)"));
+  }
+  Attempt& a = attempt->second;
+  if (!a.members.empty() && a.members.count(std::string(identity)) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rendezvous: ", named, ": ",
+        identity.empty() ? "a caller without a certificate" : std::string(identity),
+        " is not a member of its job"));
+  }
   auto it = values_.find(key);
   if (it != values_.end()) {
     if (it->second == value) return absl::OkStatus();
     return absl::AlreadyExistsError(
-        absl::StrCat("rendezvous: ", key, " already holds another value"));
+        absl::StrCat("rendezvous: ", named, " already holds another value"));
   }
-  if (values_.size() >= options_.max_entries) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rendezvous: ", options_.max_entries, " values held already"));
+  if (a.entries >= options_.max_entries_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous: ", named, ": its job holds ", options_.max_entries_per_job, " values already"));
   }
   values_.emplace(key, std::move(value));
+  ++a.entries;
   put_.notify_all();
   return absl::OkStatus();
 }
@@ -41,14 +123,15 @@ absl::StatusOr<std::string> RendezvousBox::Take(const std::string& key, absl::Ti
     auto it = values_.find(key);
     if (it != values_.end()) {
       std::string value = std::move(it->second);
-      values_.erase(it);
+      EraseLocked(it);
       return value;
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("rendezvous: nothing arrived under ", key));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous: nothing arrived under ", RedactJobKey(key)));
     }
-    put_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now));
+    put_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, absl::Hours(1))));
   }
 }
 
@@ -56,7 +139,9 @@ void RendezvousBox::DropPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = values_.lower_bound(prefix);
        it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
-    it = values_.erase(it);
+    auto next = std::next(it);
+    EraseLocked(it);
+    it = next;
   }
 }
 
@@ -81,7 +166,8 @@ absl::Status SendRendezvous(const std::shared_ptr<grpc::Channel>& channel, const
     if (st.ok()) return absl::OkStatus();
     const absl::Status s = FromGrpcStatus(st);
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + backoff >= deadline) {
-      return absl::Status(s.code(), absl::StrCat("rendezvous ", key, ": ", s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("rendezvous ", RedactJobKey(key), ": ", s.message()));
     }
     std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
@@ -105,7 +191,7 @@ absl::Status GrpcNcclIdExchange::Publish(const std::string& key, const NcclUniqu
       !absl::SimpleAtoi(key.substr(slash + 1, arrow - slash - 1), &src) ||
       !absl::SimpleAtoi(key.substr(arrow + 2), &dst) || (src != rank_ && dst != rank_)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous: key ", key, " names no edge of rank ", rank_));
+        absl::StrCat("rendezvous: key ", RedactJobKey(key), " names no edge of rank ", rank_));
   }
   const int peer = src == rank_ ? dst : src;
   return SendRendezvous(channel_for_(peer), key, std::string(id.bytes.data(), id.bytes.size()),
@@ -118,7 +204,8 @@ absl::StatusOr<NcclUniqueId> GrpcNcclIdExchange::Fetch(const std::string& key,
   if (!value.ok()) return value.status();
   NcclUniqueId id;
   if (value->size() != id.bytes.size()) {
-    return absl::DataLossError(absl::StrCat("rendezvous: ", key, " carries ", value->size(),
+    return absl::DataLossError(absl::StrCat("rendezvous: ", RedactJobKey(key), " carries ",
+                                            value->size(),
                                             " bytes, not a ", id.bytes.size(),
                                             "-byte NCCL unique id"));
   }

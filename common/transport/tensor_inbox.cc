@@ -75,18 +75,29 @@ absl::Status TensorInbox::Reservation::Commit(Tensor t) {
 
 void TensorInbox::Open(uint64_t job_key, int64_t capacity_bytes,
                        std::vector<std::string> identities) {
+  InboxPlan plan;
+  plan.job_key = job_key;
+  plan.capacity_bytes = capacity_bytes;
+  plan.num_ranks = static_cast<int>(identities.size());
+  plan.identities = std::move(identities);
+  Open(std::move(plan));
+}
+
+void TensorInbox::Open(InboxPlan plan) {
   std::lock_guard<std::mutex> lock(mu_);
   open_ = true;
-  job_key_ = job_key;
-  identities_ = std::move(identities);
+  job_key_ = plan.job_key;
+  num_ranks_ = std::max(plan.num_ranks, 0);
+  identities_ = std::move(plan.identities);
+  sources_ = std::move(plan.sources);
   ++generation_;
-  capacity_ = std::max<int64_t>(capacity_bytes, 0);
+  capacity_ = std::max<int64_t>(plan.capacity_bytes, 0);
   aborted_ = absl::OkStatus();
   entries_.clear();
   bytes_by_source_.clear();
   stats_ = TensorInboxStats{};
   stats_.open = true;
-  stats_.job_key = job_key;
+  stats_.job_key = job_key_;
   stats_.capacity_bytes = capacity_;
   changed_.notify_all();
 }
@@ -108,11 +119,32 @@ void TensorInbox::Abort(const absl::Status& reason) {
   AbortLocked(reason);
 }
 
-absl::Status TensorInbox::CheckSender(int source_rank, absl::string_view identity) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!open_ || source_rank < 0 || source_rank >= static_cast<int>(identities_.size())) {
-    return absl::OkStatus();
+absl::Status TensorInbox::CheckSourceLocked(int source_rank, const TensorTag& tag) const {
+  if (source_rank < 0 || (num_ranks_ > 0 && source_rank >= num_ranks_)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rank ", source_rank, " is not a rank of this job",
+        num_ranks_ > 0 ? absl::StrCat(" (ranks 0..", num_ranks_ - 1, ")") : std::string()));
   }
+  if (!sources_.empty() &&
+      std::find(sources_.begin(), sources_.end(),
+                InboxSource{source_rank, tag.stage, tag.kind}) == sources_.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("this rank receives no ", tag.ToString(), " from rank ", source_rank,
+                     ": the plan has that rank send it no ",
+                     tag.kind == TensorKind::kActivation ? "activation" : "gradient",
+                     " of stage ", tag.stage));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorInbox::CheckSender(int source_rank, const TensorTag& tag,
+                                      absl::string_view identity) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_) return absl::OkStatus();
+  // The key first: a stranger learns nothing of the job's ranks.
+  if (absl::Status s = CheckAcceptsLocked(source_rank, tag); !s.ok()) return s;
+  if (absl::Status s = CheckSourceLocked(source_rank, tag); !s.ok()) return s;
+  if (source_rank >= static_cast<int>(identities_.size())) return absl::OkStatus();
   const std::string& want = identities_[source_rank];
   if (want.empty() || want == identity) return absl::OkStatus();
   return absl::PermissionDeniedError(
@@ -145,9 +177,10 @@ absl::Status TensorInbox::CheckAcceptsLocked(int source_rank, const TensorTag& t
         "unexpected tag ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
   }
   if (tag.job != job_key_) {
-    return absl::FailedPreconditionError(absl::StrCat("unexpected tag ", tag.ToString(),
-                                                      " from rank ", source_rank,
-                                                      ": the inbox is open for job ", job_key_));
+    // Neither key is named: the open job's is its secret, and a wrong one is a guess.
+    return absl::FailedPreconditionError(
+        absl::StrCat("unexpected tag ", tag.ToString(), " from rank ", source_rank,
+                     ": its job key is not the open job's (the key is wrong)"));
   }
   if (!aborted_.ok()) return aborted_;
   return absl::OkStatus();
@@ -181,6 +214,7 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
                        ": its job was closed while it waited for space"));
     }
     if (absl::Status s = CheckAcceptsLocked(source_rank, tag); !s.ok()) return s;
+    if (absl::Status s = CheckSourceLocked(source_rank, tag); !s.ok()) return s;
     if (entries_.contains(key)) {
       return absl::AlreadyExistsError(
           absl::StrCat("duplicate tag ", tag.ToString(), " from rank ", source_rank));
@@ -237,9 +271,9 @@ absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
           "cannot receive ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
     }
     if (tag.job != job_key_) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot receive ", tag.ToString(),
-                                                        " from rank ", source_rank,
-                                                        ": the inbox is open for job ", job_key_));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot receive ", tag.ToString(), " from rank ", source_rank,
+                       ": the inbox is open for another job key"));
     }
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.filed) {

@@ -12,14 +12,19 @@
 // tensor is always admitted when nothing from its source rank is filed or pending. Schedules
 // send and receive in the same order per pair of ranks, so the tensor a rank waits for from
 // a source is the oldest one that source sent: either it is already in, or the source has
-// nothing in and it is admitted. Hence memory stays within capacity + one tensor per source
-// (and the oversized tensor of the issue, larger than the capacity on its own, is accepted
-// once its source has nothing else in).
+// nothing in and it is admitted. Only the plan's sources are admitted at all (InboxPlan:
+// the ranks, stages and kinds this rank's clock receives), so memory stays within
+// capacity + one tensor per source rank of the plan, whoever sends (and the oversized
+// tensor, larger than the capacity on its own, is accepted once its source has nothing
+// else in).
 //
-// Errors name the source rank and the tag: a tag of another job (or no job open) is
-// FAILED_PRECONDITION "unexpected tag ... from rank N", a tag filed twice ALREADY_EXISTS,
-// a receive that times out DEADLINE_EXCEEDED, and after Abort(reason) every pending and
-// later delivery and take fails with the reason (ABORTED) until the next Open.
+// Errors name the source rank and the tag, never a job key (the secret that guards the
+// job's streams): a tag whose job key is not the open job's (or no job open) is
+// FAILED_PRECONDITION "unexpected tag ... from rank N"; a source rank outside the plan, a
+// tensor the plan has that rank send none of, or a sender whose certificate is not the
+// rank's, PERMISSION_DENIED; a tag filed twice ALREADY_EXISTS; a receive that times out
+// DEADLINE_EXCEEDED; and after Abort(reason) every pending and later delivery and take
+// fails with the reason (ABORTED) until the next Open.
 //
 // Thread-safe.
 #ifndef BATON_COMMON_TRANSPORT_TENSOR_INBOX_H_
@@ -42,6 +47,32 @@
 #include "common/pipeline/transport.h"
 
 namespace baton {
+
+// A tensor a rank receives: from `rank`, sent by stage `stage`, of `kind` (any step and
+// micro-batch). RECV_F of stage s receives stage s-1's activations from the rank owning
+// s-1; RECV_B of stage s, stage s+1's gradients.
+struct InboxSource {
+  int rank = 0;
+  int stage = 0;
+  TensorKind kind = TensorKind::kActivation;
+  friend bool operator==(const InboxSource& a, const InboxSource& b) {
+    return a.rank == b.rank && a.stage == b.stage && a.kind == b.kind;
+  }
+};
+
+// What an inbox accepts while a job is open.
+struct InboxPlan {
+  uint64_t job_key = 0;
+  int64_t capacity_bytes = 0;
+  // The job's number of ranks; 0: any rank >= 0 (tests of the inbox alone).
+  int num_ranks = 0;
+  // The certificate common name of every rank (by rank; "" where unknown, or none at all on
+  // a plaintext cluster): a rank's tensors and the job's abort notices are accepted only
+  // from streams presenting it.
+  std::vector<std::string> identities;
+  // Every tensor this rank receives; empty: any tensor from any rank of the job.
+  std::vector<InboxSource> sources;
+};
 
 struct TensorInboxStats {
   bool open = false;
@@ -85,16 +116,20 @@ class TensorInbox {
   TensorInbox(const TensorInbox&) = delete;
   TensorInbox& operator=(const TensorInbox&) = delete;
 
-  // Starts accepting tensors tagged with `job_key`, dropping whatever an earlier job left
-  // and clearing an abort. `capacity_bytes` bounds filed + reserved bytes (see above).
-  // `identities`, when given, is the certificate common name of every rank of the job (by
-  // rank; "" where unknown): CheckSender and AbortJob then accept only those.
+  // Starts accepting the tensors `plan` lists, tagged with its job key, dropping whatever an
+  // earlier job left and clearing an abort. plan.capacity_bytes bounds filed + reserved
+  // bytes (see above).
+  void Open(InboxPlan plan);
+  // Open with any tensor of any rank of `identities.size()` ranks (or any rank at all when
+  // empty): for tests.
   void Open(uint64_t job_key, int64_t capacity_bytes, std::vector<std::string> identities = {});
-  // Whether a stream whose peer certificate names `identity` may deliver tensors as
-  // `source_rank` of the open job: PERMISSION_DENIED naming both when Open was given an
-  // identity for that rank and it differs (OK when none was given, or no job is open:
-  // Reserve refuses those).
-  absl::Status CheckSender(int source_rank, absl::string_view identity) const;
+  // Whether a stream whose peer certificate names `identity` ("" without one) may deliver
+  // `tag` as `source_rank` of the open job: FAILED_PRECONDITION when the tag's job key is
+  // not the open job's; PERMISSION_DENIED when the plan has no such tensor from that rank
+  // (a rank outside the plan, another stage or kind) or the rank's identity is known and
+  // differs. OK when no job is open (Reserve refuses then).
+  absl::Status CheckSender(int source_rank, const TensorTag& tag,
+                           absl::string_view identity) const;
   // Drops every filed tensor, fails waiting deliveries and takes, refuses new ones.
   void Close();
   // Fails every pending and later delivery and take of the open job with `reason` (code
@@ -141,6 +176,9 @@ class TensorInbox {
 
   absl::Status CheckAcceptsLocked(int source_rank, const TensorTag& tag) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan's part of CheckSender: the source and the tensor, not the identity.
+  absl::Status CheckSourceLocked(int source_rank, const TensorTag& tag) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(const Key& key, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -152,7 +190,9 @@ class TensorInbox {
   uint64_t job_key_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Open and Close
   int64_t capacity_ ABSL_GUARDED_BY(mu_) = 0;
+  int num_ranks_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> identities_ ABSL_GUARDED_BY(mu_);
+  std::vector<InboxSource> sources_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // OK unless aborted
   absl::flat_hash_map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> bytes_by_source_ ABSL_GUARDED_BY(mu_);

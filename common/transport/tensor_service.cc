@@ -32,13 +32,14 @@ void TuneMalloc() {
 }
 }  // namespace
 
-grpc::Status TensorServiceImpl::Rendezvous(grpc::ServerContext* /*ctx*/,
+grpc::Status TensorServiceImpl::Rendezvous(grpc::ServerContext* ctx,
                                            const baton::v1::RendezvousMessage* request,
                                            baton::v1::RendezvousAck* /*response*/) {
   if (options_.rendezvous == nullptr) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker takes no rendezvous");
   }
-  return ToGrpcStatus(options_.rendezvous->Put(request->key(), request->value()));
+  return ToGrpcStatus(
+      options_.rendezvous->Put(request->key(), request->value(), PeerIdentity(*ctx)));
 }
 
 TensorServiceImpl::TensorServiceImpl(TensorInbox* inbox, Options options)
@@ -147,6 +148,11 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
         next.tag = TagOf(h);
         next.byte_length = h.byte_length();
         last_source = next.source_rank;
+        // Who may send this, before anything else is looked at or allocated.
+        if (absl::Status who = inbox_->CheckSender(next.source_rank, next.tag, identity);
+            !who.ok()) {
+          return ToGrpcStatus(who);
+        }
         absl::StatusOr<DType> dtype = FromProtoDType(h.dtype());
         absl::StatusOr<TensorKind> kind = FromProtoKind(h.kind());
         if (!dtype.ok() || !kind.ok()) {
@@ -171,9 +177,6 @@ grpc::Status TensorServiceImpl::PushFrames(grpc::ServerContext* ctx,
           return Invalid(absl::StrCat(Describe(next), ": shape ", ShapeString(shape), " of ",
                                       DTypeName(*dtype), " is ", expected,
                                       " bytes but the header says ", h.byte_length()));
-        }
-        if (absl::Status who = inbox_->CheckSender(next.source_rank, identity); !who.ok()) {
-          return ToGrpcStatus(who);
         }
         absl::StatusOr<TensorInbox::Reservation> r = inbox_->Reserve(
             next.source_rank, next.tag, expected, absl::Now() + options_.space_timeout, cancelled);
