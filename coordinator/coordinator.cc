@@ -6,6 +6,8 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <utility>
@@ -19,6 +21,7 @@
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/digest.h"
 #include "common/core/log_text.h"
+#include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
 #include "common/pipeline/measured_run.h"
@@ -227,7 +230,21 @@ absl::Status Coordinator::Recover() {
       auto jobs, store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
                                        baton::v1::JOB_STATE_RUNNING,
                                        baton::v1::JOB_STATE_RECOVERING}));
+  // Who owns which checkpoint directory: every stored job's, once.
+  std::map<std::string, CheckpointOwner> owners;
+  std::string token;
+  do {
+    BATON_ASSIGN_OR_RETURN(JobStore::Page page, store_->List(kMaxPageSize, token, kMaxPageBytes));
+    for (const Job& j : page.jobs) {
+      if (!j.spec().has_checkpoint()) continue;
+      CheckpointOwner& o = owners[j.spec().checkpoint().dir()];
+      // Pages run newest first: the oldest job's submitter ends up the owner.
+      o = {j.submitted_by(), j.id()};
+    }
+    token = page.next_page_token;
+  } while (!token.empty());
   std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_owners_ = std::move(owners);
   for (auto& [seq, job] : jobs) {
     auto active = std::make_unique<ActiveJob>();
     active->seq = seq;
@@ -777,7 +794,7 @@ void Coordinator::Tick() {
 // JobService
 
 absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& request,
-                                           const std::string& submitted_by) {
+                                           const std::string& submitted_by, bool admin) {
   if (request.submission_id().size() > kMaxSubmissionIdChars) {
     return absl::InvalidArgumentError(absl::StrCat("submission_id: at most ", kMaxSubmissionIdChars,
                                                    " characters, got ",
@@ -801,6 +818,13 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (spec.data().has_text() && spec.data().text().has_path()) {
     BATON_RETURN_IF_ERROR(ConfineDataPath(spec.data().text().path(), options_.data_roots).status());
   }
+  // The workers write checkpoints only under the checkpoint root: a spec naming /etc or
+  // "ckpt/../../.." is refused now, and the job records where its directory resolved.
+  if (spec.has_checkpoint() && !options_.checkpoint_root.empty()) {
+    BATON_ASSIGN_OR_RETURN(std::string dir,
+                           ConfineCheckpointDir(spec.checkpoint().dir(), options_.checkpoint_root));
+    spec.mutable_checkpoint()->set_dir(std::move(dir));
+  }
   // Data the coordinator can see is checked now (inline text against the vocabulary and
   // context, the synthetic teacher); a text file is read on the workers.
   if (!spec.data().has_text() || spec.data().text().has_inline_text()) {
@@ -809,7 +833,12 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
 
   std::lock_guard<std::mutex> lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
-  if (spec.has_resume_from()) BATON_RETURN_IF_ERROR(ResolveResumeLocked(spec, &checkpoints));
+  if (spec.has_resume_from()) {
+    BATON_RETURN_IF_ERROR(ResolveResumeLocked(spec, &checkpoints, submitted_by, admin));
+  }
+  if (spec.has_checkpoint() && !admin) {
+    BATON_RETURN_IF_ERROR(CheckCheckpointOwnerLocked(spec.checkpoint().dir(), submitted_by));
+  }
   if (!request.submission_id().empty()) {
     BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
                            store_->FindBySubmission(request.submission_id()));
@@ -845,6 +874,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   job.set_submitted_by(submitted_by);
   if (spec.has_checkpoint()) {
     checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
+    checkpoint_owners_.emplace(spec.checkpoint().dir(), CheckpointOwner{submitted_by, job.id()});
   }
   if (spec.has_checkpoint() || spec.has_resume_from()) {
     *job.mutable_checkpoints() = std::move(checkpoints);
@@ -869,6 +899,34 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
                           copy.spec().name()));
   WakeLoop();
   return copy;
+}
+
+absl::StatusOr<Coordinator::Export> Coordinator::ExportJob(
+    const baton::v1::ExportJobRequest& request) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: a step number (0: the newest checkpoint), got ", request.step()));
+  }
+  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
+  if (!job.spec().has_checkpoint() || job.checkpoints().job_dir().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job.id(), " has no checkpoints (its spec sets none)"));
+  }
+  Export out;
+  const std::string& dir = job.checkpoints().job_dir();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the coordinator cannot read ", job.id(), "'s checkpoint directory ", dir,
+        " (mount the checkpoint root on the coordinator, or export with batonctl export "
+        "--from on a host that has it)"));
+  }
+  std::vector<std::string> skipped;
+  BATON_ASSIGN_OR_RETURN(out.step,
+                         FindCheckpoint(dir, {}, request.step() > 0 ? request.step() : -1, &skipped));
+  out.dir = CheckpointStepDir(dir, out.step);
+  BATON_ASSIGN_OR_RETURN(out.bytes, ExportWeights(out.dir));
+  return out;
 }
 
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) {
@@ -1087,6 +1145,14 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (options_.require_worker_certificate && caller.identity.empty()) {
     return absl::UnauthenticatedError(
         "registering a worker needs a certificate signed by the cluster CA (mutual TLS)");
+  }
+  if (options_.require_worker_certificate &&
+      std::none_of(caller.uris.begin(), caller.uris.end(), [&](const std::string& u) {
+        return absl::StartsWith(u, options_.worker_uri_prefix);
+      })) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the certificate of ", caller.identity, " is not a worker's: it carries no URI SAN ",
+        options_.worker_uri_prefix, "... (docs/security.md, \"Worker certificates\")"));
   }
   if (!options_.join_token.empty()) {
     if (caller.join_token.empty()) {
@@ -1546,8 +1612,29 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
   return "";
 }
 
+absl::Status Coordinator::CheckCheckpointOwnerLocked(const std::string& dir,
+                                                     const std::string& submitted_by) {
+  // Component by component: is `a` the same directory as `b` or under it?
+  auto within = [](const std::string& a, const std::string& b) {
+    const std::filesystem::path pa(a), pb(b);
+    auto [bi, ai] = std::mismatch(pb.begin(), pb.end(), pa.begin(), pa.end());
+    return bi == pb.end() || (std::next(bi) == pb.end() && bi->empty());
+  };
+  for (const auto& [other, owner] : checkpoint_owners_) {
+    if (owner.user == submitted_by) continue;
+    if (within(dir, other) || within(other, dir)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "checkpoint.dir: '", dir, "' ", within(dir, other) ? "lies in" : "contains", " '",
+          other, "', the checkpoint directory of ", owner.job_id, " submitted by ", owner.user,
+          "; write your checkpoints elsewhere (an admin may)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
-                                              baton::v1::JobCheckpoints* checkpoints) {
+                                              baton::v1::JobCheckpoints* checkpoints,
+                                              const std::string& submitted_by, bool admin) {
   const baton::v1::ResumeFrom& from = spec.resume_from();
   Job source;
   if (ActiveJob* a = FindActiveLocked(from.job_id())) {
@@ -1564,6 +1651,12 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
         absl::StrCat("resume_from.job_id: there is no job ", from.job_id()));
   }
   source = *std::move(stored);
+  // A checkpoint holds its owner's trained weights: another user's need an admin.
+  if (!admin && source.submitted_by() != submitted_by) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "resume_from.job_id: ", source.id(), " was submitted by ", source.submitted_by(),
+        "; resuming from another user's job needs the admin role"));
+  }
   const auto& complete = source.checkpoints().complete();
   if (complete.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

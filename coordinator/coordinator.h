@@ -150,6 +150,7 @@
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
+#include "common/rpc/security.h"
 
 namespace baton {
 
@@ -196,20 +197,30 @@ struct CoordinatorOptions {
   // host can resolve them), refused at submit otherwise; empty: any (tests). The workers
   // check again with their own --data_root.
   std::vector<std::string> data_roots;
+  // The directory a spec's checkpoint.dir must lie under (a relative one is taken under
+  // it; paths are resolved as data paths are), refused at submit otherwise and rewritten to
+  // the resolved absolute path; empty: any (tests). The workers check again with their own
+  // --checkpoint_root. main.cc: CheckpointRootFromFlag.
+  std::string checkpoint_root;
   // Who may register as a worker. require_worker_certificate (set when the coordinator
   // verifies client certificates against the cluster CA): only callers whose certificate
   // verified. join_token non-empty: only callers sending it as x-baton-join-token. With
   // neither, anyone who reaches the port (the loopback demo).
   bool require_worker_certificate = false;
   std::string join_token;
+  // With require_worker_certificate, the certificate must also carry a URI SAN starting
+  // with this: what tells a worker's certificate from a user's signed by the same CA.
+  std::string worker_uri_prefix = kWorkerUriPrefix;
 };
 
 // What a ClusterService call presents besides its request: its verified certificate's
-// common name ("" without), the join token and the session secret it sent ("" if not).
+// common name ("" without), the join token and the session secret it sent ("" if not),
+// and the certificate's URI SANs.
 struct WorkerCaller {
   std::string identity;
   std::string join_token;
   std::string session;
+  std::vector<std::string> uris;
 };
 
 // A WatchJob subscription. Not thread-safe (one stream handler owns it).
@@ -256,9 +267,13 @@ class Coordinator {
   // INVALID_ARGUMENT whose message starts with the field path. A non-empty submission_id
   // makes it idempotent: the same id with the same (defaulted) spec returns the first job;
   // with a different spec, ALREADY_EXISTS.
-  // `submitted_by` is recorded in Job.submitted_by (the caller's token name).
+  // `submitted_by` is recorded in Job.submitted_by (the caller's token name). A caller who
+  // is not `admin` may resume only from its own jobs (PERMISSION_DENIED naming
+  // resume_from.job_id), and may not name a checkpoint.dir inside another user's job's
+  // checkpoint directory, or one containing it (PERMISSION_DENIED naming checkpoint.dir).
   absl::StatusOr<baton::v1::Job> SubmitJob(const baton::v1::SubmitJobRequest& request,
-                                           const std::string& submitted_by = "anonymous");
+                                           const std::string& submitted_by = "anonymous",
+                                           bool admin = true);
   // NOT_FOUND for unknown ids.
   absl::StatusOr<baton::v1::Job> GetJob(const std::string& job_id);
   // Newest first; page_size 0 means 50, at most 1000.
@@ -284,6 +299,17 @@ class Coordinator {
   // naming the field for an empty job_id or a negative from_step or page_size.
   absl::StatusOr<baton::v1::JobHistory> GetJobHistory(
       const baton::v1::GetJobHistoryRequest& request);
+  // The weights of the job's complete checkpoint after request.step (0: the newest) as one
+  // safetensors file (ExportWeights, common/checkpoint), and the step and step directory it
+  // came from. NOT_FOUND for unknown jobs; FAILED_PRECONDITION when the job has no
+  // checkpoint or this coordinator cannot read its directory (naming it); the checkpoint
+  // errors otherwise. Who may: the service checks (the submitter or an admin).
+  struct Export {
+    int64_t step = 0;
+    std::string dir;
+    std::string bytes;
+  };
+  absl::StatusOr<Export> ExportJob(const baton::v1::ExportJobRequest& request);
   // SCHEDULE_AUTO's calibration: the traced runs of the newest (at most two, of different
   // micro-batch sizes) earlier jobs with this spec's name and model. Takes mu_ (through
   // GetJobTrace); call without it.
@@ -294,7 +320,8 @@ class Coordinator {
 
   // ---- ClusterService ----
   // UNAUTHENTICATED when the options require a certificate or a join token the caller did
-  // not present (PERMISSION_DENIED for a wrong join token); otherwise as
+  // not present; PERMISSION_DENIED for a wrong join token, or a certificate without the
+  // worker URI SAN (options.worker_uri_prefix: a user's certificate); otherwise as
   // WorkerRegistry::Register, recording caller.identity.
   absl::StatusOr<baton::v1::RegisterWorkerResponse> RegisterWorker(
       const baton::v1::RegisterWorkerRequest& request, const WorkerCaller& caller = {});
@@ -458,7 +485,12 @@ class Coordinator {
   // SubmitJob: checks spec.resume_from against the job it names and fills in `checkpoints`
   // (INVALID_ARGUMENT naming the field otherwise).
   absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,
-                                   baton::v1::JobCheckpoints* checkpoints)
+                                   baton::v1::JobCheckpoints* checkpoints,
+                                   const std::string& submitted_by, bool admin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob: PERMISSION_DENIED naming checkpoint.dir when `dir` (resolved) lies inside,
+  // or contains, the checkpoint directory of a job another user submitted.
+  absl::Status CheckCheckpointOwnerLocked(const std::string& dir, const std::string& submitted_by)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
@@ -475,6 +507,13 @@ class Coordinator {
   // Jobs whose StartJob calls are in flight: their workers are freed when those return.
   std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
   int64_t invalid_transitions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every job's checkpoint.dir (as stored: resolved at submit) -> its first job's submitter
+  // and id; loaded at Create, kept at each submission.
+  struct CheckpointOwner {
+    std::string user;
+    std::string job_id;
+  };
+  std::map<std::string, CheckpointOwner> checkpoint_owners_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;
   std::mutex threads_mu_;

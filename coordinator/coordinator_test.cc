@@ -28,6 +28,8 @@ namespace {
 using baton::v1::Job;
 using baton::v1::JobState;
 
+using ::testing::HasSubstr;
+
 class FakeClock {
  public:
   ClockFn fn() {
@@ -285,6 +287,39 @@ class CoordinatorTest : public testing::Test {
   std::unique_ptr<Coordinator> core_;
   std::string db_dir_;  // TempDb()
 };
+
+// Under mutual TLS a certificate of the cluster's CA is not enough to join as a worker: it
+// must carry the worker URI SAN (make-certs.sh gives workers one, users' certificates none),
+// and the join token still applies.
+TEST(CoordinatorRegistrationTest, OnlyWorkerCertificatesRegisterUnderMutualTls) {
+  CoordinatorOptions o;
+  o.db_path = ":memory:";
+  o.background = false;
+  o.log = false;
+  o.worker_client = std::make_shared<FakeWorkerClient>();
+  o.require_worker_certificate = true;
+  o.join_token = "join-token-0123456789abcdef";
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  baton::v1::RegisterWorkerRequest r;
+  r.set_address(Address(1));
+  r.set_session_token("session-0123456789abcdef");
+  WorkerCaller user{"baton-client", o.join_token, "", {"spiffe://baton/user/baton-client"}};
+  absl::StatusOr<baton::v1::RegisterWorkerResponse> refused = (*core)->RegisterWorker(r, user);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("the certificate of baton-client is not a worker's"));
+  WorkerCaller bare{"baton-worker-0", o.join_token, "", {}};  // no URI at all
+  EXPECT_EQ((*core)->RegisterWorker(r, bare).status().code(), absl::StatusCode::kPermissionDenied);
+  WorkerCaller worker{"baton-worker-0", o.join_token, "",
+                      {"spiffe://baton/worker/worker-0"}};
+  absl::StatusOr<baton::v1::RegisterWorkerResponse> ok = (*core)->RegisterWorker(r, worker);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*core)->ListWorkers().workers(0).identity(), "baton-worker-0");
+  worker.join_token = "";
+  EXPECT_EQ((*core)->RegisterWorker(r, worker).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
 
 TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
   const std::string w1 = Register(1);
@@ -589,6 +624,95 @@ TEST_F(CoordinatorTest, CheckpointIsCompleteOnlyWhenEveryRankWroteItAndOldOnesAr
   EXPECT_EQ(now.checkpoints().complete(1).step(), 6);
   EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_checkpoint_write_seconds_count 3"));
   EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_checkpoint_bytes_total 450"));
+}
+
+// Another user's checkpoints hold that user's weights: resuming from them needs an admin,
+// and so does writing into (or around) their checkpoint directory.
+TEST_F(CoordinatorTest, OtherUsersCheckpointsNeedAnAdmin) {
+  Start(TempDb());
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec spec = Spec(2, /*steps=*/4);
+  spec.mutable_checkpoint()->set_every_steps(2);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt/alice");
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = spec;
+  absl::StatusOr<Job> alices = core_->SubmitJob(r, "alice", /*admin=*/false);
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  core_->Tick();
+  const Job running = Get(alices->id());
+  for (int rank : {0, 1}) ASSERT_TRUE(Progress(*core_, running, rank, 2, 10).ok());
+  FinishAllRanks(running);
+  ASSERT_EQ(Get(alices->id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+
+  baton::v1::JobSpec resume = spec;
+  resume.mutable_checkpoint()->set_dir("/shared/ckpt/bob");
+  resume.mutable_resume_from()->set_job_id(alices->id());
+  *r.mutable_spec() = resume;
+  absl::StatusOr<Job> bobs = core_->SubmitJob(r, "bob", /*admin=*/false);
+  ASSERT_EQ(bobs.status().code(), absl::StatusCode::kPermissionDenied) << bobs.status();
+  EXPECT_THAT(std::string(bobs.status().message()),
+              HasSubstr("resume_from.job_id: " + alices->id() + " was submitted by alice"));
+  EXPECT_TRUE(core_->SubmitJob(r, "alice", /*admin=*/false).ok());  // the owner may
+  EXPECT_TRUE(core_->SubmitJob(r, "root", /*admin=*/true).ok());    // and an admin
+
+  // Bob's checkpoints may not go into Alice's directory, nor around it.
+  for (const std::string& dir : {"/shared/ckpt/alice", "/shared/ckpt/alice/mine", "/shared/ckpt",
+                                 "/shared"}) {
+    baton::v1::JobSpec into = spec;
+    into.mutable_checkpoint()->set_dir(dir);
+    *r.mutable_spec() = into;
+    absl::StatusOr<Job> refused = core_->SubmitJob(r, "bob", /*admin=*/false);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << dir;
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("the checkpoint directory of " + alices->id() + " submitted by alice"));
+  }
+  baton::v1::JobSpec beside = spec;
+  beside.mutable_checkpoint()->set_dir("/shared/ckpt/alice-2");  // a sibling, not inside
+  *r.mutable_spec() = beside;
+  EXPECT_TRUE(core_->SubmitJob(r, "bob", /*admin=*/false).ok());
+  // Alice may reuse her own directory.
+  *r.mutable_spec() = spec;
+  EXPECT_TRUE(core_->SubmitJob(r, "alice", /*admin=*/false).ok());
+  // Who owns which directory survives a restart on the same job store.
+  Start(TempDb());
+  *r.mutable_spec() = spec;
+  EXPECT_EQ(core_->SubmitJob(r, "bob", /*admin=*/false).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// checkpoint.dir lies under the checkpoint root: relative ones are taken under it, escapes
+// are refused naming the field, and the job records the resolved directory.
+TEST(CoordinatorCheckpointRootTest, CheckpointDirsAreConfinedToTheRoot) {
+  std::string tmpl = testing::TempDir() + "/ckpt_root.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string root = std::filesystem::canonical(tmpl).string();
+  CoordinatorOptions o;
+  o.db_path = ":memory:";
+  o.background = false;
+  o.log = false;
+  o.worker_client = std::make_shared<FakeWorkerClient>();
+  o.checkpoint_root = root;
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  baton::v1::JobSpec spec = Spec(1);
+  spec.mutable_checkpoint()->set_every_steps(1);
+  baton::v1::SubmitJobRequest r;
+  for (const std::string& bad : {std::string("/etc/baton"), std::string("ckpt/../../.."),
+                                 std::string("../elsewhere")}) {
+    spec.mutable_checkpoint()->set_dir(bad);
+    *r.mutable_spec() = spec;
+    absl::StatusOr<Job> refused = (*core)->SubmitJob(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("checkpoint.dir: '" + bad));
+  }
+  spec.mutable_checkpoint()->set_dir("alice/run");
+  *r.mutable_spec() = spec;
+  absl::StatusOr<Job> ok = (*core)->SubmitJob(r);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->spec().checkpoint().dir(), root + "/alice/run");
+  EXPECT_EQ(ok->checkpoints().job_dir(), root + "/alice/run/" + ok->id());
+  std::filesystem::remove_all(root);
 }
 
 TEST_F(CoordinatorTest, ResumeFromIsResolvedAgainstTheJobItNamesAndTravelsInThePlans) {
@@ -1220,7 +1344,6 @@ TEST_F(CoordinatorTest, RestartKeepsHistoryAndFailsJobsInFlight) {
 }
 
 TEST_F(CoordinatorTest, MetricsCountStatesQueueWaitAndMissedHeartbeats) {
-  using ::testing::HasSubstr;
   const std::string w1 = Register(1), w2 = Register(2);
   const Job job = Submit(Spec(2, /*steps=*/2));
   Submit(Spec(3, /*steps=*/2));  // waits: only two workers

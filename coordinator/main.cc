@@ -29,6 +29,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/service.h"
+#include "common/core/paths.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve JobService and ClusterService on (port 0 picks a free one)");
@@ -49,11 +50,17 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories jobs' text files may name (default: data/ beside this "
           "binary, and /usr/share/common-licenses); the workers check again with theirs");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "the directory jobs' checkpoint.dir must lie under (a relative one is taken under "
+          "it; default: checkpoints/ beside this binary); the workers check again with theirs");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of client tokens, one 'TOKEN NAME ROLE' per line (roles viewer, submitter, "
           "admin); JobService then needs 'authorization: Bearer TOKEN' (empty: anyone is admin)");
 ABSL_FLAG(std::string, join_token_file, "",
           "file holding the cluster's join token: workers must send it to register");
+ABSL_FLAG(std::string, worker_uri_prefix, baton::kWorkerUriPrefix,
+          "with mutual TLS, a worker's certificate must carry a URI SAN starting with this "
+          "(what tells it from a user's certificate of the same CA; docs/security.md)");
 ABSL_FLAG(std::string, health_listen, "",
           "if set, host:port of a plaintext server answering grpc.health.v1 only (probes)");
 ABSL_FLAG(int64_t, trace_steps, 200,
@@ -100,7 +107,13 @@ int main(int argc, char** argv) {
   options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
   options.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   options.data_roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
+  options.checkpoint_root = baton::CheckpointRootFromFlag(absl::GetFlag(FLAGS_checkpoint_root));
   options.require_worker_certificate = tls.mutual();
+  options.worker_uri_prefix = absl::GetFlag(FLAGS_worker_uri_prefix);
+  if (options.worker_uri_prefix.empty()) {
+    return Fail("--worker_uri_prefix must not be empty: it is what tells workers' certificates "
+                "from users'");
+  }
   if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
     absl::StatusOr<std::string> token = baton::ReadSecretFile(f, "--join_token_file");
     if (!token.ok()) return Fail(std::string(token.status().message()));

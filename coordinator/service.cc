@@ -36,7 +36,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        baton::v1::Job* response) {
   absl::StatusOr<Principal> who = Caller(*context, Role::kSubmitter, "submit jobs");
   if (!who.ok()) return ToGrpcStatus(who.status());
-  return Reply(core_->SubmitJob(*request, who->name), response);
+  return Reply(core_->SubmitJob(*request, who->name, who->role == Role::kAdmin), response);
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
@@ -62,21 +62,51 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        baton::v1::Job* response) {
   absl::StatusOr<Principal> who = Caller(*context, Role::kSubmitter, "cancel jobs");
   if (!who.ok()) return ToGrpcStatus(who.status());
-  if (who->role != Role::kAdmin) {
-    // A submitter cancels only its own jobs (submitted_by never changes once recorded).
-    absl::StatusOr<baton::v1::Job> job = core_->GetJob(request->job_id());
-    if (!job.ok()) return ToGrpcStatus(job.status());
-    if (job->submitted_by() != who->name) {
-      absl::Status s = Authorize(
-          *who, Role::kAdmin,
-          absl::StrCat("cancel ", job->id(), ", submitted by ", job->submitted_by()));
-      if (core_->options().metrics != nullptr) {
-        core_->options().metrics->AddAuthRefusal("jobs", s.code());
-      }
-      return ToGrpcStatus(s);
-    }
+  // A submitter cancels only its own jobs (submitted_by never changes once recorded).
+  if (absl::Status s = OwnerOrAdmin(*who, request->job_id(), "cancel"); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   return Reply(core_->CancelJob(*request), response);
+}
+
+absl::Status JobServiceImpl::OwnerOrAdmin(const Principal& who, const std::string& job_id,
+                                          absl::string_view what) const {
+  if (who.role == Role::kAdmin) return absl::OkStatus();
+  absl::StatusOr<baton::v1::Job> job = core_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  if (job->submitted_by() == who.name) return absl::OkStatus();
+  absl::Status s = Authorize(
+      who, Role::kAdmin, absl::StrCat(what, " ", job->id(), ", submitted by ", job->submitted_by()));
+  if (core_->options().metrics != nullptr) {
+    core_->options().metrics->AddAuthRefusal("jobs", s.code());
+  }
+  return s;
+}
+
+grpc::Status JobServiceImpl::ExportJob(grpc::ServerContext* context,
+                                       const baton::v1::ExportJobRequest* request,
+                                       grpc::ServerWriter<baton::v1::ExportChunk>* writer) {
+  absl::StatusOr<Principal> who = Caller(*context, Role::kViewer, "export jobs");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  if (absl::Status s = OwnerOrAdmin(*who, request->job_id(), "export"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<Coordinator::Export> out = core_->ExportJob(*request);
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  // Chunks well under gRPC's default 4 MiB message bound.
+  constexpr size_t kChunk = size_t{1} << 20;
+  const std::string& bytes = out->bytes;
+  for (size_t at = 0; at == 0 || at < bytes.size(); at += kChunk) {
+    baton::v1::ExportChunk chunk;
+    if (at == 0) {
+      chunk.set_step(out->step);
+      chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
+      chunk.set_checkpoint_dir(out->dir);
+    }
+    chunk.set_data(bytes.substr(at, kChunk));
+    if (!writer->Write(chunk)) return ToGrpcStatus(absl::CancelledError("the client went away"));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext* context,
@@ -109,33 +139,36 @@ std::string PeerHost(const std::string& peer) {
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const baton::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<baton::v1::JobEvent>* writer) {
-  if (auto who = Caller(*context, Role::kViewer, "watch jobs"); !who.ok()) {
-    return ToGrpcStatus(who.status());
-  }
-  const std::string host = PeerHost(context->peer());
+  absl::StatusOr<Principal> who = Caller(*context, Role::kViewer, "watch jobs");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  // Callers are told apart by their token's name; without tokens everyone is anonymous, and
+  // by the client host then.
+  const std::string caller = auth_ != nullptr && auth_->enabled()
+                                 ? absl::StrCat("caller ", who->name)
+                                 : absl::StrCat("client host ", PeerHost(context->peer()));
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     if (watches_ >= limits_.total) {
       return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
           "too many watch streams open (", watches_, "; the limit is ", limits_.total, ")")));
     }
-    if (watches_by_host_[host] >= limits_.per_host) {
+    if (watches_by_caller_[caller] >= limits_.per_caller) {
       return ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("too many watch streams from ", host, " (", watches_by_host_[host],
-                       " open; the limit per client host is ", limits_.per_host, ")")));
+          absl::StrCat("too many watch streams for ", caller, " (", watches_by_caller_[caller],
+                       " open; the limit per caller is ", limits_.per_caller, ")")));
     }
     ++watches_;
-    ++watches_by_host_[host];
+    ++watches_by_caller_[caller];
   }
   struct Release {
     JobServiceImpl* self;
-    std::string host;
+    std::string caller;
     ~Release() {
       std::lock_guard<std::mutex> lock(self->watch_mu_);
       --self->watches_;
-      if (--self->watches_by_host_[host] == 0) self->watches_by_host_.erase(host);
+      if (--self->watches_by_caller_[caller] == 0) self->watches_by_caller_.erase(caller);
     }
-  } release{this, host};
+  } release{this, caller};
   absl::StatusOr<std::unique_ptr<JobWatch>> watch = core_->WatchJob(request->job_id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   bool done = false;
@@ -164,7 +197,7 @@ namespace {
 
 WorkerCaller WorkerCallerOf(const grpc::ServerContext& context) {
   return {PeerIdentity(context), MetadataValue(context, kJoinTokenMetadata),
-          MetadataValue(context, kSessionMetadata)};
+          MetadataValue(context, kSessionMetadata), PeerUris(context)};
 }
 
 }  // namespace

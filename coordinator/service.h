@@ -17,11 +17,13 @@
 
 namespace baton {
 
-// Each open WatchJob stream holds a server thread: they are capped in all and per client
-// host, and a stream past a cap is refused with RESOURCE_EXHAUSTED naming it.
+// Each open WatchJob stream holds a server thread: they are capped in all and per caller
+// (the token's name; the client host when the coordinator has no tokens and everyone is
+// anonymous), and a stream past a cap is refused with RESOURCE_EXHAUSTED naming it. A
+// viewer's streams then cannot lock out a submitter on the same host.
 struct WatchLimits {
   int total = 512;
-  int per_host = 64;
+  int per_caller = 64;
 };
 
 // baton.v1.JobService (clients). `core` and `auth` are not owned and must outlive the
@@ -55,18 +57,25 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   grpc::Status GetJobHistory(grpc::ServerContext* context,
                              const baton::v1::GetJobHistoryRequest* request,
                              baton::v1::JobHistory* response) override;
+  // The job's submitter or an admin only (its weights are theirs).
+  grpc::Status ExportJob(grpc::ServerContext* context, const baton::v1::ExportJobRequest* request,
+                         grpc::ServerWriter<baton::v1::ExportChunk>* writer) override;
 
  private:
   // The caller, if it may do `what`, which needs `needed`; the refusal otherwise (counted).
   absl::StatusOr<Principal> Caller(const grpc::ServerContext& context, Role needed,
                                    absl::string_view what) const;
+  // OK when `who` submitted `job_id` or is an admin; PERMISSION_DENIED naming the job and its
+  // submitter otherwise (counted), NOT_FOUND for an unknown job.
+  absl::Status OwnerOrAdmin(const Principal& who, const std::string& job_id,
+                            absl::string_view what) const;
 
   Coordinator* const core_;
   const WatchLimits limits_;
   const Authenticator* const auth_;
   std::mutex watch_mu_;
   int watches_ ABSL_GUARDED_BY(watch_mu_) = 0;
-  std::map<std::string, int> watches_by_host_ ABSL_GUARDED_BY(watch_mu_);
+  std::map<std::string, int> watches_by_caller_ ABSL_GUARDED_BY(watch_mu_);
 };
 
 // baton.v1.ClusterService (workers). `core` is not owned and must outlive the service.

@@ -307,7 +307,8 @@ TEST_F(ServiceTest, WatchJobStreamsUntilTheTerminalState) {
   EXPECT_EQ(workers.workers(0).state(), baton::v1::WORKER_STATE_IDLE);
 }
 
-// Each watch stream holds a server thread: a client host gets at most per_host of them
+// Each watch stream holds a server thread: a client host (no tokens: everyone is
+// anonymous) gets at most per_caller of them
 // (2 here), the next is refused naming the limit, and a closed one frees its slot.
 TEST_F(ServiceTest, WatchStreamsPerClientHostAreCapped) {
   baton::v1::JobSpec spec;
@@ -338,7 +339,7 @@ TEST_F(ServiceTest, WatchStreamsPerClientHostAreCapped) {
   EXPECT_FALSE(got3);
   const grpc::Status refused = w3->Finish();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(refused.error_message().find("the limit per client host is 2"), std::string::npos)
+  EXPECT_NE(refused.error_message().find("the limit per caller is 2"), std::string::npos)
       << refused.error_message();
   c1->TryCancel();
   w1->Finish();
@@ -621,7 +622,7 @@ class SecureServiceTest : public testing::Test {
     auto core = Coordinator::Create(o);
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
-    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits(), auth_.get());
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits{100, 2}, auth_.get());
     cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
     ServerOptions so;
     so.services = {jobs_service_.get(), cluster_service_.get()};
@@ -715,6 +716,61 @@ TEST_F(SecureServiceTest, TokensDecideWhoMaySubmitReadAndCancel) {
   // Every refusal counted by code; none of the successes.
   EXPECT_EQ(Refusals("jobs", "unauthenticated"), 3);
   EXPECT_EQ(Refusals("jobs", "permission_denied"), 3);
+}
+
+// Watch streams are capped per caller (2 here): a viewer at its cap does not lock out a
+// submitter on the same host.
+TEST_F(SecureServiceTest, WatchStreamsAreCappedPerCallerNotPerHost) {
+  baton::v1::Job job;  // no workers: it stays QUEUED, so its watches stay open
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  baton::v1::WatchJobRequest r;
+  r.set_job_id(job.id());
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<baton::v1::JobEvent>>> readers;
+  auto open = [&](const std::string& token) {
+    contexts.push_back(As(token));
+    readers.push_back(jobs_->WatchJob(contexts.back().get(), r));
+    baton::v1::JobEvent first;
+    return readers.back()->Read(&first);  // the current state: the stream is open
+  };
+  EXPECT_TRUE(open(kViewer));
+  EXPECT_TRUE(open(kViewer));
+  EXPECT_FALSE(open(kViewer));
+  const grpc::Status refused = readers.back()->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("too many watch streams for caller vera"));
+  EXPECT_TRUE(open(kAlice));  // same host, another caller
+  for (size_t i = 0; i < readers.size(); ++i) {
+    contexts[i]->TryCancel();
+    if (i != 2) readers[i]->Finish();
+  }
+}
+
+// A job's weights are its submitter's: exporting them needs the submitter or an admin.
+TEST_F(SecureServiceTest, OnlyTheSubmitterOrAnAdminExportsAJob) {
+  baton::v1::Job job;
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  auto exported = [&](const std::string& token) {
+    baton::v1::ExportJobRequest r;
+    r.set_job_id(job.id());
+    auto ctx = As(token);
+    auto reader = jobs_->ExportJob(ctx.get(), r);
+    baton::v1::ExportChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  };
+  const grpc::Status bobs = exported(kBob);
+  EXPECT_EQ(bobs.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(bobs.error_message(), HasSubstr("export " + job.id() + ", submitted by alice"));
+  EXPECT_EQ(exported(kViewer).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(exported("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Alice and an admin pass; the job has no checkpoints to export.
+  for (const char* token : {kAlice, kAdmin}) {
+    const grpc::Status s = exported(token);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("has no checkpoints"));
+  }
 }
 
 TEST_F(SecureServiceTest, AViewerReadsJobHistoriesAndNoTokenDoesNot) {

@@ -184,7 +184,7 @@ section "cluster: a coordinator and ${NUM_WORKERS} workers on loopback"
 listen=127.0.0.1:0
 [[ $serve -eq 1 ]] && listen=127.0.0.1:7070
 start coordinator "$BIN/coordinator" --listen "$listen" --db "$tmp/baton.db" \
-  --port_file "$tmp/coordinator.port" --metrics_listen 127.0.0.1:0 \
+  --port_file "$tmp/coordinator.port" --metrics_listen 127.0.0.1:0 --checkpoint_root "$tmp" \
   --metrics_port_file "$tmp/coordinator.metrics" ${coordinator_security[@]+"${coordinator_security[@]}"}
 coordinator="$(wait_port_file coordinator "$tmp/coordinator.port")"
 echo "coordinator listening on $coordinator, metrics at http://$(wait_port_file coordinator "$tmp/coordinator.metrics")/metrics"
@@ -197,7 +197,7 @@ for i in $(seq "$NUM_WORKERS"); do
       --tls_key "$tmp/tls/worker-$((i - 1)).key")
   fi
   start "worker-$i" "$BIN/worker" --coordinator "$coordinator" --listen 127.0.0.1:0 \
-    --worker_id "w-$i" --port_file "$tmp/worker-$i.port" \
+    --worker_id "w-$i" --port_file "$tmp/worker-$i.port" --checkpoint_root "$tmp" \
     --metrics_port_file "$tmp/worker-$i.metrics" ${own[@]+"${own[@]}"}
   worker_addr="$(wait_port_file "worker w-$i" "$tmp/worker-$i.port")"
   echo "worker w-$i listening on $worker_addr, metrics at http://$(wait_port_file "worker w-$i" "$tmp/worker-$i.metrics")/metrics"

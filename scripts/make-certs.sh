@@ -5,11 +5,14 @@
 #
 # Writes into DIR (created, mode 0700):
 #   ca.pem, ca.key                  the cluster CA (keep ca.key off the cluster)
-#   coordinator.pem/.key            CN baton-coordinator
-#   worker-N.pem/.key               CN baton-worker-N, N = 0 .. WORKERS-1 (default 4); the
-#                                   files are named $BATON_WORKER_NAME-N when it is set
+#   coordinator.pem/.key            CN baton-coordinator, URI spiffe://baton/coordinator
+#   worker-N.pem/.key               CN baton-worker-N, N = 0 .. WORKERS-1 (default 4), URI
+#                                   spiffe://baton/worker/worker-N: the role the coordinator
+#                                   checks before it lets a certificate register as a worker;
+#                                   the files are named $BATON_WORKER_NAME-N when it is set
 #                                   (Kubernetes: baton-worker-N, the pod names)
-#   client.pem/.key                 CN baton-client (for clients that want mutual TLS)
+#   client.pem/.key                 CN baton-client, URI spiffe://baton/user/baton-client (for
+#                                   clients that want mutual TLS: a user's, not a worker's)
 #   tokens                          bearer tokens for --auth_tokens: "admin" (admin) and
 #                                   "healthcheck" (viewer)
 #   join-token                      the workers' --join_token_file
@@ -33,11 +36,11 @@ if [[ ! -s "$dir/ca.pem" ]]; then
     -subj "/CN=baton-cluster-ca" -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
 fi
 
-# issue NAME CN SHORT: a key and a certificate signed by the CA.
+# issue NAME CN SHORT URI: a key and a certificate signed by the CA.
 issue() {
-  local name="$1" cn="$2" short="$3"
+  local name="$1" cn="$2" short="$3" uri="$4"
   [[ -s "$dir/$name.pem" ]] && return 0
-  local san="DNS:localhost,IP:127.0.0.1,DNS:baton,DNS:$short"
+  local san="DNS:localhost,IP:127.0.0.1,DNS:baton,DNS:$short,URI:$uri"
   for s in "${extra[@]}"; do san="$san,$s"; done
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$cn" \
     -keyout "$dir/$name.key" -out "$dir/$name.csr" 2>/dev/null
@@ -49,12 +52,12 @@ issue() {
   rm -f "$dir/$name.csr"
 }
 
-issue coordinator baton-coordinator coordinator
+issue coordinator baton-coordinator coordinator spiffe://baton/coordinator
 worker_name="${BATON_WORKER_NAME:-worker}"
 for ((i = 0; i < workers; i++)); do
-  issue "$worker_name-$i" "baton-worker-$i" "$worker_name-$i"
+  issue "$worker_name-$i" "baton-worker-$i" "$worker_name-$i" "spiffe://baton/worker/$worker_name-$i"
 done
-issue client baton-client client
+issue client baton-client client spiffe://baton/user/baton-client
 if [[ ! -s "$dir/tokens" ]]; then
   printf '# token name role (coordinator --auth_tokens)\n%s admin admin\n%s healthcheck viewer\n' \
     "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" >"$dir/tokens"

@@ -157,7 +157,7 @@ class Cluster:
                 "--metrics_listen", "127.0.0.1:0",
                 "--port_file", os.path.join(self.tmp, "coordinator.port"),
                 "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s",
-                *self.coordinator_flags]
+                "--checkpoint_root", self.tmp, *self.coordinator_flags]
         self.address = self._start("coordinator", argv,
                                    os.path.join(self.tmp, "coordinator.port"), "the coordinator")
         print(f"  coordinator listening on {self.address}")
@@ -167,7 +167,7 @@ class Cluster:
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = [os.path.join(self.bin_dir, "worker"), "--coordinator", self.address,
                 "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file,
-                *self.worker_flags(worker_id)]
+                "--checkpoint_root", self.tmp, *self.worker_flags(worker_id)]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id}")
         self.worker_addresses[worker_id] = address
         print(f"  worker {worker_id} listening on {address}")

@@ -104,7 +104,8 @@ class NetCluster(Cluster):
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = ["ip", "netns", "exec", ns, os.path.join(self.bin_dir, "worker"),
                 "--coordinator", self.address, "--listen", f"{ip}:0",
-                "--worker_id", worker_id, "--port_file", port_file, "--insecure"]
+                "--worker_id", worker_id, "--port_file", port_file, "--insecure",
+                "--checkpoint_root", self.tmp]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id} in {ns}")
         self.worker_addresses[worker_id] = address
         print(f"  worker {worker_id} listening on {address} (namespace {ns})")

@@ -155,6 +155,11 @@ def case_bad_input(c, s):
     refused(["-f", c.write_spec(other), "--resume-from", s.job], "model differs")
     plain_job = run_to_end(c, c.submit(c.write_spec(tiny_gpt("plain", steps=2, stages=2)))["id"])
     refused(["--resume-from", plain_job["id"]], "its spec asks for none")
+    # Checkpoint directories outside the cluster's checkpoint root, or escaping it.
+    for outside in ("/etc/baton-ckpt", "ckpt/../../..", os.path.dirname(c.tmp)):
+        spec = tiny_gpt("outside", steps=4, stages=2)
+        spec["checkpoint"] = {"everySteps": 2, "dir": outside}
+        refused(["-f", c.write_spec(spec)], f"checkpoint.dir: '{outside}' is outside")
     # A checkpoint.dir the workers cannot write (a path through a regular file): the job
     # fails when it starts, before any step, naming the field.
     blocker = os.path.join(c.tmp, "not-a-dir")

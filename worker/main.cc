@@ -19,6 +19,7 @@
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
 #include "worker/worker_agent.h"
+#include "common/core/paths.h"
 #include "worker/worker_device.h"
 #include "worker/worker_metrics.h"
 
@@ -34,6 +35,9 @@ ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories jobs' text files may be read from (default: data/ "
           "beside this binary, and /usr/share/common-licenses)");
 ABSL_FLAG(int64_t, data_max_mb, 1024, "bound on one job text file, in MiB");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "the directory jobs may write checkpoints under and resume from (default: "
+          "checkpoints/ beside this binary)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "host:port serving Prometheus metrics at /metrics (port 0: any free port; empty: "
           "no metrics)");
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.inbox_bytes = absl::GetFlag(FLAGS_inbox_mb) << 20;
   options.data.roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
+  options.checkpoint_root = baton::CheckpointRootFromFlag(absl::GetFlag(FLAGS_checkpoint_root));
   options.data.max_file_bytes = absl::GetFlag(FLAGS_data_max_mb) << 20;
   if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
     absl::StatusOr<std::string> token = baton::ReadSecretFile(f, "--join_token_file");

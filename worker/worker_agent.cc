@@ -18,6 +18,7 @@
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
 #include "common/core/log_text.h"
+#include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/pipeline/stage_executor.h"
@@ -311,14 +312,21 @@ void WorkerAgent::HeartbeatLoop() {
 absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
   // Refuse a job this worker cannot checkpoint or resume now, not at its first checkpoint.
   // INVALID_ARGUMENT, not FAILED_PRECONDITION: the coordinator retries the latter (busy).
+  // Only under this worker's checkpoint root, whatever the coordinator let through.
   if (plan.spec().has_checkpoint()) {
-    const std::string dir = CheckpointJobDir(plan.spec().checkpoint().dir(), plan.job_id());
+    absl::StatusOr<std::string> root = ConfinedCheckpointDir(plan.spec().checkpoint().dir());
+    if (!root.ok()) return root.status();
+    const std::string dir = CheckpointJobDir(*root, plan.job_id());
     if (absl::Status w = CheckCheckpointDirWritable(dir); !w.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint.dir on worker ", worker_id(), ": ", w.message()));
     }
   }
   if (!plan.resume_job_dir().empty()) {
+    if (absl::StatusOr<std::string> in = ConfinedCheckpointDir(plan.resume_job_dir()); !in.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_from: ", in.status().message()));
+    }
     std::error_code ec;
     if (!std::filesystem::is_directory(plan.resume_job_dir(), ec)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -358,6 +366,15 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
                    plan.num_ranks()));
   job_thread_ = std::thread([this, job = job_] { RunJob(job); });
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WorkerAgent::ConfinedCheckpointDir(const std::string& dir) const {
+  if (options_.checkpoint_root.empty()) return dir;
+  absl::StatusOr<std::string> in = ConfineCheckpointDir(dir, options_.checkpoint_root);
+  if (!in.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", worker_id(), ": ", in.status().message()));
+  }
+  return in;
 }
 
 absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string& reason) {
@@ -445,6 +462,10 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   const baton::v1::JobPlan& plan = job.plan;
   baton::v1::JobSpec spec = plan.spec();
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  if (spec.has_checkpoint()) {  // where StartJob checked it lies
+    BATON_ASSIGN_OR_RETURN(std::string dir, ConfinedCheckpointDir(spec.checkpoint().dir()));
+    spec.mutable_checkpoint()->set_dir(std::move(dir));
+  }
   BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
   BATON_ASSIGN_OR_RETURN(Schedule schedule, ScheduleFromPlan(plan));
   std::vector<BlockRange> blocks(plan.stages_size());

@@ -60,6 +60,9 @@ struct WorkerOptions {
   // Bounds an NCCL bring-up (communicators up, handshakes and verdicts exchanged); past it
   // a link falls back to gRPC (or the job fails, when its spec asks for NCCL).
   absl::Duration nccl_init_timeout = absl::Seconds(30);
+  // The directory jobs' checkpoints must lie under (--checkpoint_root): StartJob refuses a
+  // plan whose checkpoint.dir or resume directory resolves elsewhere. Empty: any (tests).
+  std::string checkpoint_root;
   // Where jobs' text files may be read from (--data_root), and their size bound.
   DataAccess data;
   // The cluster's join token (--join_token_file), sent when registering; empty: none.
@@ -102,6 +105,9 @@ class WorkerAgent {
   void FinishJob(Job& job, const absl::Status& status);
   // Aborts `job` (once; later calls keep the first reason) and its transport.
   void Abort(Job& job, const absl::Status& why);
+  // `dir` (a spec's checkpoint.dir or a resume directory) resolved under
+  // options.checkpoint_root; INVALID_ARGUMENT naming this worker and the field otherwise.
+  absl::StatusOr<std::string> ConfinedCheckpointDir(const std::string& dir) const;
   // Brings up NCCL on the links of `links` that are candidates, agrees with each peer on
   // whether its link uses it (both ends' bring-up verdicts), and turns the others into
   // gRPC links with the reason. Returns the NCCL transport when any link uses it.

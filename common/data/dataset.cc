@@ -1,5 +1,7 @@
 #include "common/data/dataset.h"
 
+#include "common/core/paths.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,27 +92,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
 
 absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
                                             const std::vector<std::string>& roots) {
-  if (roots.empty()) return path;
-  std::error_code ec;
-  const fs::path resolved = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.text.path: '", path, "' cannot be resolved: ", ec.message()));
-  }
-  for (const std::string& root : roots) {
-    std::error_code rec;
-    const fs::path r = fs::weakly_canonical(fs::absolute(root, rec), rec);
-    if (rec) continue;
-    // Component by component: /data2 is not under /data.
-    auto [ri, pi] = std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end());
-    bool under = ri == r.end() || (std::next(ri) == r.end() && ri->empty());
-    if (under && pi != resolved.end()) return resolved.string();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "data.text.path: '", path, "' is outside the directories this cluster reads data from (",
-      absl::StrJoin(roots, ", "), ")", resolved.string() != path
-          ? absl::StrCat("; it resolves to '", resolved.string(), "'")
-          : std::string()));
+  Confinement c;
+  c.field = "data.text.path";
+  c.roots = roots;
+  c.roots_are = "the directories this cluster reads data from";
+  return ConfinePath(path, c);
 }
 
 std::vector<std::string> DataRootsFromFlag(const std::string& flag) {

@@ -140,6 +140,16 @@ std::string PeerIdentity(const grpc::ServerContext& context) {
   return std::string(cn.front().data(), cn.front().size());
 }
 
+std::vector<std::string> PeerUris(const grpc::ServerContext& context) {
+  std::vector<std::string> out;
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return out;
+  for (const grpc::string_ref& u : auth->FindPropertyValues(GRPC_PEER_URI_PROPERTY_NAME)) {
+    out.emplace_back(u.data(), u.size());
+  }
+  return out;
+}
+
 std::string NewSecret() {
   std::random_device os;  // getrandom(2) / /dev/urandom
   std::string out;

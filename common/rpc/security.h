@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -84,6 +85,15 @@ const TlsConfig& ProcessTls();
 // The common name of the peer's certificate when it was verified against the CA (mutual
 // TLS), else "" (plaintext, or no certificate presented).
 std::string PeerIdentity(const grpc::ServerContext& context);
+
+// The URI subject alternative names of the peer's certificate when it was verified against
+// the CA (mutual TLS), else none. Worker certificates carry one naming the worker role
+// (kWorkerUriPrefix; scripts/make-certs.sh), which users' certificates do not.
+std::vector<std::string> PeerUris(const grpc::ServerContext& context);
+
+// The URI SAN prefix of a worker's certificate (a SPIFFE ID in trust domain "baton"):
+// spiffe://baton/worker/<name>. The coordinator's --worker_uri_prefix may name another.
+inline constexpr char kWorkerUriPrefix[] = "spiffe://baton/worker/";
 
 // Request metadata carrying baton's cluster secrets (lower case, as gRPC requires).
 inline constexpr char kSessionMetadata[] = "x-baton-session";      // a worker's session

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "common/rpc/rpc.h"
@@ -53,12 +54,14 @@ TlsConfig Config(const std::string& cert, const std::string& key, const std::str
   return c;
 }
 
-// Answers GetStatus with the caller's verified identity in worker_id.
+// Answers GetStatus with the caller's verified identity in worker_id and its
+// certificate's URI SANs, comma-separated, in job_id.
 class WhoAmI final : public baton::v1::WorkerService::Service {
  public:
   grpc::Status GetStatus(grpc::ServerContext* ctx, const baton::v1::GetWorkerStatusRequest*,
                          baton::v1::WorkerStatus* out) override {
     out->set_worker_id(PeerIdentity(*ctx));
+    out->set_job_id(absl::StrJoin(PeerUris(*ctx), ","));
     return grpc::Status::OK;
   }
 };
@@ -82,8 +85,10 @@ std::unique_ptr<Server> Serve(const TlsConfig& tls, ClientCerts certs) {
   return s;
 }
 
-// Calls GetStatus over a channel with `tls`; returns the identity the server saw.
-absl::StatusOr<std::string> Call(const std::string& address, const TlsConfig& tls) {
+// Calls GetStatus over a channel with `tls`; returns the identity the server saw (and, with
+// `uris`, the URI SANs it saw).
+absl::StatusOr<std::string> Call(const std::string& address, const TlsConfig& tls,
+                                 std::string* uris = nullptr) {
   grpc::ChannelArguments args;
   auto channel = grpc::CreateCustomChannel(address, MakeChannelCredentials(tls, &args), args);
   auto stub = baton::v1::WorkerService::NewStub(channel);
@@ -92,6 +97,7 @@ absl::StatusOr<std::string> Call(const std::string& address, const TlsConfig& tl
   baton::v1::WorkerStatus out;
   grpc::Status s = stub->GetStatus(ctx.get(), req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
+  if (uris != nullptr) *uris = out.job_id();
   return out.worker_id();
 }
 
@@ -164,6 +170,26 @@ TEST(SecurityTest, OptionalClientCertificateIsVerifiedWhenPresented) {
   // A certificate from another CA is refused, not treated as anonymous.
   EXPECT_FALSE(
       Call(server->address, Config(c.b("client.pem"), c.b("client.key"), c.a("ca.pem"))).ok());
+}
+
+// A worker's certificate names the worker role in a URI SAN; a user's certificate of the
+// same CA does not (what the coordinator checks before a certificate may register).
+TEST(SecurityTest, WorkerCertificatesCarryTheWorkerUriAndUsersDoNot) {
+  const Certs& c = Certs::Get();
+  auto server = Serve(Config(c.a("coordinator.pem"), c.a("coordinator.key"), c.a("ca.pem")),
+                      ClientCerts::kVerifyIfPresent);
+  ASSERT_NE(server, nullptr);
+  std::string uris;
+  ASSERT_TRUE(
+      Call(server->address, Config(c.a("worker-0.pem"), c.a("worker-0.key"), c.a("ca.pem")), &uris)
+          .ok());
+  EXPECT_EQ(uris, absl::StrCat(kWorkerUriPrefix, "worker-0"));
+  ASSERT_TRUE(
+      Call(server->address, Config(c.a("client.pem"), c.a("client.key"), c.a("ca.pem")), &uris)
+          .ok());
+  EXPECT_EQ(uris, "spiffe://baton/user/baton-client");
+  ASSERT_TRUE(Call(server->address, Config("", "", c.a("ca.pem")), &uris).ok());
+  EXPECT_EQ(uris, "");  // no certificate, no URIs
 }
 
 TEST(SecurityTest, ServerNameOverrideChecksTheClusterName) {

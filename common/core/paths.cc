@@ -1,0 +1,72 @@
+#include "common/core/paths.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iterator>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace baton {
+namespace fs = std::filesystem;
+
+namespace {
+
+// `path` absolute (against `base` when relative and given) and resolved as far as it exists.
+fs::path Resolve(const std::string& path, const std::string& base, std::error_code& ec) {
+  fs::path p(path);
+  if (p.is_relative() && !base.empty()) p = fs::path(base) / p;
+  p = fs::absolute(p, ec);
+  if (ec) return {};
+  return fs::weakly_canonical(p, ec);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confinement& c) {
+  if (c.roots.empty()) return path;
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(c.field, ": empty path"));
+  std::error_code ec;
+  const fs::path resolved = Resolve(path, c.base, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.field, ": '", path, "' cannot be resolved: ", ec.message()));
+  }
+  for (const std::string& root : c.roots) {
+    std::error_code rec;
+    const fs::path r = Resolve(root, "", rec);
+    if (rec) continue;
+    // Component by component: /data2 is not under /data. A trailing separator leaves an
+    // empty last component.
+    auto [ri, pi] = std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end());
+    const bool under = ri == r.end() || (std::next(ri) == r.end() && ri->empty());
+    const bool beyond = pi != resolved.end() && !(std::next(pi) == resolved.end() && pi->empty());
+    if (under && (beyond || c.root_itself)) return resolved.string();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      c.field, ": '", path, "' is outside ", c.roots_are, " (", absl::StrJoin(c.roots, ", "), ")",
+      resolved.string() != path ? absl::StrCat("; it resolves to '", resolved.string(), "'")
+                                : std::string()));
+}
+
+std::string CheckpointRootFromFlag(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) return (exe.parent_path() / "checkpoints").string();
+  return (fs::current_path(ec) / "checkpoints").string();
+}
+
+absl::StatusOr<std::string> ConfineCheckpointDir(const std::string& dir, const std::string& root) {
+  Confinement c;
+  c.field = "checkpoint.dir";
+  c.roots = {root};
+  c.roots_are = "this cluster's checkpoint root (--checkpoint_root)";
+  c.base = root;
+  c.root_itself = true;
+  return ConfinePath(dir, c);
+}
+
+}  // namespace baton
