@@ -131,4 +131,25 @@ absl::Status Authorize(const Principal& who, Role needed, absl::string_view what
                                                   RoleName(needed), " role"));
 }
 
+std::vector<std::string> OpenAccessWarnings(const AccessSetup& setup) {
+  std::vector<std::string> out;
+  if (!setup.tokens) {
+    out.push_back(
+        "no --auth_tokens: every caller is an admin, and may submit, cancel and export any "
+        "job");
+  }
+  if (!setup.mutual_tls && !setup.join_token) {
+    out.push_back(
+        "no client certificates and no --join_token_file: anyone may register as a worker "
+        "and be sent jobs (their specs, inline text included)");
+  }
+  if (!setup.tls) {
+    out.push_back(
+        "plaintext: requests, tokens and job specs cross the network unencrypted, and "
+        "workers' tensor streams are guarded only by each job's random key, which travels "
+        "in the clear (docs/security.md, \"Plaintext\")");
+  }
+  return out;
+}
+
 }  // namespace baton

@@ -80,6 +80,19 @@ class Authenticator {
 // role and `what` ("cancel job j-3") otherwise.
 absl::Status Authorize(const Principal& who, Role needed, absl::string_view what);
 
+// How a coordinator was started, as far as who may call it goes.
+struct AccessSetup {
+  bool tls = false;         // its port speaks TLS
+  bool mutual_tls = false;  // and verifies client certificates (workers must present one)
+  bool tokens = false;      // --auth_tokens
+  bool join_token = false;  // --join_token_file
+};
+
+// What this setup lets any caller who reaches the port do, one plain sentence each, for
+// the coordinator to print at start-up; empty when nothing is open (tokens, and workers
+// admitted by certificate or join token, over TLS).
+std::vector<std::string> OpenAccessWarnings(const AccessSetup& setup);
+
 }  // namespace baton
 
 #endif  // BATON_COORDINATOR_AUTH_H_

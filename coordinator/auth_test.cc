@@ -118,5 +118,19 @@ TEST(AuthTest, ReloadReplacesTokensAndKeepsThemOnError) {
   EXPECT_TRUE((*auth)->Authenticate(absl::StrCat("Bearer ", kBob)).ok());  // kept
 }
 
+TEST(AccessWarningsTest, SayPlainlyWhatAnOpenCoordinatorLetsAnyoneDo) {
+  // The default: loopback, plaintext, no tokens, no join token.
+  const std::vector<std::string> open = OpenAccessWarnings({});
+  ASSERT_EQ(open.size(), 3u);
+  EXPECT_THAT(open[0], HasSubstr("every caller is an admin"));
+  EXPECT_THAT(open[1], HasSubstr("anyone may register as a worker"));
+  EXPECT_THAT(open[2], HasSubstr("plaintext"));
+  // A join token closes registration, mutual TLS too; tokens close the admin hole.
+  EXPECT_EQ(OpenAccessWarnings({false, false, true, true}).size(), 1u);
+  EXPECT_EQ(OpenAccessWarnings({true, true, false, false}).size(), 1u);
+  EXPECT_TRUE(OpenAccessWarnings({true, true, true, false}).empty());
+  EXPECT_TRUE(OpenAccessWarnings({true, false, true, true}).empty());
+}
+
 }  // namespace
 }  // namespace baton

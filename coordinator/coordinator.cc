@@ -1146,14 +1146,6 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::UnauthenticatedError(
         "registering a worker needs a certificate signed by the cluster CA (mutual TLS)");
   }
-  if (options_.require_worker_certificate &&
-      std::none_of(caller.uris.begin(), caller.uris.end(), [&](const std::string& u) {
-        return absl::StartsWith(u, options_.worker_uri_prefix);
-      })) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the certificate of ", caller.identity, " is not a worker's: it carries no URI SAN ",
-        options_.worker_uri_prefix, "... (docs/security.md, \"Worker certificates\")"));
-  }
   if (!options_.join_token.empty()) {
     if (caller.join_token.empty()) {
       return absl::UnauthenticatedError(
@@ -1162,6 +1154,14 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     if (!SecretsEqual(caller.join_token, options_.join_token)) {
       return absl::PermissionDeniedError("wrong join token");
     }
+  }
+  if (options_.require_worker_certificate &&
+      std::none_of(caller.uris.begin(), caller.uris.end(), [&](const std::string& u) {
+        return absl::StartsWith(u, options_.worker_uri_prefix);
+      })) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the certificate of ", caller.identity, " is not a worker's: it carries no URI SAN ",
+        options_.worker_uri_prefix, "... (docs/security.md, \"Worker certificates\")"));
   }
   Effects effects;
   baton::v1::RegisterWorkerResponse response;
@@ -1636,26 +1636,31 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
                                               baton::v1::JobCheckpoints* checkpoints,
                                               const std::string& submitted_by, bool admin) {
   const baton::v1::ResumeFrom& from = spec.resume_from();
+  ActiveJob* const active = FindActiveLocked(from.job_id());
   Job source;
-  if (ActiveJob* a = FindActiveLocked(from.job_id())) {
-    std::string name = baton::v1::JobState_Name(a->job.state());
-    if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from.job_id: ", from.job_id(), " is still ", name,
-                     "; resume from it once it has ended (its checkpoints are still changing)"));
+  if (active != nullptr) {
+    source = active->job;
+  } else {
+    absl::StatusOr<Job> stored = store_->Get(from.job_id());
+    if (!stored.ok()) {
+      if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_from.job_id: there is no job ", from.job_id()));
+    }
+    source = *std::move(stored);
   }
-  absl::StatusOr<Job> stored = store_->Get(from.job_id());
-  if (!stored.ok()) {
-    if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from.job_id: there is no job ", from.job_id()));
-  }
-  source = *std::move(stored);
   // A checkpoint holds its owner's trained weights: another user's need an admin.
   if (!admin && source.submitted_by() != submitted_by) {
     return absl::PermissionDeniedError(absl::StrCat(
         "resume_from.job_id: ", source.id(), " was submitted by ", source.submitted_by(),
         "; resuming from another user's job needs the admin role"));
+  }
+  if (active != nullptr) {
+    std::string name = baton::v1::JobState_Name(source.state());
+    if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from.job_id: ", from.job_id(), " is still ", name,
+                     "; resume from it once it has ended (its checkpoints are still changing)"));
   }
   const auto& complete = source.checkpoints().complete();
   if (complete.empty()) {

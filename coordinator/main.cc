@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
     options.metrics = &metrics;
   }
 
+  const baton::AccessSetup access{tls.tls(), tls.mutual(), auth != nullptr,
+                                  !options.join_token.empty()};
   absl::StatusOr<std::unique_ptr<baton::Coordinator>> core =
       baton::Coordinator::Create(std::move(options));
   if (!core.ok()) return Fail(core.status().ToString());
@@ -167,6 +169,9 @@ int main(int argc, char** argv) {
   }
   std::printf("coordinator listening on %s (%s)\n", bound.c_str(),
               tls.mutual() ? "mutual TLS" : tls.tls() ? "TLS" : "plaintext");
+  for (const std::string& open : baton::OpenAccessWarnings(access)) {
+    std::printf("coordinator: WARNING: %s\n", open.c_str());
+  }
   if (metrics_server != nullptr) {
     std::printf("coordinator metrics on %s\n", metrics_server->address().c_str());
     if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {

@@ -6,7 +6,7 @@
 //
 //   hostile_client --coordinator H:P --workers H:P,H:P --tls_dir DIR --intruder_dir DIR
 //                  --viewer_token T --alice_token T --bob_token T --job JOB
-//                  --garbage_ports H:P,H:P,...
+//                  --join_token T --garbage_ports H:P,H:P,...
 //
 // DIR holds scripts/make-certs.sh output: the cluster's (client.pem is a certificate the
 // cluster CA signed that belongs to no worker) and an intruder's with its own CA.
@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ ABSL_FLAG(std::string, viewer_token, "", "a viewer's token");
 ABSL_FLAG(std::string, alice_token, "", "the token of the submitter who owns --job");
 ABSL_FLAG(std::string, bob_token, "", "another submitter's token");
 ABSL_FLAG(std::string, job, "", "alice's running job");
+ABSL_FLAG(std::string, join_token, "", "the cluster's join token (which a user may know)");
 ABSL_FLAG(std::string, garbage_ports, "", "comma-separated host:port to send junk bytes to");
 
 namespace baton {
@@ -47,8 +49,21 @@ namespace {
 
 int failures = 0;
 
+// Job keys are random 64-bit numbers (about 19 decimal digits): no refusal may carry one,
+// neither the job's nor the one this client guessed.
+bool CarriesAKey(const std::string& message) {
+  static const std::regex kLongNumber("[0-9]{12,}");
+  return std::regex_search(message, kLongNumber);
+}
+
 void Expect(const std::string& what, const grpc::Status& got,
             std::vector<grpc::StatusCode> want) {
+  if (CarriesAKey(got.error_message())) {
+    ++failures;
+    std::printf("FAIL: %s: the refusal carries a number like a job key: %s\n", what.c_str(),
+                got.error_message().c_str());
+    return;
+  }
   for (grpc::StatusCode w : want) {
     if (got.error_code() == w) {
       std::printf("refused: %s -> %s: %s\n", what.c_str(),
@@ -124,6 +139,78 @@ void People(const std::string& coordinator, const std::string& cluster_dir) {
     ++failures;
     std::printf("FAIL: the /etc/shadow refusal does not name data.text.path\n");
   }
+  // Checkpoints outside the cluster's checkpoint root.
+  for (const std::string& dir : {std::string("/etc/baton-ckpt"), std::string("ckpt/../../..")}) {
+    baton::v1::SubmitJobRequest ckpt = shadow;
+    ckpt.mutable_spec()->mutable_data()->mutable_text()->set_path(
+        "/usr/share/common-licenses/GPL-3");
+    ckpt.mutable_spec()->mutable_checkpoint()->set_dir(dir);
+    ckpt.mutable_spec()->mutable_checkpoint()->set_every_steps(1);
+    grpc::Status c = jobs->SubmitJob(Ctx(absl::GetFlag(FLAGS_alice_token)).get(), ckpt, &job);
+    Expect("SubmitJob writing checkpoints to " + dir, c, {grpc::StatusCode::INVALID_ARGUMENT});
+    if (c.error_message().find("checkpoint.dir") == std::string::npos) {
+      ++failures;
+      std::printf("FAIL: the %s refusal does not name checkpoint.dir\n", dir.c_str());
+    }
+  }
+  // Alice's weights: bob may neither resume from her job nor export it, nor may a viewer.
+  baton::v1::SubmitJobRequest resume = shadow;
+  resume.mutable_spec()->mutable_data()->mutable_text()->set_path(
+      "/usr/share/common-licenses/GPL-3");
+  resume.mutable_spec()->mutable_resume_from()->set_job_id(absl::GetFlag(FLAGS_job));
+  Expect("SubmitJob resuming from alice's job with bob's token",
+         jobs->SubmitJob(Ctx(absl::GetFlag(FLAGS_bob_token)).get(), resume, &job),
+         {grpc::StatusCode::PERMISSION_DENIED});
+  for (const auto& [who, token] :
+       {std::pair<std::string, std::string>{"bob's", absl::GetFlag(FLAGS_bob_token)},
+        {"a viewer's", absl::GetFlag(FLAGS_viewer_token)}}) {
+    baton::v1::ExportJobRequest e;
+    e.set_job_id(absl::GetFlag(FLAGS_job));
+    auto ctx = Ctx(token);
+    auto reader = jobs->ExportJob(ctx.get(), e);
+    baton::v1::ExportChunk chunk;
+    bool got_bytes = false;
+    while (reader->Read(&chunk)) got_bytes = true;
+    grpc::Status st = reader->Finish();
+    if (got_bytes) st = grpc::Status::OK;  // any byte is a leak
+    Expect("ExportJob of alice's job with " + who + " token", st,
+           {grpc::StatusCode::PERMISSION_DENIED});
+  }
+  // A viewer holding every watch stream it may open does not lock alice out.
+  {
+    baton::v1::WatchJobRequest w;
+    w.set_job_id(absl::GetFlag(FLAGS_job));
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+    std::vector<std::unique_ptr<grpc::ClientReader<baton::v1::JobEvent>>> streams;
+    int opened = 0;
+    grpc::Status refused;
+    for (int i = 0; i < 80; ++i) {
+      ctxs.push_back(Ctx(absl::GetFlag(FLAGS_viewer_token)));
+      streams.push_back(jobs->WatchJob(ctxs.back().get(), w));
+      baton::v1::JobEvent first;
+      if (!streams.back()->Read(&first)) {
+        refused = streams.back()->Finish();
+        streams.pop_back();
+        break;
+      }
+      ++opened;
+    }
+    Expect(absl::StrCat("WatchJob number ", opened + 1, " with a viewer's token"), refused,
+           {grpc::StatusCode::RESOURCE_EXHAUSTED});
+    auto alice_ctx = Ctx(absl::GetFlag(FLAGS_alice_token));
+    auto alice = jobs->WatchJob(alice_ctx.get(), w);
+    baton::v1::JobEvent first;
+    if (alice->Read(&first)) {
+      std::printf("refused: nothing: alice watches her job beside the viewer's %d streams\n",
+                  opened);
+    } else {
+      ++failures;
+      std::printf("FAIL: alice could not watch her job beside the viewer's %d streams: %s\n",
+                  opened, alice->Finish().error_message().c_str());
+    }
+    alice_ctx->TryCancel();
+    for (auto& c : ctxs) c->TryCancel();
+  }
   // A 100 MB message.
   baton::v1::SubmitJobRequest huge = shadow;
   huge.mutable_spec()->mutable_data()->mutable_text()->set_inline_text(
@@ -174,6 +261,14 @@ void FakeWorkers(const std::string& coordinator, const std::string& cluster_dir,
         Channel(coordinator, Tls(cluster_dir, "client", cluster_dir)));
     Expect("RegisterWorker as w-1 with a member certificate but no join token",
            cluster->RegisterWorker(Ctx().get(), reg, &resp), {grpc::StatusCode::UNAUTHENTICATED});
+    // A user's certificate with the join token: still not a worker's certificate.
+    baton::v1::RegisterWorkerRequest fresh = reg;
+    fresh.set_worker_id("w-intruder");
+    fresh.set_address("127.0.0.1:2");
+    auto ctx = Ctx();
+    ctx->AddMetadata(kJoinTokenMetadata, absl::GetFlag(FLAGS_join_token));
+    Expect("RegisterWorker with a user's certificate and the join token",
+           cluster->RegisterWorker(ctx.get(), fresh, &resp), {grpc::StatusCode::PERMISSION_DENIED});
   }
 }
 
@@ -235,6 +330,51 @@ void CallWorkers(const std::vector<std::string>& workers, const std::string& clu
       writer->WritesDone();
       Expect("a tensor stream to " + w + " from a non-peer", writer->Finish(),
              {grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::PERMISSION_DENIED});
+    }
+    // Made-up source ranks, and big tensors from them: refused before any memory is taken.
+    for (int rank : {7, -1, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
+      auto stub = baton::v1::TensorService::NewStub(member);
+      baton::v1::PushSummary summary;
+      auto ctx = Ctx();
+      auto writer = stub->Push(ctx.get(), &summary);
+      baton::v1::TensorFrame frame;
+      baton::v1::TensorHeader* h = frame.mutable_header();
+      h->set_job_key(rng());
+      h->set_step(1);
+      h->set_stage(0);
+      h->set_kind(baton::v1::TENSOR_KIND_ACTIVATION);
+      h->set_dtype(baton::v1::DTYPE_FLOAT32);
+      h->add_shape(4 << 20);  // 16 MiB
+      h->set_byte_length(int64_t{16} << 20);
+      h->set_source_rank(rank);
+      h->set_payload(std::string(1 << 20, 'x'));
+      writer->Write(frame);
+      writer->WritesDone();
+      Expect(absl::StrCat("a 16 MiB tensor to ", w, " from made-up rank ", rank), writer->Finish(),
+             {grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::PERMISSION_DENIED});
+    }
+    // Junk rendezvous values under made-up job keys: nothing is filed, so later jobs find
+    // the store as empty as before.
+    {
+      auto stub = baton::v1::TensorService::NewStub(member);
+      int refused = 0;
+      grpc::Status last;
+      for (int i = 0; i < 1024; ++i) {
+        baton::v1::RendezvousMessage m;
+        m.set_key(absl::StrCat("baton/gloo/job/", rng() % 1000000, "/attempt/0/group/0/junk", i));
+        m.set_value(std::string(64, 'j'));
+        baton::v1::RendezvousAck ack;
+        last = stub->Rendezvous(Ctx().get(), m, &ack);
+        if (!last.ok()) ++refused;
+      }
+      if (refused == 1024) {
+        Expect("1024 junk rendezvous values to " + w, last,
+               {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::PERMISSION_DENIED});
+      } else {
+        ++failures;
+        std::printf("FAIL: %d of 1024 junk rendezvous values to %s were filed\n", 1024 - refused,
+                    w.c_str());
+      }
     }
   }
 }

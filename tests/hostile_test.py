@@ -5,16 +5,23 @@ Starts a coordinator and two workers with certificates from a throwaway CA
 (scripts/make-certs.sh), a token file (alice and bob submitters, vera a viewer) and a join
 token; alice submits a job; while it runs, tests/hostile_client (a client of its own, not
 batonctl) tries: no token, a made-up token, a viewer submitting, bob cancelling alice's job,
-a spec reading /etc/shadow, a 100 MB message, fake workers without a certificate, with
-another CA's, with a member certificate but no join token, progress and results for a live
-worker without its session, WorkerService calls without a certificate or session, tensor
-streams and abort notices from a non-peer, and junk bytes on every gRPC port. Every attempt
-must be refused with the right status; afterwards the job must succeed with the reference
-trainer's digest, every service must still serve (a second job succeeds), and no log may
-contain a token.
+a spec reading /etc/shadow, checkpoints outside the checkpoint root, bob resuming from and
+exporting alice's job, a viewer holding every watch stream it may open (alice must still
+watch), a 100 MB message, fake workers without a certificate, with another CA's, with a
+member certificate but no join token, with a user's certificate and the join token,
+progress and results for a live worker without its session, WorkerService calls without a
+certificate or session, tensor streams and abort notices from a non-peer, 16 MiB tensors
+from made-up ranks (7, -1, ...), 1024 junk rendezvous values per worker, and junk bytes on
+every gRPC port. Every attempt must be refused with the right status, and no refusal may
+carry a job key; the workers' memory must not grow with what was refused; afterwards the
+job must succeed with the reference trainer's digest, every service must still serve (a
+data-parallel job, which meets through the rendezvous, succeeds), no log may contain a
+token or a job key, and the coordinator, started with tokens, mutual TLS and a join token,
+must not warn that it is open.
 """
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +38,14 @@ TOKENS = {
 }
 JOIN_TOKEN = "join-5e7a9c1b3d5f7a9c1e3b5d7f"
 STEPS = 1500
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def run(argv, timeout=60):
@@ -91,17 +106,24 @@ def main():
 
         print("== the hostile client, while the job runs")
         ports = [c.address] + list(c.worker_addresses.values())
+        rss_before = {w: rss_mib(c.procs[w].pid) for w in ("w-1", "w-2")}
         r = run([args.hostile_client, "--coordinator", c.address,
                  "--workers", ",".join(c.worker_addresses.values()),
                  "--tls_dir", tls, "--intruder_dir", intruder,
                  "--viewer_token", TOKENS["vera"][0], "--alice_token", TOKENS["alice"][0],
                  "--bob_token", TOKENS["bob"][0], "--job", job["id"],
+                 "--join_token", JOIN_TOKEN,
                  "--garbage_ports", ",".join(ports)], timeout=240)
         print(r.stdout, end="")
         check(r.returncode == 0, f"hostile_client: some attempts were not refused "
                                  f"(exit {r.returncode}): {r.stderr[-2000:]}")
         check(r.stdout.count("refused:") >= 20,
               f"only {r.stdout.count('refused:')} attempts were made")
+        for w, before in rss_before.items():
+            after = rss_mib(c.procs[w].pid)
+            print(f"  {w}: {before:.0f} MiB resident before the attack, {after:.0f} MiB after")
+            # Twelve refused 16 MiB tensors would add 192 MiB if they had been taken in.
+            check(after - before < 96, f"{w} grew by {after - before:.0f} MiB under the attack")
         during = c.get(job["id"])
         check(during["state"] == "JOB_STATE_RUNNING",
               f"the job was {during['state']} when the attack ended, not RUNNING: make it longer")
@@ -122,20 +144,28 @@ def main():
         for name, proc in c.procs.items():
             check(proc.poll() is None, f"{name} exited ({proc.returncode}):\n{c.tail(name)}")
         c.wait_idle(2)
-        spec2 = c.write_spec(tiny_gpt("after-the-attack", steps=5, stages=2))
+        # Two replicas of one stage: the replicas meet through the rendezvous the attack filled
+        # with junk (it must have refused all of it).
+        spec2 = c.write_spec(tiny_gpt("after-the-attack", steps=5, stages=1, dataParallel=2))
         job2 = c.submit(spec2)
         done2 = c.wait_state(job2["id"], {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
         check(done2["state"] == "JOB_STATE_SUCCEEDED", f"a later job: {last_reason(done2)}")
         check(done2.get("weights_digest") == c.reference_digest(spec2), "a later job's digest")
         print(f"  {job2['id']} SUCCEEDED")
 
-        print("== no token in any log")
+        print("== no token and no job key in any log")
         c.stop_all()
         secrets = [t for t, _ in TOKENS.values()] + [JOIN_TOKEN]
         for name, log in c.logs.items():
             text = open(log, errors="replace").read()
             for s in secrets:
                 check(s not in text, f"{name}'s log contains a secret")
+            # A job key is a random 64-bit number: about 19 decimal digits.
+            keys = re.findall(r"\b[0-9]{12,}\b", text)
+            check(not keys, f"{name}'s log contains what looks like a job key: {keys[:3]}")
+        check("WARNING" not in open(c.logs["coordinator"], errors="replace").read(),
+              "the coordinator warns it is open although it runs with TLS, tokens and a "
+              "join token")
         ok = True
     except Failure as e:
         print(f"hostile_test: {e}")

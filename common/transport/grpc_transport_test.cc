@@ -429,6 +429,42 @@ TEST(TensorServiceTest, TagOfAnotherJobIsRefused) {
                                        Not(HasSubstr("99"))));
 }
 
+// With the right key (a leaked one, or an insider's), a stream claiming a rank outside the
+// plan, or a tensor the plan has no rank send, is refused before anything is allocated:
+// twelve 16 MiB headers from made-up ranks take no room in the inbox.
+TEST(TensorServiceTest, MadeUpRanksAreRefusedEvenWithTheRightKey) {
+  Cluster c(1);
+  InboxPlan plan;  // rank 1 of 2: stage 0's activations from rank 0
+  plan.job_key = kJob;
+  plan.capacity_bytes = 64 << 20;
+  plan.num_ranks = 2;
+  plan.sources = {{0, 0, TensorKind::kActivation}};
+  c.node(0).inbox.Open(plan);
+  for (int rank : {7, -1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12}) {
+    grpc::Status s = RawPush(c.node(0).address)
+                         .Header(rank, Tag(0), baton::v1::DTYPE_FLOAT32, {4 << 20}, 16 << 20)
+                         .Chunk("abcd")
+                         .Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << rank << ": "
+                                                                   << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("not a rank of this job"));
+  }
+  // Rank 0 exists, but sends this rank no gradients.
+  grpc::Status g = RawPush(c.node(0).address)
+                       .Header(0, Tag(0, 0, TensorKind::kGradient), baton::v1::DTYPE_FLOAT32,
+                               {1}, 4)
+                       .Chunk("abcd")
+                       .Finish();
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::PERMISSION_DENIED) << g.error_message();
+  EXPECT_EQ(c.node(0).inbox.Stats().peak_bytes_in_use, 0);
+  // The planned tensor still gets in.
+  EXPECT_TRUE(RawPush(c.node(0).address)
+                  .Header(0, Tag(0), baton::v1::DTYPE_FLOAT32, {1}, 4)
+                  .Chunk("abcd")
+                  .Finish()
+                  .ok());
+}
+
 TEST(TensorServiceTest, DuplicateTagIsRefused) {
   Cluster c(1);
   auto once = [&] {
