@@ -446,7 +446,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
     std::lock_guard<std::mutex> lock(mu_);
     starting_.erase(job_id);
     ActiveJob* j = FindActiveLocked(job_id);
-    if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) {
+    if (j == nullptr || OnStartAnswered(j->job.state()) == StartAnswer::kAbortAgain) {
       // The job ended while its plans were on the way (cancelled, a worker died): an abort
       // may have reached a worker before its plan did. Abort again, then free them all.
       AbortCall again;
@@ -528,9 +528,10 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   *change.mutable_time() = ToProtoTime(Now());
   change.set_reason(Truncate(reason));
   *job->job.add_history() = change;
+  const bool started = state == baton::v1::JOB_STATE_RUNNING &&
+                       job->job.state() != baton::v1::JOB_STATE_RUNNING;  // not a note
   job->job.set_state(state);
-  if (state == baton::v1::JOB_STATE_RUNNING && options_.metrics != nullptr &&
-      job->job.has_create_time()) {
+  if (started && options_.metrics != nullptr && job->job.has_create_time()) {
     options_.metrics->ObserveQueueWait(Now() - FromProtoTime(job->job.create_time()));
   }
   std::string name = baton::v1::JobState_Name(state);
@@ -1364,7 +1365,7 @@ void Coordinator::RecordLinksLocked(ActiveJob* j, const baton::v1::ReportProgres
     said.push_back(absl::StrCat("ranks ", l.rank(), "-", l.peer(), " ", l.reason()));
   }
   if (!said.empty()) {
-    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
+    AppendStateLocked(j, NoteState(j->job.state()),
                       absl::StrCat("links: ", absl::StrJoin(said, "; ")));
   }
 }
@@ -1385,7 +1386,7 @@ void Coordinator::RecordGroupsLocked(ActiveJob* j,
                                 g.reason(), ")"));
   }
   if (!said.empty()) {
-    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
+    AppendStateLocked(j, NoteState(j->job.state()),
                       absl::StrCat("data-parallel groups: ", absl::StrJoin(said, "; ")));
   }
 }
@@ -1607,7 +1608,7 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
       c->set_resumed_from_step(step);
     }
     j->job.set_steps_done(std::max<int64_t>(j->job.steps_done(), step));
-    AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING, reason);
+    AppendStateLocked(j, NoteState(j->job.state()), reason);
   }
   return "";
 }

@@ -18,6 +18,9 @@
 //              it waits for changes, not when the idle count or the queue moves: history
 //              stays a handful of entries however deep the queue).
 //   PLACING    "placing on w-1, w-2": workers chosen and marked busy, plans being sent.
+//              Ranks may report before the answers are counted: their notes ("links: ...")
+//              are recorded under PLACING, and a job whose every rank finished by then
+//              goes straight to SUCCEEDED (job_lifecycle.h, OnStartAnswered).
 //   RUNNING    "all 2 ranks started": every worker accepted StartJob.
 //   SUCCEEDED  "all 2 ranks finished 200 steps": every rank reported a result without an
 //              error; Job.weights_digest = CombineBlockDigests(block digests in block order),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -60,15 +61,27 @@ class FakeWorkerClient final : public WorkerClient {
   absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                         absl::Duration) override {
     const std::string& address = worker.address;
-    std::lock_guard<std::mutex> lock(mu_);
-    calls_.push_back({"start", address, plan.job_id(), plan.rank()});
-    plans_.push_back(plan);
-    if (fail_start_.count(address) > 0) return absl::UnavailableError("connection refused");
-    if (busy_[address] > 0) {
-      --busy_[address];
-      return absl::FailedPreconditionError("worker already runs job job-old");
+    std::function<void(const baton::v1::JobPlan&)> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls_.push_back({"start", address, plan.job_id(), plan.rank()});
+      plans_.push_back(plan);
+      if (fail_start_.count(address) > 0) return absl::UnavailableError("connection refused");
+      if (busy_[address] > 0) {
+        --busy_[address];
+        return absl::FailedPreconditionError("worker already runs job job-old");
+      }
+      hook = on_started_;
     }
+    // What the worker does at once, before its answer reaches the coordinator.
+    if (hook) hook(plan);
     return absl::OkStatus();
+  }
+  // Runs after each successful StartJob, before it returns (no lock of the coordinator's
+  // is held then: the calls are made outside it).
+  void OnStarted(std::function<void(const baton::v1::JobPlan&)> hook) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_started_ = std::move(hook);
   }
   // The next `n` StartJob calls to `address` find the worker still busy.
   void BusyFor(const std::string& address, int n) {
@@ -115,6 +128,7 @@ class FakeWorkerClient final : public WorkerClient {
   std::set<std::string> fail_start_;
   std::set<std::string> unreachable_;
   std::map<std::string, int> busy_;
+  std::function<void(const baton::v1::JobPlan&)> on_started_;
 };
 
 baton::v1::JobSpec Spec(int stages, int steps = 2) {
@@ -974,6 +988,59 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
               testing::StartsWith(absl::StrCat("worker ", running.workers(1), " (")));
   EXPECT_THAT(Reason(failed), testing::HasSubstr("silent for 1.6s (no heartbeat; presumed lost); "
                                                  "first report: rank 2 on worker "));
+}
+
+// Under load, ranks report before the coordinator has counted the answers to its StartJob
+// calls. Their link reports are notes under PLACING, not a change the answers misread as
+// the job having ended ("aborted: the job ended while it was being started").
+TEST_F(CoordinatorTest, ReportsBeforeTheStartAnswersAreCountedDoNotEndTheJob) {
+  Register(1);
+  Register(2);
+  client_->OnStarted([this](const baton::v1::JobPlan& plan) {
+    if (plan.rank() != 0) return;  // rank 0 starts last: every rank runs now
+    for (int rank : {0, 1}) {
+      baton::v1::ReportProgressRequest p;
+      p.set_job_id(plan.job_id());
+      p.set_worker_id(plan.peers(rank).worker_id());
+      p.set_rank(rank);
+      p.set_step(1);
+      baton::v1::LinkReport* l = p.add_links();
+      l->set_rank(0);
+      l->set_peer(1);
+      l->set_transport("grpc");
+      l->set_reason("grpc: the job computes on the CPU");
+      ASSERT_TRUE(core_->ReportProgress(p).ok());
+    }
+  });
+  const Job job = Submit(Spec(2, /*steps=*/2));
+  core_->Tick();
+  const Job now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING) << now.DebugString();
+  EXPECT_TRUE(client_->Calls("abort", job.id()).empty());
+  ASSERT_GE(now.history_size(), 4);
+  const baton::v1::StateChange& links = now.history(now.history_size() - 2);
+  EXPECT_EQ(links.state(), baton::v1::JOB_STATE_PLACING);
+  EXPECT_THAT(links.reason(), HasSubstr("links: ranks 0-1 grpc"));
+  EXPECT_EQ(now.history(now.history_size() - 1).reason(), "all 2 ranks started");
+  FinishAllRanks(now);
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+}
+
+// A short job can even finish before the answers are counted: it succeeds, and its
+// workers are free afterwards.
+TEST_F(CoordinatorTest, AJobThatFinishesBeforeItsStartAnswersAreCountedSucceeds) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  client_->OnStarted([this](const baton::v1::JobPlan& plan) {
+    if (plan.rank() != 0) return;
+    Job placed = Get(plan.job_id());
+    ASSERT_EQ(placed.state(), baton::v1::JOB_STATE_PLACING);
+    FinishAllRanks(placed);
+  });
+  const Job job = Submit(Spec(2, /*steps=*/2));
+  core_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
 }
 
 TEST_F(CoordinatorTest, FailedStartJobFailsTheJobNamingTheWorker) {

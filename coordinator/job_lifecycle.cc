@@ -32,8 +32,9 @@ bool TransitionAllowed(JobState from, JobState to) {
       return to == JOB_STATE_QUEUED || to == JOB_STATE_PLACING || to == JOB_STATE_CANCELLED ||
              to == JOB_STATE_FAILED;  // placement itself failed
     case JOB_STATE_PLACING:
-      return to == JOB_STATE_RUNNING || to == JOB_STATE_FAILED || to == JOB_STATE_CANCELLED ||
-             to == JOB_STATE_RECOVERING;
+      return to == JOB_STATE_PLACING || to == JOB_STATE_RUNNING || to == JOB_STATE_FAILED ||
+             to == JOB_STATE_CANCELLED || to == JOB_STATE_RECOVERING ||
+             to == JOB_STATE_SUCCEEDED;
     case JOB_STATE_RUNNING:
       return to == JOB_STATE_RUNNING || to == JOB_STATE_SUCCEEDED || to == JOB_STATE_FAILED ||
              to == JOB_STATE_CANCELLED || to == JOB_STATE_RECOVERING;
@@ -43,6 +44,12 @@ bool TransitionAllowed(JobState from, JobState to) {
     default:
       return false;  // terminal states end here
   }
+}
+
+JobState NoteState(JobState current) { return current; }
+
+StartAnswer OnStartAnswered(JobState state) {
+  return state == baton::v1::JOB_STATE_PLACING ? StartAnswer::kCount : StartAnswer::kAbortAgain;
 }
 
 FailureVerdict DecideOnFailure(const FailureFacts& f) {

@@ -8,9 +8,17 @@
 //     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
 //     │           ├──────────> RECOVERING   │
 //     │           ├──────────> FAILED       ├──────> FAILED
+//     │           ├──────────> SUCCEEDED    │   (every rank finished before the start
+//     │           │                         │    calls' answers were counted)
 //     ├───────────┴──────────> CANCELLED <──┘
 //     └──────────────────────> FAILED   (placement itself failed)
-// A state may also follow itself (QUEUED, RUNNING, RECOVERING): a new history reason.
+// A state may also follow itself (QUEUED, PLACING, RUNNING, RECOVERING): a note, a new
+// history reason under the same state (NoteState).
+//
+// Ranks report as soon as they run, which can be before the coordinator has counted the
+// answers to its StartJob calls (under load, a whole short job can finish first). Their
+// reports are recorded under the state the job is in; only the answers move PLACING to
+// RUNNING (OnStartAnswered).
 #ifndef BATON_COORDINATOR_JOB_LIFECYCLE_H_
 #define BATON_COORDINATOR_JOB_LIFECYCLE_H_
 
@@ -28,8 +36,21 @@ bool IsTerminalState(baton::v1::JobState s);
 // PLACING or RUNNING: the job holds workers that run (or are about to run) its ranks.
 bool IsPlacedState(baton::v1::JobState s);
 // Whether the job may go from `from` to `to` (a repeat of the same state, as a new history
-// reason, is allowed for QUEUED, RUNNING and RECOVERING).
+// reason, is allowed for QUEUED, PLACING, RUNNING and RECOVERING).
 bool TransitionAllowed(baton::v1::JobState from, baton::v1::JobState to);
+
+// The state a note about a job in `current` is recorded under (the links and groups its
+// ranks report, what it waits for): `current` itself. A note never changes the state.
+baton::v1::JobState NoteState(baton::v1::JobState current);
+
+// What the coordinator does when the answers to a placement's StartJob calls are in, the
+// job being in `state` by then.
+enum class StartAnswer {
+  kCount,       // PLACING: RUNNING if every call succeeded, else the first failure fails it
+  kAbortAgain,  // it ended or moved on meanwhile (cancelled, failed, recovering, or every
+                // rank already finished): stop what the plans started, then free the workers
+};
+StartAnswer OnStartAnswered(baton::v1::JobState state);
 
 struct FailureFacts {
   baton::v1::JobState state = baton::v1::JOB_STATE_UNSPECIFIED;

@@ -23,7 +23,7 @@ TEST(JobLifecycleTest, TransitionsAreExactlyTheDiagram) {
   // from -> the states it may go to.
   const std::vector<std::pair<JobState, std::vector<JobState>>> allowed = {
       {Q, {Q, P, C, F}},
-      {P, {R, F, C, V}},
+      {P, {P, R, F, C, V, S}},
       {R, {R, S, F, C, V}},
       {V, {V, P, F, C}},
       {S, {}},
@@ -36,6 +36,19 @@ TEST(JobLifecycleTest, TransitionsAreExactlyTheDiagram) {
       EXPECT_EQ(TransitionAllowed(from, to), want)
           << baton::v1::JobState_Name(from) << " -> " << baton::v1::JobState_Name(to);
     }
+  }
+}
+
+// Reports that arrive before the StartJob answers are counted are notes under PLACING,
+// never a change the answers then misread as the job having ended.
+TEST(JobLifecycleTest, NotesKeepTheStateAndOnlyAPlacingJobCountsItsStartAnswers) {
+  for (JobState s : {Q, P, R, V}) {
+    EXPECT_EQ(NoteState(s), s);
+    EXPECT_TRUE(TransitionAllowed(s, NoteState(s)));
+  }
+  EXPECT_EQ(OnStartAnswered(P), StartAnswer::kCount);
+  for (JobState s : {R, S, F, C, V}) {
+    EXPECT_EQ(OnStartAnswered(s), StartAnswer::kAbortAgain) << baton::v1::JobState_Name(s);
   }
 }
 

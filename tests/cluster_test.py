@@ -886,6 +886,33 @@ def case_data_parallel(c):
     c.start_worker(victim)  # the next cases expect four workers
 
 
+def case_back_to_back(c):
+    """50 short jobs submitted at once on 4 workers: the starts race the first reports (a
+    rank may report, even finish, before the coordinator counted its StartJob answers), and
+    every job must still succeed with its reference digest."""
+    c.ensure_workers(4)
+    mlp = json.load(open(os.path.join(c.examples, "mlp-tiny.json")))
+    mlp.update(name="short-mlp", steps=3)
+    mlp.setdefault("pipeline", {})["stages"] = 2
+    specs = [c.write_spec(mlp), c.write_spec(tiny_gpt("short-gpt", steps=2, stages=2))]
+    want = {s: c.reference_digest(s) for s in specs}
+    jobs = []
+    for i in range(50):
+        spec = specs[i % 2]
+        jobs.append((c.submit(spec)["id"], spec))
+    failures = []
+    for job_id, spec in jobs:
+        job = c.wait_state(job_id, ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                    "JOB_STATE_CANCELLED"], 120)
+        if job["state"] != "JOB_STATE_SUCCEEDED":
+            failures.append(f"{job_id} {job['state']}: {last_reason(job)}")
+        elif job.get("weights_digest") != want[spec]:
+            failures.append(f"{job_id}: digest {job.get('weights_digest')} != {want[spec]}")
+    check(not failures, f"{len(failures)} of 50 short jobs did not succeed: {failures[:3]}")
+    print(f"  50 of 50 short jobs SUCCEEDED with their reference digests")
+    c.wait_idle(4)
+
+
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
@@ -904,6 +931,8 @@ CASES = [
           "CPU and says why", case_device),
     ("9", "data parallelism: 2 replicas x 2 stages on 4 workers, digest == train-local's; "
           "more replicas than workers wait saying how many", case_data_parallel),
+    ("10", "50 short jobs back to back on 4 workers: every one SUCCEEDED with its digest",
+     case_back_to_back),
 ]
 
 
