@@ -243,12 +243,17 @@ absl::Status Coordinator::Recover() {
     }
     token = page.next_page_token;
   } while (!token.empty());
+  // What each needs of a worker (the planner's model: not under the lock).
+  std::vector<int64_t> needs;
+  for (const auto& [seq, job] : jobs) needs.push_back(RankNeedBytes(job.spec()));
   std::lock_guard<std::mutex> lock(mu_);
   checkpoint_owners_ = std::move(owners);
+  size_t next_need = 0;
   for (auto& [seq, job] : jobs) {
     auto active = std::make_unique<ActiveJob>();
     active->seq = seq;
     active->job = std::move(job);
+    active->rank_need_bytes = needs[next_need++];
     active->log = std::make_shared<JobWatch::EventLog>();
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
@@ -621,6 +626,11 @@ void Coordinator::ExpireLeasesLocked(Effects* effects) {
 
 void Coordinator::PlaceQueuedLocked(Effects* effects) {
   const std::vector<baton::v1::WorkerInfo> idle = registry_.IdleWorkers();
+  int64_t largest_registered = 0;  // the most memory any registered worker has
+  for (const baton::v1::WorkerInfo& w : registry_.List()) {
+    if (w.state() == baton::v1::WORKER_STATE_DEAD) continue;
+    largest_registered = std::max(largest_registered, w.device().memory_bytes());
+  }
   std::vector<bool> taken(idle.size(), false);
   std::string waiting;  // why the first job in the queue waits, once one does
   while (!queue_.empty()) {
@@ -651,7 +661,9 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
       }
       SetPipelineStages(&spec, stages);
     }
-    std::optional<WorkerChoice> choice = ChooseWorkers(spec, idle, taken, &waiting);
+    std::optional<WorkerChoice> choice =
+        ChooseWorkers(spec, idle, taken, &waiting,
+                      recovering ? RankNeedBytes(spec) : j->rank_need_bytes, largest_registered);
     if (!choice.has_value()) break;
     queue_.pop_front();
     if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
@@ -832,6 +844,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
   }
 
+  // What its busiest rank needs: placement takes only workers that hold it.
+  const int64_t rank_need_bytes = RankNeedBytes(spec);
   std::lock_guard<std::mutex> lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
   if (spec.has_resume_from()) {
@@ -868,6 +882,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
   auto active = std::make_unique<ActiveJob>();
   active->auto_costs = std::move(auto_costs);
+  active->rank_need_bytes = rank_need_bytes;
   active->seq = store_->NextSequence();
   Job& job = active->job;
   job.set_id(absl::StrFormat("job-%06d", active->seq));

@@ -394,6 +394,9 @@ class Coordinator {
     // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
     // measured, gathered at submission; the planner calibrates from them at placement.
     std::vector<MeasuredRun> auto_costs;
+    // The memory its busiest rank needs (RankNeedBytes, at submission or start-up): only
+    // workers that registered as much are placed on.
+    int64_t rank_need_bytes = 0;
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };

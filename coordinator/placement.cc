@@ -8,6 +8,7 @@
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/pipeline/local_pipeline.h"
+#include "common/pipeline/planner.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
@@ -66,21 +67,42 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
 
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
-                                          const std::vector<bool>& taken, std::string* waiting) {
+                                          const std::vector<bool>& taken, std::string* waiting,
+                                          int64_t rank_bytes, int64_t largest_registered_bytes) {
   const size_t replicas = static_cast<size_t>(std::max(1, spec.pipeline().data_parallel()));
   const size_t need = static_cast<size_t>(spec.pipeline().stages()) * replicas;
+  const double stage_bytes = static_cast<double>(rank_bytes);
+  auto gib = [](double b) { return absl::StrFormat("%.3g GiB", b / (1 << 30)); };
+  if (largest_registered_bytes > 0 && static_cast<double>(largest_registered_bytes) < stage_bytes) {
+    *waiting = absl::StrCat("waiting: no registered worker can hold a rank of this job (it "
+                            "needs about ", gib(stage_bytes), " per rank; the largest worker has ",
+                            gib(static_cast<double>(largest_registered_bytes)),
+                            "; use more stages or larger workers)");
+    return std::nullopt;
+  }
   std::vector<size_t> gpu, cpu;  // free idle workers with and without a GPU, in order
+  size_t too_small = 0;
   for (size_t i = 0; i < idle.size(); ++i) {
     if (i < taken.size() && taken[i]) continue;
+    const int64_t has = idle[i].device().memory_bytes();
+    if (has > 0 && static_cast<double>(has) < stage_bytes) {
+      ++too_small;
+      continue;
+    }
     (idle[i].device().kind() == "cuda" ? gpu : cpu).push_back(i);
   }
   auto plural = [&](size_t n, const char* what) {
     std::string out = absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
+    if (too_small > 0) absl::StrAppend(&out, " with at least ", gib(stage_bytes), " each");
     if (replicas > 1) {
       absl::StrAppend(&out, " (", replicas, " replicas of ", spec.pipeline().stages(),
                       " stages)");
     }
     return out;
+  };
+  auto too_small_note = [&] {
+    return too_small == 0 ? std::string()
+                          : absl::StrCat("; ", too_small, " more too small for a rank");
   };
   WorkerChoice out;
   // Transport NCCL needs GPUs: with device auto it makes the job a cuda job.
@@ -91,7 +113,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
     const char* asks = nccl ? "transport nccl" : "device cuda";
     if (gpu.size() < need) {
       *waiting = absl::StrCat("waiting for ", plural(need, "GPU worker"), " (", gpu.size(),
-                              " idle; the job asks for ", asks, ")");
+                              " idle", too_small_note(), "; the job asks for ", asks, ")");
       return std::nullopt;
     }
     out.indices.assign(gpu.begin(), gpu.begin() + static_cast<std::ptrdiff_t>(need));
@@ -104,7 +126,8 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   std::vector<size_t> any = cpu;  // CPU-only workers first
   any.insert(any.end(), gpu.begin(), gpu.end());
   if (any.size() < need) {
-    *waiting = absl::StrCat("waiting for ", plural(need, "worker"), " (", any.size(), " idle)");
+    *waiting = absl::StrCat("waiting for ", plural(need, "worker"), " (", any.size(), " idle",
+                            too_small_note(), ")");
     return std::nullopt;
   }
   out.indices.assign(any.begin(), any.begin() + static_cast<std::ptrdiff_t>(need));
@@ -113,6 +136,24 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                 ? "cpu: asked for"
                 : absl::StrCat("cpu: fewer than ", need, " idle workers have a GPU");
   return out;
+}
+
+int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
+  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) return 0;
+  PlannerInput in = PlannerInputFor(spec, spec.pipeline().stages());
+  in.keep = 1;
+  absl::StatusOr<Plan> plan = PlanPipeline(in);
+  if (!plan.ok() || plan->ranked.empty()) return 0;
+  // Each block also costs its objects, whatever its size (a 10^6-block MLP of width 1
+  // takes 2.3 GB to build): a bound on the busiest rank's share.
+  // (A rank holds V stages, each at most the largest.)
+  constexpr int64_t kBytesPerBlock = 4096;
+  const PlanCandidate& pick = plan->ranked[0];
+  int64_t largest_stage = 0;
+  for (const BlockRange& b : pick.stage_blocks) {
+    largest_stage = std::max<int64_t>(largest_stage, b.last - b.first);
+  }
+  return pick.max_peak_bytes + largest_stage * pick.virtual_stages * kBytesPerBlock;
 }
 
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,

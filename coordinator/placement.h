@@ -77,11 +77,25 @@ struct WorkerChoice {
 //   DEVICE_KIND_CPU: any, workers without a GPU first (GPUs stay free for GPU jobs);
 //   auto: GPU workers if enough are idle (then cuda), else any, CPU-only first (then
 //   cpu: a pipeline never mixes devices).
-// Workers keep their order in `idle` within each preference. When too few are idle,
-// returns nullopt and says in *waiting why ("waiting for 2 idle GPU workers (1 idle)").
+// Workers keep their order in `idle` within each preference. Only workers whose registered
+// memory (device.memory_bytes: what their memory limits allow, or the GPU's) holds
+// `rank_bytes` (RankNeedBytes; 0: no check) are candidates (an unknown 0 is taken as
+// enough). When too few are idle, returns nullopt and says in *waiting why ("waiting for 2
+// idle GPU workers (1 idle)", "... with at least 12.3 GiB ..."), and, when not even
+// `largest_registered_bytes` (the most any registered worker has, idle or busy; 0: unknown)
+// holds a rank, that no registered worker can.
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
-                                          const std::vector<bool>& taken, std::string* waiting);
+                                          const std::vector<bool>& taken, std::string* waiting,
+                                          int64_t rank_bytes = 0,
+                                          int64_t largest_registered_bytes = 0);
+
+// The memory the busiest rank of a validated spec needs, by the auto-planner's model
+// (parameters, gradients, optimizer state and the activations its schedule keeps in flight;
+// planner.h) for the spec's schedule, V and M. 0 when the planner cannot tell, and for
+// SCHEDULE_AUTO, whose planner fits the job to the chosen workers' memory itself (moving
+// blocks between stages when it must) at placement.
+int64_t RankNeedBytes(const baton::v1::JobSpec& spec);
 
 struct Placement {
   PipelineLayout layout;

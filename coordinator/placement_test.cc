@@ -9,10 +9,13 @@
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
 #include "common/spec/spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
+
+using ::testing::HasSubstr;
 
 baton::v1::JobSpec MlpSpec(baton::v1::Schedule schedule, int stages, int virtual_stages,
                            int microbatches, int depth = 7) {
@@ -96,6 +99,40 @@ TEST(ChooseWorkersTest, ByTheSpecsDeviceNeverMixing) {
   EXPECT_EQ(c->device, Device::kCpu);
   EXPECT_FALSE(ChooseWorkers(spec, Idle("g"), {}, &waiting).has_value());
   EXPECT_EQ(waiting, "waiting for 2 idle workers (1 idle)");
+}
+
+// A rank goes only where it fits: workers are chosen by the memory they registered (what
+// their limits allow), and a job no registered worker can hold waits saying so.
+TEST(ChooseWorkersTest, OnlyWorkersWhoseMemoryHoldsAStage) {
+  baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  spec.mutable_model()->mutable_mlp()->set_width(4096);  // ~0.9 GiB a stage by the estimate
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  const int64_t stage = RankNeedBytes(spec);
+  ASSERT_GT(stage, int64_t{256} << 20);
+  std::vector<baton::v1::WorkerInfo> idle = Idle("cccc");
+  const int64_t small = int64_t{128} << 20, large = int64_t{8} << 30;
+  for (int i : {0, 1, 2}) idle[i].mutable_device()->set_memory_bytes(small);
+  idle[3].mutable_device()->set_memory_bytes(large);
+  std::string waiting;
+  EXPECT_FALSE(ChooseWorkers(spec, idle, {}, &waiting, stage, large).has_value());
+  EXPECT_THAT(waiting, HasSubstr("waiting for 2 idle workers with at least"));
+  EXPECT_THAT(waiting, HasSubstr("(1 idle; 3 more too small for a rank)"));
+  idle[1].mutable_device()->set_memory_bytes(0);  // unknown: taken as enough
+  std::optional<WorkerChoice> c = ChooseWorkers(spec, idle, {}, &waiting, stage, large);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 3}));
+  // No registered worker, busy ones included, is large enough: the job waits saying so.
+  EXPECT_FALSE(ChooseWorkers(spec, idle, {}, &waiting, stage, small).has_value());
+  EXPECT_THAT(waiting, HasSubstr("no registered worker can hold a rank of this job"));
+  // The need is the planner's per-rank model: 1F1B keeps fewer micro-batches in flight on
+  // the last rank than GPipe does.
+  baton::v1::JobSpec gpipe = spec;
+  gpipe.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_GPIPE);
+  gpipe.mutable_pipeline()->set_microbatches(8);
+  gpipe.mutable_data()->set_batch_size(64);
+  baton::v1::JobSpec f1b = gpipe;
+  f1b.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
+  EXPECT_LE(RankNeedBytes(f1b), RankNeedBytes(gpipe));
 }
 
 TEST(PlaceJobTest, ThePlansSayTheDevice) {

@@ -913,6 +913,70 @@ def case_back_to_back(c):
     c.wait_idle(4)
 
 
+def case_memory(c):
+    """A job no worker can hold waits saying so; one that overruns a worker's memory anyway
+    fails RESOURCE_EXHAUSTED naming what was being allocated, and the worker keeps serving."""
+    stopped = [n for n in list(c.procs) if n.startswith("w-")]
+    for w in stopped:
+        c.stop(w)
+
+    def gone():  # their leases ran out: the coordinator holds them dead
+        alive = [w["worker_id"] for w in c.workers()
+                 if w["worker_id"] in stopped and w.get("state") != "WORKER_STATE_DEAD"]
+        return not alive
+    wait_for(gone, LEASE_TTL_S + 10, "the stopped workers' leases to run out")
+    limit = 3 << 30  # address space: about 1.3 GiB left beside what the worker maps itself
+    deep = {"name": "deep-mlp", "model": {"mlp": {"inputDim": 2, "width": 1,
+                                                  "depth": 1000000, "outputDim": 1}},
+            "data": {"synthetic": {}, "batchSize": 2},
+            "pipeline": {"stages": 1, "microbatches": 1, "schedule": "SCHEDULE_GPIPE"},
+            "optimizer": {"sgd": {"learningRate": 0.01}}, "steps": 1, "seed": 1}
+    deep_spec = c.write_spec(deep)
+
+    def start_limited(worker_id, *flags):
+        port_file = os.path.join(c.tmp, f"{worker_id}.port")
+        argv = ["prlimit", f"--as={limit}", os.path.join(c.bin_dir, "worker"),
+                "--coordinator", c.address, "--listen", "127.0.0.1:0", "--worker_id", worker_id,
+                "--port_file", port_file, "--checkpoint_root", c.tmp, *flags]
+        c.worker_addresses[worker_id] = c._start(worker_id, argv, port_file, worker_id)
+        c.wait_idle(1, ids=[worker_id])
+
+    start_limited("w-small")
+    offered = {w["worker_id"]: int(w["device"].get("memory_bytes", 0)) for w in c.workers()}
+    print(f"  w-small under a {limit >> 30} GiB address-space limit offers "
+          f"{offered['w-small'] >> 20} MiB")
+    check(0 < offered["w-small"] < limit, "w-small does not register what its limit allows")
+    job = c.submit(deep_spec)
+    time.sleep(1.0)  # the coordinator had every chance to place it
+    job = c.get(job["id"])
+    print(f"  {job['id']}: {job['state']}: {last_reason(job)}")
+    check(job["state"] == "JOB_STATE_QUEUED", f"want QUEUED, got {job['state']}")
+    check("no registered worker can hold a rank" in last_reason(job),
+          f"the reason does not say no worker can hold it: {last_reason(job)}")
+    c.ctl_ok("cancel", job["id"])
+    c.stop("w-small")
+
+    # A worker that offers more than it can allocate: the job overruns it.
+    start_limited("w-liar", "--memory_mb", "65536")
+    job = c.wait_state(c.submit(deep_spec)["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                                   "JOB_STATE_CANCELLED"], 120)
+    reason = last_reason(job)
+    print(f"  {job['id']} on w-liar: {job['state']}: {reason[:200]}")
+    check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
+    check("RESOURCE_EXHAUSTED" in reason and "ran out of memory while building its blocks" in reason,
+          f"the reason does not say what ran out: {reason}")
+    check(c.procs["w-liar"].poll() is None, f"w-liar exited:\n{c.tail('w-liar')}")
+    small = json.load(open(os.path.join(c.examples, "mlp-tiny.json")))
+    small.update(name="after-oom", steps=3)
+    spec = c.write_spec(small)
+    after = c.wait_state(c.submit(spec)["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"], 60)
+    check(after["state"] == "JOB_STATE_SUCCEEDED", f"the next job: {last_reason(after)}")
+    check(after.get("weights_digest") == c.reference_digest(spec), "the next job's digest")
+    print(f"  w-liar kept serving: {after['id']} SUCCEEDED with the reference digest")
+    c.stop("w-liar")
+    c.ensure_workers(4)
+
+
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
@@ -933,6 +997,8 @@ CASES = [
           "more replicas than workers wait saying how many", case_data_parallel),
     ("10", "50 short jobs back to back on 4 workers: every one SUCCEEDED with its digest",
      case_back_to_back),
+    ("11", "memory: a job no worker can hold waits saying so; one that overruns a worker "
+           "fails RESOURCE_EXHAUSTED and the worker serves on", case_memory),
 ]
 
 

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories jobs' text files may be read from (default: data/ "
           "beside this binary, and /usr/share/common-licenses)");
 ABSL_FLAG(int64_t, data_max_mb, 1024, "bound on one job text file, in MiB");
+ABSL_FLAG(int64_t, memory_mb, 0,
+          "the memory this worker offers jobs, in MiB (default: what its limits allow: the "
+          "host's RAM, or less under an address-space, data or cgroup limit; a GPU's memory)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "the directory jobs may write checkpoints under and resume from (default: "
           "checkpoints/ beside this binary)");
@@ -94,6 +97,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.device = *std::move(device);
+  if (const int64_t mb = absl::GetFlag(FLAGS_memory_mb); mb > 0) {
+    options.device.set_memory_bytes(mb << 20);
+  }
   options.rendezvous = &rendezvous;
 
   options.advertise_address = absl::GetFlag(FLAGS_advertise);

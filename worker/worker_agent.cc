@@ -2,6 +2,8 @@
 
 #include "worker/checkpoint_writer.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -45,6 +47,9 @@ struct WorkerAgent::Job {
   absl::Status abort_status;
   Transport* transport = nullptr;  // while the job thread has one
   baton::v1::ReportResultRequest result;  // block digests, once every step ran
+  // What the job thread is doing ("building blocks 0-7", "step 12"), for an out-of-memory
+  // error to name. Written and read by the job thread only.
+  std::string phase = "starting";
 };
 
 namespace {
@@ -310,6 +315,14 @@ void WorkerAgent::HeartbeatLoop() {
 }
 
 absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
+  try {
+    return StartJobOrThrow(plan);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("taking the plan", plan);
+  }
+}
+
+absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
   // Refuse a job this worker cannot checkpoint or resume now, not at its first checkpoint.
   // INVALID_ARGUMENT, not FAILED_PRECONDITION: the coordinator retries the latter (busy).
   // Only under this worker's checkpoint root, whatever the coordinator let through.
@@ -335,8 +348,13 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
     }
   }
   // What the inbox will accept: the tensors this rank's clock receives, from their ranks.
+  // Everything the plan's size decides is allocated before any state changes, so running
+  // out of memory here leaves the worker as it was.
   absl::StatusOr<Schedule> schedule = ScheduleFromPlan(plan);
   if (!schedule.ok()) return schedule.status();
+  InboxPlan inbox_plan = PlanInbox(plan, *schedule, options_.inbox_bytes);
+  std::vector<std::string> members = RendezvousMembers(plan);
+  auto job = std::make_shared<Job>(plan);
   std::thread previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -352,20 +370,28 @@ absl::Status WorkerAgent::StartJob(const baton::v1::JobPlan& plan) {
   if (job_ != nullptr || stopping_) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id_, " is busy"));
   }
-  job_ = std::make_shared<Job>(plan);
+  job_ = std::move(job);
   if (options_.metrics != nullptr) options_.metrics->SetBusy(true);
   // Accept the job's tensors before answering: once every rank has answered StartJob, any
   // peer may send to this one (the coordinator starts rank 0, the first sender, last).
   // Its rendezvous values too (the members' NCCL ids, verdicts and Gloo addresses), until
   // the attempt ends.
-  inbox_->Open(PlanInbox(plan, *schedule, options_.inbox_bytes));
+  inbox_->Open(std::move(inbox_plan));
   if (options_.rendezvous != nullptr) {
-    options_.rendezvous->OpenJob(plan.job_key(), RendezvousMembers(plan));
+    options_.rendezvous->OpenJob(plan.job_key(), std::move(members));
   }
   Log(absl::StrCat("starting job ", plan.job_id(), " as rank ", plan.rank(), " of ",
                    plan.num_ranks()));
   job_thread_ = std::thread([this, job = job_] { RunJob(job); });
   return absl::OkStatus();
+}
+
+absl::Status WorkerAgent::OutOfMemory(const std::string& what,
+                                      const baton::v1::JobPlan& plan) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "worker ", worker_id(), " ran out of memory while ", what, " (", plan.job_id(), " rank ",
+      plan.rank(), "; it offers ", options_.device.memory_bytes() >> 20,
+      " MiB): the job needs more than this worker can allocate"));
 }
 
 absl::StatusOr<std::string> WorkerAgent::ConfinedCheckpointDir(const std::string& dir) const {
@@ -442,7 +468,20 @@ absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
 }  // namespace
 
 void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
-  absl::Status status = NamePeers(RunSteps(*job), job->plan);
+  absl::Status status;
+  try {
+    status = NamePeers(RunSteps(*job), job->plan);
+  } catch (const std::bad_alloc&) {
+    // Whatever RunSteps held is released by now; what the allocators cached of it goes
+    // back to the system, so the worker keeps serving.
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->transport = nullptr;
+    }
+    CpuAllocator()->ReleaseCached();
+    malloc_trim(0);
+    status = OutOfMemory(job->phase, job->plan);
+  }
   inbox_->Close();  // also when RunSteps failed before it had a transport
   // The attempt's rendezvous values expire with it; later ones for it are refused.
   if (options_.rendezvous != nullptr) options_.rendezvous->CloseJob(job->plan.job_key());
@@ -487,6 +526,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   topts.send_timeout = recv_timeout;
   topts.make_channel = [this](const std::string& address) { return TensorChannel(address); };
   // gRPC serves every link that does not use NCCL; NCCL the links both ends brought up.
+  job.phase = "setting up the transport";
   auto grpc = std::make_unique<GrpcTransport>(topts, inbox_);
   std::vector<LinkPlan> links = PlanLinks(plan, Neighbours(schedule, plan.rank()));
   absl::StatusOr<std::unique_ptr<Transport>> nccl = BringUpNccl(plan, &links);
@@ -520,6 +560,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   std::unique_ptr<Collective> collective;
   baton::v1::GroupReport group;
   if (std::max(1, plan.data_parallel()) > 1) {
+    job.phase = "joining the data-parallel group";
     absl::StatusOr<std::unique_ptr<Collective>> c = JoinReplicaGroup(plan, recv_timeout, &group);
     if (!c.ok()) {
       cleanup();
@@ -552,6 +593,15 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
     info.tokens_per_step = TokensPerStep(spec);
     eo.observer = options_.metrics->BeginJob(info);
   }
+  {
+    std::vector<std::string> mine;
+    for (int s = 0; s < static_cast<int>(schedule.stage_to_rank.size()); ++s) {
+      if (schedule.stage_to_rank[s] == plan.rank() && s < static_cast<int>(blocks.size())) {
+        mine.push_back(absl::StrCat(blocks[s].first, "-", blocks[s].last - 1));
+      }
+    }
+    job.phase = absl::StrCat("building its blocks (", absl::StrJoin(mine, ", "), ")");
+  }
   absl::StatusOr<std::unique_ptr<StageExecutor>> ex =
       StageExecutor::Create(spec, schedule, blocks, plan.rank(), transport.get(), eo);
   if (!ex.ok()) {
@@ -566,6 +616,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
   int64_t first_step = 0;
   std::vector<std::string> skipped;
   if (!plan.resume_job_dir().empty()) {
+    job.phase = absl::StrCat("loading a checkpoint from ", plan.resume_job_dir());
     // resume_step 0: the newest complete one (a recovery).
     absl::StatusOr<int64_t> at = LatestCompleteCheckpoint(
         plan.resume_job_dir(), block_names, plan.resume_step() > 0 ? plan.resume_step() : -1,
@@ -614,6 +665,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
       status = absl::AbortedError("aborted");
       break;
     }
+    job.phase = absl::StrCat("training step ", step + 1);
     absl::StatusOr<RankStepResult> r = (*ex)->RunStep(step);
     if (!r.ok()) {
       status = r.status();
@@ -648,6 +700,7 @@ absl::Status WorkerAgent::RunSteps(Job& job) {
         // while the next steps run. The last step's write is waited for: the job is done
         // only with its final checkpoint complete.
         const absl::Time t0 = absl::Now();
+        job.phase = absl::StrCat("taking the checkpoint after step ", step + 1);
         absl::StatusOr<CheckpointSnapshot> snap = (*ex)->SnapshotCheckpoint(
             CheckpointStepDir(checkpoint_dir, step + 1), plan.job_id(), step + 1);
         if (!snap.ok()) {

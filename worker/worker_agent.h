@@ -105,6 +105,9 @@ class WorkerAgent {
   void FinishJob(Job& job, const absl::Status& status);
   // Aborts `job` (once; later calls keep the first reason) and its transport.
   void Abort(Job& job, const absl::Status& why);
+  absl::Status StartJobOrThrow(const baton::v1::JobPlan& plan);
+  // RESOURCE_EXHAUSTED: this worker ran out of memory while doing `what` for `plan`.
+  absl::Status OutOfMemory(const std::string& what, const baton::v1::JobPlan& plan) const;
   // `dir` (a spec's checkpoint.dir or a resume directory) resolved under
   // options.checkpoint_root; INVALID_ARGUMENT naming this worker and the field otherwise.
   absl::StatusOr<std::string> ConfinedCheckpointDir(const std::string& dir) const;

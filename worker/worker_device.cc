@@ -22,7 +22,9 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
   if (device == Device::kCpu) {
     info.set_kind("cpu");
     info.set_name(CpuModelName());
-    info.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
+    // What this process may still allocate: under an address-space, data or cgroup limit,
+    // less than the host's RAM (the coordinator places only what fits).
+    info.set_memory_bytes(UsableMemoryBytes());
     return info;
   }
   absl::StatusOr<CudaDeviceInfo> cuda = GetCudaDeviceInfo(index);

@@ -1,6 +1,7 @@
 #include "common/core/caching_allocator.h"
 
 #include <algorithm>
+#include <new>
 
 namespace baton {
 
@@ -53,8 +54,15 @@ void CachingAllocator::Deallocate(void* p, size_t bytes) {
   const size_t rounded = Round(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_in_use -= static_cast<int64_t>(rounded);
-  stats_.bytes_cached += static_cast<int64_t>(rounded);
-  cache_[rounded].push_back(p);
+  try {
+    cache_[rounded].push_back(p);
+    stats_.bytes_cached += static_cast<int64_t>(rounded);
+  } catch (const std::bad_alloc&) {
+    // No memory left even for the cache's own bookkeeping (a job ran the process out of
+    // memory and its tensors are being freed while the error unwinds): give the block
+    // back instead. Deallocate runs in destructors, so it must not throw.
+    system_.free(p);
+  }
 }
 
 AllocatorStats CachingAllocator::Stats() const {

@@ -496,6 +496,14 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                 " is more than the ", kMaxChunkBlocks,
                                 " the partitioner takes; use fewer, larger blocks"));
   }
+  const double per_rank = 4.0 * static_cast<double>(V) * M;
+  if (per_rank > static_cast<double>(kMaxActionsPerRank)) {
+    return Invalid("pipeline.microbatches",
+                   absl::StrCat("virtual_stages * microbatches = ", V, " * ", M,
+                                " makes a clock of about ", static_cast<int64_t>(per_rank),
+                                " actions per rank, more than the ", kMaxActionsPerRank,
+                                " allowed"));
+  }
   const double actions = 4.0 * static_cast<double>(chunks) * M *
                          static_cast<double>(pipeline.stages());
   if (actions > static_cast<double>(kMaxScheduleActions)) {

@@ -633,10 +633,25 @@ TEST(ValidateTest, SizesThatWouldExhaustAWorkerAreRefusedWithTheEstimate) {
   deep.mutable_pipeline()->set_stages(1);
   EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&deep).message()),
               HasSubstr("model.mlp.depth: 1048577 blocks, more than the 1048576 allowed"));
+  // The clock: per rank (2^22 micro-batches once grew the coordinator by 700 MiB while it
+  // placed the job), and in all.
   JobSpec many = ValidMlp();
-  many.mutable_data()->set_batch_size(1 << 24);
-  many.mutable_pipeline()->set_microbatches(1 << 24);
+  many.mutable_data()->set_batch_size(1 << 22);
+  many.mutable_pipeline()->set_microbatches(1 << 22);
   EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&many).message()),
+              HasSubstr("pipeline.microbatches: virtual_stages * microbatches = 1 * 4194304 makes "
+                        "a clock of about 16777216 actions per rank, more than the 262144"));
+  JobSpec most = ValidMlp();  // at the bound per rank
+  most.mutable_data()->set_batch_size(1 << 16);
+  most.mutable_pipeline()->set_microbatches(1 << 16);
+  most.mutable_pipeline()->set_stages(1);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&most).ok());
+  JobSpec broad = ValidMlp();  // every rank under the bound, too many in all
+  broad.mutable_model()->mutable_mlp()->set_depth(127);
+  broad.mutable_data()->set_batch_size(1 << 15);
+  broad.mutable_pipeline()->set_microbatches(1 << 14);
+  broad.mutable_pipeline()->set_stages(64);
+  EXPECT_THAT(std::string(ValidateAndDefaultJobSpec(&broad).message()),
               HasSubstr("pipeline.microbatches: stages * virtual_stages * microbatches"));
   JobSpec text = ValidGpt();
   text.mutable_data()->mutable_text()->set_inline_text(std::string(kMaxInlineTextBytes + 1, 'a'));
