@@ -138,24 +138,6 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   return out;
 }
 
-int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
-  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) return 0;
-  PlannerInput in = PlannerInputFor(spec, spec.pipeline().stages());
-  in.keep = 1;
-  absl::StatusOr<Plan> plan = PlanPipeline(in);
-  if (!plan.ok() || plan->ranked.empty()) return 0;
-  // Each block also costs its objects, whatever its size (a 10^6-block MLP of width 1
-  // takes 2.3 GB to build): a bound on the busiest rank's share.
-  // (A rank holds V stages, each at most the largest.)
-  constexpr int64_t kBytesPerBlock = 4096;
-  const PlanCandidate& pick = plan->ranked[0];
-  int64_t largest_stage = 0;
-  for (const BlockRange& b : pick.stage_blocks) {
-    largest_stage = std::max<int64_t>(largest_stage, b.last - b.first);
-  }
-  return pick.max_peak_bytes + largest_stage * pick.virtual_stages * kBytesPerBlock;
-}
-
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
                                    uint64_t job_key, const std::vector<PlacedWorker>& workers,
                                    absl::Duration recv_timeout, Device device) {

@@ -90,12 +90,6 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           int64_t rank_bytes = 0,
                                           int64_t largest_registered_bytes = 0);
 
-// The memory the busiest rank of a validated spec needs, by the auto-planner's model
-// (parameters, gradients, optimizer state and the activations its schedule keeps in flight;
-// planner.h) for the spec's schedule, V and M. 0 when the planner cannot tell, and for
-// SCHEDULE_AUTO, whose planner fits the job to the chosen workers' memory itself (moving
-// blocks between stages when it must) at placement.
-int64_t RankNeedBytes(const baton::v1::JobSpec& spec);
 
 struct Placement {
   PipelineLayout layout;

@@ -914,17 +914,19 @@ def case_back_to_back(c):
 
 
 def case_memory(c):
-    """A job no worker can hold waits saying so; one that overruns a worker's memory anyway
-    fails RESOURCE_EXHAUSTED naming what was being allocated, and the worker keeps serving."""
-    stopped = [n for n in list(c.procs) if n.startswith("w-")]
-    for w in stopped:
-        c.stop(w)
+    """A job no worker can hold waits saying so; one placed on a worker that offered more
+    than it can allocate fails RESOURCE_EXHAUSTED before the worker builds anything, and the
+    worker keeps serving."""
+    def stop_for_good(names):
+        for w in names:
+            c.stop(w)
 
-    def gone():  # their leases ran out: the coordinator holds them dead
-        alive = [w["worker_id"] for w in c.workers()
-                 if w["worker_id"] in stopped and w.get("state") != "WORKER_STATE_DEAD"]
-        return not alive
-    wait_for(gone, LEASE_TTL_S + 10, "the stopped workers' leases to run out")
+        def gone():  # their leases ran out: the coordinator holds them dead
+            return not [w["worker_id"] for w in c.workers()
+                        if w["worker_id"] in names and w.get("state") != "WORKER_STATE_DEAD"]
+        wait_for(gone, LEASE_TTL_S + 10, f"the leases of {', '.join(names)} to run out")
+
+    stop_for_good([n for n in list(c.procs) if n.startswith("w-")])
     limit = 3 << 30  # address space: about 1.3 GiB left beside what the worker maps itself
     deep = {"name": "deep-mlp", "model": {"mlp": {"inputDim": 2, "width": 1,
                                                   "depth": 1000000, "outputDim": 1}},
@@ -954,7 +956,7 @@ def case_memory(c):
     check("no registered worker can hold a rank" in last_reason(job),
           f"the reason does not say no worker can hold it: {last_reason(job)}")
     c.ctl_ok("cancel", job["id"])
-    c.stop("w-small")
+    stop_for_good(["w-small"])
 
     # A worker that offers more than it can allocate: the job overruns it.
     start_limited("w-liar", "--memory_mb", "65536")
@@ -963,8 +965,10 @@ def case_memory(c):
     reason = last_reason(job)
     print(f"  {job['id']} on w-liar: {job['state']}: {reason[:200]}")
     check(job["state"] == "JOB_STATE_FAILED", f"want FAILED, got {job['state']}")
-    check("RESOURCE_EXHAUSTED" in reason and "ran out of memory while building its blocks" in reason,
-          f"the reason does not say what ran out: {reason}")
+    # The worker checks what it can allocate now against the job's need before building
+    # anything.
+    check("RESOURCE_EXHAUSTED" in reason and "w-liar cannot hold rank 0" in reason,
+          f"the reason does not say the worker cannot hold it: {reason}")
     check(c.procs["w-liar"].poll() is None, f"w-liar exited:\n{c.tail('w-liar')}")
     small = json.load(open(os.path.join(c.examples, "mlp-tiny.json")))
     small.update(name="after-oom", steps=3)
@@ -997,8 +1001,8 @@ CASES = [
           "more replicas than workers wait saying how many", case_data_parallel),
     ("10", "50 short jobs back to back on 4 workers: every one SUCCEEDED with its digest",
      case_back_to_back),
-    ("11", "memory: a job no worker can hold waits saying so; one that overruns a worker "
-           "fails RESOURCE_EXHAUSTED and the worker serves on", case_memory),
+    ("11", "memory: a job no worker can hold waits saying so; one a worker cannot hold "
+           "after all fails RESOURCE_EXHAUSTED and the worker serves on", case_memory),
 ]
 
 

@@ -20,9 +20,11 @@
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
 #include "common/core/log_text.h"
+#include "common/core/host_info.h"
 #include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
+#include "common/pipeline/planner.h"
 #include "common/pipeline/stage_executor.h"
 #include "common/pipeline/step_trace.h"
 #include "common/rpc/rpc.h"
@@ -348,6 +350,20 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
     }
   }
   // What the inbox will accept: the tensors this rank's clock receives, from their ranks.
+  // A CPU job this process cannot hold now is refused before anything is built: running
+  // out of memory mid-job is the last resort (RunJob), not the plan. (A GPU job's memory is
+  // the GPU's, which placement checked.)
+  if (plan.spec().device() != baton::v1::DEVICE_KIND_CUDA) {
+    const int64_t need = RankNeedBytes(plan.spec());
+    const int64_t usable = UsableMemoryBytes();
+    if (need > 0 && usable > 0 && need > usable) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "worker ", worker_id(), " cannot hold rank ", plan.rank(), " of ", plan.job_id(),
+          ": it needs about ", HumanBytes(static_cast<double>(need)),
+          " (parameters, gradients, optimizer state, activations in flight), and this worker "
+          "can allocate ", HumanBytes(static_cast<double>(usable)), " now"));
+    }
+  }
   // Everything the plan's size decides is allocated before any state changes, so running
   // out of memory here leaves the worker as it was.
   absl::StatusOr<Schedule> schedule = ScheduleFromPlan(plan);

@@ -11,21 +11,27 @@
 // in order (BiasGrad, LayerNormBackwardWeight, EmbeddingBackward). Row reductions (Sum,
 // SquaredError, LayerNorm statistics, softmaxes) use a fixed tree and agree with the CPU
 // within rounding; GEMMs use cuBLAS's blocking.
-#include <cublas_v2.h>
+#include <cublas_v2.h>  // types and constants only: the functions come from dlsym
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
+#include <type_traits>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/core/backend.h"
 #include "common/core/caching_allocator.h"
 #include "common/core/cuda_context.h"
@@ -56,11 +62,76 @@ absl::Status CudaError(cudaError_t err, const char* what) {
       absl::StrCat(what, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")"));
 }
 
+// cuBLAS is opened when the CUDA context starts (dlopen), not linked: loading it costs a
+// process about 150 MB of resident memory (libcublasLt's relocations and static data),
+// which the coordinator, batonctl and CPU-only workers never need. $BATON_CUBLAS_LIBRARY
+// names the library; else libcublas.so.<CUDA major> from the loader's path, then the one
+// this build linked against.
+struct CublasApi {
+  decltype(&::cublasCreate_v2) create = nullptr;
+  decltype(&::cublasSetStream_v2) set_stream = nullptr;
+  decltype(&::cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&::cublasSetPointerMode_v2) set_pointer_mode = nullptr;
+  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
+  decltype(&::cublasSgemm_v2) sgemm = nullptr;
+  decltype(&::cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+};
+
+absl::StatusOr<const CublasApi*> LoadCublas() {
+  static const absl::StatusOr<const CublasApi*>* const loaded =
+      new absl::StatusOr<const CublasApi*>([]() -> absl::StatusOr<const CublasApi*> {
+        std::vector<std::string> names;
+        if (const char* env = std::getenv("BATON_CUBLAS_LIBRARY"); env != nullptr && *env) {
+          names.push_back(env);
+        } else {
+          names.push_back(absl::StrCat("libcublas.so.", CUDART_VERSION / 1000));
+#ifdef BATON_CUBLAS_LIBRARY_HINT
+          names.push_back(BATON_CUBLAS_LIBRARY_HINT);
+#endif
+        }
+        std::vector<std::string> errors;
+        void* lib = nullptr;
+        for (const std::string& name : names) {
+          lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+          if (lib != nullptr) break;
+          const char* e = dlerror();
+          errors.push_back(e != nullptr ? e : name);
+        }
+        if (lib == nullptr) {
+          return absl::UnavailableError(absl::StrCat(
+              "cuBLAS could not be loaded (", absl::StrJoin(errors, "; "),
+              "); set BATON_CUBLAS_LIBRARY or LD_LIBRARY_PATH to the CUDA ",
+              CUDART_VERSION / 1000, " libraries"));
+        }
+        auto* api = new CublasApi();
+        std::vector<std::string> missing;
+        auto get = [&](auto* fn, const char* symbol) {
+          *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
+          if (*fn == nullptr) missing.push_back(symbol);
+        };
+        get(&api->create, "cublasCreate_v2");
+        get(&api->set_stream, "cublasSetStream_v2");
+        get(&api->set_math_mode, "cublasSetMathMode");
+        get(&api->set_pointer_mode, "cublasSetPointerMode_v2");
+        get(&api->set_workspace, "cublasSetWorkspace_v2");
+        get(&api->sgemm, "cublasSgemm_v2");
+        get(&api->sgemm_strided_batched, "cublasSgemmStridedBatched");
+        if (!missing.empty()) {
+          return absl::UnavailableError(absl::StrCat(
+              "the loaded cuBLAS lacks ", absl::StrJoin(missing, ", "), " (a CUDA ",
+              CUDART_VERSION / 1000, " cuBLAS is needed)"));
+        }
+        return api;
+      }());
+  return *loaded;
+}
+
 struct Context {
   std::mutex mu;
   int device = 0;
   bool started = false;  // stream, handle and workspace exist, on `device`
   cudaStream_t stream = nullptr;
+  const CublasApi* blas_api = nullptr;  // loaded with the handle
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   std::mutex blas_mu;        // one cuBLAS call at a time on the shared handle
@@ -108,16 +179,24 @@ cudaStream_t Enter() {
         return nullptr;
       }
     }
+    if (c.blas_api == nullptr) {
+      absl::StatusOr<const CublasApi*> api = LoadCublas();
+      if (!api.ok()) {
+        c.first_error.Update(api.status());
+        return nullptr;
+      }
+      c.blas_api = *api;
+    }
     if (c.blas == nullptr) {
-      if (cublasCreate(&c.blas) != CUBLAS_STATUS_SUCCESS) {
+      if (c.blas_api->create(&c.blas) != CUBLAS_STATUS_SUCCESS) {
         c.blas = nullptr;
         c.first_error.Update(absl::InternalError("cublasCreate failed"));
         return nullptr;
       }
     }
-    if (cublasSetStream(c.blas, c.stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(c.blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetPointerMode(c.blas, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS) {
+    if (c.blas_api->set_stream(c.blas, c.stream) != CUBLAS_STATUS_SUCCESS ||
+        c.blas_api->set_math_mode(c.blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS ||
+        c.blas_api->set_pointer_mode(c.blas, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS) {
       c.first_error.Update(absl::InternalError("cuBLAS configuration failed"));
       return nullptr;
     }
@@ -130,7 +209,8 @@ cudaStream_t Enter() {
         return nullptr;
       }
     }
-    if (cublasSetWorkspace(c.blas, c.workspace, kCublasWorkspaceBytes) != CUBLAS_STATUS_SUCCESS) {
+    if (c.blas_api->set_workspace(c.blas, c.workspace, kCublasWorkspaceBytes) !=
+        CUBLAS_STATUS_SUCCESS) {
       c.first_error.Update(absl::InternalError("cublasSetWorkspace failed"));
       return nullptr;
     }
@@ -535,7 +615,7 @@ class CudaBackendImpl final : public Backend {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     Context& ctx = Ctx();
     std::lock_guard<std::mutex> lock(ctx.blas_mu);
-    const cublasStatus_t st = cublasSgemm(
+    const cublasStatus_t st = ctx.blas_api->sgemm(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
         static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc));
@@ -786,7 +866,7 @@ class CudaBackendImpl final : public Backend {
                    int64_t count) {
     Context& ctx = Ctx();
     std::lock_guard<std::mutex> lock(ctx.blas_mu);
-    const cublasStatus_t st = cublasSgemmStridedBatched(
+    const cublasStatus_t st = ctx.blas_api->sgemm_strided_batched(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
         static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -112,7 +113,10 @@ class Stash {
 
  private:
   std::string owner_;
-  absl::flat_hash_map<int, T> map_;
+  // Not absl::flat_hash_map: Abseil's tables are left inconsistent when growing them runs
+  // out of memory (their capacity changes before the allocation), and a worker that fails a
+  // job on std::bad_alloc destroys this map on its way out (worker_agent.cc).
+  std::unordered_map<int, T> map_;
 };
 
 // Creates a parameter of `shape` on `device` with a zeroed gradient; `init` fills the

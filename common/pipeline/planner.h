@@ -153,6 +153,13 @@ std::string SummarizePlan(const Plan& plan, int losers = 3);
 // "2 rows x1.18, 8 rows x1.00" (Plan::efficiency, for reports).
 std::string DescribeEfficiency(const std::vector<std::pair<double, double>>& efficiency);
 
+// The memory the busiest rank of a validated spec needs, by the auto-planner's model
+// (parameters, gradients, optimizer state and the activations its schedule keeps in flight;
+// planner.h) for the spec's schedule, V and M. 0 when the planner cannot tell, and for
+// SCHEDULE_AUTO, whose planner fits the job to the chosen workers' memory itself (moving
+// blocks between stages when it must) at placement.
+int64_t RankNeedBytes(const baton::v1::JobSpec& spec);
+
 // Bytes as "1.25 GiB" / "312 MiB" / "12 KiB".
 std::string HumanBytes(double bytes);
 

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
@@ -27,7 +27,7 @@ class StageExecutor::StepState {
   static int64_t Key(int stage, int mb) { return (static_cast<int64_t>(stage) << 32) | mb; }
 
   // Removes and returns the tensor under (stage, mb), or an error naming what is missing.
-  absl::StatusOr<Tensor> Take(absl::flat_hash_map<int64_t, Tensor>& map, int stage, int mb,
+  absl::StatusOr<Tensor> Take(std::unordered_map<int64_t, Tensor>& map, int stage, int mb,
                               const char* what, const Action& a) {
     auto it = map.find(Key(stage, mb));
     if (it == map.end()) {
@@ -42,20 +42,20 @@ class StageExecutor::StepState {
 
   const int64_t step;
   const int M;
-  absl::flat_hash_map<int, Batch> batches;                // by micro-batch
-  absl::flat_hash_map<int64_t, Tensor> activations_in;    // received input of (s, m)
-  absl::flat_hash_map<int64_t, Tensor> activations_out;   // output of (s, m) not yet handed on
-  absl::flat_hash_map<int64_t, Tensor> gradients_in;      // received dL/d(output) of (s, m)
-  absl::flat_hash_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
+  std::unordered_map<int, Batch> batches;                // by micro-batch
+  std::unordered_map<int64_t, Tensor> activations_in;    // received input of (s, m)
+  std::unordered_map<int64_t, Tensor> activations_out;   // output of (s, m) not yet handed on
+  std::unordered_map<int64_t, Tensor> gradients_in;      // received dL/d(output) of (s, m)
+  std::unordered_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
   // RECOMPUTE_FULL: the input (and, on the last stage, the targets) of (s, m), kept from its
   // forward to its backward, which reruns the forward from them.
   struct Kept {
     Tensor input;
     Tensor targets;
   };
-  absl::flat_hash_map<int64_t, Kept> kept;
-  absl::flat_hash_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
-  absl::flat_hash_map<int, int> next_w;                   // stage -> next micro-batch to W
+  std::unordered_map<int64_t, Kept> kept;
+  std::unordered_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
+  std::unordered_map<int, int> next_w;                   // stage -> next micro-batch to W
   std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
   std::vector<float> losses;  // last stage only
   std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
@@ -65,7 +65,7 @@ class StageExecutor::StepState {
     std::vector<Parameter*> params;
     int64_t bytes = 0;
   };
-  absl::flat_hash_map<int, Bucket> buckets;
+  std::unordered_map<int, Bucket> buckets;
   int inflight = 0;
   int peak_inflight = 0;
   bool stepped = false;
