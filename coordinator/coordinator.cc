@@ -605,23 +605,28 @@ void Coordinator::ExpireLeasesLocked(Effects* effects) {
       options_.metrics->AddLeaseExpiration();
       options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(w, Now()));
     }
-    if (w.state() != baton::v1::WORKER_STATE_BUSY || w.job_id().empty()) continue;
-    ActiveJob* j = FindActiveLocked(w.job_id());
-    if (j == nullptr) continue;
-    bool held = false;
-    for (RankSlot& slot : j->ranks) {
-      if (slot.worker.worker_id == w.worker_id() && slot.held) {
-        slot.held = false;  // dead: not contacted
-        held = true;
-      }
-    }
-    if (!held) continue;  // it ran an earlier attempt of a recovering job
-    FailLocked(w.job_id(),
-               absl::StrCat("worker ", w.worker_id(), " (", w.address(),
-                            ") lease expired (no heartbeat for ",
-                            absl::FormatDuration(registry_.lease_ttl()), ")"),
-               baton::v1::FAILURE_CAUSE_WORKER_LOST, effects);
+    WorkerGoneLocked(w,
+                     absl::StrCat("worker ", w.worker_id(), " (", w.address(),
+                                  ") lease expired (no heartbeat for ",
+                                  absl::FormatDuration(registry_.lease_ttl()), ")"),
+                     effects);
   }
+}
+
+void Coordinator::WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why,
+                                   Effects* effects) {
+  if (w.state() != baton::v1::WORKER_STATE_BUSY || w.job_id().empty()) return;
+  ActiveJob* j = FindActiveLocked(w.job_id());
+  if (j == nullptr) return;
+  bool held = false;
+  for (RankSlot& slot : j->ranks) {
+    if (slot.worker.worker_id == w.worker_id() && slot.held) {
+      slot.held = false;  // dead: not contacted
+      held = true;
+    }
+  }
+  if (!held) return;  // it ran an earlier attempt of a recovering job
+  FailLocked(w.job_id(), why, baton::v1::FAILURE_CAUSE_WORKER_LOST, effects);
 }
 
 void Coordinator::PlaceQueuedLocked(Effects* effects) {
@@ -1231,8 +1236,26 @@ absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
 absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     const baton::v1::HeartbeatRequest& request) {
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
-  std::lock_guard<std::mutex> lock(mu_);
   baton::v1::HeartbeatResponse response;
+  if (request.leaving()) {
+    // Shutting down: out of service now, not once the lease runs out.
+    Effects effects;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (std::optional<baton::v1::WorkerInfo> w = registry_.Leave(request.worker_id())) {
+        LogWarning(absl::StrCat("worker ", w->worker_id(), " (", w->address(), ") left"));
+        WorkerGoneLocked(*w,
+                         absl::StrCat("worker ", w->worker_id(), " (", w->address(),
+                                      ") shut down while running the job"),
+                         &effects);
+        WakeLoop();
+      }
+    }
+    Run(std::move(effects), /*wait=*/false);
+    response.set_known(false);
+    return response;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   if (options_.metrics != nullptr) {
     if (std::optional<baton::v1::WorkerInfo> before = registry_.Get(request.worker_id())) {
       options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(*before, Now()));

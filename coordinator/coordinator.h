@@ -99,6 +99,8 @@
 //    StartJob until the job has stopped.
 //  - known=false: the coordinator forgot it (restart, expired lease): abort any job it runs
 //    (that job has been failed) and register again. abort_job_ids: abort those jobs.
+//  - When it shuts down, a last Heartbeat with leaving=true (after its job stopped and was
+//    reported): it is DEAD at once, and sent no more jobs.
 //  - StartJob returns at once (FAILED_PRECONDITION while busy: retried for busy_retry),
 //    having made the worker ready to accept the job's tensors: the coordinator starts ranks
 //    1..S-1 (in parallel) and rank 0 only after all of them accepted, and every tensor of a
@@ -449,6 +451,10 @@ class Coordinator {
   void PersistLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(ActiveJob* job, baton::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker that was BUSY is gone (lease expired, or it left): the job it held a rank of
+  // fails, or recovers, with `why`.
+  void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceQueuedLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1043,6 +1043,31 @@ TEST_F(CoordinatorTest, AJobThatFinishesBeforeItsStartAnswersAreCountedSucceeds)
   EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
 }
 
+// A worker that shuts down says so with its last heartbeat: it is out of service at once
+// (no job is placed on its address while its lease would still run), and a job it held a
+// rank of fails naming it.
+TEST_F(CoordinatorTest, AWorkerThatLeavesIsOutOfServiceAtOnce) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  baton::v1::HeartbeatRequest bye;
+  bye.set_worker_id(w2);
+  bye.set_leaving(true);
+  absl::StatusOr<baton::v1::HeartbeatResponse> r = core_->Heartbeat(bye);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->known());
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_DEAD);
+  const Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.history().rbegin()->reason(), HasSubstr("shut down while running the job"));
+  // A new job waits for a second worker instead of going to the one that left.
+  const Job next = Submit(Spec(2));
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(client_->Calls("start", next.id()).empty());
+}
+
 TEST_F(CoordinatorTest, FailedStartJobFailsTheJobNamingTheWorker) {
   const std::string w1 = Register(1), w2 = Register(2);
   client_->FailStart(Address(2));

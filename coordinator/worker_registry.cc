@@ -171,6 +171,19 @@ bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& 
   return true;
 }
 
+std::optional<WorkerInfo> WorkerRegistry::Leave(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
+    return std::nullopt;
+  }
+  Entry& e = it->second;
+  WorkerInfo before = e.info;
+  e.info.set_state(baton::v1::WORKER_STATE_DEAD);
+  e.info.clear_job_id();
+  e.died = Now();
+  return before;
+}
+
 std::vector<WorkerInfo> WorkerRegistry::ExpireLeases() {
   std::vector<WorkerInfo> dead;
   const absl::Time now = Now();

@@ -83,6 +83,10 @@ class WorkerRegistry {
   // not free a worker that has moved on). Returns whether it changed anything.
   bool MarkIdle(const std::string& worker_id, const std::string& job_id);
 
+  // The worker said it is leaving (shutting down): DEAD now. Returns it as it was just
+  // before (state and job_id tell what it was doing); nullopt when unknown or already dead.
+  std::optional<baton::v1::WorkerInfo> Leave(const std::string& worker_id);
+
   std::optional<baton::v1::WorkerInfo> Get(const std::string& worker_id) const;
   // Every worker, live ones in registration order, then the dead.
   std::vector<baton::v1::WorkerInfo> List() const;

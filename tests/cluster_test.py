@@ -259,13 +259,22 @@ class Cluster:
             raise Failure(f"{e} (workers now: {self.describe_workers()})")
 
     def ensure_workers(self, count):
-        """Starts (again) any of w-1 .. w-count that is not running; waits for them IDLE."""
+        """Starts (again) any of w-1 .. w-count that is not running; waits for them IDLE, a
+        restarted one as its new process (until its old entry's lease runs out, the
+        coordinator may still list the old one, at the old address, as IDLE)."""
         ids = [f"w-{i}" for i in range(1, count + 1)]
+        started = {}
         for w in ids:
             proc = self.procs.get(w)
             if proc is None or proc.poll() is not None:
                 self.procs.pop(w, None)
-                self.start_worker(w)
+                started[w] = self.start_worker(w)
+
+        def registered():
+            at = {w["worker_id"]: w.get("address") for w in self.workers()
+                  if w.get("state") == "WORKER_STATE_IDLE"}
+            return all(at.get(w) == a for w, a in started.items())
+        wait_for(registered, 30, f"{', '.join(started) or 'no worker'} to register anew")
         return self.wait_idle(count, ids=ids)
 
     def describe_workers(self):

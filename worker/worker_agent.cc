@@ -220,6 +220,26 @@ void WorkerAgent::Stop() {
   }
   if (job_thread.joinable()) job_thread.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // Say goodbye, so that the coordinator sends this worker no more jobs (best effort: a
+  // coordinator that does not answer lets the lease run out).
+  bool registered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered = registered_;
+  }
+  if (registered) {
+    baton::v1::HeartbeatRequest req;
+    req.set_worker_id(worker_id());
+    req.set_leaving(true);
+    baton::v1::HeartbeatResponse resp;
+    std::unique_ptr<grpc::ClientContext> ctx = ClusterContext();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + std::min(options_.rpc_timeout,
+                                                                  absl::Seconds(2))));
+    const absl::Status s = FromGrpcStatus(cluster_->Heartbeat(ctx.get(), req, &resp));
+    Log(s.ok() ? "told the coordinator this worker is leaving"
+               : absl::StrCat("could not tell the coordinator this worker is leaving: ",
+                              s.ToString()));
+  }
 }
 
 std::string WorkerAgent::worker_id() const {
