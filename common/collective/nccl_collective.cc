@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cuda_context.h"
 #include "common/core/status.h"
 
 namespace baton {
@@ -30,7 +31,9 @@ NcclCollective::NcclCollective(NcclApi* api, int rank, int size, bool ordered, i
       size_(size),
       ordered_(ordered),
       cuda_device_(cuda_device),
-      comm_(comm) {}
+      comm_(comm) {
+  AddLiveNcclCommunicators(1);  // until the destructor has ended it (cuda_context.h)
+}
 
 absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
     int rank, int size, const NcclCollectiveOptions& options) {
@@ -96,9 +99,10 @@ NcclCollective::~NcclCollective() {
       return drained || absl::Now() > until;
     });
   }
-  if (gathered_ != nullptr && drained) (void)api_->DeviceFree(gathered_);
+  if (gathered_ != nullptr && drained) (void)api_->DeviceFreeAsync(gathered_, stream_);
   if (event_ != nullptr) (void)api_->EventDestroy(event_);
   if (stream_ != nullptr && drained) (void)api_->StreamDestroy(stream_);
+  AddLiveNcclCommunicators(-1);
 }
 
 void NcclCollective::Abort(const absl::Status& why) {
@@ -178,7 +182,9 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
                                                        failed_.message()));
     }
   }
-  if (size_ == 1 || n == 0) return absl::OkStatus();
+  if (n == 0) return absl::OkStatus();
+  // A one-member group goes through NCCL too: the same calls and kernel as a real group
+  // (what a test on one GPU can check), at the cost of a copy.
   if (absl::Now() > deadline) {
     return absl::DeadlineExceededError("all-reduce: the deadline passed before it started");
   }
@@ -207,14 +213,15 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
     return WaitStream(deadline, "ncclAllReduce");
   }
   if (n > capacity_) {
+    // In this stream's order, never cudaFree: it would wait for the whole device, so for the
+    // pipeline's NCCL kernels too, which may wait for a peer that waits for this replica.
     if (gathered_ != nullptr) {
-      // The stream finished with it: every call waits for its stream before returning.
-      if (absl::Status s = api_->DeviceFree(gathered_); !s.ok()) return Fail(s);
+      if (absl::Status s = api_->DeviceFreeAsync(gathered_, stream_); !s.ok()) return Fail(s);
       gathered_ = nullptr;
       capacity_ = 0;
     }
     absl::StatusOr<void*> p =
-        api_->DeviceAlloc(count * static_cast<size_t>(size_) * sizeof(float), cuda_device_);
+        api_->DeviceAllocAsync(count * static_cast<size_t>(size_) * sizeof(float), stream_);
     if (!p.ok()) return Fail(p.status());
     gathered_ = static_cast<float*>(*p);
     capacity_ = n;

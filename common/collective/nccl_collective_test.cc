@@ -54,6 +54,9 @@ void OnEveryMember(int size, F body, bool ordered = true,
       EXPECT_EQ(left.streams, 0) << "member " << r;
       EXPECT_EQ(left.events, 0) << "member " << r;
       EXPECT_EQ(left.buffers, 0) << "member " << r;
+      // Never cudaFree while the communicator lives (it would wait for the whole device,
+      // and so for NCCL kernels that may wait for a peer): stream-ordered frees only.
+      EXPECT_EQ(left.device_wide_frees, 0) << "member " << r;
     });
   }
   for (std::thread& t : threads) t.join();
@@ -236,7 +239,9 @@ TEST(NcclCollectiveTest, AbortWhileNcclHoldsACallInProgressEndsItWithTheReason) 
   }
 }
 
-TEST(NcclCollectiveTest, OneMemberKeepsItsDataAndNeedsNoTraffic) {
+// A one-member group runs the same NCCL calls and kernel as a larger one (what one GPU can
+// test: nccl_collective_real_test), and keeps its data.
+TEST(NcclCollectiveTest, OneMemberGroupKeepsItsData) {
   OnEveryMember(1, [&](int, Member& m) {
     float x[2] = {1.5f, -2.0f};
     ASSERT_TRUE(m.collective->AllReduceSum(x, 2, Soon()).ok());

@@ -39,6 +39,11 @@ void* CachingAllocator::Allocate(size_t bytes) {
   }
   void* p = system_.alloc(rounded);
   if (p == nullptr) {
+    if (system_.may_release != nullptr && !system_.may_release()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.cache_kept;
+      return nullptr;
+    }
     ReleaseCached();
     p = system_.alloc(rounded);
     if (p == nullptr) return nullptr;

@@ -25,10 +25,14 @@ class CachingAllocator final : public Allocator {
   // What the cache sits on. Alloc returns nullptr when out of memory (and never aborts);
   // Free takes back what Alloc returned; Quiesce, when given, is called before cached
   // blocks go back to the system (a device waits there for work that may still use them).
+  // MayRelease, when given, says whether a failed Alloc may give the cache back and try
+  // again now (a GPU's may not while NCCL kernels wait for peers: cudaFree would wait for
+  // them); when it says no, Allocate fails and counts a kept cache.
   struct System {
     void* (*alloc)(size_t bytes) = nullptr;
     void (*free)(void* p) = nullptr;
     void (*quiesce)() = nullptr;
+    bool (*may_release)() = nullptr;
   };
 
   // Blocks are `alignment`-aligned multiples of it (a power of two).

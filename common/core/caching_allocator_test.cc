@@ -125,5 +125,27 @@ TEST(HostStagingTest, StagingMemoryIsHostMemory) {
   EXPECT_FALSE(Tensor::TryEmptyWith(a, {-1}).ok()) << "negative dimensions are refused";
 }
 
+// While MayRelease says no (a GPU with NCCL kernels waiting for peers, where cudaFree
+// would wait for them), a failed allocation keeps the cache and fails: no quiesce, no free.
+TEST_F(CachingAllocatorTest, AMissKeepsTheCacheWhenItMayNotBeReleased) {
+  static bool may = false;
+  CachingAllocator::System sys = FakeSystem::System();
+  sys.may_release = [] { return may; };
+  CachingAllocator a(Device::kCpu, sys, 256);
+  FakeSystem::budget = 512;
+  void* p = a.Allocate(256);
+  a.Deallocate(p, 256);  // cached
+  FakeSystem::events.clear();
+  EXPECT_EQ(a.Allocate(1024), nullptr);
+  EXPECT_EQ(FakeSystem::events, std::vector<std::string>{"refuse 1024"});
+  EXPECT_EQ(a.Stats().bytes_cached, 256);
+  EXPECT_EQ(a.Stats().cache_kept, 1);
+  may = true;  // the communicators are gone: give the cache back and try again
+  FakeSystem::events.clear();
+  EXPECT_EQ(a.Allocate(1024), nullptr);
+  EXPECT_EQ(FakeSystem::events,
+            (std::vector<std::string>{"refuse 1024", "quiesce", "free", "refuse 1024"}));
+}
+
 }  // namespace
 }  // namespace baton

@@ -43,6 +43,15 @@ absl::Status SetCudaDevice(int index);
 // The device chosen (0 unless SetCudaDevice said otherwise).
 int CurrentCudaDevice();
 
+// NCCL communicators of this process that may have kernels waiting for a peer on the
+// device: the NCCL transport and engine add theirs when they come up (+1) and take them
+// away once they are gone (-1). While any is live the device and pinned allocators keep
+// their caches when an allocation fails, and the allocation fails (RESOURCE_EXHAUSTED,
+// saying so): giving the cache back (cudaFree) would wait for the whole device, so for
+// those kernels, whose peers may be waiting for this process.
+void AddLiveNcclCommunicators(int delta);
+int LiveNcclCommunicators();
+
 // The caching allocator of the current device's memory, or nullptr when no CUDA device is
 // present. Like the CPU allocator it caches freed blocks by size; ReleaseCached frees them.
 Allocator* CudaAllocator();
@@ -76,6 +85,9 @@ absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int6
                                  void* stream);
 
 #else  // !BATON_HAVE_CUDA
+
+inline void AddLiveNcclCommunicators(int /*delta*/) {}
+inline int LiveNcclCommunicators() { return 0; }
 
 inline absl::Status SetCudaDevice(int /*index*/) {
   return absl::UnavailableError("built without CUDA");

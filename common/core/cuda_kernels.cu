@@ -267,6 +267,10 @@ void DrainStream() {
   if (stream != nullptr) cudaStreamSynchronize(stream);
 }
 
+// NCCL communicators that may have kernels waiting for a peer (cuda_context.h).
+std::atomic<int> g_live_communicators{0};
+bool NoLiveCommunicators() { return g_live_communicators.load() == 0; }
+
 // Set once this process has allocated device memory: from then on it computes on CUDA and
 // host staging is worth page-locking.
 std::atomic<bool> g_device_memory_used{false};
@@ -922,6 +926,9 @@ absl::Status SetCudaDevice(int index) {
   return absl::OkStatus();
 }
 
+void AddLiveNcclCommunicators(int delta) { g_live_communicators.fetch_add(delta); }
+int LiveNcclCommunicators() { return g_live_communicators.load(); }
+
 int CurrentCudaDevice() {
   Context& c = Ctx();
   std::lock_guard<std::mutex> lock(c.mu);
@@ -937,7 +944,7 @@ Allocator* CudaAllocator() {
                                  g_device_memory_used.store(true, std::memory_order_relaxed);
                                  return DeviceSystemAlloc(bytes);
                                },
-                               DeviceSystemFree, DrainStream},
+                               DeviceSystemFree, DrainStream, NoLiveCommunicators},
       kAlignment);
   return allocator;
 }
@@ -945,7 +952,9 @@ Allocator* CudaAllocator() {
 Allocator* CudaPinnedHostAllocator() {
   if (!g_device_memory_used.load(std::memory_order_relaxed)) return nullptr;
   static Allocator* const allocator = new CachingAllocator(
-      Device::kCpu, CachingAllocator::System{PinnedSystemAlloc, PinnedSystemFree, DrainStream},
+      Device::kCpu,
+      CachingAllocator::System{PinnedSystemAlloc, PinnedSystemFree, DrainStream,
+                               NoLiveCommunicators},
       kAlignment);
   return allocator;
 }

@@ -140,7 +140,13 @@ absl::StatusOr<Tensor> Tensor::TryEmptyWith(Allocator* allocator, const Shape& s
     const AllocatorStats st = allocator->Stats();
     return absl::ResourceExhaustedError(absl::StrCat(
         "out of ", DeviceName(device), " memory allocating ", bytes, " bytes for ",
-        DTypeName(dtype), ShapeString(shape), " (", st.bytes_in_use, " bytes in use)"));
+        DTypeName(dtype), ShapeString(shape), " (", st.bytes_in_use, " bytes in use",
+        st.cache_kept > 0 && st.bytes_cached > 0
+            ? absl::StrCat("; ", st.bytes_cached,
+                           " bytes cached were kept: giving them back would wait for the "
+                           "NCCL kernels in flight")
+            : std::string(),
+        ")"));
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>(allocator, p, bytes);

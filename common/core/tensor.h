@@ -44,6 +44,9 @@ struct AllocatorStats {
   int64_t peak_bytes_in_use = 0;   // high-water mark of bytes_in_use
   int64_t bytes_cached = 0;        // freed by tensors, kept for reuse
   int64_t system_allocations = 0;  // calls that reached the system allocator
+  // Failed allocations that could not give the cache back first (CachingAllocator's
+  // MayRelease said no: NCCL communicators were live on the GPU).
+  int64_t cache_kept = 0;
 };
 
 // Hands out device memory aligned to 64 bytes. Thread-safe.

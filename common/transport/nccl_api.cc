@@ -219,6 +219,16 @@ class RealNccl final : public NcclApi {
     const cudaError_t e = cudaFree(p);
     return e == cudaSuccess ? absl::OkStatus() : CudaError("cudaFree", e);
   }
+  absl::StatusOr<void*> DeviceAllocAsync(size_t bytes, CudaStream stream) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, bytes, Stream(stream));
+    if (e != cudaSuccess) return CudaError("cudaMallocAsync", e);
+    return p;
+  }
+  absl::Status DeviceFreeAsync(void* p, CudaStream stream) override {
+    const cudaError_t e = cudaFreeAsync(p, Stream(stream));
+    return e == cudaSuccess ? absl::OkStatus() : CudaError("cudaFreeAsync", e);
+  }
   absl::StatusOr<void*> HostAlloc(size_t bytes) override {
     void* p = nullptr;
     const cudaError_t e = cudaMallocHost(&p, bytes);

@@ -144,9 +144,16 @@ class NcclApi {
   // Without blocking: true when the event's latest record completed (or it was never
   // recorded), false while pending; an error from the work before it.
   virtual absl::StatusOr<bool> EventQuery(CudaEvent event) = 0;
-  // Device memory (cudaMalloc) for the transport's small staging buffers.
+  // Device memory (cudaMalloc) for the transport's small staging buffers. DeviceFree
+  // (cudaFree) waits for the whole device: never call it while a communicator of this
+  // process may have a kernel waiting for a peer (that kernel may wait for this process).
   virtual absl::StatusOr<void*> DeviceAlloc(size_t bytes, int cuda_device) = 0;
   virtual absl::Status DeviceFree(void* p) = 0;
+  // Stream-ordered device memory (cudaMallocAsync, cudaFreeAsync on `stream`): usable by
+  // work queued on `stream` after the call, given back after the work queued before the
+  // free. Neither waits for the device, so both are safe while communicators are live.
+  virtual absl::StatusOr<void*> DeviceAllocAsync(size_t bytes, CudaStream stream) = 0;
+  virtual absl::Status DeviceFreeAsync(void* p, CudaStream stream) = 0;
   // Page-locked host memory (cudaMallocHost), which asynchronous copies need.
   virtual absl::StatusOr<void*> HostAlloc(size_t bytes) = 0;
   virtual absl::Status HostFree(void* p) = 0;

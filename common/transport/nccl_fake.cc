@@ -373,7 +373,7 @@ NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) return NcclResult::kInvalidArgument;
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  std::unique_lock<std::mutex> lock(w.mu);
   const std::string key(id.bytes.data(), id.bytes.size());
   std::shared_ptr<Clique> clique = w.cliques[key].lock();
   if (!clique) {
@@ -405,6 +405,18 @@ NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId
     }
   }
   w.cv.notify_all();
+  if (options_.blocking_init && !options_.init_fails) {
+    const bool all = w.cv.wait_for(lock, absl::ToChronoNanoseconds(options_.blocking_init_timeout),
+                                   [&] { return clique->joined == nranks; });
+    if (!all) {
+      c->init = NcclResult::kSystemError;
+      c->last_error = absl::StrCat("fake NCCL: a blocking ncclCommInitRank waited ",
+                                   absl::FormatDuration(options_.blocking_init_timeout),
+                                   " for the other members (a real one waits forever)");
+      return NcclResult::kSystemError;
+    }
+    return NcclResult::kSuccess;
+  }
   return NcclResult::kInProgress;
 }
 
@@ -669,7 +681,39 @@ absl::StatusOr<void*> FakeNccl::DeviceAlloc(size_t bytes, int cuda_device) {
   return HostAlloc(bytes);
 }
 
-absl::Status FakeNccl::DeviceFree(void* p) { return HostFree(p); }
+absl::Status FakeNccl::DeviceFree(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    ++device_wide_frees_;
+  }
+  return HostFree(p);
+}
+
+absl::StatusOr<void*> FakeNccl::DeviceAllocAsync(size_t bytes, CudaStream stream) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    if (Lookup(streams_, stream) == nullptr) return UnknownHandle("stream");
+  }
+  return HostAlloc(bytes);
+}
+
+absl::Status FakeNccl::DeviceFreeAsync(void* p, CudaStream stream) {
+  {
+    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    if (buffers_.count(p) == 0) return UnknownHandle("buffer");
+    Stream* s = Lookup(streams_, stream);
+    if (s == nullptr) return UnknownHandle("stream");
+    if (!s->queue.empty()) {  // after the work before it
+      Item it;
+      it.kind = Kind::kHostFn;
+      it.fn = [this, p] { (void)HostFree(p); };
+      s->queue.push_back(std::move(it));
+      TheWorld().cv.notify_all();
+      return absl::OkStatus();
+    }
+  }
+  return HostFree(p);  // nothing queued before it: given back now
+}
 
 absl::StatusOr<void*> FakeNccl::HostAlloc(size_t bytes) {
   void* p = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
@@ -723,6 +767,7 @@ FakeNccl::Counts FakeNccl::counts() const {
   c.destroyed = destroyed_;
   c.streams = static_cast<int>(streams_.size());
   c.events = static_cast<int>(events_.size());
+  c.device_wide_frees = device_wide_frees_;
   c.buffers = static_cast<int>(buffers_.size());
   return c;
 }

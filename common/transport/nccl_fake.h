@@ -37,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/transport/nccl_api.h"
 
 namespace baton {
@@ -49,6 +50,12 @@ struct FakeNcclOptions {
   bool init_never_completes = false;
   // CommInitRank fails: the communicator's state becomes kSystemError.
   bool init_fails = false;
+  // CommInitRank blocks until every member of the communicator joined, as NCCL does with
+  // NCCL_COMM_BLOCKING=1 in the environment (which overrides the config's non-blocking
+  // flag). A real one waits forever; this one gives up after blocking_init_timeout and
+  // returns kSystemError saying so.
+  bool blocking_init = false;
+  absl::Duration blocking_init_timeout = absl::Seconds(3);
   // From this operation on (0: never) the communicator is broken: CommGetAsyncError
   // reports `async_error`, and this and every pending or later operation on it hangs
   // until CommAbort, as NCCL does on a failed link.
@@ -107,6 +114,9 @@ class FakeNccl final : public NcclApi {
   absl::StatusOr<bool> EventQuery(CudaEvent event) override;
   absl::StatusOr<void*> DeviceAlloc(size_t bytes, int cuda_device) override;
   absl::Status DeviceFree(void* p) override;
+  absl::StatusOr<void*> DeviceAllocAsync(size_t bytes, CudaStream stream) override;
+  // Frees in stream order: after the work queued on `stream` before it.
+  absl::Status DeviceFreeAsync(void* p, CudaStream stream) override;
   absl::StatusOr<void*> HostAlloc(size_t bytes) override;
   absl::Status HostFree(void* p) override;
   absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) override;
@@ -125,6 +135,8 @@ class FakeNccl final : public NcclApi {
     int streams = 0;
     int events = 0;
     int buffers = 0;  // DeviceAlloc and HostAlloc blocks
+    // DeviceFree calls (ever): each would wait for the whole device on a GPU.
+    int device_wide_frees = 0;
   };
   Counts counts() const;
 
@@ -151,6 +163,7 @@ class FakeNccl final : public NcclApi {
   absl::flat_hash_map<void*, size_t> buffers_;
   int aborted_ = 0;
   int destroyed_ = 0;
+  int device_wide_frees_ = 0;
 };
 
 std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options = {});

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/cuda_context.h"
 #include "common/core/status.h"
 
 namespace baton {
@@ -330,6 +332,7 @@ NcclTransport::NcclTransport(Options options)
     : options_(std::move(options)),
       api_(options_.api),
       compute_(reinterpret_cast<CudaStream>(options_.compute_stream)) {
+  AddLiveNcclCommunicators(1);  // until the destructor has closed them all
   for (int peer : options_.peers) {
     for (bool send : {true, false}) {
       auto e = std::make_unique<Edge>();
@@ -347,6 +350,19 @@ NcclTransport::NcclTransport(Options options)
       edges_.push_back(std::move(e));
     }
   }
+  // One global order for bringing communicators up, the same on every rank: by the pair's
+  // lower rank, then its higher rank, then the lower rank's send first. A blocking
+  // ncclCommInitRank (NCCL_COMM_BLOCKING=1 in the environment overrides the config) waits
+  // for the peer's matching call: ranks that went in different orders would wait for each
+  // other forever.
+  std::sort(edges_.begin(), edges_.end(), [this](const auto& a, const auto& b) {
+    auto key = [this](const Edge& e) {
+      const int src = e.send ? options_.rank : e.peer;
+      const int dst = e.send ? e.peer : options_.rank;
+      return std::make_tuple(std::min(src, dst), std::max(src, dst), src > dst);
+    };
+    return key(*a) < key(*b);
+  });
 }
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
@@ -686,7 +702,15 @@ NcclTransport::~NcclTransport() {
       quarantine.swap(e->quarantine);
     }
     if (drained) {
-      if (e->dev_headers != nullptr) (void)api_->DeviceFree(e->dev_headers);
+      // In the stream's order: cudaFree would wait for the whole device, so for another
+      // communicator's kernels (the replicas' engine) that may wait for a peer.
+      if (e->dev_headers != nullptr) {
+        if (e->stream != nullptr) {
+          (void)api_->DeviceFreeAsync(e->dev_headers, e->stream);
+        } else {
+          (void)api_->DeviceFree(e->dev_headers);
+        }
+      }
       if (e->host_headers != nullptr) (void)api_->HostFree(e->host_headers);
     } else if (!quarantine.empty()) {
       // A stream did not drain: an aborted operation may still write into these tensors.
@@ -705,6 +729,7 @@ NcclTransport::~NcclTransport() {
     free_events_.clear();
   }
   for (CudaEvent ev : events) (void)api_->EventDestroy(ev);
+  AddLiveNcclCommunicators(-1);
 }
 
 void NcclTransport::AbortComm(Edge& e) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -153,6 +154,22 @@ class Cluster {
 };
 
 // --- Exchanges --------------------------------------------------------------------------
+
+// With NCCL_COMM_BLOCKING=1 each ncclCommInitRank waits for its peer's: every rank must
+// bring its communicators up in one global order (the pair's ranks, then the lower rank's
+// send first), whatever order its peers were listed in.
+TEST(NcclTransportTest, BlockingBringUpGoesInOneGlobalOrder) {
+  FakeNcclOptions blocking;
+  blocking.blocking_init = true;
+  Cluster c(3, {{0, blocking}, {1, blocking}, {2, blocking}});
+  const auto statuses = c.Start({}, [](NcclTransport::Options& o) {
+    std::reverse(o.peers.begin(), o.peers.end());  // rank 1 lists rank 2 first
+  });
+  for (const auto& [r, s] : statuses) ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s;
+  auto w = c[1]->Send(2, Tag(0), Tensor::Zeros({4}));
+  EXPECT_TRUE(c[2]->Recv(1, Tag(0), In(absl::Seconds(5))).ok());
+  EXPECT_TRUE(w->Wait(In(absl::Seconds(5))).ok());
+}
 
 // A 2-rank 1F1B exchange: rank 0 sends activations and receives gradients, rank 1 the
 // reverse, each in its clock order; in the steady state both send before they receive.
