@@ -204,6 +204,9 @@ run_tests() {
     cat "$WORK/$t.log" >&2
     secs=$((SECONDS - start))
     counts="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}.*/\1 passed/p' "$WORK/$t.log" | tail -1)"
+    local skipped
+    skipped="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}.*/\1 skipped/p' "$WORK/$t.log" | tail -1)"
+    [[ -n "$skipped" ]] && counts="${counts:-?}, $skipped ($(grep -A1 '^\[  SKIPPED \] [A-Z]' "$WORK/$t.log" | grep -o 'needs [0-9]* CUDA devices' | sort -u | tr '\n' ' '))"
     if [[ $rc -eq 0 ]]; then
       note "PASS $t (${counts:-?}, ${secs}s)"
     elif [[ $rc -eq 124 || $rc -eq 137 ]]; then

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -119,6 +120,12 @@ int main(int argc, char** argv) {
     options.metrics = &metrics;
   }
 
+  // A broken GPU context ends this process (exit status 3): its supervisor starts a new one.
+  static std::atomic<bool> device_fault{false};
+  options.on_device_fault = [](const absl::Status&) {
+    device_fault = true;
+    kill(getpid(), SIGTERM);  // main's sigwait below shuts down as on a signal
+  };
   baton::WorkerAgent agent(options, &inbox);
   baton::WorkerServiceImpl service(&agent);
   baton::ServerOptions so;
@@ -184,5 +191,5 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   inbox.Close();
   if (health != nullptr) health->Shutdown();
-  return 0;
+  return device_fault ? 3 : 0;
 }

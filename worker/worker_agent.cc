@@ -370,6 +370,10 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
     }
   }
   // What the inbox will accept: the tensors this rank's clock receives, from their ranks.
+  if (absl::Status fault = CudaDeviceFault(); !fault.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("worker ", worker_id(), " is leaving: ", fault.message()));
+  }
   // A CPU job this process cannot hold now is refused before anything is built: running
   // out of memory mid-job is the last resort (RunJob), not the plan. (A GPU job's memory is
   // the GPU's, which placement checked.)
@@ -527,6 +531,11 @@ void WorkerAgent::RunJob(std::shared_ptr<Job> job) {
                           absl::StrCat("aborted: ", job->abort_status.message()));
   }
   FinishJob(*job, status);
+  if (absl::Status fault = CudaDeviceFault(); !fault.ok()) {
+    Log(absl::StrCat("leaving: ", fault.message(),
+                     "; a new process gets a new context (the supervisor restarts this one)"));
+    if (options_.on_device_fault) options_.on_device_fault(fault);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   job_.reset();
   if (options_.metrics != nullptr) options_.metrics->SetBusy(false);

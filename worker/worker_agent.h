@@ -26,6 +26,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +68,11 @@ struct WorkerOptions {
   DataAccess data;
   // The cluster's join token (--join_token_file), sent when registering; empty: none.
   std::string join_token;
+  // Called (from the job's thread, once) when a job ended with this process's GPU context
+  // broken (CudaDeviceFault): nothing can run on the GPU again, so the worker should leave
+  // (main.cc shuts it down with exit status 3, for its supervisor to restart it). Until it
+  // has, StartJob refuses every job (UNAVAILABLE).
+  std::function<void(const absl::Status&)> on_device_fault;
 };
 
 class WorkerAgent {

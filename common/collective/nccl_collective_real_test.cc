@@ -1,14 +1,19 @@
 // The NCCL engine on a real GPU with the real library. One GPU holds one member (NCCL will
-// not put two ranks of a communicator on one device), so this checks a one-member group's
-// calls and, directly, the ordered-sum kernel against the CPU's sum bit for bit: the part
-// of the engine the fake (nccl_collective_test.cc) cannot run. Skips without a CUDA device
+// not put two ranks of a communicator on one device), so on one GPU this checks a
+// one-member group's calls (the same NCCL calls and kernel as a larger group) and,
+// directly, the ordered-sum kernel against the CPU's sum bit for bit: the part of the
+// engine the fake (nccl_collective_test.cc) cannot run. With two GPUs, a two-member group
+// too (skipped, saying so, with fewer). Skips without a CUDA device
 // or NCCL; fails instead under BATON_REQUIRE_GPU (scripts/gpu-test.sh). ctest label gpu.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include <thread>
+
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
+#include "common/core/cuda_test_util.h"
 #include "common/transport/nccl_test_util.h"
 #include "gtest/gtest.h"
 
@@ -79,6 +84,64 @@ TEST(NcclCollectiveRealTest, AOneMemberGroupJoinsAndReducesInBothModes) {
     EXPECT_EQ(back, host) << (ordered ? "ordered" : "fast");
     c->reset();
     EXPECT_TRUE(api->DeviceFree(*buf).ok());
+  }
+}
+
+// Two members on two GPUs, ordered mode: every member ends with the sum in member order,
+// bit for bit (the engine's contract), through the real ncclAllGather.
+TEST(NcclCollectiveRealTest, TwoMembersOnTwoGpusSumInMemberOrderBitForBit) {
+  BATON_SKIP_WITHOUT_CUDA_DEVICES(2);
+  BATON_NCCL_OR_SKIP(api);
+  constexpr size_t kN = 65537;
+  NcclUniqueId id;
+  ASSERT_EQ(api->GetUniqueId(&id), NcclResult::kSuccess);
+  auto value = [](int member, size_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + member)) *
+           (i % 5 == member ? 3e7f : 1.0f);
+  };
+  std::vector<float> got[2];
+  std::thread members[2];
+  for (int m = 0; m < 2; ++m) {
+    members[m] = std::thread([&, m] {
+      NcclCollectiveOptions o;
+      o.api = api;
+      o.id = id;
+      o.ordered = true;
+      o.cuda_device = m;
+      o.init_timeout = absl::Seconds(60);
+      absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(m, 2, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      absl::StatusOr<CudaStream> stream = api->StreamCreate(m);
+      absl::StatusOr<CudaEvent> done = api->EventCreate(m);
+      absl::StatusOr<void*> dev = api->DeviceAlloc(kN * sizeof(float), m);
+      absl::StatusOr<void*> host = api->HostAlloc(kN * sizeof(float));
+      ASSERT_TRUE(stream.ok() && done.ok() && dev.ok() && host.ok());
+      float* h = static_cast<float*>(*host);
+      for (size_t i = 0; i < kN; ++i) h[i] = value(m, i);
+      ASSERT_TRUE(api->MemcpyAsync(*dev, h, kN * sizeof(float), *stream).ok());
+      ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
+      ASSERT_TRUE(Reached(api, *done, absl::Seconds(30)));
+      ASSERT_TRUE((*c)->AllReduceSum(static_cast<float*>(*dev), kN,
+                                     absl::Now() + absl::Seconds(60))
+                      .ok());
+      ASSERT_TRUE(api->MemcpyAsync(h, *dev, kN * sizeof(float), *stream).ok());
+      ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
+      ASSERT_TRUE(Reached(api, *done, absl::Seconds(30)));
+      got[m].assign(h, h + kN);
+      c->reset();
+      EXPECT_TRUE(api->HostFree(*host).ok());
+      EXPECT_TRUE(api->DeviceFree(*dev).ok());
+      EXPECT_TRUE(api->EventDestroy(*done).ok());
+      EXPECT_TRUE(api->StreamDestroy(*stream).ok());
+    });
+  }
+  for (std::thread& t : members) t.join();
+  ASSERT_EQ(got[0].size(), kN);
+  ASSERT_EQ(got[1].size(), kN);
+  for (size_t i = 0; i < kN; ++i) {
+    const float want = value(0, i) + value(1, i);
+    ASSERT_EQ(std::memcmp(&got[0][i], &want, sizeof(float)), 0) << i;
+    ASSERT_EQ(std::memcmp(&got[1][i], &want, sizeof(float)), 0) << i;
   }
 }
 

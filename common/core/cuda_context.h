@@ -67,9 +67,13 @@ Backend* CudaBackend();
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind);
 // Sets `bytes` of device memory to zero, in stream order (does not wait).
 absl::Status CudaZero(void* p, size_t bytes);
-// Waits for all work issued so far; returns the first error the stream hit since the last
-// call (and forgets it).
+// Waits for all work issued so far; returns the first error this thread's calls and
+// launches hit since its last call (and forgets it), or the device fault, if any.
 absl::Status CudaSynchronize();
+// OK, or the fault that broke this process's CUDA context (an illegal address, a failed
+// launch, an uncorrectable ECC error...): from then on nothing can run on the GPU in this
+// process, which should leave (a worker exits so that its supervisor restarts it).
+absl::Status CudaDeviceFault();
 
 // The process's compute stream, as an opaque cudaStream_t (for code that orders its own
 // streams after it, like the NCCL transport); nullptr when it cannot be created.
@@ -85,6 +89,7 @@ absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int6
                                  void* stream);
 
 #else  // !BATON_HAVE_CUDA
+inline absl::Status CudaDeviceFault() { return absl::OkStatus(); }
 
 inline void AddLiveNcclCommunicators(int /*delta*/) {}
 inline int LiveNcclCommunicators() { return 0; }

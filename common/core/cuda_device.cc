@@ -10,6 +10,8 @@ namespace baton {
 namespace cuda_detail {
 // Defined in cuda_device.cu; keep in sync with the declarations there.
 int RuntimeDeviceCount();
+int RuntimeDeviceCountError();
+int RuntimeVersions(int* driver, int* runtime);
 int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_memory_bytes,
                       int* compute_major, int* compute_minor);
 int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity);
@@ -19,6 +21,26 @@ int RuntimeSelfTest(int index, char* message, int message_capacity);
 }  // namespace cuda_detail
 
 int CudaDeviceCount() { return cuda_detail::RuntimeDeviceCount(); }
+
+std::string CudaAbsenceReason() {
+  if (CudaDeviceCount() > 0) return "";
+  const int err = cuda_detail::RuntimeDeviceCountError();
+  int driver = 0, runtime = 0;
+  cuda_detail::RuntimeVersions(&driver, &runtime);
+  auto version = [](int v) { return absl::StrCat(v / 1000, ".", (v % 1000) / 10); };
+  const std::string name = cuda_detail::RuntimeErrorName(err);
+  if (name == "cudaErrorInsufficientDriver") {
+    return absl::StrCat("the NVIDIA driver is too old: it supports CUDA ", version(driver),
+                        ", this build needs CUDA ", version(runtime),
+                        " (update the driver; CUDA 13 needs 580 or newer)");
+  }
+  if (name == "cudaErrorNoDevice" || err == 0) {
+    return driver > 0 ? "the NVIDIA driver sees no CUDA device"
+                      : "no NVIDIA driver (libcuda) is installed, so no CUDA device";
+  }
+  return absl::StrCat("the CUDA runtime finds no usable device: ", name, " (",
+                      cuda_detail::RuntimeErrorString(err), ")");
+}
 
 absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
   const int count = CudaDeviceCount();

@@ -14,6 +14,8 @@
 namespace baton::cuda_detail {
 
 int RuntimeDeviceCount();
+int RuntimeDeviceCountError();
+int RuntimeVersions(int* driver, int* runtime);
 int RuntimeDeviceInfo(int index, char* name, int name_capacity, int64_t* total_memory_bytes,
                       int* compute_major, int* compute_minor);
 int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity);
@@ -86,6 +88,22 @@ int RuntimeDeviceUuid(int index, char* uuid, int uuid_capacity) {
                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
                 b[14], b[15]);
   return static_cast<int>(cudaSuccess);
+}
+
+int RuntimeDeviceCountError() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  cudaGetLastError();
+  return static_cast<int>(err);
+}
+
+int RuntimeVersions(int* driver, int* runtime) {
+  *driver = 0;
+  *runtime = 0;
+  cudaDriverGetVersion(driver);  // 0 without a driver
+  const cudaError_t err = cudaRuntimeGetVersion(runtime);
+  cudaGetLastError();
+  return static_cast<int>(err);
 }
 
 const char* RuntimeErrorName(int error) {

@@ -36,6 +36,9 @@ inline constexpr bool BuiltWithCuda() { return true; }
 // Number of usable CUDA devices; 0 when this build has no CUDA, no driver is loaded, or no
 // device is present (never an error).
 int CudaDeviceCount();
+// Why CudaDeviceCount() is 0, in words ("the NVIDIA driver is too old: it supports CUDA
+// 12.4, this build needs CUDA 13.0 ..."), or "" when there is a device.
+std::string CudaAbsenceReason();
 // Properties of device `index`: INVALID_ARGUMENT for an index outside
 // [0, CudaDeviceCount()), UNAVAILABLE when the runtime fails.
 absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index);
@@ -48,6 +51,7 @@ absl::Status CudaSelfTest(int index = 0);
 
 inline constexpr bool BuiltWithCuda() { return false; }
 inline int CudaDeviceCount() { return 0; }
+inline std::string CudaAbsenceReason() { return "this build has no CUDA"; }
 inline absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int /*index*/) {
   return absl::UnavailableError("built without CUDA");
 }

@@ -2,6 +2,9 @@
 #include "common/core/cuda_test_util.h"
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 namespace baton {
@@ -54,6 +57,33 @@ TEST(CudaDeviceTest, MemcpyRoundTripAndKernel) {
   // Twice: the first run must leave the device usable.
   const absl::Status again = CudaSelfTest(0);
   EXPECT_TRUE(again.ok()) << again;
+}
+
+[[noreturn]] void SelfTestOnGpuOneInAChild() {
+  BATON_CHILD_CHECK(CudaSelfTest(1).ok());
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  BATON_CHILD_CHECK_NE(cuda, nullptr);
+  using GetState = int (*)(int, unsigned*, int*);
+  using DeviceGet = int (*)(int*, int);
+  auto get_state = reinterpret_cast<GetState>(dlsym(cuda, "cuDevicePrimaryCtxGetState"));
+  auto device_get = reinterpret_cast<DeviceGet>(dlsym(cuda, "cuDeviceGet"));
+  BATON_CHILD_CHECK(get_state != nullptr && device_get != nullptr);
+  int dev0 = -1, active = -1;
+  unsigned flags = 0;
+  BATON_CHILD_CHECK_EQ(device_get(&dev0, 0), 0);
+  BATON_CHILD_CHECK_EQ(get_state(dev0, &flags, &active), 0);
+  std::fprintf(stderr, "GPU 0 primary context active: %d\n", active);
+  std::_Exit(active == 0 ? 0 : 1);
+}
+
+// A worker on GPU 1 must not create a context on GPU 0 (in exclusive-process mode that
+// fails; otherwise it takes GPU 0's memory from the worker that owns it): the self-test
+// leaves its own device current instead of restoring device 0. In a child process, which
+// has touched no GPU before; GPU 0's primary context is read through the driver API.
+TEST(CudaDeviceTest, SelfTestOnGpuOneCreatesNoContextOnGpuZero) {
+  BATON_SKIP_WITHOUT_CUDA_DEVICES(2);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(SelfTestOnGpuOneInAChild(), testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -134,9 +134,16 @@ struct Context {
   const CublasApi* blas_api = nullptr;  // loaded with the handle
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
-  std::mutex blas_mu;        // one cuBLAS call at a time on the shared handle
-  absl::Status first_error;  // the first failure seen, reported by CudaSynchronize
+  std::mutex blas_mu;  // one cuBLAS call at a time on the shared handle
 };
+
+// Errors belong to the thread that caused them: a failed launch or call is kept for that
+// thread's next CudaSynchronize (the first one since the last), so one thread's sync never
+// takes, or reports, another's. A fault that breaks the context (IsStickyCudaError) is the
+// process's: every later CudaSynchronize, on any thread, reports it (CudaDeviceFault).
+thread_local absl::Status t_first_error;
+std::mutex g_fault_mu;
+absl::Status g_device_fault;  // guarded by g_fault_mu
 
 Context& Ctx() {
   static Context* const c = new Context();  // never destroyed: used until exit
@@ -144,10 +151,39 @@ Context& Ctx() {
 }
 
 void RecordError(const absl::Status& s) {
-  if (s.ok()) return;
-  Context& c = Ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.first_error.Update(s);  // keeps the first failure
+  t_first_error.Update(s);  // keeps the first failure
+}
+
+// Errors after which the CUDA context cannot be used again (the CUDA runtime's own list of
+// errors that leave the process in an inconsistent state).
+bool IsStickyCudaError(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void RecordCudaError(cudaError_t err, const char* what) {
+  const absl::Status s = CudaError(err, what);
+  if (IsStickyCudaError(err)) {
+    std::lock_guard<std::mutex> lock(g_fault_mu);
+    g_device_fault.Update(absl::Status(
+        s.code(), absl::StrCat("the GPU's context is broken (", s.message(),
+                               "): nothing more can run on it in this process")));
+  }
+  RecordError(s);
 }
 
 // Makes `c.device` current on the calling thread (once per thread and device) and starts
@@ -163,7 +199,7 @@ cudaStream_t Enter() {
       const cudaError_t err = cudaSetDevice(device);
       if (err != cudaSuccess) {
         cudaGetLastError();
-        c.first_error.Update(CudaError(err, "cudaSetDevice"));
+        RecordCudaError(err, "cudaSetDevice");
         return nullptr;
       }
       current = device;
@@ -175,14 +211,14 @@ cudaStream_t Enter() {
       if (err != cudaSuccess) {
         cudaGetLastError();
         c.stream = nullptr;
-        c.first_error.Update(CudaError(err, "cudaStreamCreate"));
+        RecordCudaError(err, "cudaStreamCreate");
         return nullptr;
       }
     }
     if (c.blas_api == nullptr) {
       absl::StatusOr<const CublasApi*> api = LoadCublas();
       if (!api.ok()) {
-        c.first_error.Update(api.status());
+        RecordError(api.status());
         return nullptr;
       }
       c.blas_api = *api;
@@ -190,14 +226,14 @@ cudaStream_t Enter() {
     if (c.blas == nullptr) {
       if (c.blas_api->create(&c.blas) != CUBLAS_STATUS_SUCCESS) {
         c.blas = nullptr;
-        c.first_error.Update(absl::InternalError("cublasCreate failed"));
+        RecordError(absl::InternalError("cublasCreate failed"));
         return nullptr;
       }
     }
     if (c.blas_api->set_stream(c.blas, c.stream) != CUBLAS_STATUS_SUCCESS ||
         c.blas_api->set_math_mode(c.blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS ||
         c.blas_api->set_pointer_mode(c.blas, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS) {
-      c.first_error.Update(absl::InternalError("cuBLAS configuration failed"));
+      RecordError(absl::InternalError("cuBLAS configuration failed"));
       return nullptr;
     }
     if (c.workspace == nullptr) {
@@ -205,13 +241,13 @@ cudaStream_t Enter() {
       if (err != cudaSuccess) {
         cudaGetLastError();
         c.workspace = nullptr;
-        c.first_error.Update(CudaError(err, "cudaMalloc (cuBLAS workspace)"));
+        RecordCudaError(err, "cudaMalloc (cuBLAS workspace)");
         return nullptr;
       }
     }
     if (c.blas_api->set_workspace(c.blas, c.workspace, kCublasWorkspaceBytes) !=
         CUBLAS_STATUS_SUCCESS) {
-      c.first_error.Update(absl::InternalError("cublasSetWorkspace failed"));
+      RecordError(absl::InternalError("cublasSetWorkspace failed"));
       return nullptr;
     }
     c.started = true;
@@ -219,10 +255,15 @@ cudaStream_t Enter() {
   }
 }
 
+// Before a launch: forgets a non-sticky error that another call left as this thread's last
+// error unchecked, so that CheckLaunch after the launch reports the launch's own failure,
+// never another call's. A sticky fault stays: the launch then fails with it.
+void ClearStaleError() { (void)cudaGetLastError(); }
+
 // Records a failed launch (cudaGetLastError after a kernel).
 void CheckLaunch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) RecordError(CudaError(err, kernel));
+  if (err != cudaSuccess) RecordCudaError(err, kernel);
 }
 
 int Blocks(int64_t n) {
@@ -242,7 +283,7 @@ int Blocks(int64_t n) {
 void* CheckedAlloc(cudaError_t err, void* p, const char* call) {
   if (err == cudaSuccess) return p;
   cudaGetLastError();
-  if (err != cudaErrorMemoryAllocation) RecordError(CudaError(err, call));
+  if (err != cudaErrorMemoryAllocation) RecordCudaError(err, call);
   return nullptr;
 }
 
@@ -612,6 +653,7 @@ class CudaBackendImpl final : public Backend {
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     if (k == 0) {  // BLAS would still scale C by beta; keep that meaning
+      ClearStaleError();
       ScaleMatrixKernel<<<Blocks(m * n), kThreads, 0, s>>>(m, n, beta, c, ldc);
       CheckLaunch("ScaleMatrixKernel");
       return;
@@ -632,6 +674,7 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     AddKernel<<<Blocks(n), kThreads, 0, s>>>(n, a, b, out);
     CheckLaunch("AddKernel");
   }
@@ -640,6 +683,7 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(n, scale, x, y);
     CheckLaunch("ScaleKernel");
   }
@@ -648,6 +692,7 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     FillKernel<<<Blocks(n), kThreads, 0, s>>>(n, value, y);
     CheckLaunch("FillKernel");
   }
@@ -658,12 +703,13 @@ class CudaBackendImpl final : public Backend {
     if (s == nullptr) return;
     const cudaError_t err =
         cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
-    if (err != cudaSuccess) RecordError(CudaError(err, "cudaMemcpyAsync (Copy)"));
+    if (err != cudaSuccess) RecordCudaError(err, "cudaMemcpyAsync (Copy)");
   }
 
   double Sum(int64_t n, const float* x) override {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
+      ClearStaleError();
       SumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
       CheckLaunch("SumKernel");
     });
@@ -673,6 +719,7 @@ class CudaBackendImpl final : public Backend {
     if (rows * cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, bias, y);
     CheckLaunch("AddBiasKernel");
   }
@@ -681,6 +728,7 @@ class CudaBackendImpl final : public Backend {
     if (cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     BiasGradKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, dy, dbias);
     CheckLaunch("BiasGradKernel");
   }
@@ -690,6 +738,7 @@ class CudaBackendImpl final : public Backend {
     if (rows * cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     BiasGeluKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, x, bias, pre, out);
     CheckLaunch("BiasGeluKernel");
   }
@@ -698,6 +747,7 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     GeluBackwardKernel<<<Blocks(n), kThreads, 0, s>>>(n, pre, dy, dx);
     CheckLaunch("GeluBackwardKernel");
   }
@@ -707,6 +757,7 @@ class CudaBackendImpl final : public Backend {
     if (rows <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     LayerNormForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, eps, x, gamma,
                                                                       beta, y, mean, rstd);
     CheckLaunch("LayerNormForwardKernel");
@@ -718,6 +769,7 @@ class CudaBackendImpl final : public Backend {
     if (rows <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     LayerNormBackwardInputKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, x, mean,
                                                                             rstd, gamma, dy, dx);
     CheckLaunch("LayerNormBackwardInputKernel");
@@ -729,6 +781,7 @@ class CudaBackendImpl final : public Backend {
     if (cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     LayerNormBackwardWeightKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, x, mean, rstd, dy,
                                                                     dgamma, dbeta);
     CheckLaunch("LayerNormBackwardWeightKernel");
@@ -752,6 +805,7 @@ class CudaBackendImpl final : public Backend {
       BatchedGemm(false, true, T, T, D, scale, q, C3, D, k, C3, D, 0.0f, a, T, T * T, H);
       // y = att v                       (row-major [T, D] per head, into [T, C])
       // (the causal softmax runs in between, over all heads of this b)
+      ClearStaleError();
       CausalSoftmaxKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a);
       CheckLaunch("CausalSoftmaxKernel");
       BatchedGemm(false, false, T, D, T, 1.0f, a, T, T * T, v, C3, D, 0.0f, y + b * T * C, C, D, H);
@@ -780,6 +834,7 @@ class CudaBackendImpl final : public Backend {
       // dv = att^T dy; datt = dy v^T.
       BatchedGemm(true, false, T, D, T, 1.0f, a, T, T * T, dyb, C, D, 0.0f, dv, C3, D, H);
       BatchedGemm(false, true, T, T, D, 1.0f, dyb, C, D, v, C3, D, 0.0f, ds, T, T * T, H);
+      ClearStaleError();
       CausalSoftmaxBackwardKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a, ds);
       CheckLaunch("CausalSoftmaxBackwardKernel");
       // dq = scale * ds k; dk = scale * ds^T q.
@@ -793,6 +848,7 @@ class CudaBackendImpl final : public Backend {
     if (B * T * C <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     EmbeddingForwardKernel<<<Blocks(B * T * C), kThreads, 0, s>>>(B, T, C, tokens, wte, wpe, out);
     CheckLaunch("EmbeddingForwardKernel");
   }
@@ -802,6 +858,7 @@ class CudaBackendImpl final : public Backend {
     if (C <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     EmbeddingBackwardKernel<<<Blocks(C), kThreads, 0, s>>>(B, T, C, tokens, dout, dwte, dwpe);
     CheckLaunch("EmbeddingBackwardKernel");
   }
@@ -811,6 +868,7 @@ class CudaBackendImpl final : public Backend {
     if (rows <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     SoftmaxCrossEntropyForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(
         rows, V, logits, targets, probs, losses);
     CheckLaunch("SoftmaxCrossEntropyForwardKernel");
@@ -821,6 +879,7 @@ class CudaBackendImpl final : public Backend {
     if (rows * V <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     SoftmaxCrossEntropyBackwardKernel<<<Blocks(rows * V), kThreads, 0, s>>>(rows, V, probs, targets,
                                                                             scale, dlogits);
     CheckLaunch("SoftmaxCrossEntropyBackwardKernel");
@@ -829,8 +888,10 @@ class CudaBackendImpl final : public Backend {
   double SquaredError(int64_t n, const float* pred, const float* target, float* diff) override {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
+      ClearStaleError();
       DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
       CheckLaunch("DiffKernel");
+      ClearStaleError();
       SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
       CheckLaunch("SquareSumKernel");
     });
@@ -841,6 +902,7 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    ClearStaleError();
     SgdKernel<<<Blocks(n), kThreads, 0, s>>>(n, lr, momentum, weight_decay, first_step, w, g, buf);
     CheckLaunch("SgdKernel");
   }
@@ -852,6 +914,7 @@ class CudaBackendImpl final : public Backend {
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     const float decay = 1.0f - lr * weight_decay;  // on the host, as the CPU computes it
+    ClearStaleError();
     AdamWKernel<<<Blocks(n), kThreads, 0, s>>>(n, lr, beta1, beta2, eps, decay, bias_correction1,
                                                bias_correction2, w, g, m, v);
     CheckLaunch("AdamWKernel");
@@ -898,7 +961,7 @@ class CudaBackendImpl final : public Backend {
     cudaError_t err = cudaMemcpyAsync(&host, d, sizeof(double), cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) {
-      RecordError(CudaError(err, "reading a reduction result"));
+      RecordCudaError(err, "reading a reduction result");
       return std::nan("");
     }
     return host;
@@ -977,7 +1040,7 @@ absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);
   if (err != cudaSuccess) {
     const absl::Status st = CudaError(err, "cudaMemcpy");
-    RecordError(st);
+    RecordCudaError(err, "cudaMemcpy");
     return st;
   }
   return CudaSynchronize();  // an earlier kernel's failure shows here too
@@ -990,7 +1053,7 @@ absl::Status CudaZero(void* p, size_t bytes) {
   const cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
   if (err != cudaSuccess) {
     const absl::Status st = CudaError(err, "cudaMemsetAsync");
-    RecordError(st);
+    RecordCudaError(err, "cudaMemsetAsync");
     return st;
   }
   return absl::OkStatus();
@@ -1002,6 +1065,7 @@ absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int6
                                  void* stream) {
   if (n <= 0 || members <= 0) return absl::OkStatus();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  ClearStaleError();
   OrderedSumKernel<<<Blocks(n), kThreads, 0, s>>>(n, members, src, dst);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "OrderedSumKernel launch");
@@ -1073,15 +1137,19 @@ absl::Status CudaSynchronize() {
   cudaStream_t s = Enter();
   if (s != nullptr) {
     const cudaError_t err = cudaStreamSynchronize(s);
-    if (err != cudaSuccess) RecordError(CudaError(err, "cudaStreamSynchronize"));
+    if (err != cudaSuccess) RecordCudaError(err, "cudaStreamSynchronize");
   }
-  // Reported once: the next job starts clean. An error CUDA itself keeps (a kernel fault
-  // corrupts the context) comes back from the next call anyway.
-  Context& c = Ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
+  // This thread's error is reported once: its next job starts clean. A broken context is
+  // reported to everyone, for good.
   absl::Status first;  // OK; takes the recorded error, leaving OK behind
-  std::swap(first, c.first_error);
+  std::swap(first, t_first_error);
+  if (absl::Status fault = CudaDeviceFault(); !fault.ok()) return fault;
   return first;
+}
+
+absl::Status CudaDeviceFault() {
+  std::lock_guard<std::mutex> lock(g_fault_mu);
+  return g_device_fault;
 }
 
 }  // namespace baton

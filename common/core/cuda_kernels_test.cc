@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -121,7 +122,7 @@ TEST_F(CudaKernelsTest, GemmEveryTransposeAndBeta) {
                       ldc);
           ExpectNear(Host(dc), c, 2e-6 * static_cast<double>(cs.k), 1e-5, tag);
         }
-      }
+}
     }
   }
   // k == 0 scales C by beta, as BLAS does.
@@ -483,7 +484,7 @@ TEST_F(CudaKernelsTest, ConcurrentHostThreadsGetTheBitsTheyGetAlone) {
       if (rep == 0) {
         all = Host(y);
         all.push_back(static_cast<float>(sum));
-      }
+}
     }
     return all;
   };
@@ -610,6 +611,29 @@ TEST_F(CudaKernelsTest, DeviceTimerMeasuresStreamWork) {
   }
   EXPECT_EQ(timer->ElapsedNs(0, 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CudaSynchronize().ok());
+}
+
+[[noreturn]] void BreakTheContextInAChild() {
+  BATON_CHILD_CHECK(CudaDeviceFault().ok());
+  (*BackendFor(Device::kCuda))->Fill(1 << 20, 1.0f, reinterpret_cast<float*>(uintptr_t{16}));
+  const absl::Status mine = CudaSynchronize();
+  absl::Status theirs;
+  std::thread([&] { theirs = CudaSynchronize(); }).join();
+  const absl::Status fault = CudaDeviceFault();
+  std::fprintf(stderr, "this thread: %s\nanother thread: %s\nfault: %s\n",
+               mine.ToString().c_str(), theirs.ToString().c_str(),
+               fault.ToString().c_str());
+  std::_Exit(!mine.ok() && !theirs.ok() && !fault.ok() && !CudaSynchronize().ok() ? 0 : 1);
+}
+
+// A kernel that writes where there is no memory breaks the CUDA context for good: the
+// thread that synchronises sees it, so does every other thread (errors are the thread's,
+// but a broken context is the process's), and CudaDeviceFault says so, for the worker to
+// leave. In a child process (the context is unusable afterwards).
+TEST(CudaFaultDeathTest, AnIllegalAddressBreaksTheContextForEveryThread) {
+  BATON_SKIP_WITHOUT_CUDA_DEVICE();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(BreakTheContextInAChild(), testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ TEST(CudaTrainingTest, RepeatsItsBitsRunToRun) {
 // Tolerance: the per-step mean loss agrees with the CPU's within 1e-3 relative over the
 // first 20 steps. The kernels round differently (cuBLAS vs OpenBLAS blocking, tree vs
 // sequential row reductions), and the differences grow with training, slowly.
-TEST(CudaTrainingTest, FollowsTheCpuLossCurveButNotItsBits) {
+TEST(CudaTrainingTest, FollowsTheCpuLossCurve) {
   BATON_SKIP_WITHOUT_CUDA_DEVICE();
   for (bool gpt : {false, true}) {
     SCOPED_TRACE(gpt ? "gpt" : "mlp");
@@ -105,7 +105,10 @@ TEST(CudaTrainingTest, FollowsTheCpuLossCurveButNotItsBits) {
                            << cuda.losses[i];
     }
     EXPECT_LT(cuda.losses.back(), cuda.losses.front());  // it trains
-    EXPECT_NE(cuda.digest, cpu.digest);                  // the documented difference
+    // It ran on the GPU. (The digests usually differ, the kernels rounding differently, but
+    // nothing says they must: a small model's few reductions may round alike.)
+    EXPECT_EQ(cuda.device, Device::kCuda);
+    EXPECT_EQ(cpu.device, Device::kCpu);
     std::printf("%s: worst relative loss difference cuda vs cpu over %d steps: %.3g\n",
                 gpt ? "gpt" : "mlp", steps, worst);
   }

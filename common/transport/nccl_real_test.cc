@@ -10,12 +10,23 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/core/backend.h"
+#include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/cuda_test_util.h"
+#include "common/core/tensor.h"
 #include "common/transport/nccl_api.h"
+#include "common/transport/nccl_transport.h"
 #include "common/transport/nccl_test_util.h"
 
 namespace baton {
@@ -130,6 +141,78 @@ TEST(NcclRealTest, UnrecordedEventIsComplete) {
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_TRUE(*q);
   EXPECT_TRUE(api->EventDestroy(*e).ok());
+}
+
+// Polling an event that is still pending leaves "not ready" as the thread's last CUDA
+// error unless the poll clears it: the next kernel launched on that thread then reported
+// it as its own failure ("device not ready"), failing the step after every receive poll.
+TEST(NcclRealTest, APollThatFindsAnEventPendingDoesNotFailTheNextKernel) {
+  BATON_NCCL_OR_SKIP(api);
+  ASSERT_TRUE(api->SetDevice(0).ok());
+  absl::StatusOr<CudaStream> stream = api->StreamCreate(0);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<CudaEvent> event = api->EventCreate(0);
+  ASSERT_TRUE(event.ok()) << event.status();
+  // Hold the stream for a while, then mark it: the event is pending when polled.
+  ASSERT_EQ(cudaLaunchHostFunc(
+                reinterpret_cast<cudaStream_t>(*stream),
+                [](void*) { usleep(300 * 1000); }, nullptr),
+            cudaSuccess);
+  ASSERT_TRUE(api->EventRecord(*event, *stream).ok());
+  absl::StatusOr<bool> done = api->EventQuery(*event);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_FALSE(*done) << "the event was not pending: the test proves nothing";
+  // A kernel on the same thread, then its check.
+  Tensor x = Tensor::Empty({4096}, DType::kFloat32, Device::kCuda);
+  absl::StatusOr<Backend*> be = BackendFor(Device::kCuda);
+  ASSERT_TRUE(be.ok()) << be.status();
+  (*be)->Fill(4096, 2.5f, x.f32());
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+  std::vector<float> host(4096);
+  ASSERT_TRUE(x.CopyToHost(host.data()).ok());
+  EXPECT_EQ(host[4095], 2.5f);
+  ASSERT_TRUE(Reached(api, *event, absl::Seconds(10)));
+  EXPECT_TRUE(api->EventDestroy(*event).ok());
+  EXPECT_TRUE(api->StreamDestroy(*stream).ok());
+}
+
+// Two ranks on two GPUs, the way a worker pair runs: the NCCL transport's four
+// communicators come up, handshakes and all, in one global order.
+TEST(NcclRealTest, TwoRanksOnTwoGpusBringUpTheirCommunicators) {
+  BATON_SKIP_WITHOUT_CUDA_DEVICES(2);
+  BATON_NCCL_OR_SKIP(api);
+  InMemoryNcclIdExchange ids;
+  std::unique_ptr<NcclTransport> t[2];
+  absl::Status started[2];
+  CudaStream computes[2] = {nullptr, nullptr};
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      NcclTransport::Options o;
+      o.rank = r;
+      o.num_ranks = 2;
+      o.job_key = 77;
+      o.peers = {1 - r};
+      o.init_timeout = absl::Seconds(60);
+      o.cuda_device = r;
+      o.api = api;
+      o.ids = &ids;
+      absl::StatusOr<CudaStream> compute = api->StreamCreate(r);
+      ASSERT_TRUE(compute.ok());
+      computes[r] = *compute;
+      o.compute_stream = reinterpret_cast<void*>(*compute);
+      absl::StatusOr<std::unique_ptr<NcclTransport>> made = NcclTransport::Create(o);
+      started[r] = made.status();
+      if (made.ok()) t[r] = *std::move(made);
+    });
+  }
+  for (std::thread& th : ranks) th.join();
+  EXPECT_TRUE(started[0].ok()) << started[0];
+  EXPECT_TRUE(started[1].ok()) << started[1];
+  for (auto& one : t) one.reset();
+  for (CudaStream s : computes) {
+    if (s != nullptr) EXPECT_TRUE(api->StreamDestroy(s).ok());
+  }
 }
 
 }  // namespace

@@ -17,10 +17,13 @@
   ::baton::NcclApi* api = nullptr;                                                               \
   do {                                                                                  \
     const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;                  \
-    if (::baton::CudaDeviceCount() == 0) {                                                       \
-      if (required) FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";  \
-      GTEST_SKIP() << "no CUDA device found (built with CUDA: "                         \
-                   << (::baton::BuiltWithCuda() ? "yes" : "no") << "); real NCCL tests skipped"; \
+    if (::baton::CudaDeviceCount() == 0) {                                              \
+      if (required) {                                                                   \
+        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device can be used: "           \
+               << ::baton::CudaAbsenceReason();                                         \
+      }                                                                                 \
+      GTEST_SKIP() << "no CUDA device (" << ::baton::CudaAbsenceReason()               \
+                   << "); real NCCL tests skipped";                                     \
     }                                                                                   \
     absl::StatusOr<::baton::NcclApi*> loaded = ::baton::LoadNccl();                                       \
     if (!loaded.ok()) {                                                                 \
