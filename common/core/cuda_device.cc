@@ -29,14 +29,14 @@ std::string CudaAbsenceReason() {
   cuda_detail::RuntimeVersions(&driver, &runtime);
   auto version = [](int v) { return absl::StrCat(v / 1000, ".", (v % 1000) / 10); };
   const std::string name = cuda_detail::RuntimeErrorName(err);
+  if (driver == 0) return "no NVIDIA driver (libcuda) is installed";
   if (name == "cudaErrorInsufficientDriver") {
     return absl::StrCat("the NVIDIA driver is too old: it supports CUDA ", version(driver),
                         ", this build needs CUDA ", version(runtime),
                         " (update the driver; CUDA 13 needs 580 or newer)");
   }
   if (name == "cudaErrorNoDevice" || err == 0) {
-    return driver > 0 ? "the NVIDIA driver sees no CUDA device"
-                      : "no NVIDIA driver (libcuda) is installed, so no CUDA device";
+    return "the NVIDIA driver sees no CUDA device";
   }
   return absl::StrCat("the CUDA runtime finds no usable device: ", name, " (",
                       cuda_detail::RuntimeErrorString(err), ")");
