@@ -206,7 +206,9 @@ run_tests() {
     counts="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}.*/\1 passed/p' "$WORK/$t.log" | tail -1)"
     local skipped
     skipped="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}.*/\1 skipped/p' "$WORK/$t.log" | tail -1)"
-    [[ -n "$skipped" ]] && counts="${counts:-?}, $skipped ($(grep -A1 '^\[  SKIPPED \] [A-Z]' "$WORK/$t.log" | grep -o 'needs [0-9]* CUDA devices' | sort -u | tr '\n' ' '))"
+    if [[ -n "$skipped" ]]; then
+      counts="${counts:-?}, $skipped ($( (grep -o 'needs [0-9]* CUDA devices[^;]*' "$WORK/$t.log" || true) | sort -u | tr '\n' ' '))"
+    fi
     if [[ $rc -eq 0 ]]; then
       note "PASS $t (${counts:-?}, ${secs}s)"
     elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
