@@ -48,7 +48,7 @@ BUNDLE_TOOLS=(batonctl coordinator worker gpt_bench)
 BUNDLE_SHARE=(client/examples/gpt.json bench/gpt-768.json bench/pytorch_gpt.py)
 BUNDLE_TEXT=/usr/share/common-licenses/GPL-3
 BUNDLE_NAME=baton-gpu.tar.xz
-MAX_BUNDLE_MIB=40
+MAX_BUNDLE_MIB="${BATON_GPU_BUNDLE_MAX_MIB:-40}"  # what is carried to a GPU host stays small
 
 log() { echo "gpu-test: $*" >&2; }
 die() { log "$*"; exit 1; }
