@@ -302,15 +302,22 @@ class CoordinatorTest : public testing::Test {
   std::string db_dir_;  // TempDb()
 };
 
-// Under mutual TLS a certificate of the cluster's CA is not enough to join as a worker: it
-// must carry the worker URI SAN (make-certs.sh gives workers one, users' certificates none),
-// and the join token still applies.
-TEST(CoordinatorRegistrationTest, OnlyWorkerCertificatesRegisterUnderMutualTls) {
+// A coordinator on a throw-away store, without a background loop or logs, for tests that
+// need options the fixture does not set.
+CoordinatorOptions QuietOptions() {
   CoordinatorOptions o;
   o.db_path = ":memory:";
   o.background = false;
   o.log = false;
   o.worker_client = std::make_shared<FakeWorkerClient>();
+  return o;
+}
+
+// Under mutual TLS a certificate of the cluster's CA is not enough to join as a worker: it
+// must carry the worker URI SAN (make-certs.sh gives workers one, users' certificates none),
+// and the join token still applies.
+TEST(CoordinatorRegistrationTest, OnlyWorkerCertificatesRegisterUnderMutualTls) {
+  CoordinatorOptions o = QuietOptions();
   o.require_worker_certificate = true;
   o.join_token = "join-token-0123456789abcdef";
   auto core = Coordinator::Create(o);
@@ -701,11 +708,7 @@ TEST(CoordinatorCheckpointRootTest, CheckpointDirsAreConfinedToTheRoot) {
   std::string tmpl = testing::TempDir() + "/ckpt_root.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
   const std::string root = std::filesystem::canonical(tmpl).string();
-  CoordinatorOptions o;
-  o.db_path = ":memory:";
-  o.background = false;
-  o.log = false;
-  o.worker_client = std::make_shared<FakeWorkerClient>();
+  CoordinatorOptions o = QuietOptions();
   o.checkpoint_root = root;
   auto core = Coordinator::Create(o);
   ASSERT_TRUE(core.ok()) << core.status();

@@ -272,6 +272,32 @@ void FakeWorkers(const std::string& coordinator, const std::string& cluster_dir,
   }
 }
 
+// One stream: a tensor header for `floats` float32 elements (from `source_rank`, of `job_key`,
+// step `step`, stage 0 activation) carrying `payload`, then `then` if given; its status.
+grpc::Status Push(const std::shared_ptr<grpc::Channel>& channel, uint64_t job_key,
+                  int source_rank, int64_t step, int64_t floats, const std::string& payload,
+                  const baton::v1::TensorFrame* then = nullptr) {
+  auto stub = baton::v1::TensorService::NewStub(channel);
+  baton::v1::PushSummary summary;
+  auto ctx = Ctx();
+  auto writer = stub->Push(ctx.get(), &summary);
+  baton::v1::TensorFrame frame;
+  baton::v1::TensorHeader* h = frame.mutable_header();
+  h->set_job_key(job_key);
+  h->set_step(step);
+  h->set_stage(0);
+  h->set_kind(baton::v1::TENSOR_KIND_ACTIVATION);
+  h->set_dtype(baton::v1::DTYPE_FLOAT32);
+  h->add_shape(floats);
+  h->set_byte_length(floats * 4);
+  h->set_source_rank(source_rank);
+  h->set_payload(payload);
+  writer->Write(frame);
+  if (then != nullptr) writer->Write(*then);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 void CallWorkers(const std::vector<std::string>& workers, const std::string& cluster_dir,
                  const std::string& intruder_dir) {
   for (const std::string& w : workers) {
@@ -306,51 +332,17 @@ void CallWorkers(const std::vector<std::string>& workers, const std::string& clu
     // job keys and plausible tags: refused, and the job must not notice.
     std::mt19937_64 rng(42);
     for (int i = 0; i < 4; ++i) {
-      auto stub = baton::v1::TensorService::NewStub(member);
-      baton::v1::PushSummary summary;
-      auto ctx = Ctx();
-      auto writer = stub->Push(ctx.get(), &summary);
-      baton::v1::TensorFrame frame;
-      baton::v1::TensorHeader* h = frame.mutable_header();
-      h->set_job_key(rng());
-      h->set_step(1000 + i);
-      h->set_microbatch(0);
-      h->set_stage(1);
-      h->set_kind(baton::v1::TENSOR_KIND_ACTIVATION);
-      h->set_dtype(baton::v1::DTYPE_FLOAT32);
-      h->add_shape(2);
-      h->set_byte_length(8);
-      h->set_source_rank(i % 2);
-      h->set_payload(std::string(8, '\0'));
-      writer->Write(frame);
       baton::v1::TensorFrame notice;
       notice.mutable_abort()->set_job_key(rng());
       notice.mutable_abort()->set_reason("forged abort");
-      writer->Write(notice);
-      writer->WritesDone();
-      Expect("a tensor stream to " + w + " from a non-peer", writer->Finish(),
+      Expect("a tensor stream to " + w + " from a non-peer",
+             Push(member, rng(), i % 2, 1000 + i, 2, std::string(8, '\0'), &notice),
              {grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::PERMISSION_DENIED});
     }
     // Made-up source ranks, and big tensors from them: refused before any memory is taken.
     for (int rank : {7, -1, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
-      auto stub = baton::v1::TensorService::NewStub(member);
-      baton::v1::PushSummary summary;
-      auto ctx = Ctx();
-      auto writer = stub->Push(ctx.get(), &summary);
-      baton::v1::TensorFrame frame;
-      baton::v1::TensorHeader* h = frame.mutable_header();
-      h->set_job_key(rng());
-      h->set_step(1);
-      h->set_stage(0);
-      h->set_kind(baton::v1::TENSOR_KIND_ACTIVATION);
-      h->set_dtype(baton::v1::DTYPE_FLOAT32);
-      h->add_shape(4 << 20);  // 16 MiB
-      h->set_byte_length(int64_t{16} << 20);
-      h->set_source_rank(rank);
-      h->set_payload(std::string(1 << 20, 'x'));
-      writer->Write(frame);
-      writer->WritesDone();
-      Expect(absl::StrCat("a 16 MiB tensor to ", w, " from made-up rank ", rank), writer->Finish(),
+      Expect(absl::StrCat("a 16 MiB tensor to ", w, " from made-up rank ", rank),
+             Push(member, rng(), rank, 1, 4 << 20, std::string(1 << 20, 'x')),
              {grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::PERMISSION_DENIED});
     }
     // Junk rendezvous values under made-up job keys: nothing is filed, so later jobs find
