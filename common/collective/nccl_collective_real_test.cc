@@ -7,9 +7,8 @@
 // or NCCL; fails instead under BATON_REQUIRE_GPU (scripts/gpu-test.sh). ctest label gpu.
 #include <cmath>
 #include <cstring>
-#include <vector>
-
 #include <thread>
+#include <vector>
 
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
@@ -27,19 +26,19 @@ TEST(NcclCollectiveRealTest, TheOrderedSumKernelAddsTheMembersInOrderBitForBit) 
   std::vector<float> gathered(kMembers * kN);
   for (size_t i = 0; i < gathered.size(); ++i) {
     // Magnitudes far apart, so that another order gives other bits.
-    gathered[i] = static_cast<float>(std::sin(0.1 * static_cast<double>(i))) *
-                  (i % 7 == 0 ? 1e7f : 1.0f);
+    gathered[i] =
+        static_cast<float>(std::sin(0.1 * static_cast<double>(i))) * (i % 7 == 0 ? 1e7f : 1.0f);
   }
   absl::StatusOr<void*> src = api->DeviceAlloc(gathered.size() * sizeof(float), 0);
   absl::StatusOr<void*> dst = api->DeviceAlloc(kN * sizeof(float), 0);
   ASSERT_TRUE(src.ok() && dst.ok());
   absl::StatusOr<CudaStream> stream = api->StreamCreate(0);
   ASSERT_TRUE(stream.ok()) << stream.status();
-  ASSERT_TRUE(CudaCopy(*src, gathered.data(), gathered.size() * sizeof(float),
-                       CopyKind::kHostToDevice)
-                  .ok());
-  ASSERT_TRUE(api->OrderedSum(static_cast<float*>(*dst), static_cast<const float*>(*src),
-                              kMembers, kN, *stream)
+  ASSERT_TRUE(
+      CudaCopy(*src, gathered.data(), gathered.size() * sizeof(float), CopyKind::kHostToDevice)
+          .ok());
+  ASSERT_TRUE(api->OrderedSum(static_cast<float*>(*dst), static_cast<const float*>(*src), kMembers,
+                              kN, *stream)
                   .ok());
   absl::StatusOr<CudaEvent> done = api->EventCreate(0);
   ASSERT_TRUE(done.ok());
@@ -76,8 +75,8 @@ TEST(NcclCollectiveRealTest, AOneMemberGroupJoinsAndReducesInBothModes) {
     ASSERT_TRUE(buf.ok());
     ASSERT_TRUE(
         CudaCopy(*buf, host.data(), host.size() * sizeof(float), CopyKind::kHostToDevice).ok());
-    ASSERT_TRUE((*c)->AllReduceSum(static_cast<float*>(*buf), 4, absl::Now() + absl::Seconds(30))
-                    .ok());
+    ASSERT_TRUE(
+        (*c)->AllReduceSum(static_cast<float*>(*buf), 4, absl::Now() + absl::Seconds(30)).ok());
     std::vector<float> back(4);
     ASSERT_TRUE(
         CudaCopy(back.data(), *buf, back.size() * sizeof(float), CopyKind::kDeviceToHost).ok());
@@ -121,9 +120,8 @@ TEST(NcclCollectiveRealTest, TwoMembersOnTwoGpusSumInMemberOrderBitForBit) {
       ASSERT_TRUE(api->MemcpyAsync(*dev, h, kN * sizeof(float), *stream).ok());
       ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
       ASSERT_TRUE(Reached(api, *done, absl::Seconds(30)));
-      ASSERT_TRUE((*c)->AllReduceSum(static_cast<float*>(*dev), kN,
-                                     absl::Now() + absl::Seconds(60))
-                      .ok());
+      ASSERT_TRUE(
+          (*c)->AllReduceSum(static_cast<float*>(*dev), kN, absl::Now() + absl::Seconds(60)).ok());
       ASSERT_TRUE(api->MemcpyAsync(h, *dev, kN * sizeof(float), *stream).ok());
       ASSERT_TRUE(api->EventRecord(*done, *stream).ok());
       ASSERT_TRUE(Reached(api, *done, absl::Seconds(30)));

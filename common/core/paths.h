@@ -13,9 +13,9 @@
 namespace baton {
 
 struct Confinement {
-  std::string field;  // the spec field, named by every error ("checkpoint.dir")
+  std::string field;               // the spec field, named by every error ("checkpoint.dir")
   std::vector<std::string> roots;  // empty: any path is accepted as given
-  std::string roots_are;  // what the roots are, for errors ("the checkpoint root")
+  std::string roots_are;           // what the roots are, for errors ("the checkpoint root")
   // A relative path is taken relative to this directory (else the working directory).
   std::string base;
   // Whether a root itself is acceptable (a checkpoint root holds job directories), or only

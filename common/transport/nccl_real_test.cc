@@ -5,7 +5,9 @@
 // tested on the fake (nccl_transport_test.cc); this checks that the calls it makes behave
 // as the fake assumes. Skips without a CUDA device or without NCCL, unless
 // BATON_REQUIRE_GPU is set (scripts/gpu-test.sh): then that is a failure. ctest label gpu.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -15,9 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-#include <unistd.h>
-
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/core/backend.h"
@@ -26,8 +25,8 @@
 #include "common/core/cuda_test_util.h"
 #include "common/core/tensor.h"
 #include "common/transport/nccl_api.h"
-#include "common/transport/nccl_transport.h"
 #include "common/transport/nccl_test_util.h"
+#include "common/transport/nccl_transport.h"
 
 namespace baton {
 namespace {
@@ -154,10 +153,10 @@ TEST(NcclRealTest, APollThatFindsAnEventPendingDoesNotFailTheNextKernel) {
   absl::StatusOr<CudaEvent> event = api->EventCreate(0);
   ASSERT_TRUE(event.ok()) << event.status();
   // Hold the stream for a while, then mark it: the event is pending when polled.
-  ASSERT_EQ(cudaLaunchHostFunc(
-                reinterpret_cast<cudaStream_t>(*stream),
-                [](void*) { usleep(300 * 1000); }, nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaLaunchHostFunc(
+          reinterpret_cast<cudaStream_t>(*stream), [](void*) { usleep(300 * 1000); }, nullptr),
+      cudaSuccess);
   ASSERT_TRUE(api->EventRecord(*event, *stream).ok());
   absl::StatusOr<bool> done = api->EventQuery(*event);
   ASSERT_TRUE(done.ok()) << done.status();

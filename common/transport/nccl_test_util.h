@@ -6,31 +6,31 @@
 
 #include <cstdlib>
 
-#include "common/core/cuda_device.h"
-#include "common/transport/nccl_api.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/core/cuda_device.h"
+#include "common/transport/nccl_api.h"
 #include "gtest/gtest.h"
 
 // Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
-#define BATON_NCCL_OR_SKIP(api)                                                         \
-  ::baton::NcclApi* api = nullptr;                                                               \
-  do {                                                                                  \
-    const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;                  \
-    if (::baton::CudaDeviceCount() == 0) {                                              \
-      if (required) {                                                                   \
-        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device can be used: "           \
-               << ::baton::CudaAbsenceReason();                                         \
-      }                                                                                 \
-      GTEST_SKIP() << "no CUDA device (" << ::baton::CudaAbsenceReason()               \
-                   << "); real NCCL tests skipped";                                     \
-    }                                                                                   \
-    absl::StatusOr<::baton::NcclApi*> loaded = ::baton::LoadNccl();                                       \
-    if (!loaded.ok()) {                                                                 \
-      if (required) FAIL() << "BATON_REQUIRE_GPU is set but " << loaded.status();       \
-      GTEST_SKIP() << "NCCL is not available: " << loaded.status();                     \
-    }                                                                                   \
-    api = *loaded;                                                                      \
+#define BATON_NCCL_OR_SKIP(api)                                                   \
+  ::baton::NcclApi* api = nullptr;                                                \
+  do {                                                                            \
+    const bool required = std::getenv("BATON_REQUIRE_GPU") != nullptr;            \
+    if (::baton::CudaDeviceCount() == 0) {                                        \
+      if (required) {                                                             \
+        FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device can be used: "     \
+               << ::baton::CudaAbsenceReason();                                   \
+      }                                                                           \
+      GTEST_SKIP() << "no CUDA device (" << ::baton::CudaAbsenceReason()          \
+                   << "); real NCCL tests skipped";                               \
+    }                                                                             \
+    absl::StatusOr<::baton::NcclApi*> loaded = ::baton::LoadNccl();               \
+    if (!loaded.ok()) {                                                           \
+      if (required) FAIL() << "BATON_REQUIRE_GPU is set but " << loaded.status(); \
+      GTEST_SKIP() << "NCCL is not available: " << loaded.status();               \
+    }                                                                             \
+    api = *loaded;                                                                \
   } while (false)
 
 namespace baton {
