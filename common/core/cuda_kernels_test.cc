@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <condition_variable>
 #include <string>
 #include <thread>
 #include <vector>
@@ -611,6 +613,45 @@ TEST_F(CudaKernelsTest, DeviceTimerMeasuresStreamWork) {
   }
   EXPECT_EQ(timer->ElapsedNs(0, 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CudaSynchronize().ok());
+}
+
+// Errors belong to the thread that caused them: a call one thread got wrong (a GEMM with
+// an impossible leading dimension: cuBLAS refuses it without launching, and the context
+// stays fine) is reported to that thread's next CudaSynchronize, not taken by another
+// thread that synchronises first.
+TEST_F(CudaKernelsTest, AThreadsErrorIsReportedToThatThreadAlone) {
+  Tensor a = Tensor::Zeros({4, 4}, DType::kFloat32, Device::kCuda);
+  Tensor c = Tensor::Zeros({4, 4}, DType::kFloat32, Device::kCuda);
+  ASSERT_TRUE(CudaSynchronize().ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  int stage = 0;  // 1: the bad call was made; 2: the main thread has synchronised
+  absl::Status theirs;
+  std::thread other([&] {
+    cuda_->Gemm(false, false, 4, 4, 4, 1.0f, a.f32(), 4, a.f32(), 4, 0.0f, c.f32(), /*ldc=*/1);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stage = 1;
+    }
+    cv.notify_all();
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stage == 2; });
+    theirs = CudaSynchronize();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stage == 1; });
+  }
+  const absl::Status mine = CudaSynchronize();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stage = 2;
+  }
+  cv.notify_all();
+  other.join();
+  EXPECT_TRUE(mine.ok()) << "another thread's error was reported here: " << mine;
+  EXPECT_FALSE(theirs.ok()) << "the thread that made the bad call was not told";
+  EXPECT_TRUE(CudaDeviceFault().ok()) << CudaDeviceFault();  // not a broken context
 }
 
 [[noreturn]] void BreakTheContextInAChild() {
