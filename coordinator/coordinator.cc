@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <iterator>
 #include <optional>
 #include <random>
 #include <utility>
@@ -1653,17 +1652,12 @@ std::string Coordinator::RecordResumeLocked(ActiveJob* j,
 
 absl::Status Coordinator::CheckCheckpointOwnerLocked(const std::string& dir,
                                                      const std::string& submitted_by) {
-  // Component by component: is `a` the same directory as `b` or under it?
-  auto within = [](const std::string& a, const std::string& b) {
-    const std::filesystem::path pa(a), pb(b);
-    auto [bi, ai] = std::mismatch(pb.begin(), pb.end(), pa.begin(), pa.end());
-    return bi == pb.end() || (std::next(bi) == pb.end() && bi->empty());
-  };
   for (const auto& [other, owner] : checkpoint_owners_) {
     if (owner.user == submitted_by) continue;
-    if (within(dir, other) || within(other, dir)) {
+    const bool inside = PathWithin(dir, other);
+    if (inside || PathWithin(other, dir)) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "checkpoint.dir: '", dir, "' ", within(dir, other) ? "lies in" : "contains", " '",
+          "checkpoint.dir: '", dir, "' ", inside ? "lies in" : "contains", " '",
           other, "', the checkpoint directory of ", owner.job_id, " submitted by ", owner.user,
           "; write your checkpoints elsewhere (an admin may)"));
     }

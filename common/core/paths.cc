@@ -25,6 +25,16 @@ fs::path Resolve(const std::string& path, const std::string& base, std::error_co
 
 }  // namespace
 
+bool PathWithin(const std::string& path, const std::string& dir, bool dir_itself) {
+  const fs::path p(path), d(dir);
+  // Component by component: /data2 is not under /data. A trailing separator leaves an
+  // empty last component.
+  auto [di, pi] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
+  const bool under = di == d.end() || (std::next(di) == d.end() && di->empty());
+  const bool beyond = pi != p.end() && !(std::next(pi) == p.end() && pi->empty());
+  return under && (beyond || dir_itself);
+}
+
 absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confinement& c) {
   if (c.roots.empty()) return path;
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(c.field, ": empty path"));
@@ -38,12 +48,7 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confineme
     std::error_code rec;
     const fs::path r = Resolve(root, "", rec);
     if (rec) continue;
-    // Component by component: /data2 is not under /data. A trailing separator leaves an
-    // empty last component.
-    auto [ri, pi] = std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end());
-    const bool under = ri == r.end() || (std::next(ri) == r.end() && ri->empty());
-    const bool beyond = pi != resolved.end() && !(std::next(pi) == resolved.end() && pi->empty());
-    if (under && (beyond || c.root_itself)) return resolved.string();
+    if (PathWithin(resolved.string(), r.string(), c.root_itself)) return resolved.string();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       c.field, ": '", path, "' is outside ", c.roots_are, " (", absl::StrJoin(c.roots, ", "), ")",

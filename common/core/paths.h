@@ -23,6 +23,11 @@ struct Confinement {
   bool root_itself = false;
 };
 
+// Whether `path` lies under `dir` (or is it, with `dir_itself`), component by component:
+// /data2 is not under /data; a trailing separator counts for nothing. Lexical: give it
+// resolved paths (ConfinePath's results).
+bool PathWithin(const std::string& path, const std::string& dir, bool dir_itself = true);
+
 // `path` made absolute (against c.base when relative) and resolved (symlinks as far as the
 // path exists, then "." and ".."), when it lies under one of c.roots, each resolved alike
 // and compared component by component (/data2 is not under /data). INVALID_ARGUMENT

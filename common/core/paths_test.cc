@@ -64,6 +64,15 @@ TEST_F(PathsTest, DataPathsMustLieStrictlyUnderARoot) {
   EXPECT_EQ(*ConfinePath("anything", c), "anything");  // no roots: as given
 }
 
+TEST(PathWithinTest, ComponentByComponent) {
+  EXPECT_TRUE(PathWithin("/data/x", "/data"));
+  EXPECT_TRUE(PathWithin("/data/x", "/data/"));
+  EXPECT_TRUE(PathWithin("/data", "/data"));
+  EXPECT_FALSE(PathWithin("/data", "/data", /*dir_itself=*/false));
+  EXPECT_FALSE(PathWithin("/data2/x", "/data"));
+  EXPECT_FALSE(PathWithin("/", "/data"));
+}
+
 TEST(CheckpointRootTest, DefaultsBesideTheBinary) {
   EXPECT_EQ(CheckpointRootFromFlag("/srv/ckpt"), "/srv/ckpt");
   EXPECT_EQ(fs::path(CheckpointRootFromFlag("")).filename(), "checkpoints");
