@@ -13,8 +13,6 @@
 // within rounding; GEMMs use cuBLAS's blocking.
 #include <cublas_v2.h>  // types and constants only: the functions come from dlsym
 #include <cuda_runtime.h>
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -23,7 +21,6 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <type_traits>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -35,6 +32,7 @@
 #include "common/core/backend.h"
 #include "common/core/caching_allocator.h"
 #include "common/core/cuda_context.h"
+#include "common/core/dynamic_library.h"
 #include "common/core/gelu_math.h"
 
 namespace baton {
@@ -80,22 +78,20 @@ struct CublasApi {
 absl::StatusOr<const CublasApi*> LoadCublas() {
   static const absl::StatusOr<const CublasApi*>* const loaded =
       new absl::StatusOr<const CublasApi*>([]() -> absl::StatusOr<const CublasApi*> {
-        std::vector<std::string> names;
-        if (const char* env = std::getenv("BATON_CUBLAS_LIBRARY"); env != nullptr && *env) {
-          names.push_back(env);
-        } else {
-          names.push_back(absl::StrCat("libcublas.so.", CUDART_VERSION / 1000));
 #ifdef BATON_CUBLAS_LIBRARY_HINT
-          names.push_back(BATON_CUBLAS_LIBRARY_HINT);
+        const char* hint = BATON_CUBLAS_LIBRARY_HINT;
+#else
+        const char* hint = nullptr;
 #endif
-        }
+        const std::vector<std::string> names = LibraryCandidates(
+            "BATON_CUBLAS_LIBRARY", absl::StrCat("libcublas.so.", CUDART_VERSION / 1000), hint);
         std::vector<std::string> errors;
         void* lib = nullptr;
         for (const std::string& name : names) {
-          lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+          std::string error;
+          lib = OpenLibrary(name, &error);
           if (lib != nullptr) break;
-          const char* e = dlerror();
-          errors.push_back(e != nullptr ? e : name);
+          errors.push_back(std::move(error));
         }
         if (lib == nullptr) {
           return absl::UnavailableError(absl::StrCat(
@@ -105,17 +101,13 @@ absl::StatusOr<const CublasApi*> LoadCublas() {
         }
         auto* api = new CublasApi();
         std::vector<std::string> missing;
-        auto get = [&](auto* fn, const char* symbol) {
-          *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
-          if (*fn == nullptr) missing.push_back(symbol);
-        };
-        get(&api->create, "cublasCreate_v2");
-        get(&api->set_stream, "cublasSetStream_v2");
-        get(&api->set_math_mode, "cublasSetMathMode");
-        get(&api->set_pointer_mode, "cublasSetPointerMode_v2");
-        get(&api->set_workspace, "cublasSetWorkspace_v2");
-        get(&api->sgemm, "cublasSgemm_v2");
-        get(&api->sgemm_strided_batched, "cublasSgemmStridedBatched");
+        FindSymbol(lib, "cublasCreate_v2", &api->create, &missing);
+        FindSymbol(lib, "cublasSetStream_v2", &api->set_stream, &missing);
+        FindSymbol(lib, "cublasSetMathMode", &api->set_math_mode, &missing);
+        FindSymbol(lib, "cublasSetPointerMode_v2", &api->set_pointer_mode, &missing);
+        FindSymbol(lib, "cublasSetWorkspace_v2", &api->set_workspace, &missing);
+        FindSymbol(lib, "cublasSgemm_v2", &api->sgemm, &missing);
+        FindSymbol(lib, "cublasSgemmStridedBatched", &api->sgemm_strided_batched, &missing);
         if (!missing.empty()) {
           return absl::UnavailableError(absl::StrCat(
               "the loaded cuBLAS lacks ", absl::StrJoin(missing, ", "), " (a CUDA ",

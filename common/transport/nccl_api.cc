@@ -1,6 +1,5 @@
 #include "common/transport/nccl_api.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,7 +12,8 @@
 
 #ifdef BATON_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
+
+#include "common/core/dynamic_library.h"
 #ifdef BATON_HAVE_NCCL_H
 #include <nccl.h>  // types and constants only: the functions come from dlsym
 #endif
@@ -255,51 +255,29 @@ class RealNccl final : public NcclApi {
   const NcclFunctions f_;
 };
 
-// The libraries to try, in order: $BATON_NCCL_LIBRARY alone when set, else the loader's
-// search path, then the copy CMake found beside the CUDA toolkit.
-std::vector<std::string> Candidates() {
-  if (const char* env = std::getenv("BATON_NCCL_LIBRARY"); env != nullptr && *env != '\0') {
-    return {env};
-  }
-  std::vector<std::string> out = {"libnccl.so.2"};
-#ifdef BATON_NCCL_LIBRARY_HINT
-  if (std::string(BATON_NCCL_LIBRARY_HINT) != out[0]) out.push_back(BATON_NCCL_LIBRARY_HINT);
-#endif
-  return out;
-}
-
-template <typename F>
-bool Find(void* lib, const char* name, F* fn, std::vector<std::string>* missing) {
-  *fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (*fn == nullptr) missing->push_back(name);
-  return *fn != nullptr;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclApi>> OpenNccl(const std::string& path) {
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* err = dlerror();
-    return absl::UnavailableError(err != nullptr ? err : absl::StrCat(path, ": dlopen failed"));
-  }
+  std::string error;
+  void* lib = OpenLibrary(path, &error);
+  if (lib == nullptr) return absl::UnavailableError(error);
   NcclFunctions f;
   std::vector<std::string> missing;
-  Find(lib, "ncclGetVersion", &f.GetVersion, &missing);
-  Find(lib, "ncclGetUniqueId", &f.GetUniqueId, &missing);
-  Find(lib, "ncclCommInitRankConfig", &f.CommInitRankConfig, &missing);
-  Find(lib, "ncclCommGetAsyncError", &f.CommGetAsyncError, &missing);
-  Find(lib, "ncclSend", &f.Send, &missing);
-  Find(lib, "ncclRecv", &f.Recv, &missing);
-  Find(lib, "ncclAllGather", &f.AllGather, &missing);
-  Find(lib, "ncclAllReduce", &f.AllReduce, &missing);
-  Find(lib, "ncclGroupStart", &f.GroupStart, &missing);
-  Find(lib, "ncclGroupEnd", &f.GroupEnd, &missing);
-  Find(lib, "ncclCommFinalize", &f.CommFinalize, &missing);
-  Find(lib, "ncclCommDestroy", &f.CommDestroy, &missing);
-  Find(lib, "ncclCommAbort", &f.CommAbort, &missing);
-  Find(lib, "ncclGetErrorString", &f.GetErrorString, &missing);
-  Find(lib, "ncclGetLastError", &f.GetLastError, &missing);
+  FindSymbol(lib, "ncclGetVersion", &f.GetVersion, &missing);
+  FindSymbol(lib, "ncclGetUniqueId", &f.GetUniqueId, &missing);
+  FindSymbol(lib, "ncclCommInitRankConfig", &f.CommInitRankConfig, &missing);
+  FindSymbol(lib, "ncclCommGetAsyncError", &f.CommGetAsyncError, &missing);
+  FindSymbol(lib, "ncclSend", &f.Send, &missing);
+  FindSymbol(lib, "ncclRecv", &f.Recv, &missing);
+  FindSymbol(lib, "ncclAllGather", &f.AllGather, &missing);
+  FindSymbol(lib, "ncclAllReduce", &f.AllReduce, &missing);
+  FindSymbol(lib, "ncclGroupStart", &f.GroupStart, &missing);
+  FindSymbol(lib, "ncclGroupEnd", &f.GroupEnd, &missing);
+  FindSymbol(lib, "ncclCommFinalize", &f.CommFinalize, &missing);
+  FindSymbol(lib, "ncclCommDestroy", &f.CommDestroy, &missing);
+  FindSymbol(lib, "ncclCommAbort", &f.CommAbort, &missing);
+  FindSymbol(lib, "ncclGetErrorString", &f.GetErrorString, &missing);
+  FindSymbol(lib, "ncclGetLastError", &f.GetLastError, &missing);
   if (!missing.empty()) {
     dlclose(lib);
     return absl::UnavailableError(absl::StrCat(path, " lacks ", absl::StrJoin(missing, ", "),
@@ -320,7 +298,13 @@ namespace {
 
 absl::StatusOr<NcclApi*> Load() {
   std::vector<std::string> errors;
-  for (const std::string& candidate : Candidates()) {
+#ifdef BATON_NCCL_LIBRARY_HINT
+  const char* hint = BATON_NCCL_LIBRARY_HINT;
+#else
+  const char* hint = nullptr;
+#endif
+  for (const std::string& candidate :
+       LibraryCandidates("BATON_NCCL_LIBRARY", "libnccl.so.2", hint)) {
     absl::StatusOr<std::unique_ptr<NcclApi>> api = OpenNccl(candidate);
     if (api.ok()) return api->release();  // lives as long as the process
     errors.emplace_back(api.status().message());
