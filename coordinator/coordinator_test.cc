@@ -678,8 +678,8 @@ TEST_F(CoordinatorTest, OtherUsersCheckpointsNeedAnAdmin) {
   EXPECT_TRUE(core_->SubmitJob(r, "root", /*admin=*/true).ok());    // and an admin
 
   // Bob's checkpoints may not go into Alice's directory, nor around it.
-  for (const std::string& dir : {"/shared/ckpt/alice", "/shared/ckpt/alice/mine", "/shared/ckpt",
-                                 "/shared"}) {
+  for (const char* dir : {"/shared/ckpt/alice", "/shared/ckpt/alice/mine", "/shared/ckpt",
+                          "/shared"}) {
     baton::v1::JobSpec into = spec;
     into.mutable_checkpoint()->set_dir(dir);
     *r.mutable_spec() = into;

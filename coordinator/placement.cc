@@ -71,11 +71,11 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           int64_t rank_bytes, int64_t largest_registered_bytes) {
   const size_t replicas = static_cast<size_t>(std::max(1, spec.pipeline().data_parallel()));
   const size_t need = static_cast<size_t>(spec.pipeline().stages()) * replicas;
-  const double stage_bytes = static_cast<double>(rank_bytes);
+  const double need_bytes = static_cast<double>(rank_bytes);
   auto gib = [](double b) { return absl::StrFormat("%.3g GiB", b / (1 << 30)); };
-  if (largest_registered_bytes > 0 && static_cast<double>(largest_registered_bytes) < stage_bytes) {
+  if (largest_registered_bytes > 0 && static_cast<double>(largest_registered_bytes) < need_bytes) {
     *waiting = absl::StrCat("waiting: no registered worker can hold a rank of this job (it "
-                            "needs about ", gib(stage_bytes), " per rank; the largest worker has ",
+                            "needs about ", gib(need_bytes), " per rank; the largest worker has ",
                             gib(static_cast<double>(largest_registered_bytes)),
                             "; use more stages or larger workers)");
     return std::nullopt;
@@ -85,7 +85,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   for (size_t i = 0; i < idle.size(); ++i) {
     if (i < taken.size() && taken[i]) continue;
     const int64_t has = idle[i].device().memory_bytes();
-    if (has > 0 && static_cast<double>(has) < stage_bytes) {
+    if (has > 0 && static_cast<double>(has) < need_bytes) {
       ++too_small;
       continue;
     }
@@ -93,7 +93,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   }
   auto plural = [&](size_t n, const char* what) {
     std::string out = absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
-    if (too_small > 0) absl::StrAppend(&out, " with at least ", gib(stage_bytes), " each");
+    if (too_small > 0) absl::StrAppend(&out, " with at least ", gib(need_bytes), " each");
     if (replicas > 1) {
       absl::StrAppend(&out, " (", replicas, " replicas of ", spec.pipeline().stages(),
                       " stages)");

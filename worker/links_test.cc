@@ -1,8 +1,8 @@
 #include "worker/links.h"
 
 #include <set>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/schedule/generators.h"

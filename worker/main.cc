@@ -3,8 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/host_info.h"
+#include "common/core/paths.h"
 #include "common/metrics/metrics.h"
 #include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
@@ -20,7 +21,6 @@
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
 #include "worker/worker_agent.h"
-#include "common/core/paths.h"
 #include "worker/worker_device.h"
 #include "worker/worker_metrics.h"
 

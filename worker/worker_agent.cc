@@ -19,8 +19,8 @@
 #include "common/collective/grpc_gloo_store.h"
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
-#include "common/core/log_text.h"
 #include "common/core/host_info.h"
+#include "common/core/log_text.h"
 #include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
@@ -369,7 +369,6 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
           plan.resume_job_dir(), " (is checkpoint.dir mounted on every worker?)"));
     }
   }
-  // What the inbox will accept: the tensors this rank's clock receives, from their ranks.
   if (absl::Status fault = CudaDeviceFault(); !fault.ok()) {
     return absl::UnavailableError(
         absl::StrCat("worker ", worker_id(), " is leaving: ", fault.message()));
@@ -389,7 +388,8 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
     }
   }
   // Everything the plan's size decides is allocated before any state changes, so running
-  // out of memory here leaves the worker as it was.
+  // out of memory here leaves the worker as it was. The inbox will accept the tensors this
+  // rank's clock receives, from their ranks.
   absl::StatusOr<Schedule> schedule = ScheduleFromPlan(plan);
   if (!schedule.ok()) return schedule.status();
   InboxPlan inbox_plan = PlanInbox(plan, *schedule, options_.inbox_bytes);

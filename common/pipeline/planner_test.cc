@@ -101,7 +101,9 @@ TEST(PlannerTest, SearchesEveryScheduleVAndMAndRanksThemByPredictedTime) {
   EXPECT_TRUE(plan->ranked[0].lost.empty());
   // Every schedule of the table that S = 4 and these 8 blocks allow.
   for (const ScheduleEntry& e : ScheduleTable()) {
-    if (e.generate != nullptr) EXPECT_TRUE(kinds.count(e.kind)) << e.name;
+    if (e.generate != nullptr) {
+      EXPECT_TRUE(kinds.count(e.kind)) << e.name;
+    }
   }
   EXPECT_EQ(ms, (std::set<int>{1, 2, 4, 8, 16}));
   EXPECT_EQ(vs, (std::set<int>{2}));  // 8 blocks: V = 3 would need 12
