@@ -46,8 +46,8 @@ inline constexpr int64_t kMaxChunkBlocks = int64_t{1} << 24;
 inline constexpr int kMaxStages = 1024;
 inline constexpr int kMaxVirtualStages = 64;
 //   * schedule actions (about 4 per microbatch, chunk and rank), in all and per rank: the
-//     coordinator builds every rank's clock when it places a job (about 0.3 s and 100 MiB at
-//     these bounds), and a worker holds its own;
+//     coordinator builds every rank's clock when it places a job (batonctl plan, which also
+//     simulates, takes about 0.5 s and 250 MiB at these bounds), and a worker holds its own;
 inline constexpr int64_t kMaxScheduleActions = int64_t{1} << 21;
 inline constexpr int64_t kMaxActionsPerRank = int64_t{1} << 18;
 //   * memory per pipeline stage, estimated by EstimateJobBytes (a worker holds one stage).
