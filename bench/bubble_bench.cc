@@ -87,7 +87,7 @@
 #include "common/core/backend.h"
 #include "common/core/host_info.h"
 #include "common/core/tensor.h"
-#include "common/pipeline/inproc_transport.h"
+#include "common/comm/inproc_transport.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/action.h"
 #include "common/schedule/schedule.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "benchmark/benchmark.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"

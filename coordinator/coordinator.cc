@@ -23,7 +23,7 @@
 #include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
-#include "common/pipeline/measured_run.h"
+#include "common/plan/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"

@@ -151,7 +151,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"

@@ -28,7 +28,7 @@
 #include "baton/v1/training.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "common/core/tensor.h"
-#include "common/pipeline/partition.h"
+#include "common/plan/partition.h"
 #include "common/schedule/schedule.h"
 
 namespace baton {

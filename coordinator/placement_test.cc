@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/nn/model.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
 #include "common/spec/spec.h"

@@ -24,9 +24,9 @@ mkdir -p "$out"
 
 case "$target" in
   http)
-    sources=(common/http/http_fuzz.cc common/http/http.cc common/metrics/metrics_http.cc)
+    sources=(tests/fuzz/http_fuzz.cc common/http/http.cc common/metrics/metrics_http.cc)
     headers=(common/http/http.h common/metrics/metrics_http.h)
-    seeds=common/http/fuzz_corpus
+    seeds=tests/fuzz/corpus/http
     libs=(-lz)
     ;;
   spec | frame | schedule | submit)

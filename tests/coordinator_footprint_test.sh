@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # An idle coordinator stays small: it must not load the numeric stack's GPU libraries
-# (loading libcublasLt alone costs a process about 150 MB resident). Starts one on loopback,
-# waits until it serves, and checks its resident memory and what it loaded.
+# (loading libcublasLt alone costs a process about 150 MB resident). Checks that the binary
+# links neither Gloo nor cuBLAS (it plans pipelines with common/plan, never runs one), then
+# starts one on loopback, waits until it serves, and checks its resident memory and what it
+# loaded.
 #
 #   tests/coordinator_footprint_test.sh BIN_DIR
 set -euo pipefail
 bin="$1"
 limit_mib=64
+linked="$(ldd "$bin/coordinator" | grep -oE 'lib(gloo|cublas|cublasLt)[^ ]*' | sort -u | tr '\n' ' ' || true)"
+echo "coordinator binary: Gloo or cuBLAS linked: ${linked:-none}"
+[[ -z "$linked" ]] || { echo "FAIL: the coordinator links $linked"; exit 1; }
 tmp="$(mktemp -d -t baton-footprint.XXXXXX)"
 pid=""
 cleanup() {

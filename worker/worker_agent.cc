@@ -24,7 +24,7 @@
 #include "common/core/paths.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "common/pipeline/stage_executor.h"
 #include "common/pipeline/step_trace.h"
 #include "common/rpc/rpc.h"
@@ -32,7 +32,7 @@
 #include "common/train/reference_trainer.h"
 #include "common/spec/spec.h"
 #include "common/transport/grpc_transport.h"
-#include "common/transport/nccl_api.h"
+#include "common/nccl/nccl_api.h"
 #include "common/transport/nccl_transport.h"
 #include "common/transport/routed_transport.h"
 

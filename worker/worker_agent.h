@@ -38,7 +38,7 @@
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "common/data/dataset.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
 #include "worker/links.h"

@@ -1,5 +1,5 @@
 // Reading a trace file back (batonctl plan --costs-from TRACE.json); the costs themselves
-// come from common/pipeline/measured_run.h.
+// come from common/plan/measured_run.h.
 #ifndef BATON_CLIENT_BATONCTL_MEASURED_COSTS_H_
 #define BATON_CLIENT_BATONCTL_MEASURED_COSTS_H_
 
@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "baton/v1/jobs.pb.h"
-#include "common/pipeline/measured_run.h"
+#include "common/plan/measured_run.h"
 
 namespace baton::cli {
 

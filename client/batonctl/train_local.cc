@@ -18,7 +18,7 @@
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
 #include "common/pipeline/local_pipeline.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "common/pipeline/step_trace.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/collective/collective.h"
+#include "common/comm/collective.h"
 
 namespace gloo {
 class Context;

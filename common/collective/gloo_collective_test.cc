@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/collective/collective_test_util.h"
+#include "common/comm/collective_test_util.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 

@@ -1,6 +1,6 @@
 // The NCCL engine: a Collective whose members are the GPUs of a data-parallel group, on a
 // communicator of their own (not the pipeline transport's), reached through NcclApi
-// (common/transport/nccl_api.h) so that the fake runs its logic on any machine.
+// (common/nccl/nccl_api.h) so that the fake runs its logic on any machine.
 //
 // AllReduceSum in the default (ordered) mode keeps collective.h's contract with
 // ncclAllGather into a device buffer of size * n floats, then one kernel that sums the
@@ -31,8 +31,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/collective/collective.h"
-#include "common/transport/nccl_api.h"
+#include "common/comm/collective.h"
+#include "common/nccl/nccl_api.h"
 
 namespace baton {
 

@@ -13,7 +13,7 @@
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_test_util.h"
-#include "common/transport/nccl_test_util.h"
+#include "common/nccl/nccl_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

@@ -1,4 +1,4 @@
-// The NCCL engine against the fake NCCL (common/transport/nccl_fake.h): members are threads,
+// The NCCL engine against the fake NCCL (common/nccl/nccl_fake_test_util.h): members are threads,
 // each with its own FakeNccl so that faults can differ per member.
 #include "common/collective/nccl_collective.h"
 
@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/collective/collective_test_util.h"
-#include "common/transport/nccl_fake.h"
+#include "common/comm/collective_test_util.h"
+#include "common/nccl/nccl_fake_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

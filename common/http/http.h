@@ -4,7 +4,7 @@
 // Only what such an endpoint needs (RFC 9110/9112): a request head, never a body (a request
 // that carries one is answered and its connection closed), keep-alive, HEAD, and gzip
 // bodies. Every function here is a pure function of its arguments and thread-safe;
-// libFuzzer drives NextStep with arbitrary bytes (http_fuzz.cc).
+// libFuzzer drives NextStep with arbitrary bytes (tests/fuzz/http_fuzz.cc).
 //
 // Depends on the C++ standard library and zlib only, so the fuzzer builds it with clang
 // alone.

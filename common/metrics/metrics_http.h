@@ -1,5 +1,5 @@
 // What the metrics port answers, path by path and method by method (docs/observability.md
-// lists it for users). Plain C++ over http.h, so the HTTP fuzzer (common/http/http_fuzz.cc)
+// lists it for users). Plain C++ over http.h, so the HTTP fuzzer (tests/fuzz/http_fuzz.cc)
 // drives the same routing as the services.
 #ifndef BATON_COMMON_METRICS_METRICS_HTTP_H_
 #define BATON_COMMON_METRICS_METRICS_HTTP_H_

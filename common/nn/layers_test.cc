@@ -1,5 +1,5 @@
 // Independent checks of the basic layers (layers.h): forward against double-precision
-// formulas, backward against central finite differences (method: grad_check.h), and the
+// formulas, backward against central finite differences (method: grad_check_test_util.h), and the
 // Module contract (split backward, interleaved micro-batches, stash errors, bad input).
 #include "common/nn/layers.h"
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/nn/grad_check.h"
+#include "common/nn/grad_check_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

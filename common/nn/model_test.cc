@@ -1,5 +1,5 @@
 // Independent checks of whole models built by BuildBlocks (model.h): gradients through every
-// block to the loss against central finite differences (method: grad_check.h), the Module
+// block to the loss against central finite differences (method: grad_check_test_util.h), the Module
 // contract over whole models, per-block initialisation, DescribeBlocks, and allocation
 // reuse.
 #include "common/nn/model.h"
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/nn/grad_check.h"
+#include "common/nn/grad_check_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

@@ -1,6 +1,6 @@
 // Independent checks of the transformer pieces (transformer.h): forward against
 // double-precision references, backward against central finite differences (method:
-// grad_check.h), and the Module contract.
+// grad_check_test_util.h), and the Module contract.
 #include "common/nn/transformer.h"
 
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/nn/grad_check.h"
+#include "common/nn/grad_check_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

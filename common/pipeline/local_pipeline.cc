@@ -12,15 +12,10 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
+#include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
 
 namespace baton {
-
-absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec& p) {
-  BATON_ASSIGN_OR_RETURN(const ScheduleEntry* e,
-                         ScheduleEntryForSpecValue(static_cast<int>(p.schedule())));
-  return e->kind;
-}
 
 absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Create(
     baton::v1::JobSpec spec, LocalPipelineOptions options) {

@@ -12,10 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "baton/v1/job.pb.h"
-#include "common/collective/inproc_collective.h"
+#include "common/comm/inproc_collective.h"
 #include "common/core/digest.h"
-#include "common/pipeline/inproc_transport.h"
-#include "common/pipeline/partition.h"
+#include "common/comm/inproc_transport.h"
+#include "common/plan/partition.h"
 #include "common/pipeline/stage_executor.h"
 #include "common/schedule/schedule.h"
 #include "gloo/rendezvous/store.h"
@@ -98,9 +98,6 @@ class LocalPipelineTrainer {
   int64_t steps_done_ = 0;
   bool failed_ = false;
 };
-
-// Maps the spec's schedule enum to the generator's kind.
-absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec& p);
 
 }  // namespace baton
 

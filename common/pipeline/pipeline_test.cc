@@ -19,7 +19,7 @@
 #include "common/schedule/generators.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
-#include "common/transport/nccl_fake.h"
+#include "common/nccl/nccl_fake_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {

@@ -52,11 +52,11 @@
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
-#include "common/pipeline/partition.h"
+#include "common/plan/partition.h"
 #include "common/checkpoint/checkpoint.h"
-#include "common/collective/collective.h"
+#include "common/comm/collective.h"
 #include "common/core/device_timer.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 #include "common/schedule/schedule.h"
 
 namespace baton {

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "baton/v1/tensor.pb.h"
 #include "common/core/tensor.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 

@@ -1,4 +1,4 @@
-// GrpcTransport: the Transport (common/pipeline/transport.h) between worker processes.
+// GrpcTransport: the Transport (common/comm/transport.h) between worker processes.
 //
 // Sending: one sender thread and one long-lived client stream (TensorService.Push) per
 // peer, on a channel created once per peer. Send() hands the tensor handle to the peer's
@@ -49,7 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "baton/v1/tensor.pb.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 #include "common/transport/tensor_inbox.h"
 #include "grpcpp/grpcpp.h"
 

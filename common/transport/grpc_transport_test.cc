@@ -1,4 +1,6 @@
-// The gRPC tensor transport, with every rank's server, inbox and transport in one process.
+// The gRPC tensor transport's own behaviour, with every rank's server, inbox and transport
+// in one process: framing, backpressure, refusals, peers that fail. What every transport
+// promises is tested in common/pipeline/transport_contract_test.cc.
 #include "common/transport/grpc_transport.h"
 
 #include <netinet/in.h>
@@ -16,13 +18,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/v1/tensor.grpc.pb.h"
-#include "common/pipeline/partition.h"
-#include "common/pipeline/stage_executor.h"
+#include "common/comm/transport_test_util.h"
 #include "common/rpc/rpc.h"
-#include "common/schedule/generators.h"
-#include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
 #include "common/transport/frames.h"
+#include "common/transport/grpc_transport_test_util.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
 #include "gmock/gmock.h"
@@ -51,89 +50,11 @@ TensorTag Tag(int microbatch, int stage = 0, TensorKind kind = TensorKind::kActi
   return TensorTag{job, step, microbatch, stage, kind};
 }
 
-// A tensor whose bytes depend on `seed`, so that mix-ups show.
-Tensor Pattern(const Shape& shape, DType dtype, uint32_t seed) {
-  Tensor t = Tensor::Empty(shape, dtype);
-  auto* p = static_cast<uint32_t*>(t.raw());
-  uint32_t x = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    p[i] = x;
-  }
-  return t;
-}
+using transport_test::In;
+using transport_test::Pattern;
+using transport_test::SameTensor;
+using Cluster = GrpcTestCluster;
 
-bool SameTensor(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-// One rank's receiving side: inbox, service, server.
-struct Node {
-  TensorInbox inbox;
-  std::unique_ptr<TensorServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-};
-
-class Cluster {
- public:
-  explicit Cluster(int n, int64_t capacity = int64_t{256} << 20,
-                   TensorServiceImpl::Options so = {}) {
-    for (int r = 0; r < n; ++r) {
-      auto node = std::make_unique<Node>();
-      node->inbox.Open(kJob, capacity);
-      node->service = std::make_unique<TensorServiceImpl>(&node->inbox, so);
-      ServerOptions opts;
-      opts.services = {node->service.get()};
-      auto server = StartServer(opts, &node->address);
-      EXPECT_TRUE(server.ok()) << server.status();
-      node->server = *std::move(server);
-      nodes_.push_back(std::move(node));
-    }
-  }
-  ~Cluster() {
-    transports_.clear();
-    for (auto& n : nodes_) {
-      n->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-      n->inbox.Close();
-    }
-  }
-
-  std::vector<std::string> addresses() const {
-    std::vector<std::string> out;
-    for (auto& n : nodes_) out.push_back(n->address);
-    return out;
-  }
-  Node& node(int r) { return *nodes_[r]; }
-
-  GrpcTransport::Options Options(int rank) const {
-    GrpcTransport::Options o;
-    o.rank = rank;
-    o.job_key = kJob;
-    o.peer_addresses = addresses();
-    o.send_timeout = absl::Seconds(20);
-    o.shutdown_timeout = absl::Seconds(5);
-    return o;
-  }
-  GrpcTransport* Add(GrpcTransport::Options o) {
-    const int r = o.rank;
-    transports_.push_back(std::make_unique<GrpcTransport>(std::move(o), &nodes_[r]->inbox));
-    return transports_.back().get();
-  }
-  GrpcTransport* Add(int rank) { return Add(Options(rank)); }
-  void Drop(GrpcTransport* t) {
-    std::erase_if(transports_, [t](const auto& p) { return p.get() == t; });
-  }
-
- private:
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::vector<std::unique_ptr<GrpcTransport>> transports_;
-};
-
-absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
 TEST(GrpcTransportTest, RoundTripIsBitExactForEverySize) {
   Cluster c(2);
@@ -199,19 +120,6 @@ TEST(GrpcTransportTest, ThreeRanksBothDirectionsAnyOrder) {
     }
   }
   for (auto& w : works) EXPECT_TRUE(w->Wait(In(absl::Seconds(20))).ok());
-}
-
-TEST(GrpcTransportTest, ReceiveDeadlineNamesPeerAndTag) {
-  Cluster c(2);
-  GrpcTransport* t1 = c.Add(1);
-  const absl::Time start = absl::Now();
-  absl::StatusOr<Tensor> got =
-      t1->Recv(0, Tag(3, 0, TensorKind::kGradient), In(absl::Milliseconds(200)));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
-  EXPECT_THAT(std::string(got.status().message()),
-              AllOf(HasSubstr("rank 1"), HasSubstr("from rank 0"),
-                    HasSubstr(Tag(3, 0, TensorKind::kGradient).ToString())));
 }
 
 TEST(GrpcTransportTest, BackpressureBoundsTheInbox) {
@@ -904,71 +812,6 @@ TEST(FramesTest, HeaderAndChunkFramesRoundTrip) {
   std::string out(333, '\0');
   CopyPayload(*f, out.data());
   EXPECT_EQ(out, std::string(data + 5, 333));
-}
-
-// The headline property holds across the gRPC transport: a 2-rank pipeline with one
-// GrpcTransport per rank trains to the same weights, bit for bit, as the reference.
-TEST(GrpcTransportPipelineTest, TwoRanksMatchTheReferenceTrainer) {
-  absl::StatusOr<baton::v1::JobSpec> parsed = ParseJobSpecJson(R"({
-    "model": {"mlp": {"inputDim": 5, "width": 12, "depth": 7, "outputDim": 3}},
-    "data": {"synthetic": {"teacherWidth": 6}, "batchSize": 24},
-    "optimizer": {"sgd": {"learningRate": 0.05, "momentum": 0.9}},
-    "pipeline": {"schedule": "SCHEDULE_1F1B", "stages": 2, "microbatches": 4},
-    "steps": 2, "seed": 5})");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  baton::v1::JobSpec spec = *parsed;
-  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
-
-  auto ref = ReferenceTrainer::Create(spec);
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  std::vector<float> ref_losses;
-  for (int i = 0; i < spec.steps(); ++i) {
-    auto s = (*ref)->Step();
-    ASSERT_TRUE(s.ok()) << s.status();
-    ref_losses.push_back(s->loss);
-  }
-
-  ScheduleOptions so;
-  so.kind = ScheduleKind::k1F1B;
-  so.num_ranks = 2;
-  so.num_microbatches = 4;
-  absl::StatusOr<Schedule> schedule = BuildSchedule(so);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  absl::StatusOr<std::vector<BlockRange>> blocks =
-      PartitionBlocks(DescribeBlocks(spec.model()), schedule->num_stages());
-  ASSERT_TRUE(blocks.ok()) << blocks.status();
-
-  Cluster c(2);
-  StageExecutorOptions eo;
-  eo.job_id = kJob;
-  eo.recv_timeout = absl::Seconds(30);
-  std::vector<std::unique_ptr<StageExecutor>> ex;
-  for (int r = 0; r < 2; ++r) {
-    auto e = StageExecutor::Create(spec, *schedule, *blocks, r, c.Add(r), eo);
-    ASSERT_TRUE(e.ok()) << e.status();
-    ex.push_back(*std::move(e));
-  }
-  std::vector<float> losses;
-  for (int64_t step = 0; step < spec.steps(); ++step) {
-    std::vector<absl::StatusOr<RankStepResult>> results(2, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] { results[r] = ex[r]->RunStep(step); });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
-    double sum = 0.0;
-    for (float l : results[1]->losses) sum += l;  // rank 1 owns the last stage
-    losses.push_back(static_cast<float>(sum / 4.0));
-  }
-  std::vector<Digest> digests(blocks->back().last);
-  for (auto& e : ex) {
-    for (auto& [block, digest] : e->BlockDigests()) digests[block] = digest;
-  }
-  EXPECT_EQ(losses, ref_losses);
-  EXPECT_EQ(DigestHex(CombineBlockDigests(digests)), DigestHex((*ref)->WeightsDigest()));
-  EXPECT_EQ(c.node(0).inbox.Stats().tensors_filed, 0);
-  EXPECT_EQ(c.node(1).inbox.Stats().tensors_filed, 0);
 }
 
 }  // namespace

@@ -24,8 +24,8 @@
 #include "common/core/cuda_device.h"
 #include "common/core/cuda_test_util.h"
 #include "common/core/tensor.h"
-#include "common/transport/nccl_api.h"
-#include "common/transport/nccl_test_util.h"
+#include "common/nccl/nccl_api.h"
+#include "common/nccl/nccl_test_util.h"
 #include "common/transport/nccl_transport.h"
 
 namespace baton {

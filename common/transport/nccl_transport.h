@@ -1,6 +1,6 @@
-// NcclTransport: the Transport (common/pipeline/transport.h) between GPUs, over NCCL's
+// NcclTransport: the Transport (common/comm/transport.h) between GPUs, over NCCL's
 // point-to-point operations, reached through NcclApi (nccl_api.h) so that the same code
-// runs against the real library and against the fake (nccl_fake.h) in tests.
+// runs against the real library and against the fake (common/nccl/nccl_fake_test_util.h) in tests.
 //
 // Communicators: one two-rank NCCL communicator per pipeline edge, an edge being one
 // direction between this rank and a peer (this rank -> P carries its sends to P, P -> this
@@ -95,8 +95,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/pipeline/transport.h"
-#include "common/transport/nccl_api.h"
+#include "common/comm/transport.h"
+#include "common/nccl/nccl_api.h"
 
 namespace baton {
 

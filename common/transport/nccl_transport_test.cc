@@ -1,5 +1,7 @@
-// The NCCL transport on the fake NCCL (nccl_fake.h): every rank is a thread with its own
-// FakeNccl, compute stream and transport, and tensors live in host memory.
+// The NCCL transport's own behaviour on the fake NCCL (common/nccl/nccl_fake_test_util.h):
+// every rank is a thread with its own FakeNccl, compute stream and transport, and tensors
+// live in host memory. What every transport promises is tested in
+// common/pipeline/transport_contract_test.cc.
 #include "common/transport/nccl_transport.h"
 
 #include <atomic>
@@ -14,12 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/pipeline/partition.h"
-#include "common/pipeline/stage_executor.h"
-#include "common/schedule/generators.h"
-#include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
-#include "common/transport/nccl_fake.h"
+#include "common/comm/transport_test_util.h"
+#include "common/nccl/nccl_fake_test_util.h"
+#include "common/transport/nccl_transport_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -38,120 +37,10 @@ TensorTag Tag(int microbatch, int stage = 0, TensorKind kind = TensorKind::kActi
   return TensorTag{kJob, step, microbatch, stage, kind};
 }
 
-// A tensor whose bytes depend on `seed`, so that mix-ups show.
-Tensor Pattern(const Shape& shape, DType dtype, uint32_t seed) {
-  Tensor t = Tensor::Empty(shape, dtype);
-  auto* p = static_cast<uint32_t*>(t.raw());
-  uint32_t x = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    p[i] = x;
-  }
-  return t;
-}
-
-bool SameTensor(const Tensor& a, const Tensor& b) {
-  return a.defined() == b.defined() && a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
-}
-
-absl::Time In(absl::Duration d) { return absl::Now() + d; }
-
-// Ranks as threads: each with its own fake NCCL (so faults can differ per rank), its own
-// compute stream and its own transport; one in-memory id exchange for all.
-class Cluster {
- public:
-  explicit Cluster(int n, std::map<int, FakeNcclOptions> faults = {}) {
-    for (int r = 0; r < n; ++r) {
-      auto rank = std::make_unique<Rank>();
-      rank->api = MakeFakeNccl(faults[r]);
-      absl::StatusOr<CudaStream> s = rank->api->StreamCreate(0);
-      EXPECT_TRUE(s.ok()) << s.status();
-      rank->compute = *s;
-      ranks_.push_back(std::move(rank));
-    }
-  }
-  ~Cluster() {
-    for (auto& r : ranks_) r->transport.reset();
-    for (auto& r : ranks_) EXPECT_TRUE(r->api->StreamDestroy(r->compute).ok());
-  }
-
-  int size() const { return static_cast<int>(ranks_.size()); }
-  FakeNccl* api(int r) { return ranks_[r]->api.get(); }
-  CudaStream compute(int r) { return ranks_[r]->compute; }
-  NcclTransport* operator[](int r) { return ranks_[r]->transport.get(); }
-  void Destroy(int r) { ranks_[r]->transport.reset(); }
-  InMemoryNcclIdExchange& ids() { return ids_; }
-
-  // Rank r of a pipeline: its neighbours are its peers.
-  NcclTransport::Options Options(int r) {
-    NcclTransport::Options o;
-    o.rank = r;
-    o.num_ranks = size();
-    o.job_key = kJob;
-    o.attempt = kAttempt;
-    if (r > 0) o.peers.push_back(r - 1);
-    if (r + 1 < size()) o.peers.push_back(r + 1);
-    o.init_timeout = absl::Seconds(5);
-    o.compute_stream = reinterpret_cast<void*>(ranks_[r]->compute);
-    o.api = ranks_[r]->api.get();
-    o.ids = &ids_;
-    o.shutdown_timeout = absl::Seconds(1);
-    return o;
-  }
-
-  // Creates the transports of `which` (every rank when empty) at once, as separate
-  // processes would: each Create waits for its peers. Returns each one's status.
-  std::map<int, absl::Status> Start(
-      std::vector<int> which = {},
-      const std::function<void(NcclTransport::Options&)>& tweak = nullptr,
-      std::map<int, std::vector<int>>* failed_peers = nullptr) {
-    if (which.empty()) {
-      for (int r = 0; r < size(); ++r) which.push_back(r);
-    }
-    std::map<int, absl::Status> out;
-    std::map<int, std::vector<int>> failed;
-    std::vector<absl::Status> status(size());
-    std::vector<std::vector<int>> lists(size());
-    std::vector<std::thread> threads;
-    for (int r : which) {
-      threads.emplace_back([&, r] {
-        NcclTransport::Options o = Options(r);
-        if (tweak) tweak(o);
-        auto t = NcclTransport::Create(o, &lists[r]);
-        status[r] = t.status();
-        if (t.ok()) ranks_[r]->transport = *std::move(t);
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int r : which) {
-      out[r] = status[r];
-      failed[r] = lists[r];
-    }
-    if (failed_peers != nullptr) *failed_peers = failed;
-    return out;
-  }
-
-  bool StartAll() {
-    bool ok = true;
-    for (auto& [r, s] : Start()) {
-      EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
-      ok &= s.ok();
-    }
-    return ok;
-  }
-
- private:
-  struct Rank {
-    std::unique_ptr<FakeNccl> api;
-    CudaStream compute = nullptr;
-    std::unique_ptr<NcclTransport> transport;
-  };
-  InMemoryNcclIdExchange ids_;
-  std::vector<std::unique_ptr<Rank>> ranks_;
-};
+using transport_test::In;
+using transport_test::Pattern;
+using transport_test::SameTensor;
+using Cluster = NcclTestCluster;
 
 // --- Exchanges --------------------------------------------------------------------------
 
@@ -234,69 +123,6 @@ TEST(NcclTransportTest, BothRanksSendBeforeTheyReceive) {
     });
   }
   for (auto& t : threads) t.join();
-}
-
-// Four ranks, GPipe: every forward through the chain, then every backward, with each
-// rank transforming what it receives, so that a misrouted tensor shows at the end.
-TEST(NcclTransportTest, FourRankPipeline) {
-  constexpr int kRanks = 4;
-  constexpr int kM = 6;
-  Cluster c(kRanks);
-  ASSERT_TRUE(c.StartAll());
-  const absl::Time deadline = In(absl::Seconds(10));
-  const Shape shape = {4, 8};
-  auto add = [](Tensor t, float v) {
-    Tensor out = t.Clone();
-    for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] += v;
-    return out;
-  };
-  std::vector<std::thread> threads;
-  std::atomic<int> checked{0};
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      std::vector<std::unique_ptr<SendWork>> works;
-      for (int m = 0; m < kM; ++m) {
-        Tensor x = Tensor::Zeros(shape);
-        for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = static_cast<float>(m * 1000 + i);
-        if (r > 0) {
-          auto in = c[r]->Recv(r - 1, Tag(m, r - 1), deadline);
-          ASSERT_TRUE(in.ok()) << in.status();
-          x = *in;
-        }
-        Tensor y = add(x, 1.0f);
-        if (r + 1 < kRanks) {
-          works.push_back(c[r]->Send(r + 1, Tag(m, r), y));
-        } else {
-          for (int64_t i = 0; i < y.numel(); ++i) {
-            ASSERT_EQ(y.f32()[i], static_cast<float>(m * 1000 + i + kRanks));
-          }
-          ++checked;
-        }
-      }
-      for (int m = 0; m < kM; ++m) {
-        Tensor g = Tensor::Zeros(shape);
-        if (r + 1 < kRanks) {
-          auto in = c[r]->Recv(r + 1, Tag(m, r + 1, TensorKind::kGradient), deadline);
-          ASSERT_TRUE(in.ok()) << in.status();
-          g = *in;
-        } else {
-          for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] = static_cast<float>(-m);
-        }
-        Tensor h = add(g, 10.0f);
-        if (r > 0) {
-          works.push_back(c[r]->Send(r - 1, Tag(m, r, TensorKind::kGradient), h));
-        } else {
-          for (int64_t i = 0; i < h.numel(); ++i) {
-            ASSERT_EQ(h.f32()[i], static_cast<float>(-m + 10 * kRanks));
-          }
-          ++checked;
-        }
-      }
-      for (auto& w : works) EXPECT_TRUE(w->Wait(deadline).ok());
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(checked.load(), 2 * kM);
 }
 
 // Hundreds of tensors of every shape and dtype (scalars, empty, undefined, 8 dims, big)
@@ -902,71 +728,6 @@ TEST(LoadNcclTest, MissingLibraryOrFunctionsAreUnavailableNamingThem) {
   } else {
     EXPECT_THAT(std::string(none.status().message()), HasSubstr("built without"));
   }
-}
-
-// --- The executor over the NCCL transport ---------------------------------------------------
-
-// A 2-rank 1F1B pipeline on the real StageExecutor, one NcclTransport per rank, trains to
-// the same weights, bit for bit, as the reference trainer.
-TEST(NcclTransportPipelineTest, TwoRanksMatchTheReferenceTrainer) {
-  absl::StatusOr<baton::v1::JobSpec> parsed = ParseJobSpecJson(R"({
-    "model": {"mlp": {"inputDim": 5, "width": 12, "depth": 7, "outputDim": 3}},
-    "data": {"synthetic": {"teacherWidth": 6}, "batchSize": 24},
-    "optimizer": {"sgd": {"learningRate": 0.05, "momentum": 0.9}},
-    "pipeline": {"schedule": "SCHEDULE_1F1B", "stages": 2, "microbatches": 4},
-    "steps": 2, "seed": 5})");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  baton::v1::JobSpec spec = *parsed;
-  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
-  auto ref = ReferenceTrainer::Create(spec);
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  std::vector<float> ref_losses;
-  for (int i = 0; i < spec.steps(); ++i) {
-    auto s = (*ref)->Step();
-    ASSERT_TRUE(s.ok()) << s.status();
-    ref_losses.push_back(s->loss);
-  }
-
-  ScheduleOptions so;
-  so.kind = ScheduleKind::k1F1B;
-  so.num_ranks = 2;
-  so.num_microbatches = 4;
-  absl::StatusOr<Schedule> schedule = BuildSchedule(so);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  absl::StatusOr<std::vector<BlockRange>> blocks =
-      PartitionBlocks(DescribeBlocks(spec.model()), schedule->num_stages());
-  ASSERT_TRUE(blocks.ok()) << blocks.status();
-
-  Cluster c(2);
-  ASSERT_TRUE(c.StartAll());
-  StageExecutorOptions eo;
-  eo.job_id = kJob;
-  eo.recv_timeout = absl::Seconds(10);
-  std::vector<std::unique_ptr<StageExecutor>> ex;
-  for (int r = 0; r < 2; ++r) {
-    auto e = StageExecutor::Create(spec, *schedule, *blocks, r, c[r], eo);
-    ASSERT_TRUE(e.ok()) << e.status();
-    ex.push_back(*std::move(e));
-  }
-  std::vector<float> losses;
-  for (int64_t step = 0; step < spec.steps(); ++step) {
-    std::vector<absl::StatusOr<RankStepResult>> results(2, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] { results[r] = ex[r]->RunStep(step); });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
-    double sum = 0.0;
-    for (float l : results[1]->losses) sum += l;  // rank 1 owns the last stage
-    losses.push_back(static_cast<float>(sum / 4.0));
-  }
-  std::vector<Digest> digests(blocks->back().last);
-  for (auto& e : ex) {
-    for (auto& [block, digest] : e->BlockDigests()) digests[block] = digest;
-  }
-  EXPECT_EQ(losses, ref_losses);
-  EXPECT_EQ(DigestHex(CombineBlockDigests(digests)), DigestHex((*ref)->WeightsDigest()));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <string>
 #include <thread>
 
-#include "common/pipeline/inproc_transport.h"
+#include "common/comm/inproc_transport.h"
 #include "common/rpc/rpc.h"
 #include "common/transport/routed_transport.h"
 #include "common/transport/tensor_service.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 
 namespace baton {
 

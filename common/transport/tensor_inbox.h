@@ -44,7 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/core/tensor.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 
 namespace baton {
 

@@ -1,4 +1,4 @@
-#include "common/collective/inproc_collective.h"
+#include "common/comm/inproc_collective.h"
 
 #include <chrono>
 #include <utility>

@@ -8,7 +8,7 @@
 //    event and memory calls go to the CUDA runtime the binary links. A build without CUDA
 //    (BATON_HAVE_CUDA undefined) has no real implementation: LoadNccl is UNAVAILABLE
 //    "built without CUDA".
-//  - MakeFakeNccl() (nccl_fake.h): threads of one process talking through host memory,
+//  - MakeFakeNccl() (nccl_fake_test_util.h, linked by tests only): threads of one process talking through host memory,
 //    with fault injection, for tests.
 //
 // The interface mirrors the C calls one to one (names drop the nccl/cuda prefix), with
@@ -24,8 +24,8 @@
 // holds: calls on one communicator must not overlap, except CommGetAsyncError and
 // CommAbort, which may be called while another thread is between calls on it. A stream or
 // event may be used from several threads as CUDA allows.
-#ifndef BATON_COMMON_TRANSPORT_NCCL_API_H_
-#define BATON_COMMON_TRANSPORT_NCCL_API_H_
+#ifndef BATON_COMMON_NCCL_NCCL_API_H_
+#define BATON_COMMON_NCCL_NCCL_API_H_
 
 #include <array>
 #include <cstddef>
@@ -182,4 +182,4 @@ absl::StatusOr<std::unique_ptr<NcclApi>> OpenNccl(const std::string& path);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_TRANSPORT_NCCL_API_H_
+#endif  // BATON_COMMON_NCCL_NCCL_API_H_

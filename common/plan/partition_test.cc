@@ -1,4 +1,4 @@
-#include "common/pipeline/partition.h"
+#include "common/plan/partition.h"
 
 #include <algorithm>
 #include <limits>

@@ -2,8 +2,8 @@
 // (the replicas of `batonctl train-local --pipeline` and the tests). The last member to
 // arrive at a collective computes the ordered sum from every member's buffer while the
 // others wait, then each copies the result out.
-#ifndef BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
-#define BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
+#ifndef BATON_COMMON_COMM_INPROC_COLLECTIVE_H_
+#define BATON_COMMON_COMM_INPROC_COLLECTIVE_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#include "common/collective/collective.h"
+#include "common/comm/collective.h"
 
 namespace baton {
 
@@ -53,4 +53,4 @@ class InProcessGroup {
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_COLLECTIVE_INPROC_COLLECTIVE_H_
+#endif  // BATON_COMMON_COMM_INPROC_COLLECTIVE_H_

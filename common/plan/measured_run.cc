@@ -1,4 +1,4 @@
-#include "common/pipeline/measured_run.h"
+#include "common/plan/measured_run.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,8 +4,8 @@
 // Send copies the tensor into the receiver's mailbox (so, as over a network, sender and
 // receiver never share storage) and completes at once. Abort on any rank aborts the hub,
 // waking every waiting rank with the reason.
-#ifndef BATON_COMMON_PIPELINE_INPROC_TRANSPORT_H_
-#define BATON_COMMON_PIPELINE_INPROC_TRANSPORT_H_
+#ifndef BATON_COMMON_COMM_INPROC_TRANSPORT_H_
+#define BATON_COMMON_COMM_INPROC_TRANSPORT_H_
 
 #include <condition_variable>
 #include <memory>
@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "common/pipeline/transport.h"
+#include "common/comm/transport.h"
 
 namespace baton {
 
@@ -70,4 +70,4 @@ class InProcessHub {
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PIPELINE_INPROC_TRANSPORT_H_
+#endif  // BATON_COMMON_COMM_INPROC_TRANSPORT_H_

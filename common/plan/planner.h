@@ -49,8 +49,8 @@
 // to the smaller peak memory, then schedule table order, then V, then M); well under a
 // second for S = 16, 48 blocks, batch 512 (bench/plan_bench.cc, BM_AutoPlan, measures it;
 // bench/planner_bench.cc measures how well it chooses).
-#ifndef BATON_COMMON_PIPELINE_PLANNER_H_
-#define BATON_COMMON_PIPELINE_PLANNER_H_
+#ifndef BATON_COMMON_PLAN_PLANNER_H_
+#define BATON_COMMON_PLAN_PLANNER_H_
 
 #include <cstdint>
 #include <optional>
@@ -61,7 +61,7 @@
 #include "absl/status/statusor.h"
 #include "baton/v1/job.pb.h"
 #include "common/nn/model.h"
-#include "common/pipeline/partition.h"
+#include "common/plan/partition.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
 
@@ -165,4 +165,4 @@ std::string HumanBytes(double bytes);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PIPELINE_PLANNER_H_
+#endif  // BATON_COMMON_PLAN_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "common/transport/nccl_api.h"
+#include "common/nccl/nccl_api.h"
 
 #include <cstring>
 #include <memory>

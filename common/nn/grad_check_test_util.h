@@ -12,8 +12,8 @@
 // the element is restored bit for bit afterwards. An element passes when
 //   |analytic - numeric| <= atol + rtol * |numeric|.
 // Every test states its h and tolerance, and why they hold.
-#ifndef BATON_COMMON_NN_GRAD_CHECK_H_
-#define BATON_COMMON_NN_GRAD_CHECK_H_
+#ifndef BATON_COMMON_NN_GRAD_CHECK_TEST_UTIL_H_
+#define BATON_COMMON_NN_GRAD_CHECK_TEST_UTIL_H_
 
 #include <algorithm>
 #include <cmath>
@@ -477,4 +477,4 @@ inline void CheckStashErrors(const ModuleCase& c) {
 
 }  // namespace baton::testing
 
-#endif  // BATON_COMMON_NN_GRAD_CHECK_H_
+#endif  // BATON_COMMON_NN_GRAD_CHECK_TEST_UTIL_H_

@@ -12,8 +12,8 @@
 // Members of a group call the same collectives in the same order (the replicas run the
 // same clock); a call returns when every member has made it, or fails at `deadline`, or
 // when any member aborted the group.
-#ifndef BATON_COMMON_COLLECTIVE_COLLECTIVE_H_
-#define BATON_COMMON_COLLECTIVE_COLLECTIVE_H_
+#ifndef BATON_COMMON_COMM_COLLECTIVE_H_
+#define BATON_COMMON_COMM_COLLECTIVE_H_
 
 #include <cstdint>
 
@@ -50,4 +50,4 @@ class Collective {
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_COLLECTIVE_COLLECTIVE_H_
+#endif  // BATON_COMMON_COMM_COLLECTIVE_H_

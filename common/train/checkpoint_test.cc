@@ -1,9 +1,12 @@
+// Checkpoints (common/checkpoint/checkpoint.h) of models trained by the reference trainer:
+// written, verified, read back and resumed bit-exact. Beside the trainer, which it needs.
 #include "common/checkpoint/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
 
 #include "common/checkpoint/safetensors.h"
+#include "common/core/file.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "gmock/gmock.h"
@@ -125,7 +128,7 @@ TEST_F(CheckpointTest, FilesAreSafetensorsWithManifestHashes) {
   const CheckpointBlockFile& f = index->blocks.at("hidden.1");
   EXPECT_EQ(f.file, "hidden.1.safetensors");
   EXPECT_EQ(f.index, 1);
-  absl::StatusOr<std::string> bytes = ReadWholeFile((fs::path(step_dir) / f.file).string());
+  absl::StatusOr<std::string> bytes = ReadFile((fs::path(step_dir) / f.file).string());
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(static_cast<int64_t>(bytes->size()), f.bytes);
   absl::StatusOr<Safetensors> st = ParseSafetensors(*bytes);
@@ -154,7 +157,7 @@ TEST_F(CheckpointTest, ACorruptedFileIsSkippedForAnOlderCheckpoint) {
   }
   // Flip one byte of step 3's "out" block.
   const fs::path victim = fs::path(CheckpointStepDir(JobDir(), 3)) / "out.safetensors";
-  std::string bytes = *ReadWholeFile(victim.string());
+  std::string bytes = *ReadFile(victim.string());
   bytes[bytes.size() - 1] ^= 0x01;
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
   std::vector<std::string> skipped;
@@ -263,8 +266,8 @@ TEST_F(CheckpointTest, WritesAreAtomicAndTheDirectoryIsChecked) {
   fs::create_directories(dir_ / "a");
   ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());
   ASSERT_TRUE(WriteFileAtomically(path, "world!").ok());
-  EXPECT_EQ(*ReadWholeFile(path), "world!");
-  EXPECT_EQ(ReadWholeFile((dir_ / "none").string()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*ReadFile(path), "world!");
+  EXPECT_EQ(ReadFile((dir_ / "none").string()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(CheckCheckpointDirWritable((dir_ / "new" / "deeper").string()).ok());
   // A path under a regular file cannot be a directory.
   absl::Status s = CheckCheckpointDirWritable(path + "/sub");

@@ -2,7 +2,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/collective/inproc_collective.h"
+#include "common/comm/inproc_collective.h"
 #include "gtest/gtest.h"
 
 namespace baton {

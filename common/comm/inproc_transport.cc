@@ -1,4 +1,4 @@
-#include "common/pipeline/inproc_transport.h"
+#include "common/comm/inproc_transport.h"
 
 #include <chrono>
 #include <utility>

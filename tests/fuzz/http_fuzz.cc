@@ -4,7 +4,7 @@
 // well-framed HTTP/1.1 response and that the connection always makes progress.
 //
 // Built and run by scripts/fuzz.sh (clang, -fsanitize=fuzzer,address,undefined); the seed
-// inputs are common/http/fuzz_corpus/.
+// inputs are tests/fuzz/corpus/http.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

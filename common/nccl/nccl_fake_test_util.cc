@@ -1,4 +1,4 @@
-#include "common/transport/nccl_fake.h"
+#include "common/nccl/nccl_fake_test_util.h"
 
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // Splitting a model's blocks into pipeline chunks.
-#ifndef BATON_COMMON_PIPELINE_PARTITION_H_
-#define BATON_COMMON_PIPELINE_PARTITION_H_
+#ifndef BATON_COMMON_PLAN_PARTITION_H_
+#define BATON_COMMON_PLAN_PARTITION_H_
 
 #include <cstdint>
 #include <vector>
@@ -37,4 +37,4 @@ std::vector<int> PartitionSizes(const std::vector<BlockRange>& ranges);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PIPELINE_PARTITION_H_
+#endif  // BATON_COMMON_PLAN_PARTITION_H_

@@ -1,7 +1,7 @@
 // Data and checks the engines' tests share (collective.h's contract). Include from
 // *_test.cc only.
-#ifndef BATON_COMMON_COLLECTIVE_COLLECTIVE_TEST_UTIL_H_
-#define BATON_COMMON_COLLECTIVE_COLLECTIVE_TEST_UTIL_H_
+#ifndef BATON_COMMON_COMM_COLLECTIVE_TEST_UTIL_H_
+#define BATON_COMMON_COMM_COLLECTIVE_TEST_UTIL_H_
 
 #include <algorithm>
 #include <cmath>
@@ -64,4 +64,4 @@ inline int64_t ExpectFastSum(const std::vector<std::vector<float>>& out, int mem
 
 }  // namespace baton::testing_collective
 
-#endif  // BATON_COMMON_COLLECTIVE_COLLECTIVE_TEST_UTIL_H_
+#endif  // BATON_COMMON_COMM_COLLECTIVE_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -26,8 +26,8 @@
 // destroys a stream only once its work is done or its communicator aborted.
 //
 // Thread-safe: one process-wide mutex guards every fake object.
-#ifndef BATON_COMMON_TRANSPORT_NCCL_FAKE_H_
-#define BATON_COMMON_TRANSPORT_NCCL_FAKE_H_
+#ifndef BATON_COMMON_NCCL_NCCL_FAKE_TEST_UTIL_H_
+#define BATON_COMMON_NCCL_NCCL_FAKE_TEST_UTIL_H_
 
 #include <cstdint>
 #include <functional>
@@ -38,7 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/transport/nccl_api.h"
+#include "common/nccl/nccl_api.h"
 
 namespace baton {
 
@@ -156,7 +156,7 @@ class FakeNccl final : public NcclApi {
   int CountOp(Comm* c);
 
   const FakeNcclOptions options_;
-  // Guarded by the process-wide fake mutex (nccl_fake.cc).
+  // Guarded by the process-wide fake mutex (nccl_fake_test_util.cc).
   absl::flat_hash_map<NcclComm, std::shared_ptr<Comm>> comms_;
   absl::flat_hash_map<CudaStream, std::shared_ptr<Stream>> streams_;
   absl::flat_hash_map<CudaEvent, std::shared_ptr<Event>> events_;
@@ -170,4 +170,4 @@ std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options = {});
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_TRANSPORT_NCCL_FAKE_H_
+#endif  // BATON_COMMON_NCCL_NCCL_FAKE_TEST_UTIL_H_

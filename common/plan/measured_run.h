@@ -10,12 +10,12 @@
 // waiting (a receive's span also holds the wait for its producer, which the simulator
 // derives itself); STEP the mean optimizer step. A run without split backward has no I or
 // W: they are taken as half of B each; a run with I and W but no B gets B = I + W.
-#ifndef BATON_COMMON_PIPELINE_MEASURED_RUN_H_
-#define BATON_COMMON_PIPELINE_MEASURED_RUN_H_
+#ifndef BATON_COMMON_PLAN_MEASURED_RUN_H_
+#define BATON_COMMON_PLAN_MEASURED_RUN_H_
 
 #include "absl/status/statusor.h"
 #include "baton/v1/jobs.pb.h"
-#include "common/pipeline/planner.h"
+#include "common/plan/planner.h"
 #include "common/schedule/validate.h"
 
 namespace baton {
@@ -35,4 +35,4 @@ absl::StatusOr<MeasuredRun> MeasuredRunFromJob(const baton::v1::Job& job,
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PIPELINE_MEASURED_RUN_H_
+#endif  // BATON_COMMON_PLAN_MEASURED_RUN_H_

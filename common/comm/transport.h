@@ -19,8 +19,8 @@
 // this; tag-matching transports do not need it).
 //
 // Thread safety: all methods may be called from any thread.
-#ifndef BATON_COMMON_PIPELINE_TRANSPORT_H_
-#define BATON_COMMON_PIPELINE_TRANSPORT_H_
+#ifndef BATON_COMMON_COMM_TRANSPORT_H_
+#define BATON_COMMON_COMM_TRANSPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -85,4 +85,4 @@ std::unique_ptr<SendWork> CompletedSend(absl::Status status);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PIPELINE_TRANSPORT_H_
+#endif  // BATON_COMMON_COMM_TRANSPORT_H_

@@ -1,15 +1,15 @@
 // For tests of the real NCCL on a real GPU (ctest label gpu): skip with a message without
 // a device or without NCCL, but fail under BATON_REQUIRE_GPU (scripts/gpu-test.sh), so a
 // GPU run cannot pass by skipping. Include from *_test.cc only.
-#ifndef BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
-#define BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
+#ifndef BATON_COMMON_NCCL_NCCL_TEST_UTIL_H_
+#define BATON_COMMON_NCCL_NCCL_TEST_UTIL_H_
 
 #include <cstdlib>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/core/cuda_device.h"
-#include "common/transport/nccl_api.h"
+#include "common/nccl/nccl_api.h"
 #include "gtest/gtest.h"
 
 // Sets `api` or skips (fails under BATON_REQUIRE_GPU) saying why.
@@ -49,4 +49,4 @@ inline bool Reached(NcclApi* api, CudaEvent event, absl::Duration timeout) {
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_TRANSPORT_NCCL_TEST_UTIL_H_
+#endif  // BATON_COMMON_NCCL_NCCL_TEST_UTIL_H_
