@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/core/file.h"
 #include "common/nn/model.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
@@ -75,8 +76,8 @@ TEST_F(CheckpointWriterTest, BackgroundWritesAreCompleteReportedOnceAndPruned) {
   ASSERT_TRUE(trainer_->SaveCheckpoint(JobDir(), "job-000001").ok());  // step 6, synchronously
   for (const BlockInfo& b : DescribeBlocks(trainer_->spec().model())) {
     const std::string file = b.name + ".safetensors";
-    absl::StatusOr<std::string> a = ReadWholeFile((fs::path(async_dir) / file).string());
-    absl::StatusOr<std::string> s = ReadWholeFile((fs::path(CheckpointStepDir(JobDir(), 6)) / file).string());
+    absl::StatusOr<std::string> a = ReadFile((fs::path(async_dir) / file).string());
+    absl::StatusOr<std::string> s = ReadFile((fs::path(CheckpointStepDir(JobDir(), 6)) / file).string());
     ASSERT_TRUE(a.ok() && s.ok()) << file;
     EXPECT_TRUE(*a == *s) << file << " differs between the background and the synchronous save";
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/core/file.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/core/digest.h"
 #include "google/protobuf/struct.pb.h"
@@ -82,7 +83,7 @@ std::string SlotTensorName(const Optimizer::Slot& s) {
 absl::StatusOr<std::string> ReadVerified(const std::string& step_dir,
                                          const CheckpointBlockFile& f) {
   const std::string path = (fs::path(step_dir) / f.file).string();
-  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) {
     return absl::DataLossError(absl::StrCat("block ", f.block, ": ", bytes.status().message()));
   }
@@ -153,19 +154,6 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
   }
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   return Fsync(parent.string(), /*directory=*/true);
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-    return absl::InternalError(absl::StrCat("cannot open ", path));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::InternalError(absl::StrCat("reading ", path, " failed"));
-  return std::move(ss).str();
 }
 
 absl::Status CheckCheckpointDirWritable(const std::string& dir) {
@@ -287,7 +275,7 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir)
   }
   std::sort(manifests.begin(), manifests.end());
   for (const fs::path& m : manifests) {
-    absl::StatusOr<std::string> text = ReadWholeFile(m.string());
+    absl::StatusOr<std::string> text = ReadFile(m.string());
     if (!text.ok()) return absl::DataLossError(text.status().message());
     google::protobuf::Struct doc;
     if (!google::protobuf::util::JsonStringToMessage(*text, &doc).ok()) {

@@ -41,8 +41,6 @@ std::string CheckpointStepDir(const std::string& job_dir, int64_t step);
 
 // Writes `bytes` to `path` atomically (see above). Errors name the path and the call.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
-// Reads a whole file. NOT_FOUND when it does not exist.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 // Checks that `dir` can hold checkpoints: creates it if needed and writes and removes a
 // probe file. FAILED_PRECONDITION naming the directory and the reason otherwise.

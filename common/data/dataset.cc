@@ -1,5 +1,6 @@
 #include "common/data/dataset.h"
 
+#include "common/core/file.h"
 #include "common/core/paths.h"
 
 #include <fcntl.h>
@@ -41,51 +42,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status FileError(int err, const std::string& what, const std::string& path) {
-  // ErrnoToStatus appends ": <strerror>".
-  return absl::ErrnoToStatus(err, absl::StrCat("data.text.path: cannot ", what, " '", path, "'"));
-}
-
+// The text file at `path`, within the bound; errors name data.text.path.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return FileError(errno, "open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return FileError(err, "stat", path);
+  absl::StatusOr<std::string> bytes =
+      ReadFile(path, {.max_bytes = max_bytes, .regular_only = true});
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("data.text.path: ", bytes.status().message()));
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.text.path: '", path, "' is not a regular file"));
-  }
-  if (st.st_size > max_bytes) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path, "' has ",
-                                                   st.st_size, " bytes, over the bound of ",
-                                                   max_bytes));
-  }
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n > 0 && static_cast<int64_t>(out.size()) + n > max_bytes) {
-      ::close(fd);  // it grew while read
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.text.path: '", path, "' is over the bound of ", max_bytes, " bytes"));
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return FileError(err, "read", path);
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  return bytes;
 }
 
 }  // namespace

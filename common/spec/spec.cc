@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/core/file.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/status.h"
@@ -25,31 +26,6 @@ using ::baton::v1::JobSpec;
 
 absl::Status Invalid(const char* field, const std::string& reason) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
-}
-
-// Reads a whole file; errors carry the errno code and name the path.
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    // ErrnoToStatus appends ": <strerror>".
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot open job spec '", path, "'"));
-  }
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(err, absl::StrCat("cannot read job spec '", path, "'"));
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
 }
 
 int64_t Utf8Length(const std::string& s) {
@@ -305,7 +281,7 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(const std::string& json) {
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
-  BATON_ASSIGN_OR_RETURN(const std::string json, ReadFile(path));
+  BATON_ASSIGN_OR_RETURN(const std::string json, ReadFile(path, {.what = "job spec"}));
   absl::StatusOr<JobSpec> spec = ParseJobSpecJson(json);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
