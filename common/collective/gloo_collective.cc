@@ -1,4 +1,5 @@
 #include "common/collective/gloo_collective.h"
+#include "common/core/mutex.h"
 
 #include <algorithm>
 #include <chrono>
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
 }
 
 void GlooCollective::Abort(const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (aborted_.ok()) {
     aborted_ = why.ok() ? absl::AbortedError("the data-parallel group was aborted") : why;
   }
@@ -52,7 +53,7 @@ void GlooCollective::Abort(const absl::Status& why) {
 
 absl::Status GlooCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!aborted_.ok()) {
       return absl::AbortedError(absl::StrCat("all-reduce on replica ", rank_, ": ",
                                              aborted_.message()));

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/comm/collective.h"
+#include "common/core/mutex.h"
 
 namespace gloo {
 class Context;
@@ -64,7 +65,7 @@ class GlooCollective final : public Collective {
   std::shared_ptr<gloo::Context> context_;
   std::vector<float> gathered_;  // AllReduceSum's; one call at a time
   uint32_t tag_ = 0;             // per collective, so a late message cannot match another
-  std::mutex mu_;
+  Mutex mu_;
   absl::Status aborted_;  // guarded by mu_
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
 NcclCollective::~NcclCollective() {
   bool broken;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     broken = !failed_.ok() || abort_requested_.load();
   }
   if (comm_ != nullptr) {
@@ -106,7 +107,7 @@ NcclCollective::~NcclCollective() {
 }
 
 void NcclCollective::Abort(const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (failed_.ok()) {
     failed_ = why.ok() ? absl::AbortedError("the data-parallel group was aborted") : why;
   }
@@ -118,7 +119,7 @@ absl::Status NcclCollective::Fail(const absl::Status& s) {
     (void)api_->CommAbort(comm_);
     comm_ = nullptr;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (failed_.ok()) failed_ = s;
   return s;
 }
@@ -159,7 +160,7 @@ absl::Status NcclCollective::WaitStream(absl::Time deadline, const char* what) {
       return true;
     }
     if (abort_requested_.load()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       result = failed_;
       return true;
     }
@@ -176,7 +177,7 @@ absl::Status NcclCollective::WaitStream(absl::Time deadline, const char* what) {
 
 absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!failed_.ok()) {
       return absl::Status(failed_.code(), absl::StrCat("all-reduce on replica ", rank_, ": ",
                                                        failed_.message()));
@@ -195,7 +196,7 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
     if (r == NcclResult::kInProgress && abort_requested_.load()) {
       absl::Status why;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         why = failed_;
       }
       return Fail(why);

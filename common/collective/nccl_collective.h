@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/comm/collective.h"
 #include "common/nccl/nccl_api.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -88,7 +89,7 @@ class NcclCollective final : public Collective {
   CudaEvent event_ = nullptr;
   float* gathered_ = nullptr;    // size_ * capacity_ floats on device(); ordered mode only
   int64_t capacity_ = 0;
-  std::mutex mu_;
+  Mutex mu_;
   absl::Status failed_;                 // guarded by mu_: why calls fail from now on
   std::atomic<bool> abort_requested_{false};
 };

@@ -1,4 +1,5 @@
 #include "common/comm/inproc_collective.h"
+#include "common/core/mutex.h"
 
 #include <chrono>
 #include <utility>
@@ -32,7 +33,7 @@ std::unique_ptr<Collective> InProcessGroup::Member(int rank) {
 
 void InProcessGroup::Abort(const absl::Status& why) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (aborted_.ok()) {
       aborted_ = why.ok() ? absl::AbortedError("the data-parallel group was aborted") : why;
     }
@@ -42,7 +43,7 @@ void InProcessGroup::Abort(const absl::Status& why) {
 
 absl::Status InProcessGroup::AllReduceSum(int rank, int64_t round, float* data, int64_t n,
                                           absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto aborted = [&] {
     return absl::AbortedError(absl::StrCat("all-reduce #", round, " on replica ", rank, ": ",
                                            aborted_.message()));
@@ -72,7 +73,7 @@ absl::Status InProcessGroup::AllReduceSum(int rank, int64_t round, float* data, 
   }
   const auto until = absl::ToChronoTime(deadline);
   while (!r.summed && aborted_.ok()) {
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !r.summed && aborted_.ok()) {
+    if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && !r.summed && aborted_.ok()) {
       const absl::Status s = absl::DeadlineExceededError(
           absl::StrCat("all-reduce #", round, ": ", size_ - r.arrived, " of ", size_,
                        " replicas had not joined by the deadline"));

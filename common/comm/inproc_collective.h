@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/comm/collective.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -43,9 +44,9 @@ class InProcessGroup {
   void Abort(const absl::Status& why);
 
   const int size_;
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer.
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   std::map<int64_t, Round> rounds_;  // guarded by mu_
   absl::Status aborted_;             // guarded by mu_; OK until Abort

@@ -1,4 +1,5 @@
 #include "common/comm/inproc_transport.h"
+#include "common/core/mutex.h"
 
 #include <chrono>
 #include <utility>
@@ -67,7 +68,7 @@ std::unique_ptr<SendWork> InProcessHub::Send(int src, int dst, const TensorTag& 
         copy.status().code(), absl::StrCat("inproc: rank ", src, " sending ", tag.ToString(), ": ",
                                            copy.status().message())));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return CompletedSend(aborted_);
   auto [it, inserted] = mailbox_.try_emplace(Key{src, dst, tag}, *std::move(copy));
   if (!inserted) {
@@ -83,7 +84,7 @@ std::unique_ptr<SendWork> InProcessHub::Send(int src, int dst, const TensorTag& 
 absl::StatusOr<Tensor> InProcessHub::Recv(int src, int dst, const TensorTag& tag,
                                           absl::Time deadline) {
   const Key key{src, dst, tag};
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     if (!aborted_.ok()) return aborted_;
     auto it = mailbox_.find(key);
@@ -97,29 +98,29 @@ absl::StatusOr<Tensor> InProcessHub::Recv(int src, int dst, const TensorTag& tag
       return absl::DeadlineExceededError(absl::StrCat(
           "inproc: rank ", dst, " timed out waiting for ", tag.ToString(), " from rank ", src));
     }
-    arrived_.wait_for(lock, absl::ToChronoNanoseconds(left));
+    arrived_.wait_for(lock.native(), absl::ToChronoNanoseconds(left));
   }
 }
 
 void InProcessHub::Abort(int rank, const absl::Status& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return;  // the first reason wins
   aborted_ = absl::AbortedError(absl::StrCat("rank ", rank, " aborted: ", reason.message()));
   arrived_.notify_all();
 }
 
 int InProcessHub::Pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<int>(mailbox_.size());
 }
 
 TransportCounters InProcessHub::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return counters_;
 }
 
 void InProcessHub::Reset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   mailbox_.clear();
   aborted_ = absl::OkStatus();
 }

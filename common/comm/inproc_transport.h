@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "common/comm/transport.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -58,9 +59,9 @@ class InProcessHub {
   absl::StatusOr<Tensor> Recv(int src, int dst, const TensorTag& tag, absl::Time deadline);
   void Abort(int rank, const absl::Status& reason);
 
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer, which would then report false races in everything it guards.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable arrived_;  // signalled on every delivery and on abort
   absl::flat_hash_map<Key, Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // OK until an abort

@@ -1,4 +1,5 @@
 #include "common/core/caching_allocator.h"
+#include "common/core/mutex.h"
 
 #include <algorithm>
 #include <new>
@@ -27,7 +28,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
   if (bytes > kMaxAllocation) return nullptr;
   const size_t rounded = Round(bytes);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = cache_.find(rounded);
     if (it != cache_.end() && !it->second.empty()) {
       void* p = it->second.back();
@@ -40,7 +41,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
   void* p = system_.alloc(rounded);
   if (p == nullptr) {
     if (system_.may_release != nullptr && !system_.may_release()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.cache_kept;
       return nullptr;
     }
@@ -48,7 +49,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
     p = system_.alloc(rounded);
     if (p == nullptr) return nullptr;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.system_allocations;
   Account(rounded);
   return p;
@@ -57,7 +58,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
 void CachingAllocator::Deallocate(void* p, size_t bytes) {
   if (p == nullptr) return;
   const size_t rounded = Round(bytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_.bytes_in_use -= static_cast<int64_t>(rounded);
   try {
     cache_[rounded].push_back(p);
@@ -71,18 +72,18 @@ void CachingAllocator::Deallocate(void* p, size_t bytes) {
 }
 
 AllocatorStats CachingAllocator::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
 void CachingAllocator::ResetPeak() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_.peak_bytes_in_use = stats_.bytes_in_use;
 }
 
 void CachingAllocator::ReleaseCached() {
   if (system_.quiesce != nullptr) system_.quiesce();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [size, blocks] : cache_) {
     for (void* p : blocks) system_.free(p);
   }

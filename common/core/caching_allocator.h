@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/core/tensor.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -53,9 +54,9 @@ class CachingAllocator final : public Allocator {
   const Device device_;
   const System system_;
   const size_t alignment_;
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer, which would then report false races on everything it guards.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<size_t, std::vector<void*>> cache_;  // guarded by mu_
   AllocatorStats stats_;                        // guarded by mu_
 };

@@ -29,6 +29,7 @@
 #include "common/core/gelu_math.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -75,14 +76,14 @@ class GemmPool {
     job->blocks = blocks;
     job->pending = blocks;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       job_ = job;
       ++generation_;
     }
     wake_.notify_all();
     Work(*job);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return job->pending == 0; });
+    MutexLock lock(mu_);
+    done_.wait(lock.native(), [&] { return job->pending == 0; });
     job_.reset();
   }
 
@@ -113,7 +114,7 @@ class GemmPool {
       ++finished;
     }
     if (finished == 0) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     job.pending -= finished;
     if (job.pending == 0) done_.notify_all();
   }
@@ -123,8 +124,9 @@ class GemmPool {
     for (;;) {
       std::shared_ptr<Job> job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        MutexLock lock(mu_);
+        wake_.wait(lock.native(),
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
         job = job_;
@@ -135,26 +137,28 @@ class GemmPool {
 
   void StopWorkers() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     wake_.notify_all();
     for (std::thread& t : workers_) t.join();
     workers_.clear();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = false;
   }
 
-  std::mutex run_mu_;  // held for a whole job, and while the workers change
+  // Held for a whole job, and while the workers change. A std::mutex: Run only tries it
+  // (a GEMM called from inside a job runs inline), which the analysis cannot follow.
+  std::mutex run_mu_;
   std::vector<std::thread> workers_;  // guarded by run_mu_
   std::atomic<int> threads_{1};
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable wake_;  // a new job, or stop
   std::condition_variable done_;  // a job's pending reached 0
-  std::shared_ptr<Job> job_;      // guarded by mu_: the job in flight, if any
-  uint64_t generation_ = 0;       // guarded by mu_: counts jobs
-  bool stop_ = false;             // guarded by mu_
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);  // the job in flight, if any
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts jobs
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class CpuBackendImpl final : public Backend {

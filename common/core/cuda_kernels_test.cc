@@ -27,6 +27,7 @@
 #include "common/core/device_timer.h"
 #include "common/core/rng.h"
 #include "common/core/tensor.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -623,28 +624,28 @@ TEST_F(CudaKernelsTest, AThreadsErrorIsReportedToThatThreadAlone) {
   Tensor a = Tensor::Zeros({4, 4}, DType::kFloat32, Device::kCuda);
   Tensor c = Tensor::Zeros({4, 4}, DType::kFloat32, Device::kCuda);
   ASSERT_TRUE(CudaSynchronize().ok());
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
   int stage = 0;  // 1: the bad call was made; 2: the main thread has synchronised
   absl::Status theirs;
   std::thread other([&] {
     cuda_->Gemm(false, false, 4, 4, 4, 1.0f, a.f32(), 4, a.f32(), 4, 0.0f, c.f32(), /*ldc=*/1);
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       stage = 1;
     }
     cv.notify_all();
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return stage == 2; });
+    MutexLock lock(mu);
+    cv.wait(lock.native(), [&] { return stage == 2; });
     theirs = CudaSynchronize();
   });
   {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return stage == 1; });
+    MutexLock lock(mu);
+    cv.wait(lock.native(), [&] { return stage == 1; });
   }
   const absl::Status mine = CudaSynchronize();
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     stage = 2;
   }
   cv.notify_all();

@@ -1,4 +1,5 @@
 #include "common/nccl/nccl_fake_test_util.h"
+#include "common/core/mutex.h"
 
 #include <unistd.h>
 
@@ -25,7 +26,7 @@ struct Clique;
 // Every fake object of the process is guarded by one mutex, and every change is announced
 // on one condition variable (stream threads also re-check every few milliseconds).
 struct World {
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
   // Communicators being set up or alive, by unique id; expired once their last member is.
   std::map<std::string, std::weak_ptr<Clique>> cliques;
@@ -288,10 +289,10 @@ NcclResult Queue(FakeNccl::Comm* c, FakeNccl::Stream* s, Item it, int in_progres
 
 void RunStream(std::shared_ptr<FakeNccl::Stream> s) {
   World& w = TheWorld();
-  std::unique_lock<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   while (!s->stop) {
     if (s->queue.empty()) {
-      w.cv.wait_for(lock, kRecheck);
+      w.cv.wait_for(lock.native(), kRecheck);
       continue;
     }
     Item& it = s->queue.front();
@@ -309,7 +310,7 @@ void RunStream(std::shared_ptr<FakeNccl::Stream> s) {
       s->queue.pop_front();
       w.cv.notify_all();
     } else {
-      w.cv.wait_for(lock, kRecheck);
+      w.cv.wait_for(lock.native(), kRecheck);
     }
   }
   for (Item& it : s->queue) Retire(it, /*finished=*/false);
@@ -335,7 +336,7 @@ FakeNccl::~FakeNccl() {
   World& w = TheWorld();
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     for (auto& [handle, c] : comms_) {
       c->gone = true;
       Withdraw(c.get());
@@ -350,7 +351,7 @@ FakeNccl::~FakeNccl() {
     w.cv.notify_all();
   }
   for (auto& t : threads) t.join();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   for (auto& [p, bytes] : buffers_) ::operator delete (p, std::align_val_t{64});
   buffers_.clear();
 }
@@ -361,7 +362,7 @@ std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options) {
 
 NcclResult FakeNccl::GetUniqueId(NcclUniqueId* id) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   *id = NcclUniqueId{};
   const std::string s = absl::StrCat("fake-nccl/", getpid(), "/", ++w.next_id);
   std::memcpy(id->bytes.data(), s.data(), std::min(s.size(), id->bytes.size()));
@@ -373,7 +374,7 @@ NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) return NcclResult::kInvalidArgument;
   World& w = TheWorld();
-  std::unique_lock<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   const std::string key(id.bytes.data(), id.bytes.size());
   std::shared_ptr<Clique> clique = w.cliques[key].lock();
   if (!clique) {
@@ -406,7 +407,7 @@ NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId
   }
   w.cv.notify_all();
   if (options_.blocking_init && !options_.init_fails) {
-    const bool all = w.cv.wait_for(lock, absl::ToChronoNanoseconds(options_.blocking_init_timeout),
+    const bool all = w.cv.wait_for(lock.native(), absl::ToChronoNanoseconds(options_.blocking_init_timeout),
                                    [&] { return clique->joined == nranks; });
     if (!all) {
       c->init = NcclResult::kSystemError;
@@ -422,7 +423,7 @@ NcclResult FakeNccl::CommInitRank(NcclComm* comm, int nranks, const NcclUniqueId
 
 NcclResult FakeNccl::CommGetAsyncError(NcclComm comm, NcclResult* state) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Comm* c = Lookup(comms_, comm);
   if (c == nullptr) return NcclResult::kInvalidArgument;
   if (c->in_progress_left > 0) {
@@ -468,7 +469,7 @@ int FakeNccl::CountOp(Comm* c) {
 NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclComm comm,
                              CudaStream stream) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Comm* c = nullptr;
   Stream* s = nullptr;
   if (NcclResult r = Admit(comm, stream, &c, &s); r != NcclResult::kSuccess) return r;
@@ -504,7 +505,7 @@ NcclResult FakeNccl::Recv(void* buf, size_t bytes, int peer, NcclComm comm, Cuda
 NcclResult FakeNccl::Collective(bool gather, const void* send, void* recv, size_t count,
                                 NcclComm comm, CudaStream stream) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Comm* c = nullptr;
   Stream* s = nullptr;
   if (NcclResult r = Admit(comm, stream, &c, &s); r != NcclResult::kSuccess) return r;
@@ -532,7 +533,7 @@ NcclResult FakeNccl::AllReduceSum(const void* send, void* recv, size_t count, Nc
 absl::Status FakeNccl::OrderedSum(float* dst, const float* src, int members, size_t count,
                                   CudaStream stream) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Stream* s = Lookup(streams_, stream);
   if (s == nullptr) return UnknownHandle("stream");
   Item it;
@@ -552,7 +553,7 @@ NcclResult FakeNccl::GroupEnd() { return NcclResult::kSuccess; }
 
 NcclResult FakeNccl::CommFinalize(NcclComm comm) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Comm* c = Lookup(comms_, comm);
   if (c == nullptr) return NcclResult::kInvalidArgument;
   c->finalizing = true;
@@ -561,7 +562,7 @@ NcclResult FakeNccl::CommFinalize(NcclComm comm) {
 
 void FakeNccl::EndComm(NcclComm comm, bool abort) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   auto it = comms_.find(comm);
   if (it == comms_.end()) return;
   it->second->gone = true;
@@ -573,7 +574,7 @@ void FakeNccl::EndComm(NcclComm comm, bool abort) {
 
 NcclResult FakeNccl::CommDestroy(NcclComm comm) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     if (Lookup(comms_, comm) == nullptr) return NcclResult::kInvalidArgument;
   }
   EndComm(comm, /*abort=*/false);
@@ -582,7 +583,7 @@ NcclResult FakeNccl::CommDestroy(NcclComm comm) {
 
 NcclResult FakeNccl::CommAbort(NcclComm comm) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     if (Lookup(comms_, comm) == nullptr) return NcclResult::kInvalidArgument;
   }
   EndComm(comm, /*abort=*/true);
@@ -594,7 +595,7 @@ std::string FakeNccl::ErrorString(NcclResult r) {
 }
 
 std::string FakeNccl::LastError(NcclComm comm) {
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   Comm* c = Lookup(comms_, comm);
   return c == nullptr ? std::string() : c->last_error;
 }
@@ -602,7 +603,7 @@ std::string FakeNccl::LastError(NcclComm comm) {
 absl::StatusOr<CudaStream> FakeNccl::StreamCreate(int cuda_device) {
   auto s = std::make_shared<Stream>();
   const CudaStream handle = reinterpret_cast<CudaStream>(s.get());
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   s->thread = std::thread(RunStream, s);
   streams_[handle] = std::move(s);
   return handle;
@@ -612,7 +613,7 @@ absl::Status FakeNccl::StreamDestroy(CudaStream stream) {
   World& w = TheWorld();
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    MutexLock lock(w.mu);
     auto it = streams_.find(stream);
     if (it == streams_.end()) return UnknownHandle("stream");
     it->second->stop = true;
@@ -627,20 +628,20 @@ absl::Status FakeNccl::StreamDestroy(CudaStream stream) {
 absl::StatusOr<CudaEvent> FakeNccl::EventCreate(int cuda_device) {
   auto e = std::make_shared<Event>();
   const CudaEvent handle = reinterpret_cast<CudaEvent>(e.get());
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   events_[handle] = std::move(e);
   return handle;
 }
 
 absl::Status FakeNccl::EventDestroy(CudaEvent event) {
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   if (events_.erase(event) == 0) return UnknownHandle("event");
   return absl::OkStatus();
 }
 
 absl::Status FakeNccl::EventRecord(CudaEvent event, CudaStream stream) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   auto e = events_.find(event);
   Stream* s = Lookup(streams_, stream);
   if (e == events_.end()) return UnknownHandle("event");
@@ -656,7 +657,7 @@ absl::Status FakeNccl::EventRecord(CudaEvent event, CudaStream stream) {
 
 absl::Status FakeNccl::StreamWaitEvent(CudaStream stream, CudaEvent event) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   auto e = events_.find(event);
   Stream* s = Lookup(streams_, stream);
   if (e == events_.end()) return UnknownHandle("event");
@@ -671,7 +672,7 @@ absl::Status FakeNccl::StreamWaitEvent(CudaStream stream, CudaEvent event) {
 }
 
 absl::StatusOr<bool> FakeNccl::EventQuery(CudaEvent event) {
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   Event* e = Lookup(events_, event);
   if (e == nullptr) return UnknownHandle("event");
   return e->reached >= e->recorded;
@@ -683,7 +684,7 @@ absl::StatusOr<void*> FakeNccl::DeviceAlloc(size_t bytes, int cuda_device) {
 
 absl::Status FakeNccl::DeviceFree(void* p) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     ++device_wide_frees_;
   }
   return HostFree(p);
@@ -691,7 +692,7 @@ absl::Status FakeNccl::DeviceFree(void* p) {
 
 absl::StatusOr<void*> FakeNccl::DeviceAllocAsync(size_t bytes, CudaStream stream) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     if (Lookup(streams_, stream) == nullptr) return UnknownHandle("stream");
   }
   return HostAlloc(bytes);
@@ -699,7 +700,7 @@ absl::StatusOr<void*> FakeNccl::DeviceAllocAsync(size_t bytes, CudaStream stream
 
 absl::Status FakeNccl::DeviceFreeAsync(void* p, CudaStream stream) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     if (buffers_.count(p) == 0) return UnknownHandle("buffer");
     Stream* s = Lookup(streams_, stream);
     if (s == nullptr) return UnknownHandle("stream");
@@ -717,14 +718,14 @@ absl::Status FakeNccl::DeviceFreeAsync(void* p, CudaStream stream) {
 
 absl::StatusOr<void*> FakeNccl::HostAlloc(size_t bytes) {
   void* p = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   buffers_[p] = bytes;
   return p;
 }
 
 absl::Status FakeNccl::HostFree(void* p) {
   {
-    std::lock_guard<std::mutex> lock(TheWorld().mu);
+    MutexLock lock(TheWorld().mu);
     if (buffers_.erase(p) == 0) return UnknownHandle("buffer");
   }
   ::operator delete (p, std::align_val_t{64});
@@ -733,7 +734,7 @@ absl::Status FakeNccl::HostFree(void* p) {
 
 absl::Status FakeNccl::MemcpyAsync(void* dst, const void* src, size_t bytes, CudaStream stream) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Stream* s = Lookup(streams_, stream);
   if (s == nullptr) return UnknownHandle("stream");
   Item it;
@@ -748,7 +749,7 @@ absl::Status FakeNccl::MemcpyAsync(void* dst, const void* src, size_t bytes, Cud
 
 absl::Status FakeNccl::LaunchHostFunc(CudaStream stream, std::function<void()> fn) {
   World& w = TheWorld();
-  std::lock_guard<std::mutex> lock(w.mu);
+  MutexLock lock(w.mu);
   Stream* s = Lookup(streams_, stream);
   if (s == nullptr) return UnknownHandle("stream");
   Item it;
@@ -760,7 +761,7 @@ absl::Status FakeNccl::LaunchHostFunc(CudaStream stream, std::function<void()> f
 }
 
 FakeNccl::Counts FakeNccl::counts() const {
-  std::lock_guard<std::mutex> lock(TheWorld().mu);
+  MutexLock lock(TheWorld().mu);
   Counts c;
   c.comms = static_cast<int>(comms_.size());
   c.aborted = aborted_;

@@ -15,6 +15,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -81,7 +82,7 @@ class StageExecutor::GradReducer {
 
   ~GradReducer() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -90,7 +91,7 @@ class StageExecutor::GradReducer {
 
   // Starts a step: clears the previous step's record and error.
   void BeginStep(std::chrono::steady_clock::time_point t0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     t0_ = t0;
     done_.clear();
     error_ = absl::OkStatus();
@@ -99,7 +100,7 @@ class StageExecutor::GradReducer {
   // Queues the reduction of `params`' gradients; returns at once.
   void Enqueue(const Action& a, std::vector<Parameter*> params, absl::Time deadline) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(Task{a, std::move(params), deadline});
       ++pending_;
     }
@@ -110,15 +111,15 @@ class StageExecutor::GradReducer {
   // first error. At `deadline` the group is aborted (so the thread returns) and the wait
   // reports DEADLINE_EXCEEDED.
   absl::Status WaitAll(absl::Time deadline, std::vector<ActionTiming>* timings) {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const auto until = absl::ToChronoTime(deadline);
     while (pending_ > 0) {
-      if (cv_.wait_until(lock, until) == std::cv_status::timeout && pending_ > 0) {
+      if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && pending_ > 0) {
         lock.unlock();
         collective_->Abort(absl::DeadlineExceededError(
             "a gradient reduction did not finish by its deadline"));
         lock.lock();
-        cv_.wait(lock, [this] { return pending_ == 0; });  // aborted: returns promptly
+        cv_.wait(lock.native(), [this] { return pending_ == 0; });  // aborted: returns promptly
         if (error_.ok()) {
           error_ = absl::DeadlineExceededError(
               "a gradient reduction did not finish by its deadline");
@@ -140,9 +141,9 @@ class StageExecutor::GradReducer {
   };
 
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock.native(), [this] { return stop_ || !queue_.empty(); });
       if (stop_) return;
       Task task = std::move(queue_.front());
       queue_.pop_front();
@@ -237,7 +238,7 @@ class StageExecutor::GradReducer {
   const int64_t bucket_bytes_;
   std::vector<float> buffer_;  // the communication thread's only
   Tensor device_buffer_;       // the same, on the GPU, for an engine that sums device memory
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;                   // guarded by mu_
   int pending_ = 0;                          // queued or running; guarded by mu_

@@ -1,4 +1,5 @@
 #include "common/rpc/security.h"
+#include "common/core/mutex.h"
 
 #include <unistd.h>
 
@@ -31,7 +32,7 @@ unsigned int ReloadSeconds(const TlsConfig& config) {
   return static_cast<unsigned int>(s < 1 ? 1 : s);
 }
 
-std::mutex process_mu;
+Mutex process_mu;
 TlsConfig* process_tls = nullptr;  // guarded by process_mu; leaked on purpose
 
 }  // namespace
@@ -121,14 +122,14 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsConfig
 }
 
 void SetProcessTls(const TlsConfig& config) {
-  std::lock_guard<std::mutex> lock(process_mu);
+  MutexLock lock(process_mu);
   if (process_tls == nullptr) process_tls = new TlsConfig();
   *process_tls = config;
 }
 
 const TlsConfig& ProcessTls() {
   static const TlsConfig kPlaintext;
-  std::lock_guard<std::mutex> lock(process_mu);
+  MutexLock lock(process_mu);
   return process_tls == nullptr ? kPlaintext : *process_tls;
 }
 

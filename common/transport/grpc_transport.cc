@@ -12,6 +12,7 @@
 #include "baton/v1/tensor.grpc.pb.h"  // also the protobuf serialization traits
 #include "common/rpc/rpc.h"
 #include "common/transport/frames.h"
+#include "common/core/mutex.h"
 #include "grpcpp/support/sync_stream.h"
 
 namespace baton {
@@ -64,7 +65,7 @@ struct SendState {
   SendState(std::string w, absl::Time d) : what(std::move(w)), deadline(d) {}
   const std::string what;  // "rank R: sending <tag> to rank P at ADDRESS"
   const absl::Time deadline;
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
   bool written = false;   // every frame was handed to gRPC
   bool released = false;  // gRPC let go of the tensor's memory
@@ -72,26 +73,26 @@ struct SendState {
   absl::Status status;
 
   void Finish(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (finished) return;
     status = s;
     finished = true;
     cv.notify_all();
   }
   void MarkWritten() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     written = true;
     if (released) finished = true;
     cv.notify_all();
   }
   void MarkReleased() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     released = true;
     if (written) finished = true;
     cv.notify_all();
   }
   bool IsFinished() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     return finished;
   }
 };
@@ -123,14 +124,14 @@ class GrpcTransport::Work final : public SendWork {
  public:
   explicit Work(std::shared_ptr<SendState> state) : state_(std::move(state)) {}
   absl::Status Wait(absl::Time deadline) override {
-    std::unique_lock<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     while (!state_->finished) {
       const absl::Time now = absl::Now();
       if (now >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat(state_->what, ": not sent by the wait's deadline"));
       }
-      state_->cv.wait_for(lock, WaitFor(deadline - now));
+      state_->cv.wait_for(lock.native(), WaitFor(deadline - now));
     }
     return state_->status;
   }
@@ -250,7 +251,7 @@ std::unique_ptr<SendWork> GrpcTransport::Send(int peer, const TensorTag& tag, co
   }
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   auto state = std::make_shared<SendState>(Where(*p, tag), deadline);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return CompletedSend(aborted_);
   if (stopping_) {
     return CompletedSend(
@@ -272,7 +273,7 @@ absl::StatusOr<Tensor> GrpcTransport::Recv(int peer, const TensorTag& tag, absl:
         absl::StrCat("grpc: rank ", options_.rank, " cannot receive from rank ", peer));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!aborted_.ok()) return aborted_;
   }
   absl::StatusOr<Tensor> t = inbox_->Take(peer, tag, deadline);
@@ -286,7 +287,7 @@ absl::StatusOr<Tensor> GrpcTransport::Recv(int peer, const TensorTag& tag, absl:
     return absl::Status(s.code(), absl::StrCat("grpc: rank ", options_.rank, ": ", s.message()));
   }
   if (Peer* p = peers_[peer].get()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++p->counters.tensors_received;
     p->counters.bytes_received += static_cast<int64_t>(t->nbytes());
   }
@@ -297,7 +298,7 @@ void GrpcTransport::Abort(const absl::Status& reason) {
   std::vector<std::shared_ptr<SendState>> pending;
   absl::Status aborted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!aborted_.ok()) return;  // the first reason wins
     aborted_ =
         absl::AbortedError(absl::StrCat("rank ", options_.rank, " aborted: ", reason.message()));
@@ -317,7 +318,7 @@ void GrpcTransport::Abort(const absl::Status& reason) {
 }
 
 PeerCounters GrpcTransport::Counters(int peer) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) || !peers_[peer]) return {};
   return peers_[peer]->counters;
 }
@@ -325,7 +326,7 @@ PeerCounters GrpcTransport::Counters(int peer) const {
 void GrpcTransport::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
       shutdown_deadline_ = absl::Now() + options_.shutdown_timeout;
       for (auto& p : peers_) {
@@ -339,7 +340,7 @@ void GrpcTransport::Shutdown() {
       if (p && p->thread.joinable()) p->thread.join();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       watchdog_stop_ = true;
       watchdog_cv_.notify_all();
     }
@@ -348,7 +349,7 @@ void GrpcTransport::Shutdown() {
 }
 
 void GrpcTransport::SetWriteDeadline(Peer* p, absl::Time deadline) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) deadline = std::min(deadline, shutdown_deadline_);
   if (!aborted_.ok()) deadline = std::min(deadline, absl::Now() + kGoodbyeGrace);
   p->write_deadline = deadline;
@@ -378,7 +379,7 @@ void GrpcTransport::FailPeerLocked(Peer* p, absl::StatusCode code, const std::st
 }
 
 void GrpcTransport::WatchdogLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!watchdog_stop_) {
     const absl::Time now = absl::Now();
     absl::Time next = absl::InfiniteFuture();
@@ -412,7 +413,7 @@ void GrpcTransport::WatchdogLoop() {
     // Send deadlines are checked here too, so wake up for the earliest of them as well;
     // a Send never wakes the watchdog (the deadline of a new send is later than theirs).
     watchdog_wakes_at_ = next;
-    watchdog_cv_.wait_for(lock, WaitFor(next - now));
+    watchdog_cv_.wait_for(lock.native(), WaitFor(next - now));
     watchdog_wakes_at_ = absl::InfinitePast();  // awake: no notification needed
   }
 }
@@ -423,7 +424,7 @@ void GrpcTransport::NewStream(Peer* p) {
   // The initial metadata goes out with the first frame instead of a round of its own.
   p->stream->ctx->set_initial_metadata_corked(true);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     p->live_ctx = p->stream->ctx.get();
     p->cancel_reason.clear();
   }
@@ -438,7 +439,7 @@ void GrpcTransport::StartFinisher(Peer* p) {
     const grpc::Status st = stream->writer->Finish();
     absl::Status abort_with;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stream->done = true;
       stream->status = st;
       p->wake.notify_all();
@@ -466,7 +467,7 @@ grpc::Status GrpcTransport::EndStream(Peer* p) {
     st = stream->writer->Finish();  // nothing was written: the call ends at once
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     p->live_ctx = nullptr;
     p->write_deadline = absl::InfiniteFuture();
   }
@@ -480,7 +481,7 @@ absl::Status GrpcTransport::OpenStream(Peer* p, absl::Time deadline) {
   grpc_connectivity_state state = p->channel->GetState(/*try_to_connect=*/true);
   while (state != GRPC_CHANNEL_READY) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!aborted_.ok()) return aborted_;
       if (stopping_ && absl::Now() >= shutdown_deadline_) break;
     }
@@ -497,7 +498,7 @@ absl::Status GrpcTransport::OpenStream(Peer* p, absl::Time deadline) {
 absl::Status GrpcTransport::StreamError(Peer* p, const std::string& what) {
   const grpc::Status st = EndStream(p);
   const grpc_connectivity_state state = p->channel->GetState(false);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return aborted_;
   if (!p->cancel_reason.empty()) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": ", p->cancel_reason));
@@ -516,7 +517,7 @@ void GrpcTransport::CloseStream(Peer* p, absl::Time deadline, const baton::v1::T
   SetWriteDeadline(p, deadline);
   bool ok;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     p->stream->closing = true;
     ok = !p->stream->done;
   }
@@ -530,7 +531,7 @@ absl::Status GrpcTransport::SendItem(Peer* p, Item& item) {
   if (p->stream) {
     bool done;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       done = p->stream->done;
     }
     if (done) EndStream(p);  // ended cleanly by the receiver; start another
@@ -558,13 +559,13 @@ absl::Status GrpcTransport::SendItem(Peer* p, Item& item) {
   if (fresh) StartFinisher(p);
   for (; off < total; off += chunk) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!aborted_.ok()) return aborted_;  // the stream is closed with an abort frame next
     }
     const size_t n = std::min(chunk, total - off);
     if (!writer->Write(ChunkFrame(data + off, n, payload))) return StreamError(p, what);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   p->write_deadline = absl::InfiniteFuture();
   p->last_sent = item.tag.ToString();
   ++p->counters.tensors_sent;
@@ -582,7 +583,7 @@ void GrpcTransport::SendAbortNotice(Peer* p, const absl::Status& aborted) {
   if (p->stream) {
     bool done;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       done = p->stream->done;
     }
     if (done) EndStream(p);
@@ -602,8 +603,10 @@ void GrpcTransport::SenderLoop(Peer* p) {
     absl::Status drop_status;
     bool abort_now = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      p->wake.wait(lock, [&] { return !p->queue.empty() || stopping_ || !aborted_.ok(); });
+      MutexLock lock(mu_);
+      p->wake.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !p->queue.empty() || stopping_ || !aborted_.ok();
+      });
       if (!aborted_.ok()) {
         abort_now = true;
         drop_status = aborted_;
@@ -631,7 +634,7 @@ void GrpcTransport::SenderLoop(Peer* p) {
       // Stopping with nothing left to send: close the stream politely.
       absl::Time deadline;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         deadline = shutdown_deadline_;
       }
       CloseStream(p, deadline, nullptr);
@@ -645,7 +648,7 @@ void GrpcTransport::SenderLoop(Peer* p) {
       continue;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (aborted_.ok() && p->failed.ok()) p->failed = s;
     }
     state->Finish(s);  // if nothing failed it already

@@ -51,6 +51,7 @@
 #include "baton/v1/tensor.pb.h"
 #include "common/comm/transport.h"
 #include "common/transport/tensor_inbox.h"
+#include "common/core/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace baton {
@@ -131,9 +132,9 @@ class GrpcTransport final : public Transport {
   const Options options_;
   TensorInbox* const inbox_;
 
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable watchdog_cv_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // OK until Abort
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

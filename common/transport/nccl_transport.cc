@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -214,7 +215,7 @@ std::string EdgeKey(uint64_t job_key, int64_t attempt, int src, int dst) {
 // --- InMemoryNcclIdExchange -------------------------------------------------------------
 
 absl::Status InMemoryNcclIdExchange::Publish(const std::string& key, const NcclUniqueId& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto [it, inserted] = ids_.emplace(key, id);
   if (!inserted && !(it->second == id)) {
     return absl::AlreadyExistsError(
@@ -226,7 +227,7 @@ absl::Status InMemoryNcclIdExchange::Publish(const std::string& key, const NcclU
 
 absl::StatusOr<NcclUniqueId> InMemoryNcclIdExchange::Fetch(const std::string& key,
                                                            absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     auto it = ids_.find(key);
     if (it != ids_.end()) return it->second;
@@ -235,7 +236,7 @@ absl::StatusOr<NcclUniqueId> InMemoryNcclIdExchange::Fetch(const std::string& ke
       return absl::DeadlineExceededError(
           absl::StrCat("no NCCL id was published under ", key, " by the deadline"));
     }
-    published_.wait_for(lock, WaitFor(deadline - now));
+    published_.wait_for(lock.native(), WaitFor(deadline - now));
   }
 }
 
@@ -259,7 +260,7 @@ struct NcclTransport::Edge {
   CudaEvent payload_event = nullptr;  // receiving side
 
   // NCCL calls on the communicator never overlap (NCCL's rule) and never race its abort.
-  std::mutex comm_mu;
+  Mutex comm_mu;
   NcclComm comm ABSL_GUARDED_BY(comm_mu) = nullptr;
 
   // Guarded by the transport's mu_.
@@ -287,7 +288,7 @@ struct NcclTransport::SendState {
   const std::string tag;
   std::array<char, kHeaderBytes> header{};  // encoded by Send
 
-  std::mutex mu;
+  Mutex mu;
   Tensor tensor ABSL_GUARDED_BY(mu);             // kept alive until finished
   CudaEvent done ABSL_GUARDED_BY(mu) = nullptr;  // recorded after the payload, once enqueued
   bool finished ABSL_GUARDED_BY(mu) = false;
@@ -305,19 +306,19 @@ class NcclTransport::Work final : public SendWork {
   Work(NcclTransport* t, std::shared_ptr<SendState> st) : t_(t), st_(std::move(st)) {}
   absl::Status Wait(absl::Time deadline) override {
     {
-      std::lock_guard<std::mutex> lock(st_->mu);
+      MutexLock lock(st_->mu);
       if (st_->finished) return st_->status;  // also once the transport is gone
     }
     return t_->WaitSend(*st_->edge, *st_, deadline);
   }
   bool IsCompleted() override {
     {
-      std::lock_guard<std::mutex> lock(st_->mu);
+      MutexLock lock(st_->mu);
       if (st_->finished) return true;
     }
     if (t_->PollSend(*st_->edge, *st_)) return true;
     (void)t_->CheckEdge(*st_->edge, st_->what);  // an asynchronous error finishes it
-    std::lock_guard<std::mutex> lock(st_->mu);
+    MutexLock lock(st_->mu);
     return st_->finished;
   }
 
@@ -484,7 +485,7 @@ absl::Status NcclTransport::BringUp(std::vector<int>* failed_peers) {
     NcclComm comm = nullptr;
     const NcclResult r = api_->CommInitRank(&comm, 2, progress[i].id, e.comm_rank, device);
     {
-      std::lock_guard<std::mutex> lock(e.comm_mu);
+      MutexLock lock(e.comm_mu);
       e.comm = comm;
     }
     if (r != NcclResult::kSuccess && r != NcclResult::kInProgress) {
@@ -498,10 +499,11 @@ absl::Status NcclTransport::BringUp(std::vector<int>* failed_peers) {
   const auto advance = [&](size_t i) {
     Edge& e = *edges_[i];
     Progress& p = progress[i];
-    std::lock_guard<std::mutex> lock(e.comm_mu);
+    MutexLock lock(e.comm_mu);
     char* host = e.host_headers;
     char* dev = e.dev_headers;
-    const auto poll = [&](const char* call) {  // true when the comm is no longer in progress
+    // True when the comm is no longer in progress.
+    const auto poll = [&](const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.comm_mu) {
       NcclResult state = NcclResult::kSuccess;
       const NcclResult r = api_->CommGetAsyncError(e.comm, &state);
       if (r != NcclResult::kSuccess) state = r;
@@ -631,7 +633,7 @@ absl::Status NcclTransport::BringUp(std::vector<int>* failed_peers) {
     if (progress[i].stage != Stage::kFailed) continue;
     Edge& e = *edges_[i];
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       e.failed = progress[i].error;
     }
     AbortComm(e);
@@ -651,7 +653,7 @@ NcclTransport::~NcclTransport() {
   std::vector<std::shared_ptr<SendState>> states;
   bool pending = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     for (auto& e : edges_) {
       states.insert(states.end(), e->inflight.begin(), e->inflight.end());
@@ -698,7 +700,7 @@ NcclTransport::~NcclTransport() {
   for (auto& e : edges_) {
     std::vector<Tensor> quarantine;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       quarantine.swap(e->quarantine);
     }
     if (drained) {
@@ -724,7 +726,7 @@ NcclTransport::~NcclTransport() {
   }
   std::vector<CudaEvent> events;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     events.swap(all_events_);
     free_events_.clear();
   }
@@ -733,7 +735,7 @@ NcclTransport::~NcclTransport() {
 }
 
 void NcclTransport::AbortComm(Edge& e) {
-  std::lock_guard<std::mutex> lock(e.comm_mu);
+  MutexLock lock(e.comm_mu);
   if (e.comm == nullptr) return;
   (void)api_->CommAbort(e.comm);
   e.comm = nullptr;
@@ -742,10 +744,10 @@ void NcclTransport::AbortComm(Edge& e) {
 void NcclTransport::CloseComm(Edge& e, absl::Time deadline) {
   bool healthy;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     healthy = aborted_.ok() && e.failed.ok();
   }
-  std::lock_guard<std::mutex> lock(e.comm_mu);
+  MutexLock lock(e.comm_mu);
   if (e.comm == nullptr) return;
   if (healthy) {
     // Let NCCL flush what it has (nothing, normally), bounded; then release it with
@@ -781,7 +783,7 @@ NcclTransport::Edge* NcclTransport::RecvEdge(int peer) const {
 
 absl::StatusOr<CudaEvent> NcclTransport::AcquireEvent() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!free_events_.empty()) {
       CudaEvent ev = free_events_.back();
       free_events_.pop_back();
@@ -790,13 +792,13 @@ absl::StatusOr<CudaEvent> NcclTransport::AcquireEvent() {
   }
   absl::StatusOr<CudaEvent> ev = api_->EventCreate(options_.cuda_device);
   if (!ev.ok()) return ev.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   all_events_.push_back(*ev);
   return *ev;
 }
 
 void NcclTransport::ReleaseEvent(CudaEvent ev) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   free_events_.push_back(ev);
 }
 
@@ -810,13 +812,13 @@ void NcclTransport::Nap(absl::Duration d) {
     std::this_thread::yield();
     return;
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return;
-  changed_.wait_for(lock, WaitFor(d));
+  changed_.wait_for(lock.native(), WaitFor(d));
 }
 
 absl::Status NcclTransport::Flags(const Edge& e, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.ok()) return aborted_;
   if (!e.failed.ok()) {
     return absl::Status(e.failed.code(),
@@ -830,7 +832,7 @@ absl::Status NcclTransport::CheckEdge(Edge& e, const std::string& what) {
   NcclResult state = NcclResult::kSuccess;
   std::string reason;
   {
-    std::lock_guard<std::mutex> lock(e.comm_mu);
+    MutexLock lock(e.comm_mu);
     if (e.comm != nullptr) {
       const NcclResult r = api_->CommGetAsyncError(e.comm, &state);
       if (r != NcclResult::kSuccess) state = r;
@@ -848,7 +850,7 @@ absl::Status NcclTransport::CheckEdge(Edge& e, const std::string& what) {
 void NcclTransport::FailEdge(Edge& e, absl::StatusCode code, const std::string& reason) {
   std::vector<std::shared_ptr<SendState>> states;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (e.failed.ok()) e.failed = absl::Status(code, reason);
     states.swap(e.inflight);
     e.wake.notify_all();
@@ -869,7 +871,7 @@ void NcclTransport::Abort(const absl::Status& reason) {
   std::vector<std::shared_ptr<SendState>> states;
   absl::Status aborted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!aborted_.ok()) return;  // the first reason wins
     aborted_ =
         absl::AbortedError(absl::StrCat("rank ", options_.rank, " aborted: ", reason.message()));
@@ -891,7 +893,7 @@ absl::StatusOr<bool> NcclTransport::Issue(Edge& e, const std::string& what, cons
   NcclResult r;
   std::string reason;
   {
-    std::lock_guard<std::mutex> lock(e.comm_mu);
+    MutexLock lock(e.comm_mu);
     r = e.comm == nullptr ? NcclResult::kInvalidUsage : op(e.comm);
     if (e.comm == nullptr) reason = absl::StrCat("the communicator ", e.name, " is gone");
     if (r == NcclResult::kSuccess) return true;
@@ -908,7 +910,7 @@ absl::StatusOr<bool> NcclTransport::Issue(Edge& e, const std::string& what, cons
     const absl::Time now = absl::Now();
     if (now >= deadline) return false;
     Nap(std::min(backoff.Next(), deadline - now));
-    std::lock_guard<std::mutex> lock(e.comm_mu);
+    MutexLock lock(e.comm_mu);
     if (e.comm == nullptr) continue;  // aborted: Flags says so next
     NcclResult state = NcclResult::kSuccess;
     r = api_->CommGetAsyncError(e.comm, &state);
@@ -982,7 +984,7 @@ std::unique_ptr<SendWork> NcclTransport::Send(int peer, const TensorTag& tag, co
     return CompletedSend(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     absl::Status refused;
     if (!aborted_.ok()) {
       refused = aborted_;
@@ -998,7 +1000,7 @@ std::unique_ptr<SendWork> NcclTransport::Send(int peer, const TensorTag& tag, co
     }
     if (e->inflight.size() >= 2 * static_cast<size_t>(options_.max_sends_in_flight)) {
       std::erase_if(e->inflight, [](const std::shared_ptr<SendState>& s) {
-        std::lock_guard<std::mutex> l(s->mu);
+        MutexLock l(s->mu);
         return s->finished;
       });
     }
@@ -1014,8 +1016,8 @@ void NcclTransport::SenderLoop(Edge* e) {
   while (true) {
     SendItem item;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      e->wake.wait(lock, [&] {
+      MutexLock lock(mu_);
+      e->wake.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !e->queue.empty() || stopping_ || !aborted_.ok() || !e->failed.ok();
       });
       if (e->queue.empty()) return;  // closing, aborted or failed, with nothing left
@@ -1079,7 +1081,7 @@ absl::Status NcclTransport::SendOne(Edge& e, SendItem& item) {
   }
   bool finished;
   {
-    std::lock_guard<std::mutex> lock(st.mu);
+    MutexLock lock(st.mu);
     finished = st.finished;
     if (!finished) st.done = *done;
   }
@@ -1092,7 +1094,7 @@ bool NcclTransport::PollSend(Edge& e, SendState& st) {
   Tensor sent;  // released outside the lock
   absl::Status error;
   {
-    std::lock_guard<std::mutex> lock(st.mu);
+    MutexLock lock(st.mu);
     if (st.finished) return true;
     if (st.done == nullptr) return false;  // not enqueued yet
     // Under st.mu: an abort finishes the send before it aborts the communicator, so a
@@ -1120,14 +1122,14 @@ void NcclTransport::FinishSend(SendState& st, const absl::Status& status) {
   Tensor keep;
   CudaEvent ev = nullptr;
   {
-    std::lock_guard<std::mutex> lock(st.mu);
+    MutexLock lock(st.mu);
     if (st.finished) return;
     st.finished = true;
     st.status = status;
     keep = std::move(st.tensor);
     ev = std::exchange(st.done, nullptr);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Failed: NCCL may still read the tensor until the stream drains (see ~NcclTransport).
   if (keep.defined()) st.edge->quarantine.push_back(std::move(keep));
   if (ev != nullptr) free_events_.push_back(ev);
@@ -1151,7 +1153,7 @@ absl::Status NcclTransport::WaitSend(Edge& e, SendState& st, absl::Time deadline
     }
     Nap(std::min(backoff.Next(), deadline - now));
   }
-  std::lock_guard<std::mutex> lock(st.mu);
+  MutexLock lock(st.mu);
   return st.status;
 }
 
@@ -1249,7 +1251,7 @@ absl::StatusOr<Tensor> NcclTransport::Recv(int peer, const TensorTag& tag, absl:
     return cuda_failed(s);
   }
   const auto quarantine = [&] {  // NCCL may still write into it until the stream drains
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     e->quarantine.push_back(*t);
   };
   void* data = t->raw();

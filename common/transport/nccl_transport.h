@@ -97,6 +97,7 @@
 #include "absl/time/time.h"
 #include "common/comm/transport.h"
 #include "common/nccl/nccl_api.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -121,7 +122,7 @@ class InMemoryNcclIdExchange final : public NcclIdExchange {
   absl::StatusOr<NcclUniqueId> Fetch(const std::string& key, absl::Time deadline) override;
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable published_;
   std::map<std::string, NcclUniqueId> ids_ ABSL_GUARDED_BY(mu_);
 };
@@ -225,11 +226,11 @@ class NcclTransport final : public Transport {
   // Two per peer (send, receive); fixed after construction.
   std::vector<std::unique_ptr<Edge>> edges_;
 
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer. Lock order: Edge::recv_mu (held across a Recv) before everything;
   // mu_ before SendState::mu; Edge::comm_mu (held only around NCCL calls) is never held
   // with mu_ or SendState::mu.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable changed_;            // Abort, edge failures, stopping
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // OK until Abort
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/v1/tensor.grpc.pb.h"
 #include "common/rpc/rpc.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -46,7 +47,7 @@ std::string RedactJobKey(absl::string_view text) {
 }
 
 void RendezvousBox::OpenJob(uint64_t job_key, std::vector<std::string> members) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Attempt& a = open_[job_key];
   a.members.clear();
   for (std::string& m : members) {
@@ -55,7 +56,7 @@ void RendezvousBox::OpenJob(uint64_t job_key, std::vector<std::string> members) 
 }
 
 void RendezvousBox::CloseJob(uint64_t job_key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   open_.erase(job_key);
   for (auto it = values_.begin(); it != values_.end();) {
     if (JobKeyOfRendezvousKey(it->first) == job_key) {
@@ -88,7 +89,7 @@ absl::Status RendezvousBox::Put(const std::string& key, std::string value,
                                                    " bytes under ", named, " is over ",
                                                    options_.max_value_bytes));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto attempt = open_.find(*job);
   if (attempt == open_.end()) {
     return absl::UnavailableError(
@@ -118,7 +119,7 @@ absl::Status RendezvousBox::Put(const std::string& key, std::string value,
 }
 
 absl::StatusOr<std::string> RendezvousBox::Take(const std::string& key, absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     auto it = values_.find(key);
     if (it != values_.end()) {
@@ -131,12 +132,12 @@ absl::StatusOr<std::string> RendezvousBox::Take(const std::string& key, absl::Ti
       return absl::DeadlineExceededError(
           absl::StrCat("rendezvous: nothing arrived under ", RedactJobKey(key)));
     }
-    put_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, absl::Hours(1))));
+    put_.wait_for(lock.native(), absl::ToChronoNanoseconds(std::min(deadline - now, absl::Hours(1))));
   }
 }
 
 void RendezvousBox::DropPrefix(const std::string& prefix) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto it = values_.lower_bound(prefix);
        it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
     auto next = std::next(it);
@@ -146,7 +147,7 @@ void RendezvousBox::DropPrefix(const std::string& prefix) {
 }
 
 size_t RendezvousBox::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return values_.size();
 }
 

@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/transport/nccl_transport.h"
+#include "common/core/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace baton {
@@ -86,7 +87,7 @@ class RendezvousBox {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable put_;
   std::map<uint64_t, Attempt> open_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);

@@ -1,4 +1,5 @@
 #include "common/transport/tensor_inbox.h"
+#include "common/core/mutex.h"
 
 #include <algorithm>
 #include <chrono>
@@ -31,7 +32,7 @@ void TensorInbox::Reservation::Release() {
   if (inbox_ == nullptr) return;
   TensorInbox* inbox = inbox_;
   inbox_ = nullptr;
-  std::lock_guard<std::mutex> lock(inbox->mu_);
+  MutexLock lock(inbox->mu_);
   if (inbox->generation_ != generation_) return;  // Open/Close dropped it already
   const Key key{source_rank_, tag_};
   auto it = inbox->entries_.find(key);
@@ -50,7 +51,7 @@ absl::Status TensorInbox::Reservation::Commit(Tensor t) {
   }
   TensorInbox* inbox = inbox_;
   inbox_ = nullptr;
-  std::lock_guard<std::mutex> lock(inbox->mu_);
+  MutexLock lock(inbox->mu_);
   if (inbox->generation_ != generation_) {
     return absl::FailedPreconditionError(
         absl::StrCat("inbox: ", where, " arrived after its job was closed"));
@@ -84,7 +85,7 @@ void TensorInbox::Open(uint64_t job_key, int64_t capacity_bytes,
 }
 
 void TensorInbox::Open(InboxPlan plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   open_ = true;
   job_key_ = plan.job_key;
   num_ranks_ = std::max(plan.num_ranks, 0);
@@ -103,7 +104,7 @@ void TensorInbox::Open(InboxPlan plan) {
 }
 
 void TensorInbox::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   open_ = false;
   ++generation_;
   entries_.clear();
@@ -115,7 +116,7 @@ void TensorInbox::Close() {
 }
 
 void TensorInbox::Abort(const absl::Status& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AbortLocked(reason);
 }
 
@@ -139,7 +140,7 @@ absl::Status TensorInbox::CheckSourceLocked(int source_rank, const TensorTag& ta
 
 absl::Status TensorInbox::CheckSender(int source_rank, const TensorTag& tag,
                                       absl::string_view identity) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!open_) return absl::OkStatus();
   // The key first: a stranger learns nothing of the job's ranks.
   if (absl::Status s = CheckAcceptsLocked(source_rank, tag); !s.ok()) return s;
@@ -154,7 +155,7 @@ absl::Status TensorInbox::CheckSender(int source_rank, const TensorTag& tag,
 
 bool TensorInbox::AbortJob(uint64_t job_key, const absl::Status& reason,
                            absl::string_view identity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!open_ || job_key_ != job_key) return false;
   if (std::any_of(identities_.begin(), identities_.end(),
                   [](const std::string& i) { return !i.empty(); }) &&
@@ -204,7 +205,7 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
         absl::StrCat("negative size ", bytes, " for ", tag.ToString(), " from rank ", source_rank));
   }
   const Key key{source_rank, tag};
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t generation = generation_;
   bool waited = false;
   while (true) {
@@ -235,7 +236,7 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
     waited = true;
     absl::Duration wait = deadline - now;
     if (cancelled) wait = std::min(wait, absl::Milliseconds(50));
-    changed_.wait_for(lock, WaitFor(wait));
+    changed_.wait_for(lock.native(), WaitFor(wait));
   }
   if (waited) ++stats_.delivery_waits;
   entries_.emplace(key, Entry{false, Tensor(), bytes});
@@ -262,7 +263,7 @@ absl::Status TensorInbox::Deliver(int source_rank, const TensorTag& tag, Tensor 
 absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
                                          absl::Time deadline) {
   const Key key{source_rank, tag};
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t generation = generation_;
   while (true) {
     if (!aborted_.ok()) return aborted_;
@@ -290,12 +291,12 @@ absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
           absl::StrCat("timed out waiting for ", tag.ToString(), " from rank ", source_rank,
                        it == entries_.end() ? "" : " (it is still arriving)"));
     }
-    changed_.wait_for(lock, WaitFor(deadline - now));
+    changed_.wait_for(lock.native(), WaitFor(deadline - now));
   }
 }
 
 TensorInboxStats TensorInbox::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 

@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "common/core/tensor.h"
 #include "common/comm/transport.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -182,9 +183,9 @@ class TensorInbox {
   void ReleaseLocked(const Key& key, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // std::mutex rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
+  // baton::Mutex (a std::mutex) rather than absl::Mutex: Debian's prebuilt Abseil is not instrumented for
   // ThreadSanitizer.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable changed_;  // a tensor filed or taken, Open, Close, Abort
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t job_key_ ABSL_GUARDED_BY(mu_) = 0;
