@@ -37,7 +37,6 @@ using baton::v1::JobState;
 
 namespace {
 
-constexpr size_t kMaxBufferedEvents = 4096;
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 // A ListJobs page ends before its jobs pass this many bytes (gRPC's default limit on a
@@ -115,60 +114,6 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------
-// JobWatch
-
-struct JobWatch::EventLog {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<JobEvent> events ABSL_GUARDED_BY(mu);
-  int64_t first ABSL_GUARDED_BY(mu) = 0;     // index of events.front() in the job's history
-  bool closed ABSL_GUARDED_BY(mu) = false;   // the terminal event is in (or was)
-  bool stopped ABSL_GUARDED_BY(mu) = false;  // the coordinator stopped
-};
-
-JobWatch::JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, JobEvent first)
-    : log_(std::move(log)), cursor_(cursor) {
-  pending_.push_back(std::move(first));
-}
-
-JobWatch::~JobWatch() = default;
-
-absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, bool* done) {
-  std::vector<JobEvent> out;
-  auto note_terminal = [this](const std::vector<JobEvent>& events) {
-    for (const JobEvent& e : events) {
-      if (e.has_state_change() && IsTerminalState(e.state_change().state())) done_ = true;
-    }
-  };
-  if (done_) {
-    *done = true;
-    return out;
-  }
-  if (!pending_.empty()) {
-    out.swap(pending_);
-    note_terminal(out);
-    *done = done_;
-    return out;
-  }
-  std::unique_lock<std::mutex> lock(log_->mu);
-  log_->cv.wait_for(lock, ToChrono(timeout), [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->first + static_cast<int64_t>(log_->events.size()) > cursor_ || log_->closed ||
-           log_->stopped;
-  });
-  if (cursor_ < log_->first) cursor_ = log_->first;  // too slow: the oldest were dropped
-  const int64_t end = log_->first + static_cast<int64_t>(log_->events.size());
-  for (int64_t i = cursor_; i < end; ++i) out.push_back(log_->events[i - log_->first]);
-  cursor_ = end;
-  note_terminal(out);
-  if (log_->closed) done_ = true;  // everything up to the terminal event has been returned
-  if (!done_ && out.empty() && log_->stopped) {
-    return absl::UnavailableError("the coordinator is shutting down");
-  }
-  *done = done_;
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------
 // Construction, the loop, threads
@@ -253,7 +198,7 @@ absl::Status Coordinator::Recover() {
     active->seq = seq;
     active->job = std::move(job);
     active->rank_need_bytes = needs[next_need++];
-    active->log = std::make_shared<JobWatch::EventLog>();
+    active->log = std::make_shared<JobEventLog>();
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
     active_[id] = std::move(active);
@@ -290,11 +235,7 @@ void Coordinator::Stop() {
   }
   ReapThreads(/*all=*/true);
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, job] : active_) {
-    std::lock_guard<std::mutex> log_lock(job->log->mu);
-    job->log->stopped = true;
-    job->log->cv.notify_all();
-  }
+  for (auto& [id, job] : active_) job->log->Stop();
   stopped_ = true;
 }
 
@@ -509,14 +450,7 @@ void Coordinator::PersistLocked(ActiveJob* job) {
 void Coordinator::EmitLocked(ActiveJob* job, JobEvent event) {
   event.set_job_id(job->job.id());
   *event.mutable_time() = ToProtoTime(Now());
-  JobWatch::EventLog& log = *job->log;
-  std::lock_guard<std::mutex> lock(log.mu);
-  log.events.push_back(std::move(event));
-  while (log.events.size() > kMaxBufferedEvents) {
-    log.events.pop_front();
-    ++log.first;
-  }
-  log.cv.notify_all();
+  job->log->Append(std::move(event));
 }
 
 void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::string& reason) {
@@ -563,11 +497,7 @@ Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
   }
   if (!abort.workers.empty()) effects->aborts.push_back(std::move(abort));
   queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
-  {
-    std::lock_guard<std::mutex> lock(j->log->mu);
-    j->log->closed = true;
-    j->log->cv.notify_all();
-  }
+  j->log->Close();
   Job final_job = std::move(j->job);
   active_.erase(job_id);
   WakeLoop();  // the queue head may have changed
@@ -910,7 +840,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   change->set_reason("submitted");
   BATON_RETURN_IF_ERROR(store_->Insert(active->seq, job));
   active->last_persist = now;
-  active->log = std::make_shared<JobWatch::EventLog>();
+  active->log = std::make_shared<JobEventLog>();
   const std::string id = job.id();
   Job copy = job;
   queue_.push_back(id);
@@ -1004,17 +934,12 @@ absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::strin
   *first.mutable_time() = ToProtoTime(Now());
   if (ActiveJob* j = FindActiveLocked(job_id)) {
     if (!j->job.history().empty()) *first.mutable_state_change() = *j->job.history().rbegin();
-    std::lock_guard<std::mutex> log_lock(j->log->mu);
-    const int64_t cursor = j->log->first + static_cast<int64_t>(j->log->events.size());
-    return std::make_unique<JobWatch>(j->log, cursor, std::move(first));
+    return std::make_unique<JobWatch>(j->log, j->log->End(), std::move(first));
   }
   BATON_ASSIGN_OR_RETURN(Job job, store_->Get(job_id));
   if (!job.history().empty()) *first.mutable_state_change() = *job.history().rbegin();
-  auto log = std::make_shared<JobWatch::EventLog>();
-  {
-    std::lock_guard<std::mutex> log_lock(log->mu);
-    log->closed = true;
-  }
+  auto log = std::make_shared<JobEventLog>();
+  log->Close();
   return std::make_unique<JobWatch>(std::move(log), 0, std::move(first));
 }
 

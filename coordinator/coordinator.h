@@ -151,6 +151,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
+#include "coordinator/job_watch.h"
 #include "common/pipeline/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
@@ -226,28 +227,6 @@ struct WorkerCaller {
   std::string join_token;
   std::string session;
   std::vector<std::string> uris;
-};
-
-// A WatchJob subscription. Not thread-safe (one stream handler owns it).
-class JobWatch {
- public:
-  struct EventLog;
-  JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, baton::v1::JobEvent first);
-  ~JobWatch();
-
-  // The next events: first the job's current state (as a StateChange), then every state
-  // change and step as it happens. Waits up to `timeout` when there is nothing new
-  // (returning an empty list then). *done is set once the terminal state change has been
-  // returned: nothing follows. UNAVAILABLE when the coordinator stops first. A watcher too
-  // slow to keep up with a job's steps skips the oldest steps it missed (state changes
-  // are never dropped between watch and terminal state unless thousands of steps pass).
-  absl::StatusOr<std::vector<baton::v1::JobEvent>> Next(absl::Duration timeout, bool* done);
-
- private:
-  std::shared_ptr<EventLog> log_;
-  int64_t cursor_;
-  std::vector<baton::v1::JobEvent> pending_;
-  bool done_ = false;
 };
 
 class Coordinator {
@@ -363,7 +342,7 @@ class Coordinator {
   struct ActiveJob {
     int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
     baton::v1::Job job;
-    std::shared_ptr<JobWatch::EventLog> log;
+    std::shared_ptr<JobEventLog> log;
     // Set from PLACING on.
     std::vector<RankSlot> ranks;
     PipelineLayout layout;
