@@ -119,7 +119,25 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) {
 // Construction, the loop, threads
 
 Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)), registry_(options_.lease_ttl, options_.clock) {}
+    : options_(std::move(options)),
+      registry_(options_.lease_ttl, options_.clock),
+      runner_(EffectsRunner::Options{options_.worker_client, options_.start_timeout,
+                                     options_.abort_timeout, options_.busy_retry,
+                                     options_.clock, options_.sleep, options_.background},
+              RunnerCallbacks()) {}
+
+EffectsRunner::Callbacks Coordinator::RunnerCallbacks() {
+  EffectsRunner::Callbacks c;
+  c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> reached) {
+    AbortReturned(call, reached);
+  };
+  c.started = [this](const StartCall& call, const std::vector<absl::Status>& results) {
+    FinishStart(call.job_id, call.workers, results);
+  };
+  c.still_placing = [this](const std::string& job_id) { return StillPlacing(job_id); };
+  c.log = [this](const std::string& message) { LogWarning(message); };
+  return c;
+}
 
 int64_t Coordinator::MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const {
   if (!w.has_last_heartbeat() || w.state() == baton::v1::WORKER_STATE_DEAD) return 0;
@@ -229,11 +247,7 @@ void Coordinator::Stop() {
   }
   loop_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    threads_closed_ = true;
-  }
-  ReapThreads(/*all=*/true);
+  runner_.Close();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, job] : active_) job->log->Stop();
   stopped_ = true;
@@ -244,7 +258,7 @@ void Coordinator::LoopMain() {
   while (!stopping_) {
     lock.unlock();
     Tick();
-    ReapThreads(/*all=*/false);
+    runner_.Reap();
     lock.lock();
     loop_cv_.wait_for(lock, ToChrono(options_.heartbeat_interval / 2),
                       [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
@@ -258,22 +272,6 @@ void Coordinator::WakeLoop() {
   loop_cv_.notify_all();
 }
 
-void Coordinator::ReapThreads(bool all) {
-  std::vector<std::thread> to_join;
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (all || *it->done) {
-        to_join.push_back(std::move(it->thread));
-        it = threads_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (std::thread& t : to_join) t.join();
-}
-
 void Coordinator::LogWarning(const std::string& message) {
   if (!options_.log) return;
   // Messages carry client text (job names, reasons): one line each, whatever they contain.
@@ -281,107 +279,23 @@ void Coordinator::LogWarning(const std::string& message) {
   std::fflush(stderr);
 }
 
-void Coordinator::FanOut(int n, const std::function<void(int)>& fn) {
-  if (!options_.background || n <= 1) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) threads.emplace_back(fn, i);
-  for (std::thread& t : threads) t.join();
-}
-
-void Coordinator::Run(Effects effects, bool wait) {
-  if (effects.empty()) return;
-  if (wait || !options_.background) {
-    RunNow(std::move(effects));
-    return;
-  }
-  std::unique_lock<std::mutex> lock(threads_mu_);
-  if (threads_closed_) {
-    // Stopping: no new threads; the calls still happen (they have deadlines).
-    lock.unlock();
-    RunNow(std::move(effects));
-    return;
-  }
-  auto done = std::make_shared<bool>(false);
-  Background bg;
-  bg.done = done;
-  bg.thread = std::thread([this, done, e = std::move(effects)]() mutable {
-    RunNow(std::move(e));
-    std::lock_guard<std::mutex> l(threads_mu_);
-    *done = true;
-  });
-  threads_.push_back(std::move(bg));
-}
-
-void Coordinator::RunNow(Effects effects) {
-  WorkerClient& client = *options_.worker_client;
-  for (const AbortCall& a : effects.aborts) {
-    std::vector<char> reached(a.workers.size(), 0);
-    FanOut(static_cast<int>(a.workers.size()), [&](int i) {
-      const PlacedWorker& w = a.workers[i];
-      const absl::Status s =
-          client.AbortJob({w.address, w.session}, a.job_id, a.reason, options_.abort_timeout);
-      // Any answer but "unreachable" means the worker is there and has the message.
-      reached[i] = s.code() != absl::StatusCode::kUnavailable &&
-                   s.code() != absl::StatusCode::kDeadlineExceeded;
-      if (!s.ok()) {
-        LogWarning(absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w), ": ", s.ToString()));
-      }
-    });
-    if (a.free_after) {
-      // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
-      // saying it runs nothing frees it if it is not (see Heartbeat).
-      std::vector<PlacedWorker> to_free;
-      for (size_t i = 0; i < a.workers.size(); ++i) {
-        if (reached[i]) to_free.push_back(a.workers[i]);
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      FreeWorkersLocked(a.job_id, to_free);
-      if (a.counted) {
-        if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
-          --j->pending_aborts;
-          WakeLoop();
-        }
-      }
+void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWorker>& reached) {
+  // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
+  // saying it runs nothing frees it if it is not (see Heartbeat).
+  std::lock_guard<std::mutex> lock(mu_);
+  FreeWorkersLocked(a.job_id, reached);
+  if (a.counted) {
+    if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
+      --j->pending_aborts;
+      WakeLoop();
     }
-  }
-  for (const StartCall& s : effects.starts) {
-    // Ranks 1..S-1 first (in parallel), rank 0 last: every tensor of a step originates in
-    // rank 0's first forward, so no rank receives anything before it accepted its plan.
-    const int n = static_cast<int>(s.workers.size());
-    std::vector<absl::Status> results(n);
-    FanOut(n - 1,
-           [&](int i) { results[i + 1] = StartOne(s.job_id, s.workers[i + 1], s.plans[i + 1]); });
-    const bool others_ok = std::all_of(results.begin() + 1, results.end(),
-                                       [](const absl::Status& r) { return r.ok(); });
-    results[0] = others_ok ? StartOne(s.job_id, s.workers[0], s.plans[0])
-                           : absl::CancelledError("not started: another rank's StartJob failed");
-    FinishStart(s.job_id, s.workers, results);
   }
 }
 
-absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker& worker,
-                                   const baton::v1::JobPlan& plan) {
-  const absl::Time give_up = Now() + options_.busy_retry;
-  absl::Duration backoff = absl::Milliseconds(20);
-  while (true) {
-    const absl::Status s =
-        options_.worker_client->StartJob({worker.address, worker.session}, plan,
-                                         options_.start_timeout);
-    if (s.code() != absl::StatusCode::kFailedPrecondition || Now() + backoff > give_up) {
-      return s;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ActiveJob* j = FindActiveLocked(job_id);
-      if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) return s;
-    }
-    options_.sleep(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
-  }
+bool Coordinator::StillPlacing(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ActiveJob* j = FindActiveLocked(job_id);
+  return j != nullptr && j->job.state() == baton::v1::JOB_STATE_PLACING;
 }
 
 void Coordinator::FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
@@ -430,7 +344,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
       }
     }
   }
-  RunNow(std::move(effects));
+  runner_.RunNow(std::move(effects));
 }
 
 // ---------------------------------------------------------------------------------------

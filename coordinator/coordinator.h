@@ -149,6 +149,7 @@
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/effects_runner.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_watch.h"
@@ -381,40 +382,26 @@ class Coordinator {
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };
-  struct StartCall {
-    std::string job_id;
-    std::vector<PlacedWorker> workers;
-    std::vector<baton::v1::JobPlan> plans;
-  };
-  struct AbortCall {
-    std::string job_id;
-    std::string reason;
-    std::vector<PlacedWorker> workers;
-    bool free_after = true;
-    // Counted in the job's pending_aborts (a recovering job waits for it).
-    bool counted = false;
-  };
-  struct Effects {
-    std::vector<StartCall> starts;
-    std::vector<AbortCall> aborts;
-    bool empty() const { return starts.empty() && aborts.empty(); }
-  };
 
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Recover();
   absl::Time Now() const { return options_.clock(); }
 
-  // Runs effects now on this thread (wait) or on a tracked background thread.
-  void Run(Effects effects, bool wait);
-  void RunNow(Effects effects);
+  // How the effects runner reaches back into this core (each takes mu_).
+  EffectsRunner::Callbacks RunnerCallbacks();
+  // Runs effects now on this thread (wait) or on a background thread (runner_).
+  void Run(Effects effects, bool wait) { runner_.Run(std::move(effects), wait); }
+  // An AbortCall with free_after returned: frees the workers it reached and counts it off
+  // the job's pending aborts.
+  void AbortReturned(const AbortCall& call, const std::vector<PlacedWorker>& reached);
+  // A placement's StartJob answers are in: RUNNING, FAILED/RECOVERING, or (the job moved
+  // on meanwhile) another abort.
   void FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
                    const std::vector<absl::Status>& results);
-  void FanOut(int n, const std::function<void(int)>& fn);
-  absl::Status StartOne(const std::string& job_id, const PlacedWorker& worker,
-                        const baton::v1::JobPlan& plan);
+  // Whether the job is still PLACING (a StartJob refused as busy is retried while it is).
+  bool StillPlacing(const std::string& job_id);
   void WakeLoop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoopMain();
-  void ReapThreads(bool all);
   void LogWarning(const std::string& message);
 
   ActiveJob* FindActiveLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -507,13 +494,8 @@ class Coordinator {
   std::map<std::string, CheckpointOwner> checkpoint_owners_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;
-  std::mutex threads_mu_;
-  struct Background {
-    std::thread thread;
-    std::shared_ptr<bool> done;  // guarded by threads_mu_
-  };
-  std::vector<Background> threads_ ABSL_GUARDED_BY(threads_mu_);
-  bool threads_closed_ ABSL_GUARDED_BY(threads_mu_) = false;
+  // Makes the worker calls; its callbacks take mu_. Declared last: built once options_ is.
+  EffectsRunner runner_;
 };
 
 }  // namespace baton
