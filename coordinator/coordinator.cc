@@ -1,7 +1,5 @@
 #include "coordinator/coordinator.h"
 
-#include "coordinator/job_lifecycle.h"
-
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -26,7 +24,6 @@
 #include "common/pipeline/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
@@ -44,7 +41,6 @@ constexpr int kMaxPageSize = 1000;
 constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
 constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
-constexpr int64_t kKeptStepTimings = 8;
 
 // A failed StartJob's kind: a worker that refuses the plan as given will refuse it again.
 baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
@@ -556,7 +552,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                    absl::StrCat("placement failed: ", placement.status().message()), effects);
       continue;
     }
-    const auto [resume_dir, resume_step] = ResumePointLocked(*j);
+    const auto [resume_dir, resume_step] = ResumePointOf(j->job);
     for (baton::v1::JobPlan& plan : placement->plans) {
       plan.set_attempt(j->attempt());
       if (!resume_dir.empty()) {
@@ -1167,16 +1163,21 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     }
   }
   if (request.resumed_from_step() > 0) {
-    const std::string failure = RecordResumeLocked(j, request);
-    if (!failure.empty()) {
-      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, failure, effects);
+    const ResumeTally resume = TallyResume(request, &j->resumed_from, &j->job);
+    if (!resume.failure.empty()) {
+      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, resume.failure, effects);
       response.set_keep_running(false);
       return response;
     }
+    if (!resume.note.empty()) AppendStateLocked(j, NoteState(j->job.state()), resume.note);
   }
   j->timings[request.step()][request.rank()] = request.timing();
-  if (!request.links().empty()) RecordLinksLocked(j, request);
-  if (!request.groups().empty()) RecordGroupsLocked(j, request);
+  // The ranks' word on their links and data-parallel groups, kept once, in the job's
+  // pipeline report and (what is new) its history.
+  for (const std::string& note : {TallyLinks(request, j->job.mutable_pipeline()),
+                                  TallyGroups(request, j->job.mutable_pipeline())}) {
+    if (!note.empty()) AppendStateLocked(j, NoteState(j->job.state()), note);
+  }
   for (const baton::v1::CheckpointWrite& w : request.checkpoints()) {
     RecordCheckpointLocked(j, request.rank(), w);
   }
@@ -1189,18 +1190,11 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   if (request.rank() % S == j->layout.last_rank) {
     if (D <= 1) {
       OnLastRankStepLocked(j, request);
-    } else {
-      std::map<int, float>& losses = j->replica_losses[request.step()];
-      losses[request.rank() / S] = request.loss();
-      if (static_cast<int>(losses.size()) == D) {
-        baton::v1::ReportProgressRequest combined = request;
-        StepLoss mean;  // of the replicas' means, in replica order
-        for (const auto& [replica, loss] : losses) mean.Add(loss);
-        combined.set_loss(mean.Mean());
-        OnLastRankStepLocked(j, combined);
-        j->replica_losses.erase(j->replica_losses.begin(),
-                                j->replica_losses.upper_bound(request.step()));
-      }
+    } else if (const std::optional<float> mean = TallyReplicaLoss(
+                   request.step(), request.rank() / S, request.loss(), D, &j->replica_losses)) {
+      baton::v1::ReportProgressRequest combined = request;
+      combined.set_loss(*mean);
+      OnLastRankStepLocked(j, combined);
     }
   }
   response.set_keep_running(true);
@@ -1226,77 +1220,16 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
   return response;
 }
 
-void Coordinator::RecordLinksLocked(ActiveJob* j, const baton::v1::ReportProgressRequest& request) {
-  // Each pair is reported by both of its ranks, which decided alike; the lower rank's word
-  // is kept, once, in the job's pipeline report and in its history.
-  std::vector<std::string> said;
-  for (const baton::v1::LinkReport& l : request.links()) {
-    if (l.rank() != request.rank()) continue;  // this rank is the pair's higher one
-    bool known = false;
-    for (const baton::v1::LinkReport& k : j->job.pipeline().links()) {
-      known = known || (k.rank() == l.rank() && k.peer() == l.peer());
-    }
-    if (known) continue;
-    *j->job.mutable_pipeline()->add_links() = l;
-    said.push_back(absl::StrCat("ranks ", l.rank(), "-", l.peer(), " ", l.reason()));
-  }
-  if (!said.empty()) {
-    AppendStateLocked(j, NoteState(j->job.state()),
-                      absl::StrCat("links: ", absl::StrJoin(said, "; ")));
-  }
-}
-
-void Coordinator::RecordGroupsLocked(ActiveJob* j,
-                                     const baton::v1::ReportProgressRequest& request) {
-  // Every member of a group reports it, having decided alike: replica 0's word is kept (the
-  // first to come for a rank), once, in the pipeline report and in the history.
-  std::vector<std::string> said;
-  for (const baton::v1::GroupReport& g : request.groups()) {
-    bool known = false;
-    for (const baton::v1::GroupReport& k : j->job.pipeline().groups()) {
-      known = known || k.rank() == g.rank();
-    }
-    if (known) continue;
-    *j->job.mutable_pipeline()->add_groups() = g;
-    said.push_back(absl::StrCat("rank ", g.rank(), " ", g.engine(), " ", g.mode(), " (",
-                                g.reason(), ")"));
-  }
-  if (!said.empty()) {
-    AppendStateLocked(j, NoteState(j->job.state()),
-                      absl::StrCat("data-parallel groups: ", absl::StrJoin(said, "; ")));
-  }
-}
-
 void Coordinator::OnLastRankStepLocked(ActiveJob* j,
                                        const baton::v1::ReportProgressRequest& request) {
   const int64_t k = request.step();
   if (k <= j->job.steps_done()) return;  // a repeat
   const absl::Time now = Now();
-  absl::Duration d = FromProtoDuration(request.timing().step());
-  if (d <= absl::ZeroDuration()) d = now - j->last_step_at;
-  const double seconds = absl::ToDoubleSeconds(d);
-  const baton::v1::JobSpec& spec = j->job.spec();
-  baton::v1::StepProgress step;
-  step.set_step(k);
-  step.set_total_steps(spec.steps());
-  if (request.has_loss()) step.set_loss(request.loss());
-  if (seconds > 0) {
-    step.set_samples_per_second(spec.data().batch_size() / seconds);
-    step.set_tokens_per_second(static_cast<double>(TokensPerStep(spec)) / seconds);
-  }
-  *step.mutable_duration() = ToProtoDuration(d);
-  for (const auto& [rank, t] : j->timings[k]) {
-    baton::v1::StageTiming* st = step.add_stages();
-    st->set_rank(rank);
-    st->set_worker_id(j->ranks[rank].worker.worker_id);
-    *st->mutable_forward() = t.forward();
-    *st->mutable_backward() = t.backward();
-    *st->mutable_weight() = t.weight();
-    *st->mutable_send() = t.send();
-    *st->mutable_recv_wait() = t.recv_wait();
-    *st->mutable_step() = t.step();
-    st->set_peak_inflight(t.peak_inflight());
-  }
+  std::vector<std::string> worker_ids;
+  for (const RankSlot& slot : j->ranks) worker_ids.push_back(slot.worker.worker_id);
+  baton::v1::StepProgress step = MakeStepProgress(
+      j->job.spec(), k, request.has_loss() ? std::optional<float>(request.loss()) : std::nullopt,
+      StepDuration(request.timing(), now - j->last_step_at), j->timings[k], worker_ids);
   j->job.set_steps_done(k);
   if (request.has_loss()) j->job.set_last_loss(request.loss());
   j->last_step_at = now;
@@ -1310,7 +1243,7 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   *event.mutable_step() = std::move(step);
   EmitLocked(j, std::move(event));
   if (now - j->last_persist >= options_.progress_persist_interval) PersistLocked(j);
-  j->timings.erase(j->timings.begin(), j->timings.lower_bound(k - kKeptStepTimings));
+  PruneStepTimings(k, &j->timings);
 }
 
 absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
@@ -1419,74 +1352,19 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
 
 void Coordinator::RecordCheckpointLocked(ActiveJob* j, int rank,
                                          const baton::v1::CheckpointWrite& write) {
-  baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
-  if (!c->complete().empty() && write.step() <= c->complete().rbegin()->step()) return;
-  ActiveJob::CheckpointTally& t = j->checkpoints[write.step()];
-  if (!t.ranks.insert(rank).second) return;  // a repeat
-  t.bytes += write.bytes();
-  t.write_time = std::max(t.write_time, FromProtoDuration(write.duration()));
   // Replica 0's ranks write a data-parallel job's checkpoints (every replica holds the same
   // weights and optimizer state); the others write none.
-  if (static_cast<int>(t.ranks.size()) < j->layout.schedule.num_ranks) return;
-  baton::v1::CheckpointRecord* r = c->add_complete();
-  r->set_step(write.step());
-  r->set_bytes(t.bytes);
-  *r->mutable_time() = ToProtoTime(Now());
-  *r->mutable_write_time() = ToProtoDuration(t.write_time);
-  // The ranks prune the files by the same rule (rank 0, after its writes): the newest
-  // `keep` complete ones stay.
-  const int keep = std::max(1, j->job.spec().checkpoint().keep());
-  if (c->complete_size() > keep) {
-    c->mutable_complete()->DeleteSubrange(0, c->complete_size() - keep);
-  }
-  j->checkpoints.erase(j->checkpoints.begin(), j->checkpoints.upper_bound(write.step()));
+  const std::optional<CheckpointTally> t = TallyCheckpointWrite(
+      rank, write, j->layout.schedule.num_ranks, j->job.spec().checkpoint().keep(), Now(),
+      &j->checkpoints, j->job.mutable_checkpoints());
+  if (!t.has_value()) return;
   if (options_.metrics != nullptr) {
-    options_.metrics->ObserveCheckpoint(t.write_time, t.bytes);
+    options_.metrics->ObserveCheckpoint(t->write_time, t->bytes);
   }
   LogWarning(absl::StrCat(j->job.id(), " checkpoint after step ", write.step(), " complete (",
-                          t.bytes, " bytes, slowest rank ", absl::FormatDuration(t.write_time),
+                          t->bytes, " bytes, slowest rank ", absl::FormatDuration(t->write_time),
                           ")"));
   PersistLocked(j);
-}
-
-std::string Coordinator::RecordResumeLocked(ActiveJob* j,
-                                            const baton::v1::ReportProgressRequest& request) {
-  const int64_t step = request.resumed_from_step();
-  auto [it, fresh] = j->resumed_from.emplace(request.rank(), step);
-  if (!fresh) return "";
-  for (const auto& [rank, other] : j->resumed_from) {
-    if (other != step) {
-      // Ranks that saw different files (one written or damaged in between) would train a
-      // model that never existed: stop.
-      return absl::StrCat("ranks resumed from different checkpoints: rank ", rank, " from step ",
-                          other, ", rank ", request.rank(), " from step ", step);
-    }
-  }
-  if (j->resumed_from.size() == 1) {
-    baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
-    const auto [dir, asked] = ResumePointLocked(*j);
-    const bool own = j->attempt() > 0 && dir == c->job_dir();
-    std::string reason = absl::StrCat(
-        "resumed from ", own ? "its own checkpoint" : c->resumed_from_job(), " step ", step);
-    const std::string skipped = absl::StrJoin(request.checkpoints_skipped(), "; ");
-    if (asked > 0 && step != asked) {
-      absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ", skipped, ")");
-    } else if (!skipped.empty()) {
-      absl::StrAppend(&reason, " (the newest complete; skipped: ", skipped, ")");
-    }
-    if (j->attempt() > 0) {
-      // What the ranks loaded, which may be newer than the coordinator knew.
-      baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
-      const int64_t done_at_detection = r->from_step() + r->lost_steps();
-      r->set_from_step(step);
-      r->set_lost_steps(std::max<int64_t>(0, done_at_detection - step));
-    } else {
-      c->set_resumed_from_step(step);
-    }
-    j->job.set_steps_done(std::max<int64_t>(j->job.steps_done(), step));
-    AppendStateLocked(j, NoteState(j->job.state()), reason);
-  }
-  return "";
 }
 
 absl::Status Coordinator::CheckCheckpointOwnerLocked(const std::string& dir,
@@ -1521,60 +1399,8 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
     }
     source = *std::move(stored);
   }
-  // A checkpoint holds its owner's trained weights: another user's need an admin.
-  if (!admin && source.submitted_by() != submitted_by) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "resume_from.job_id: ", source.id(), " was submitted by ", source.submitted_by(),
-        "; resuming from another user's job needs the admin role"));
-  }
-  if (active != nullptr) {
-    std::string name = baton::v1::JobState_Name(source.state());
-    if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from.job_id: ", from.job_id(), " is still ", name,
-                     "; resume from it once it has ended (its checkpoints are still changing)"));
-  }
-  const auto& complete = source.checkpoints().complete();
-  if (complete.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resume_from.job_id: ", source.id(), " has no complete checkpoint",
-        source.spec().has_checkpoint() ? " (it ended before every rank wrote one)"
-                                       : " (its spec asks for none)"));
-  }
-  int64_t step = complete.rbegin()->step();
-  if (from.step() > 0) {
-    std::vector<std::string> kept;
-    bool found = false;
-    for (const baton::v1::CheckpointRecord& r : complete) {
-      kept.push_back(absl::StrCat(r.step()));
-      found = found || r.step() == from.step();
-    }
-    if (!found) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("resume_from.step: ", source.id(), " has no complete checkpoint after step ",
-                       from.step(), " (it keeps steps ", absl::StrJoin(kept, ", "), ")"));
-    }
-    step = from.step();
-  }
-  if (!google::protobuf::util::MessageDifferencer::Equals(source.spec().model(), spec.model())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from: the spec's model differs from ", source.id(),
-                     "'s; a checkpoint loads only into the model it was written for"));
-  }
-  if (source.spec().optimizer().algorithm_case() != spec.optimizer().algorithm_case()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from: the spec's optimizer differs in kind from ", source.id(),
-                     "'s; its checkpoint holds that optimizer's state"));
-  }
-  if (step >= spec.steps()) {
-    return absl::InvalidArgumentError(absl::StrCat("steps: ", spec.steps(), " leaves nothing to ",
-                                                   "train after ", source.id(), "'s checkpoint of step ",
-                                                   step));
-  }
-  checkpoints->set_resumed_from_job(source.id());
-  checkpoints->set_resumed_from_step(step);
-  checkpoints->set_resumed_from_dir(source.checkpoints().job_dir());
-  return absl::OkStatus();
+  return CheckResumeSource(spec, source, /*ended=*/active == nullptr, submitted_by, admin,
+                           checkpoints);
 }
 
 void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& reason,
@@ -1582,19 +1408,7 @@ void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& r
   const std::string job_id = job_id_ref;  // the reference may point into the job itself
   ActiveJob* j = FindActiveLocked(job_id);
   if (j == nullptr) return;
-  FailureFacts facts;
-  facts.state = j->job.state();
-  facts.cause = cause;
-  facts.max_restarts = j->job.spec().has_restart() ? j->job.spec().restart().max_restarts() : 0;
-  facts.restarts_done = j->job.recoveries_size();
-  for (const baton::v1::Recovery& r : j->job.recoveries()) {
-    facts.diverged_before |= r.cause() == baton::v1::FAILURE_CAUSE_DIVERGED;
-  }
-  const baton::v1::JobCheckpoints& c = j->job.checkpoints();
-  facts.steps_done = j->job.steps_done();
-  facts.resume_step = !c.complete().empty()        ? c.complete().rbegin()->step()
-                      : !c.resumed_from_dir().empty() ? c.resumed_from_step()
-                                                      : 0;
+  const FailureFacts facts = FailureFactsOf(j->job, cause);
   ApplyLocked(j, OnFailure(facts, reason), facts, reason, effects);
 }
 
@@ -1663,24 +1477,6 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
     }
   }
   AppendStateLocked(j, t.next, t.reason);  // persists
-}
-
-std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& j) {
-  const baton::v1::JobCheckpoints& c = j.job.checkpoints();
-  if (j.attempt() > 0 && !c.complete().empty()) {
-    // The newest complete one the ranks find (step 0): the workers may have written newer
-    // ones than the coordinator recorded (it was restarting), and older ones than its
-    // record may already be pruned.
-    return {c.job_dir(), 0};
-  }
-  // The first attempt, or a recovery before the job wrote a checkpoint of its own: where the
-  // job itself started: the step the user named, or (step 0) the newest complete one the
-  // ranks find, which may be newer than the record (its last writes reported late).
-  if (!c.resumed_from_dir().empty()) {
-    return {c.resumed_from_dir(),
-            j.job.spec().resume_from().step() > 0 ? c.resumed_from_step() : 0};
-  }
-  return {"", 0};
 }
 
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {

@@ -152,6 +152,7 @@
 #include "coordinator/effects_runner.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
+#include "coordinator/job_tallies.h"
 #include "coordinator/job_watch.h"
 #include "common/pipeline/planner.h"
 #include "coordinator/placement.h"
@@ -348,10 +349,9 @@ class Coordinator {
     std::vector<RankSlot> ranks;
     PipelineLayout layout;
     std::map<int, std::string> digests;                               // block index -> hex
-    // Data parallelism: step -> replica -> the loss its last rank reported, until every
-    // replica has.
-    std::map<int64_t, std::map<int, float>> replica_losses;
-    std::map<int64_t, std::map<int, baton::v1::RankTiming>> timings;  // step -> rank ->
+    // Data parallelism: each step's replica losses until every replica reported.
+    ReplicaLosses replica_losses;
+    StepTimings timings;
     std::vector<int> peak_inflight;
     absl::Time last_step_at;
     absl::Time last_persist;
@@ -361,13 +361,8 @@ class Coordinator {
     std::string echo_failure;
     baton::v1::FailureCause echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
     absl::Time echo_since;
-    // Checkpoints being written: step -> what the ranks that wrote their part reported.
-    struct CheckpointTally {
-      std::set<int> ranks;
-      int64_t bytes = 0;
-      absl::Duration write_time;  // the longest rank's
-    };
-    std::map<int64_t, CheckpointTally> checkpoints;
+    // Checkpoints being written, until every rank wrote its part.
+    CheckpointTallies checkpoints;
     // A resumed job: the checkpoint step each rank loaded (from its first report).
     std::map<int, int64_t> resumed_from;
     // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
@@ -430,13 +425,6 @@ class Coordinator {
       const baton::v1::ReportProgressRequest& request, Effects* effects);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
-  // Keeps the transport of each link a rank reported (once per pair) in the job's
-  // pipeline report and history.
-  void RecordLinksLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps the first report of each data-parallel group's engine (PipelineReport.groups).
-  void RecordGroupsLocked(ActiveJob* j, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -449,19 +437,12 @@ class Coordinator {
   // then the state change. `facts` and `what` describe the failure for a recovery record.
   void ApplyLocked(ActiveJob* job, const JobTransition& t, const FailureFacts& facts,
                    const std::string& what, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where a (re)placement of `job` starts: a checkpoint directory ("" for the seed) and step.
-  std::pair<std::string, int64_t> ResumePointLocked(const ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a rank's checkpoint write; once every rank wrote step N it is the job's newest
-  // complete checkpoint (persisted), and older ones beyond spec keep are forgotten.
+  // Counts a rank's checkpoint write (TallyCheckpointWrite); a checkpoint it completes is
+  // persisted, logged and measured.
   void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A resumed job's first reports: the ranks must have loaded the same checkpoint. Returns
-  // the failure reason when they did not.
-  std::string RecordResumeLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SubmitJob: checks spec.resume_from against the job it names and fills in `checkpoints`
-  // (INVALID_ARGUMENT naming the field otherwise).
+  // SubmitJob: finds the job spec.resume_from names and checks it (CheckResumeSource),
+  // filling in `checkpoints` (INVALID_ARGUMENT naming the field otherwise).
   absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,
                                    baton::v1::JobCheckpoints* checkpoints,
                                    const std::string& submitted_by, bool admin)
