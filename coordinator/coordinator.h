@@ -1,131 +1,31 @@
 // The coordinator's core: jobs, workers, placement and progress, behind methods that mirror
 // the JobService and ClusterService RPCs (coordinator/service.h only converts statuses).
 //
-// JOB STATES (the allowed transitions and the fail-or-recover decision are pure functions
-// in coordinator/job_lifecycle.h, tested by table)
+// The design (job states and every history reason, the queue, failure handling and
+// recovery, progress, checkpoints and resume, what workers must do) is in docs/cluster.md,
+// "The coordinator's core". The parts, each tested alone:
+//   job_lifecycle.h   the state transitions and the fail-or-recover decision (pure)
+//   job_tallies.h     checkpoint, resume, progress, link and group tallies (pure)
+//   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
+//   job_watch.h       a job's event log and its WatchJob subscriptions
+//   worker_registry.h, placement.h, job_store.h
+// This class keeps the lock and the orchestration: it decides under mu_ (with the pure
+// functions), records, and hands the calls to make to the EffectsRunner.
 //
-//   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
-//     │           │           ├──────> FAILED
-//     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
-//     │           ├──────────> RECOVERING   ├──────> FAILED
-//     │           ├──────────> FAILED       │
-//     └───────────┴──────────> CANCELLED <──┘
-//
-// Every change appends a StateChange (time, reason) to Job.history, is written to the job
-// store (SQLite) before anyone can observe it, and is sent to watchers. Reasons:
-//   QUEUED     "submitted"; then, while it waits, "waiting for 4 idle workers (2 idle)" or
-//              "waiting behind older jobs in the queue (FIFO)" (a new entry only when what
-//              it waits for changes, not when the idle count or the queue moves: history
-//              stays a handful of entries however deep the queue).
-//   PLACING    "placing on w-1, w-2": workers chosen and marked busy, plans being sent.
-//              Ranks may report before the answers are counted: their notes ("links: ...")
-//              are recorded under PLACING, and a job whose every rank finished by then
-//              goes straight to SUCCEEDED (job_lifecycle.h, OnStartAnswered).
-//   RUNNING    "all 2 ranks started": every worker accepted StartJob.
-//   SUCCEEDED  "all 2 ranks finished 200 steps": every rank reported a result without an
-//              error; Job.weights_digest = CombineBlockDigests(block digests in block order),
-//              Job.block_digests named by DescribeBlocks.
-//   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
-//              one whose cause is FAILURE_CAUSE_ABORTED is taken for an echo of another
-//              rank's failure, and one whose cause is FAILURE_CAUSE_PEER (a link or the
-//              replicas' group broke: the peer may have died, or stopped because its own
-//              neighbour did) for a possible one: the job waits up to root_cause_wait for
-//              an error of another kind; if none comes, a worker of the job that stopped
-//              heartbeating (for 1.5 heartbeat intervals; the job waits up to 2 for one)
-//              is named: "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost);
-//              first report: ...", else the first PEER error stands, else the first
-//              ABORTED one)
-//              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
-//              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
-//              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"
-//              "coordinator restarted while the job was running"   (found PLACING/RUNNING
-//              in the store at start-up)
-//   CANCELLED  "cancelled: <client's reason>" or "cancelled by request".
-//   RECOVERING instead of FAILED when the spec has restart and DecideOnFailure allows it:
-//              "<the failure>; recovering (1 of 2) from step 40, 3 steps to train again";
-//              then "stopping the job's other workers" while its aborts are in flight, or
-//              "waiting for 2 idle workers to recover on (1 idle)". It is first in the queue
-//              and placed on RecoveryStages(spec, idle) stages (fewer than the spec's, down
-//              to restart.min_stages, when it must) with plans of the next attempt (a new
-//              job_key; reports of other attempts are refused) resuming from the newest
-//              complete checkpoint; Job.recoveries records each (lost steps, stages before
-//              and after, detection and first step after the resume). A restarted
-//              coordinator recovers jobs it finds PLACING, RUNNING or RECOVERING this way.
-//
-// Queue: strictly FIFO. Only the oldest QUEUED job is placed, when at least
-// pipeline.stages workers are idle; it takes the idle workers that registered first (rank
-// r = r-th of them). A job never starts ahead of an older one, even if it would fit (a job
-// needing more workers than will ever register blocks the queue until it is cancelled).
-// QUEUED jobs found in the store at start-up stay QUEUED, in their original order.
-//
-// Failure handling: when a job fails or is cancelled while placed, every worker still
-// holding one of its ranks is sent AbortJob (deadline abort_timeout) and is marked idle once
-// that call returned: a worker is never handed a new job while the coordinator still expects
-// it to be stopping the old one. A worker the call cannot reach (UNAVAILABLE,
-// DEADLINE_EXCEEDED) stays busy until its lease expires (it is dead) or a heartbeat says it
-// runs no job (it was not). A worker known dead is not contacted. CancelJob
-// waits for these aborts, so when it returns the workers are idle (unless the job was still
-// PLACING: then they are freed when their StartJob calls come back). Other paths (lease
-// expiry, a rank's error, a failed StartJob) abort in the background. A worker whose
-// Heartbeat reports a job that is not placed on it gets the job in abort_job_ids.
-//
-// Progress: each rank calls ReportProgress after each step. When the rank owning the last
-// stage reports step k (with the loss), watchers get a StepProgress: the loss; the step
-// duration (that rank's timing.step, or the time since its previous report when absent);
-// samples/s = batch_size / duration (tokens/s = samples/s * context for gpt, = samples/s
-// otherwise); and the timings of the ranks that had reported step k by then. steps_done and
-// last_loss are written to the store at most every progress_persist_interval, and at every
-// state change. The StepProgress itself, without the ranks' timings, is written at once as
-// the job's history (JobStore::PutStep; GetJobHistory reads it back), replacing the row of
-// a step trained again after a recovery; a failed write is logged and loses that row only.
-//
-// Checkpoints (spec checkpoint): a rank's progress report carries its part of a checkpoint
-// (CheckpointWrite) after the steps it writes one; when every rank has reported step N, N is
-// recorded in Job.checkpoints.complete (persisted at once), of which the newest spec keep
-// are remembered (the ranks delete older files by the same rule). Resume (spec
-// resume_from): SubmitJob resolves it against the named job's records (it must have ended,
-// have that complete checkpoint, and the same model and optimizer kind; INVALID_ARGUMENT
-// naming the field otherwise) and the plans carry the checkpoint directory and step. The
-// ranks load the newest complete checkpoint at or before it, skipping damaged ones; their
-// first reports say which (history: "resumed from job-000003 step 8"), and ranks that
-// loaded different steps fail the job.
-//
-// WORKER CONTRACT (what the core relies on):
-//  - RegisterWorker with the host:port its WorkerService and TensorService listen on
-//    (reachable from the coordinator and the peers; re-registering from the same address
-//    replaces the old entry, failing a job it ran; the worker_id of a live worker at another
-//    address is refused, ALREADY_EXISTS, until its lease runs out). Then Heartbeat
-//    at least every heartbeat_interval with job_id = the job it runs ("" when none), from
-//    StartJob until the job has stopped.
-//  - known=false: the coordinator forgot it (restart, expired lease): abort any job it runs
-//    (that job has been failed) and register again. abort_job_ids: abort those jobs.
-//  - When it shuts down, a last Heartbeat with leaving=true (after its job stopped and was
-//    reported): it is DEAD at once, and sent no more jobs.
-//  - StartJob returns at once (FAILED_PRECONDITION while busy: retried for busy_retry),
-//    having made the worker ready to accept the job's tensors: the coordinator starts ranks
-//    1..S-1 (in parallel) and rank 0 only after all of them accepted, and every tensor of a
-//    step originates in rank 0's first forward.
-//    AbortJob stops the job and is idempotent; the worker is handed its next job as soon as
-//    AbortJob returned, so it should not return long before the job let go of the worker.
-//  - ReportProgress after every step (1-based), with the loss on the rank owning the last
-//    stage (stage_to_rank.back()); keep_running=false means stop.
-//  - ReportResult once at the end: error "" with a digest (lower-case hex SHA-256) for every
-//    block of every stage the rank owns, or the error. The worker is idle again as soon as
-//    it is accepted. After the job ended, further results are accepted and ignored.
-//
-// PLACEMENT COST MODEL (coordinator/placement.h): blocks are split into S*V contiguous
-// chunks minimising the largest chunk's forward FLOPs per sample (DescribeBlocks); not
-// parameter counts.
-//
-// LOCKING: one mutex (mu_) guards the registry, the active jobs and the queue, and is held
-// while writing to the store (SQLite has its own lock inside JobStore). No RPC to a worker
-// is ever made under mu_: methods decide under the lock, collect the calls to make
-// (Effects), release the lock and then make them; results come back under the lock, and a
-// job whose state changed meanwhile (cancelled while its plans were being sent) is
-// re-checked then. Watchers wait on a per-job event log with its own mutex (lock order:
-// mu_ before a log's mutex), never on mu_. A background loop, woken by events and at least
-// every heartbeat_interval/2, expires leases and places queued jobs; worker calls it
-// triggers run on short-lived threads that Stop() joins.
+// CONTRACT
+//  - Every state change appends a StateChange (time, reason) to Job.history, is written to
+//    the job store before anyone can observe it, and is sent to watchers.
+//  - No RPC to a worker is ever made under mu_. Worker calls' answers come back under mu_,
+//    and a job whose state changed meanwhile is re-checked then.
+//  - A worker is never handed a new job while the coordinator still expects it to be
+//    stopping the old one (it is freed only once its AbortJob returned, its lease expired,
+//    or a heartbeat said it runs nothing).
+//  - Thread-safe. LOCKING: one mutex (mu_) guards the registry, the active jobs and the
+//    queue, and is held while writing to the store (SQLite has its own lock inside
+//    JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
+//    before a log's mutex), never on mu_. A background loop, woken by events and at least
+//    every heartbeat_interval/2, expires leases and places queued jobs; the worker calls it
+//    triggers run on the EffectsRunner's threads, which Stop() joins.
 #ifndef BATON_COORDINATOR_COORDINATOR_H_
 #define BATON_COORDINATOR_COORDINATOR_H_
 
