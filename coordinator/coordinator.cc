@@ -1,7 +1,6 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -81,28 +80,6 @@ std::string Ranks(size_t n) { return n == 1 ? "1 rank" : absl::StrCat("all ", n,
 
 std::string WorkerName(const PlacedWorker& w) {
   return absl::StrCat("worker ", w.worker_id, " (", w.address, ")");
-}
-
-std::optional<Digest> ParseDigestHex(const std::string& hex) {
-  if (hex.size() != 64) return std::nullopt;
-  Digest d{};
-  for (size_t i = 0; i < 32; ++i) {
-    int v = 0;
-    for (int k = 0; k < 2; ++k) {
-      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(hex[2 * i + k])));
-      int nib;
-      if (c >= '0' && c <= '9') {
-        nib = c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        nib = c - 'a' + 10;
-      } else {
-        return std::nullopt;
-      }
-      v = v * 16 + nib;
-    }
-    d[i] = static_cast<uint8_t>(v);
-  }
-  return d;
 }
 
 std::chrono::nanoseconds ToChrono(absl::Duration d) {
@@ -612,7 +589,7 @@ void Coordinator::Tick() {
     // Jobs whose only errors so far are ABORTED or PEER ones: no root cause came in time.
     std::vector<std::string> echoed;
     for (const auto& [id, j] : active_) {
-      if (!j->echo_failure.empty() && Now() - j->echo_since >= options_.root_cause_wait) {
+      if (!j->echo.reason.empty() && Now() - j->echo.since >= options_.root_cause_wait) {
         echoed.push_back(id);
       }
     }
@@ -632,14 +609,14 @@ void Coordinator::Tick() {
                                         absl::FormatDuration(absl::Trunc(quiet, absl::Milliseconds(1)))));
         }
       }
-      if (silent.empty() && Now() - j->echo_since < options_.heartbeat_interval * 2) continue;
+      if (silent.empty() && Now() - j->echo.since < options_.heartbeat_interval * 2) continue;
       if (!silent.empty()) {
         FailLocked(id,
                    absl::StrCat(absl::StrJoin(silent, ", "), " (no heartbeat; presumed lost); ",
-                                "first report: ", j->echo_failure),
+                                "first report: ", j->echo.reason),
                    baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
       } else {
-        FailLocked(id, std::string(j->echo_failure), j->echo_cause, &effects);
+        FailLocked(id, std::string(j->echo.reason), j->echo.cause, &effects);
       }
     }
     PlaceQueuedLocked(&effects);
@@ -1148,7 +1125,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     }
     return slot.status();
   }
-  if (!(*slot)->held || !j->echo_failure.empty() || request.attempt() != j->attempt()) {
+  if (!(*slot)->held || !j->echo.reason.empty() || request.attempt() != j->attempt()) {
     response.set_keep_running(false);
     return response;
   }
@@ -1271,78 +1248,24 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
     if (!request.error().empty()) {
       failure = absl::StrCat(who, ": ", request.error());
     } else {
-      const int S = std::max(1, j->layout.schedule.num_ranks);
-      const std::vector<int>& expected = j->layout.rank_blocks[request.rank() % S];
-      std::map<int, std::string> got;
-      for (const baton::v1::IndexedBlockDigest& d : request.block_digests()) {
-        if (!std::binary_search(expected.begin(), expected.end(), d.index())) {
-          failure = absl::StrCat(who, " reported a digest for block ", d.index(),
-                                 ", which it does not own");
-          break;
-        }
-        std::optional<Digest> parsed = ParseDigestHex(d.digest().sha256());
-        if (!parsed.has_value()) {
-          failure = absl::StrCat(who, " reported a malformed digest for block ", d.index(), ": \"",
-                                 d.digest().sha256(), "\"");
-          break;
-        }
-        got[d.index()] = DigestHex(*parsed);
-      }
-      if (failure.empty()) {
-        for (int b : expected) {
-          if (got.count(b) == 0) {
-            failure = absl::StrCat(who, " finished without a digest for block ", b, " (",
-                                   j->layout.blocks[b].name, ")");
-            break;
-          }
-        }
-      }
-      // Replicas must end with the same weights: a block whose digest differs from what
-      // another replica reported fails the job.
-      for (const auto& [b, hex] : got) {
-        auto it = j->digests.find(b);
-        if (failure.empty() && it != j->digests.end() && it->second != hex) {
-          failure = absl::StrCat(who, " (replica ", request.rank() / S, ") ended block ", b,
-                                 " with digest ", hex.substr(0, 16), "..., another replica with ",
-                                 it->second.substr(0, 16), "...: the replicas diverged");
-        }
-      }
-      if (failure.empty()) {
-        slot->finished = true;
-        j->digests.insert(got.begin(), got.end());
-      }
+      failure = TallyResultDigests(request, j->layout, &j->digests);
+      slot->finished = failure.empty();
     }
-    const baton::v1::FailureCause cause =
-        request.error().empty() || request.cause() == baton::v1::FAILURE_CAUSE_UNSPECIFIED
-            ? baton::v1::FAILURE_CAUSE_INTERNAL  // a malformed report, or no cause given
-            : request.cause();
-    // An ABORTED error is most likely another rank's failure echoed through the transport;
-    // a PEER error (a link or the replicas' group failed) may be a peer that died, or one
-    // that merely stopped because its own neighbour died. Both wait a moment for the root
-    // cause: an error of another kind, or a worker gone silent (Tick).
-    const bool echo = !failure.empty() && !request.error().empty() &&
-                      (cause == baton::v1::FAILURE_CAUSE_ABORTED ||
-                       cause == baton::v1::FAILURE_CAUSE_PEER);
     const bool all_reported =
         std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
-    if (echo) {
-      if (j->echo_failure.empty()) j->echo_since = Now();
-      // The first PEER error says more than any ABORTED one.
-      if (j->echo_failure.empty() || (j->echo_cause == baton::v1::FAILURE_CAUSE_ABORTED &&
-                                      cause == baton::v1::FAILURE_CAUSE_PEER)) {
-        j->echo_failure = failure;
-        j->echo_cause = cause;
-      }
-      if (all_reported) {
-        FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
-      }
-    } else if (!failure.empty()) {
-      FailLocked(request.job_id(), failure, cause, &effects);
-    } else if (!j->echo_failure.empty() && all_reported) {
-      FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
-    } else if (std::all_of(j->ranks.begin(), j->ranks.end(),
-                           [](const RankSlot& s) { return s.finished; })) {
-      SucceedLocked(j, &effects);
+    const bool all_finished =
+        std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.finished; });
+    const ResultVerdict verdict =
+        OnRankResult(request, failure, all_reported, all_finished, Now(), &j->echo);
+    switch (verdict.action) {
+      case ResultVerdict::Action::kFail:
+        FailLocked(request.job_id(), verdict.reason, verdict.cause, &effects);
+        break;
+      case ResultVerdict::Action::kSucceed:
+        SucceedLocked(j, &effects);
+        break;
+      case ResultVerdict::Action::kNone:
+        break;
     }
     WakeLoop();
   }
@@ -1462,8 +1385,7 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         j->checkpoints.clear();
         j->resumed_from.clear();
         j->peak_inflight.clear();
-        j->echo_failure.clear();
-        j->echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
+        j->echo = EchoFailure();
         j->job.clear_workers();
         j->job.set_steps_done(facts.resume_step);
         break;
@@ -1480,17 +1402,8 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
 }
 
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
-  std::vector<Digest> digests;
   Job& job = j->job;
-  job.clear_block_digests();
-  for (size_t b = 0; b < j->layout.blocks.size(); ++b) {
-    const std::string& hex = j->digests[static_cast<int>(b)];
-    digests.push_back(*ParseDigestHex(hex));
-    baton::v1::BlockDigest* d = job.add_block_digests();
-    d->set_block(j->layout.blocks[b].name);
-    d->set_sha256(hex);
-  }
-  job.set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  SetFinalDigests(j->layout, j->digests, &job);
   job.set_steps_done(job.spec().steps());
   job.mutable_pipeline()->clear_peak_inflight();
   for (int p : j->peak_inflight) job.mutable_pipeline()->add_peak_inflight(p);

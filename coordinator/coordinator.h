@@ -5,7 +5,7 @@
 // recovery, progress, checkpoints and resume, what workers must do) is in docs/cluster.md,
 // "The coordinator's core". The parts, each tested alone:
 //   job_lifecycle.h   the state transitions and the fail-or-recover decision (pure)
-//   job_tallies.h     checkpoint, resume, progress, link and group tallies (pure)
+//   job_tallies.h     checkpoint, resume, progress, link, group and result tallies (pure)
 //   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
 //   job_watch.h       a job's event log and its WatchJob subscriptions
 //   worker_registry.h, placement.h, job_store.h
@@ -255,12 +255,8 @@ class Coordinator {
     std::vector<int> peak_inflight;
     absl::Time last_step_at;
     absl::Time last_persist;
-    // While every error ranks reported is ABORTED or PEER: the first PEER one, else the
-    // first ABORTED one, and its cause. The job fails with it unless a root cause (another
-    // kind of error, a silent worker) shows within root_cause_wait.
-    std::string echo_failure;
-    baton::v1::FailureCause echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
-    absl::Time echo_since;
+    // While every error ranks reported is ABORTED or PEER (OnRankResult).
+    EchoFailure echo;
     // Checkpoints being written, until every rank wrote its part.
     CheckpointTallies checkpoints;
     // A resumed job: the checkpoint step each rank loaded (from its first report).

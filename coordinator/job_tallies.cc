@@ -1,17 +1,45 @@
 #include "coordinator/job_tallies.h"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/digest.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
+
+namespace {
+
+std::optional<Digest> ParseDigestHex(const std::string& hex) {
+  if (hex.size() != 64) return std::nullopt;
+  Digest d{};
+  for (size_t i = 0; i < 32; ++i) {
+    int v = 0;
+    for (int k = 0; k < 2; ++k) {
+      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(hex[2 * i + k])));
+      int nib;
+      if (c >= '0' && c <= '9') {
+        nib = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        nib = c - 'a' + 10;
+      } else {
+        return std::nullopt;
+      }
+      v = v * 16 + nib;
+    }
+    d[i] = static_cast<uint8_t>(v);
+  }
+  return d;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------
 // Checkpoints
@@ -275,6 +303,94 @@ std::string TallyGroups(const baton::v1::ReportProgressRequest& request,
   }
   if (said.empty()) return "";
   return absl::StrCat("data-parallel groups: ", absl::StrJoin(said, "; "));
+}
+
+// ---------------------------------------------------------------------------------------
+// Results
+
+std::string TallyResultDigests(const baton::v1::ReportResultRequest& request,
+                               const PipelineLayout& layout, std::map<int, std::string>* digests) {
+  const std::string who = absl::StrCat("rank ", request.rank(), " on worker ", request.worker_id());
+  const int S = std::max(1, layout.schedule.num_ranks);
+  const std::vector<int>& expected = layout.rank_blocks[request.rank() % S];
+  std::map<int, std::string> got;
+  for (const baton::v1::IndexedBlockDigest& d : request.block_digests()) {
+    if (!std::binary_search(expected.begin(), expected.end(), d.index())) {
+      return absl::StrCat(who, " reported a digest for block ", d.index(),
+                          ", which it does not own");
+    }
+    std::optional<Digest> parsed = ParseDigestHex(d.digest().sha256());
+    if (!parsed.has_value()) {
+      return absl::StrCat(who, " reported a malformed digest for block ", d.index(), ": \"",
+                          d.digest().sha256(), "\"");
+    }
+    got[d.index()] = DigestHex(*parsed);
+  }
+  for (int b : expected) {
+    if (got.count(b) == 0) {
+      return absl::StrCat(who, " finished without a digest for block ", b, " (",
+                          layout.blocks[b].name, ")");
+    }
+  }
+  // Replicas must end with the same weights: a block whose digest differs from what
+  // another replica reported fails the job.
+  for (const auto& [b, hex] : got) {
+    auto it = digests->find(b);
+    if (it != digests->end() && it->second != hex) {
+      return absl::StrCat(who, " (replica ", request.rank() / S, ") ended block ", b,
+                          " with digest ", hex.substr(0, 16), "..., another replica with ",
+                          it->second.substr(0, 16), "...: the replicas diverged");
+    }
+  }
+  digests->insert(got.begin(), got.end());
+  return "";
+}
+
+void SetFinalDigests(const PipelineLayout& layout, const std::map<int, std::string>& digests,
+                     baton::v1::Job* job) {
+  std::vector<Digest> combined;
+  job->clear_block_digests();
+  for (size_t b = 0; b < layout.blocks.size(); ++b) {
+    const auto it = digests.find(static_cast<int>(b));
+    const std::string hex = it == digests.end() ? std::string() : it->second;
+    combined.push_back(ParseDigestHex(hex).value_or(Digest{}));
+    baton::v1::BlockDigest* d = job->add_block_digests();
+    d->set_block(layout.blocks[b].name);
+    d->set_sha256(hex);
+  }
+  job->set_weights_digest(DigestHex(CombineBlockDigests(combined)));
+}
+
+ResultVerdict OnRankResult(const baton::v1::ReportResultRequest& request,
+                           const std::string& failure, bool all_reported, bool all_finished,
+                           absl::Time now, EchoFailure* echo) {
+  using Action = ResultVerdict::Action;
+  const baton::v1::FailureCause cause =
+      request.error().empty() || request.cause() == baton::v1::FAILURE_CAUSE_UNSPECIFIED
+          ? baton::v1::FAILURE_CAUSE_INTERNAL  // a malformed report, or no cause given
+          : request.cause();
+  // An ABORTED error is most likely another rank's failure echoed through the transport;
+  // a PEER error (a link or the replicas' group failed) may be a peer that died, or one
+  // that merely stopped because its own neighbour died. Both wait a moment for the root
+  // cause: an error of another kind, or a worker gone silent (the coordinator's Tick).
+  const bool is_echo =
+      !failure.empty() && !request.error().empty() &&
+      (cause == baton::v1::FAILURE_CAUSE_ABORTED || cause == baton::v1::FAILURE_CAUSE_PEER);
+  if (is_echo) {
+    if (echo->reason.empty()) echo->since = now;
+    // The first PEER error says more than any ABORTED one.
+    if (echo->reason.empty() || (echo->cause == baton::v1::FAILURE_CAUSE_ABORTED &&
+                                 cause == baton::v1::FAILURE_CAUSE_PEER)) {
+      echo->reason = failure;
+      echo->cause = cause;
+    }
+    if (all_reported) return {Action::kFail, echo->reason, echo->cause};
+    return {};
+  }
+  if (!failure.empty()) return {Action::kFail, failure, cause};
+  if (!echo->reason.empty() && all_reported) return {Action::kFail, echo->reason, echo->cause};
+  if (all_finished) return {Action::kSucceed, "", baton::v1::FAILURE_CAUSE_UNSPECIFIED};
+  return {};
 }
 
 }  // namespace baton

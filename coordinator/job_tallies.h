@@ -1,9 +1,9 @@
 // The coordinator's tallies over one job's reports, as pure functions: which checkpoint is
 // complete across the ranks and where a (re)placement resumes, the resume bookkeeping of a
-// job's first reports, each step's progress across ranks and replicas, and the links and
-// data-parallel groups the ranks report. Like job_lifecycle.h: no threads, no clock (the
-// caller passes the time), no store, no logging. coordinator.cc calls these under its lock
-// and carries out the rest (persisting, logging, metrics, history notes); tests:
+// job's first reports, each step's progress across ranks and replicas, the links and
+// data-parallel groups the ranks report, and the ranks' final results. Like job_lifecycle.h: no
+// threads, no clock (the caller passes the time), no store, no logging. coordinator.cc calls these
+// under its lock and carries out the rest (persisting, logging, metrics, history notes); tests:
 // job_tallies_test.cc.
 #ifndef BATON_COORDINATOR_JOB_TALLIES_H_
 #define BATON_COORDINATOR_JOB_TALLIES_H_
@@ -21,6 +21,7 @@
 #include "baton/v1/job.pb.h"
 #include "baton/v1/jobs.pb.h"
 #include "coordinator/job_lifecycle.h"
+#include "coordinator/placement.h"
 
 namespace baton {
 
@@ -142,6 +143,52 @@ std::string TallyLinks(const baton::v1::ReportProgressRequest& request,
 // new ("data-parallel groups: rank 0 nccl ordered (...)"), or "".
 std::string TallyGroups(const baton::v1::ReportProgressRequest& request,
                         baton::v1::PipelineReport* report);
+
+// ---- Results ----
+
+// Checks a rank's final report without an error against `layout`: a well-formed SHA-256
+// (hex, either case) for every block the rank's stage owns and no other, each equal to what
+// another replica already reported for that block (`digests`: block -> lower-case hex).
+// Returns "" after adding the rank's digests to `digests`, else the failure ("rank 1 on
+// worker w-2 finished without a digest for block 3 (fc3)"), `digests` unchanged.
+std::string TallyResultDigests(const baton::v1::ReportResultRequest& request,
+                               const PipelineLayout& layout, std::map<int, std::string>* digests);
+
+// Sets `job`'s block_digests (named by layout.blocks, in block order) and weights_digest
+// (CombineBlockDigests of them) from `digests`, which holds every block's.
+void SetFinalDigests(const PipelineLayout& layout, const std::map<int, std::string>& digests,
+                     baton::v1::Job* job);
+
+// While every error the ranks reported is an echo (ABORTED) or a possible one (PEER): the
+// first PEER one, else the first ABORTED one. The job fails with it unless a root cause (an
+// error of another kind, a silent worker) shows within root_cause_wait.
+struct EchoFailure {
+  std::string reason;  // "" while there is none
+  baton::v1::FailureCause cause = baton::v1::FAILURE_CAUSE_ABORTED;
+  absl::Time since;  // when the first one came
+};
+
+// What a rank's final report does to its placed job.
+struct ResultVerdict {
+  enum class Action {
+    kNone,     // wait: for other ranks, or for a root cause of an echo
+    kFail,     // FAILED (or RECOVERING) with reason and cause
+    kSucceed,  // every rank finished
+  };
+  Action action = Action::kNone;
+  std::string reason;
+  baton::v1::FailureCause cause = baton::v1::FAILURE_CAUSE_UNSPECIFIED;
+};
+
+// Decides on a rank's final report. `failure`: "" when the report was accepted as a
+// success, else why it failed ("rank 1 on worker w-2: <error>", or a bad digest);
+// `all_reported`: no rank holds its worker any more; `all_finished`: every rank succeeded.
+// An error whose cause is ABORTED or PEER is recorded in `echo` (at `now`) and fails the job
+// only once every rank reported; any other failure fails it at once (a malformed report,
+// or an error without a cause, as INTERNAL).
+ResultVerdict OnRankResult(const baton::v1::ReportResultRequest& request,
+                           const std::string& failure, bool all_reported, bool all_finished,
+                           absl::Time now, EchoFailure* echo);
 
 }  // namespace baton
 

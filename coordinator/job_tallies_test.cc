@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/core/digest.h"
 #include "common/rpc/rpc.h"
 #include "gtest/gtest.h"
 
@@ -421,6 +422,155 @@ TEST(GroupTallyTest, TheFirstReportOfEachGroup) {
   r.mutable_groups(0)->set_engine("nccl");
   EXPECT_EQ(TallyGroups(r, &report), "");
   EXPECT_EQ(report.groups(0).engine(), "gloo");
+}
+
+// ---- Results ----
+
+// Two stages (blocks 0-1 on rank 0, block 2 on rank 1), two replicas: ranks 0-1 and 2-3.
+PipelineLayout TwoStages() {
+  PipelineLayout l;
+  l.schedule.num_ranks = 2;
+  l.rank_blocks = {{0, 1}, {2}};
+  l.blocks.resize(3);
+  for (int b = 0; b < 3; ++b) l.blocks[b].name = "b" + std::to_string(b);
+  return l;
+}
+
+std::string Hex(char c) { return std::string(64, c); }
+
+baton::v1::ReportResultRequest Result(int rank, std::map<int, std::string> digests) {
+  baton::v1::ReportResultRequest r;
+  r.set_worker_id("w-" + std::to_string(rank));
+  r.set_rank(rank);
+  for (const auto& [b, hex] : digests) {
+    baton::v1::IndexedBlockDigest* d = r.add_block_digests();
+    d->set_index(b);
+    d->mutable_digest()->set_sha256(hex);
+  }
+  return r;
+}
+
+TEST(ResultDigestsTest, EveryOwnedBlockWellFormedAndNoOther) {
+  const PipelineLayout layout = TwoStages();
+  std::map<int, std::string> digests;
+  EXPECT_EQ(TallyResultDigests(Result(1, {{1, Hex('a')}}), layout, &digests),
+            "rank 1 on worker w-1 reported a digest for block 1, which it does not own");
+  EXPECT_EQ(TallyResultDigests(Result(1, {{2, "xyz"}}), layout, &digests),
+            "rank 1 on worker w-1 reported a malformed digest for block 2: \"xyz\"");
+  EXPECT_EQ(TallyResultDigests(Result(1, {{2, Hex('g')}}), layout, &digests),
+            "rank 1 on worker w-1 reported a malformed digest for block 2: \"" + Hex('g') + "\"");
+  EXPECT_EQ(TallyResultDigests(Result(0, {{0, Hex('a')}}), layout, &digests),
+            "rank 0 on worker w-0 finished without a digest for block 1 (b1)");
+  EXPECT_TRUE(digests.empty());
+  // Upper-case hex is accepted and kept in lower case.
+  EXPECT_EQ(TallyResultDigests(Result(0, {{0, Hex('A')}, {1, Hex('b')}}), layout, &digests), "");
+  EXPECT_EQ(digests, (std::map<int, std::string>{{0, Hex('a')}, {1, Hex('b')}}));
+}
+
+TEST(ResultDigestsTest, ReplicasMustAgree) {
+  const PipelineLayout layout = TwoStages();
+  std::map<int, std::string> digests;
+  ASSERT_EQ(TallyResultDigests(Result(1, {{2, Hex('c')}}), layout, &digests), "");
+  // Rank 3 is replica 1's second stage: the same block 2.
+  EXPECT_EQ(TallyResultDigests(Result(3, {{2, Hex('c')}}), layout, &digests), "");
+  EXPECT_EQ(TallyResultDigests(Result(3, {{2, Hex('d')}}), layout, &digests),
+            "rank 3 on worker w-3 (replica 1) ended block 2 with digest dddddddddddddddd..., "
+            "another replica with cccccccccccccccc...: the replicas diverged");
+  EXPECT_EQ(digests.at(2), Hex('c'));
+}
+
+TEST(ResultDigestsTest, FinalDigestsInBlockOrder) {
+  const PipelineLayout layout = TwoStages();
+  const std::map<int, std::string> digests = {{2, Hex('c')}, {0, Hex('a')}, {1, Hex('b')}};
+  baton::v1::Job job;
+  job.add_block_digests()->set_block("stale");
+  SetFinalDigests(layout, digests, &job);
+  ASSERT_EQ(job.block_digests_size(), 3);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(job.block_digests(b).block(), "b" + std::to_string(b));
+    EXPECT_EQ(job.block_digests(b).sha256(), digests.at(b));
+  }
+  std::vector<Digest> blocks;
+  for (char c : {'\xaa', '\xbb', '\xcc'}) {
+    Digest d;
+    d.fill(static_cast<uint8_t>(c));
+    blocks.push_back(d);
+  }
+  EXPECT_EQ(job.weights_digest(), DigestHex(CombineBlockDigests(blocks)));
+}
+
+baton::v1::ReportResultRequest Failed(const std::string& error, baton::v1::FailureCause cause) {
+  baton::v1::ReportResultRequest r;
+  r.set_error(error);
+  r.set_cause(cause);
+  return r;
+}
+
+TEST(RankResultTest, DecidesFailSucceedOrWait) {
+  using Action = ResultVerdict::Action;
+  using baton::v1::FailureCause;
+  struct Case {
+    const char* name;
+    std::string error;
+    FailureCause cause;
+    std::string failure;
+    bool all_reported, all_finished;
+    Action action;
+    FailureCause verdict_cause;
+  };
+  const FailureCause kUnspecified = baton::v1::FAILURE_CAUSE_UNSPECIFIED;
+  const std::vector<Case> cases = {
+      {"one finished, others running", "", kUnspecified, "", false, false, Action::kNone,
+       kUnspecified},
+      {"the last one finished", "", kUnspecified, "", true, true, Action::kSucceed, kUnspecified},
+      {"a bad digest fails at once as internal", "", kUnspecified, "rank 0 ...: bad digest", false,
+       false, Action::kFail, baton::v1::FAILURE_CAUSE_INTERNAL},
+      {"an error without a cause is internal", "boom", kUnspecified, "rank 0: boom", false, false,
+       Action::kFail, baton::v1::FAILURE_CAUSE_INTERNAL},
+      {"a root cause fails at once", "out of memory", baton::v1::FAILURE_CAUSE_CONFIG,
+       "rank 0: out of memory", false, false, Action::kFail, baton::v1::FAILURE_CAUSE_CONFIG},
+      {"an echo waits while others run", "aborted", baton::v1::FAILURE_CAUSE_ABORTED,
+       "rank 0: aborted", false, false, Action::kNone, kUnspecified},
+      {"a peer error waits too", "link broke", baton::v1::FAILURE_CAUSE_PEER, "rank 0: link broke",
+       false, false, Action::kNone, kUnspecified},
+      {"an echo fails once every rank reported", "aborted", baton::v1::FAILURE_CAUSE_ABORTED,
+       "rank 0: aborted", true, false, Action::kFail, baton::v1::FAILURE_CAUSE_ABORTED},
+  };
+  for (const Case& c : cases) {
+    EchoFailure echo;
+    const ResultVerdict v = OnRankResult(Failed(c.error, c.cause), c.failure, c.all_reported,
+                                         c.all_finished, kNow, &echo);
+    EXPECT_EQ(v.action, c.action) << c.name;
+    if (c.action == Action::kFail) {
+      EXPECT_EQ(v.reason, c.failure) << c.name;
+      EXPECT_EQ(v.cause, c.verdict_cause) << c.name;
+    }
+  }
+}
+
+TEST(RankResultTest, ThePeerEchoOutranksTheAbortedOneAndWaitsForTheLastReport) {
+  using Action = ResultVerdict::Action;
+  EchoFailure echo;
+  ResultVerdict v = OnRankResult(Failed("aborted", baton::v1::FAILURE_CAUSE_ABORTED),
+                                 "rank 2: aborted", false, false, kNow, &echo);
+  EXPECT_EQ(v.action, Action::kNone);
+  EXPECT_EQ(echo.reason, "rank 2: aborted");
+  EXPECT_EQ(echo.since, kNow);
+  v = OnRankResult(Failed("link to rank 1", baton::v1::FAILURE_CAUSE_PEER),
+                   "rank 0: link to rank 1", false, false, kNow + absl::Seconds(1), &echo);
+  EXPECT_EQ(v.action, Action::kNone);
+  EXPECT_EQ(echo.reason, "rank 0: link to rank 1");
+  EXPECT_EQ(echo.cause, baton::v1::FAILURE_CAUSE_PEER);
+  EXPECT_EQ(echo.since, kNow);  // since the first
+  // A later ABORTED one does not replace it.
+  v = OnRankResult(Failed("aborted", baton::v1::FAILURE_CAUSE_ABORTED), "rank 3: aborted", false,
+                   false, kNow, &echo);
+  EXPECT_EQ(echo.reason, "rank 0: link to rank 1");
+  // The last rank finishes cleanly: the echo stands.
+  v = OnRankResult(baton::v1::ReportResultRequest(), "", true, false, kNow, &echo);
+  EXPECT_EQ(v.action, Action::kFail);
+  EXPECT_EQ(v.reason, "rank 0: link to rank 1");
+  EXPECT_EQ(v.cause, baton::v1::FAILURE_CAUSE_PEER);
 }
 
 }  // namespace
