@@ -1,9 +1,6 @@
 #include "coordinator/coordinator.h"
 
-#include "coordinator/job_lifecycle.h"
-
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,7 +23,6 @@
 #include "common/plan/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
@@ -37,7 +33,6 @@ using baton::v1::JobState;
 
 namespace {
 
-constexpr size_t kMaxBufferedEvents = 4096;
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 // A ListJobs page ends before its jobs pass this many bytes (gRPC's default limit on a
@@ -45,7 +40,6 @@ constexpr int kMaxPageSize = 1000;
 constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
 constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
-constexpr int64_t kKeptStepTimings = 8;
 
 // A failed StartJob's kind: a worker that refuses the plan as given will refuse it again.
 baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
@@ -88,28 +82,6 @@ std::string WorkerName(const PlacedWorker& w) {
   return absl::StrCat("worker ", w.worker_id, " (", w.address, ")");
 }
 
-std::optional<Digest> ParseDigestHex(const std::string& hex) {
-  if (hex.size() != 64) return std::nullopt;
-  Digest d{};
-  for (size_t i = 0; i < 32; ++i) {
-    int v = 0;
-    for (int k = 0; k < 2; ++k) {
-      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(hex[2 * i + k])));
-      int nib;
-      if (c >= '0' && c <= '9') {
-        nib = c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        nib = c - 'a' + 10;
-      } else {
-        return std::nullopt;
-      }
-      v = v * 16 + nib;
-    }
-    d[i] = static_cast<uint8_t>(v);
-  }
-  return d;
-}
-
 std::chrono::nanoseconds ToChrono(absl::Duration d) {
   return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
 }
@@ -117,64 +89,28 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
-// JobWatch
-
-struct JobWatch::EventLog {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<JobEvent> events ABSL_GUARDED_BY(mu);
-  int64_t first ABSL_GUARDED_BY(mu) = 0;     // index of events.front() in the job's history
-  bool closed ABSL_GUARDED_BY(mu) = false;   // the terminal event is in (or was)
-  bool stopped ABSL_GUARDED_BY(mu) = false;  // the coordinator stopped
-};
-
-JobWatch::JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, JobEvent first)
-    : log_(std::move(log)), cursor_(cursor) {
-  pending_.push_back(std::move(first));
-}
-
-JobWatch::~JobWatch() = default;
-
-absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, bool* done) {
-  std::vector<JobEvent> out;
-  auto note_terminal = [this](const std::vector<JobEvent>& events) {
-    for (const JobEvent& e : events) {
-      if (e.has_state_change() && IsTerminalState(e.state_change().state())) done_ = true;
-    }
-  };
-  if (done_) {
-    *done = true;
-    return out;
-  }
-  if (!pending_.empty()) {
-    out.swap(pending_);
-    note_terminal(out);
-    *done = done_;
-    return out;
-  }
-  std::unique_lock<std::mutex> lock(log_->mu);
-  log_->cv.wait_for(lock, ToChrono(timeout), [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->first + static_cast<int64_t>(log_->events.size()) > cursor_ || log_->closed ||
-           log_->stopped;
-  });
-  if (cursor_ < log_->first) cursor_ = log_->first;  // too slow: the oldest were dropped
-  const int64_t end = log_->first + static_cast<int64_t>(log_->events.size());
-  for (int64_t i = cursor_; i < end; ++i) out.push_back(log_->events[i - log_->first]);
-  cursor_ = end;
-  note_terminal(out);
-  if (log_->closed) done_ = true;  // everything up to the terminal event has been returned
-  if (!done_ && out.empty() && log_->stopped) {
-    return absl::UnavailableError("the coordinator is shutting down");
-  }
-  *done = done_;
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------
 // Construction, the loop, threads
 
 Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)), registry_(options_.lease_ttl, options_.clock) {}
+    : options_(std::move(options)),
+      registry_(options_.lease_ttl, options_.clock),
+      runner_(EffectsRunner::Options{options_.worker_client, options_.start_timeout,
+                                     options_.abort_timeout, options_.busy_retry,
+                                     options_.clock, options_.sleep, options_.background},
+              RunnerCallbacks()) {}
+
+EffectsRunner::Callbacks Coordinator::RunnerCallbacks() {
+  EffectsRunner::Callbacks c;
+  c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> reached) {
+    AbortReturned(call, reached);
+  };
+  c.started = [this](const StartCall& call, const std::vector<absl::Status>& results) {
+    FinishStart(call.job_id, call.workers, results);
+  };
+  c.still_placing = [this](const std::string& job_id) { return StillPlacing(job_id); };
+  c.log = [this](const std::string& message) { LogWarning(message); };
+  return c;
+}
 
 int64_t Coordinator::MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const {
   if (!w.has_last_heartbeat() || w.state() == baton::v1::WORKER_STATE_DEAD) return 0;
@@ -253,7 +189,7 @@ absl::Status Coordinator::Recover() {
     active->seq = seq;
     active->job = std::move(job);
     active->rank_need_bytes = needs[next_need++];
-    active->log = std::make_shared<JobWatch::EventLog>();
+    active->log = std::make_shared<JobEventLog>();
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
     active_[id] = std::move(active);
@@ -284,17 +220,9 @@ void Coordinator::Stop() {
   }
   loop_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    threads_closed_ = true;
-  }
-  ReapThreads(/*all=*/true);
+  runner_.Close();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, job] : active_) {
-    std::lock_guard<std::mutex> log_lock(job->log->mu);
-    job->log->stopped = true;
-    job->log->cv.notify_all();
-  }
+  for (auto& [id, job] : active_) job->log->Stop();
   stopped_ = true;
 }
 
@@ -303,7 +231,7 @@ void Coordinator::LoopMain() {
   while (!stopping_) {
     lock.unlock();
     Tick();
-    ReapThreads(/*all=*/false);
+    runner_.Reap();
     lock.lock();
     loop_cv_.wait_for(lock, ToChrono(options_.heartbeat_interval / 2),
                       [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
@@ -317,22 +245,6 @@ void Coordinator::WakeLoop() {
   loop_cv_.notify_all();
 }
 
-void Coordinator::ReapThreads(bool all) {
-  std::vector<std::thread> to_join;
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (all || *it->done) {
-        to_join.push_back(std::move(it->thread));
-        it = threads_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (std::thread& t : to_join) t.join();
-}
-
 void Coordinator::LogWarning(const std::string& message) {
   if (!options_.log) return;
   // Messages carry client text (job names, reasons): one line each, whatever they contain.
@@ -340,107 +252,23 @@ void Coordinator::LogWarning(const std::string& message) {
   std::fflush(stderr);
 }
 
-void Coordinator::FanOut(int n, const std::function<void(int)>& fn) {
-  if (!options_.background || n <= 1) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) threads.emplace_back(fn, i);
-  for (std::thread& t : threads) t.join();
-}
-
-void Coordinator::Run(Effects effects, bool wait) {
-  if (effects.empty()) return;
-  if (wait || !options_.background) {
-    RunNow(std::move(effects));
-    return;
-  }
-  std::unique_lock<std::mutex> lock(threads_mu_);
-  if (threads_closed_) {
-    // Stopping: no new threads; the calls still happen (they have deadlines).
-    lock.unlock();
-    RunNow(std::move(effects));
-    return;
-  }
-  auto done = std::make_shared<bool>(false);
-  Background bg;
-  bg.done = done;
-  bg.thread = std::thread([this, done, e = std::move(effects)]() mutable {
-    RunNow(std::move(e));
-    std::lock_guard<std::mutex> l(threads_mu_);
-    *done = true;
-  });
-  threads_.push_back(std::move(bg));
-}
-
-void Coordinator::RunNow(Effects effects) {
-  WorkerClient& client = *options_.worker_client;
-  for (const AbortCall& a : effects.aborts) {
-    std::vector<char> reached(a.workers.size(), 0);
-    FanOut(static_cast<int>(a.workers.size()), [&](int i) {
-      const PlacedWorker& w = a.workers[i];
-      const absl::Status s =
-          client.AbortJob({w.address, w.session}, a.job_id, a.reason, options_.abort_timeout);
-      // Any answer but "unreachable" means the worker is there and has the message.
-      reached[i] = s.code() != absl::StatusCode::kUnavailable &&
-                   s.code() != absl::StatusCode::kDeadlineExceeded;
-      if (!s.ok()) {
-        LogWarning(absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w), ": ", s.ToString()));
-      }
-    });
-    if (a.free_after) {
-      // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
-      // saying it runs nothing frees it if it is not (see Heartbeat).
-      std::vector<PlacedWorker> to_free;
-      for (size_t i = 0; i < a.workers.size(); ++i) {
-        if (reached[i]) to_free.push_back(a.workers[i]);
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      FreeWorkersLocked(a.job_id, to_free);
-      if (a.counted) {
-        if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
-          --j->pending_aborts;
-          WakeLoop();
-        }
-      }
+void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWorker>& reached) {
+  // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
+  // saying it runs nothing frees it if it is not (see Heartbeat).
+  std::lock_guard<std::mutex> lock(mu_);
+  FreeWorkersLocked(a.job_id, reached);
+  if (a.counted) {
+    if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
+      --j->pending_aborts;
+      WakeLoop();
     }
-  }
-  for (const StartCall& s : effects.starts) {
-    // Ranks 1..S-1 first (in parallel), rank 0 last: every tensor of a step originates in
-    // rank 0's first forward, so no rank receives anything before it accepted its plan.
-    const int n = static_cast<int>(s.workers.size());
-    std::vector<absl::Status> results(n);
-    FanOut(n - 1,
-           [&](int i) { results[i + 1] = StartOne(s.job_id, s.workers[i + 1], s.plans[i + 1]); });
-    const bool others_ok = std::all_of(results.begin() + 1, results.end(),
-                                       [](const absl::Status& r) { return r.ok(); });
-    results[0] = others_ok ? StartOne(s.job_id, s.workers[0], s.plans[0])
-                           : absl::CancelledError("not started: another rank's StartJob failed");
-    FinishStart(s.job_id, s.workers, results);
   }
 }
 
-absl::Status Coordinator::StartOne(const std::string& job_id, const PlacedWorker& worker,
-                                   const baton::v1::JobPlan& plan) {
-  const absl::Time give_up = Now() + options_.busy_retry;
-  absl::Duration backoff = absl::Milliseconds(20);
-  while (true) {
-    const absl::Status s =
-        options_.worker_client->StartJob({worker.address, worker.session}, plan,
-                                         options_.start_timeout);
-    if (s.code() != absl::StatusCode::kFailedPrecondition || Now() + backoff > give_up) {
-      return s;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ActiveJob* j = FindActiveLocked(job_id);
-      if (j == nullptr || j->job.state() != baton::v1::JOB_STATE_PLACING) return s;
-    }
-    options_.sleep(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
-  }
+bool Coordinator::StillPlacing(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ActiveJob* j = FindActiveLocked(job_id);
+  return j != nullptr && j->job.state() == baton::v1::JOB_STATE_PLACING;
 }
 
 void Coordinator::FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
@@ -489,7 +317,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
       }
     }
   }
-  RunNow(std::move(effects));
+  runner_.RunNow(std::move(effects));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -509,14 +337,7 @@ void Coordinator::PersistLocked(ActiveJob* job) {
 void Coordinator::EmitLocked(ActiveJob* job, JobEvent event) {
   event.set_job_id(job->job.id());
   *event.mutable_time() = ToProtoTime(Now());
-  JobWatch::EventLog& log = *job->log;
-  std::lock_guard<std::mutex> lock(log.mu);
-  log.events.push_back(std::move(event));
-  while (log.events.size() > kMaxBufferedEvents) {
-    log.events.pop_front();
-    ++log.first;
-  }
-  log.cv.notify_all();
+  job->log->Append(std::move(event));
 }
 
 void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::string& reason) {
@@ -563,11 +384,7 @@ Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
   }
   if (!abort.workers.empty()) effects->aborts.push_back(std::move(abort));
   queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
-  {
-    std::lock_guard<std::mutex> lock(j->log->mu);
-    j->log->closed = true;
-    j->log->cv.notify_all();
-  }
+  j->log->Close();
   Job final_job = std::move(j->job);
   active_.erase(job_id);
   WakeLoop();  // the queue head may have changed
@@ -712,7 +529,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                    absl::StrCat("placement failed: ", placement.status().message()), effects);
       continue;
     }
-    const auto [resume_dir, resume_step] = ResumePointLocked(*j);
+    const auto [resume_dir, resume_step] = ResumePointOf(j->job);
     for (baton::v1::JobPlan& plan : placement->plans) {
       plan.set_attempt(j->attempt());
       if (!resume_dir.empty()) {
@@ -772,7 +589,7 @@ void Coordinator::Tick() {
     // Jobs whose only errors so far are ABORTED or PEER ones: no root cause came in time.
     std::vector<std::string> echoed;
     for (const auto& [id, j] : active_) {
-      if (!j->echo_failure.empty() && Now() - j->echo_since >= options_.root_cause_wait) {
+      if (!j->echo.reason.empty() && Now() - j->echo.since >= options_.root_cause_wait) {
         echoed.push_back(id);
       }
     }
@@ -792,14 +609,14 @@ void Coordinator::Tick() {
                                         absl::FormatDuration(absl::Trunc(quiet, absl::Milliseconds(1)))));
         }
       }
-      if (silent.empty() && Now() - j->echo_since < options_.heartbeat_interval * 2) continue;
+      if (silent.empty() && Now() - j->echo.since < options_.heartbeat_interval * 2) continue;
       if (!silent.empty()) {
         FailLocked(id,
                    absl::StrCat(absl::StrJoin(silent, ", "), " (no heartbeat; presumed lost); ",
-                                "first report: ", j->echo_failure),
+                                "first report: ", j->echo.reason),
                    baton::v1::FAILURE_CAUSE_WORKER_LOST, &effects);
       } else {
-        FailLocked(id, std::string(j->echo_failure), j->echo_cause, &effects);
+        FailLocked(id, std::string(j->echo.reason), j->echo.cause, &effects);
       }
     }
     PlaceQueuedLocked(&effects);
@@ -910,7 +727,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   change->set_reason("submitted");
   BATON_RETURN_IF_ERROR(store_->Insert(active->seq, job));
   active->last_persist = now;
-  active->log = std::make_shared<JobWatch::EventLog>();
+  active->log = std::make_shared<JobEventLog>();
   const std::string id = job.id();
   Job copy = job;
   queue_.push_back(id);
@@ -1004,17 +821,12 @@ absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::strin
   *first.mutable_time() = ToProtoTime(Now());
   if (ActiveJob* j = FindActiveLocked(job_id)) {
     if (!j->job.history().empty()) *first.mutable_state_change() = *j->job.history().rbegin();
-    std::lock_guard<std::mutex> log_lock(j->log->mu);
-    const int64_t cursor = j->log->first + static_cast<int64_t>(j->log->events.size());
-    return std::make_unique<JobWatch>(j->log, cursor, std::move(first));
+    return std::make_unique<JobWatch>(j->log, j->log->End(), std::move(first));
   }
   BATON_ASSIGN_OR_RETURN(Job job, store_->Get(job_id));
   if (!job.history().empty()) *first.mutable_state_change() = *job.history().rbegin();
-  auto log = std::make_shared<JobWatch::EventLog>();
-  {
-    std::lock_guard<std::mutex> log_lock(log->mu);
-    log->closed = true;
-  }
+  auto log = std::make_shared<JobEventLog>();
+  log->Close();
   return std::make_unique<JobWatch>(std::move(log), 0, std::move(first));
 }
 
@@ -1313,7 +1125,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     }
     return slot.status();
   }
-  if (!(*slot)->held || !j->echo_failure.empty() || request.attempt() != j->attempt()) {
+  if (!(*slot)->held || !j->echo.reason.empty() || request.attempt() != j->attempt()) {
     response.set_keep_running(false);
     return response;
   }
@@ -1328,16 +1140,21 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
     }
   }
   if (request.resumed_from_step() > 0) {
-    const std::string failure = RecordResumeLocked(j, request);
-    if (!failure.empty()) {
-      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, failure, effects);
+    const ResumeTally resume = TallyResume(request, &j->resumed_from, &j->job);
+    if (!resume.failure.empty()) {
+      EndJobLocked(request.job_id(), baton::v1::JOB_STATE_FAILED, resume.failure, effects);
       response.set_keep_running(false);
       return response;
     }
+    if (!resume.note.empty()) AppendStateLocked(j, NoteState(j->job.state()), resume.note);
   }
   j->timings[request.step()][request.rank()] = request.timing();
-  if (!request.links().empty()) RecordLinksLocked(j, request);
-  if (!request.groups().empty()) RecordGroupsLocked(j, request);
+  // The ranks' word on their links and data-parallel groups, kept once, in the job's
+  // pipeline report and (what is new) its history.
+  for (const std::string& note : {TallyLinks(request, j->job.mutable_pipeline()),
+                                  TallyGroups(request, j->job.mutable_pipeline())}) {
+    if (!note.empty()) AppendStateLocked(j, NoteState(j->job.state()), note);
+  }
   for (const baton::v1::CheckpointWrite& w : request.checkpoints()) {
     RecordCheckpointLocked(j, request.rank(), w);
   }
@@ -1350,18 +1167,11 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLoc
   if (request.rank() % S == j->layout.last_rank) {
     if (D <= 1) {
       OnLastRankStepLocked(j, request);
-    } else {
-      std::map<int, float>& losses = j->replica_losses[request.step()];
-      losses[request.rank() / S] = request.loss();
-      if (static_cast<int>(losses.size()) == D) {
-        baton::v1::ReportProgressRequest combined = request;
-        StepLoss mean;  // of the replicas' means, in replica order
-        for (const auto& [replica, loss] : losses) mean.Add(loss);
-        combined.set_loss(mean.Mean());
-        OnLastRankStepLocked(j, combined);
-        j->replica_losses.erase(j->replica_losses.begin(),
-                                j->replica_losses.upper_bound(request.step()));
-      }
+    } else if (const std::optional<float> mean = TallyReplicaLoss(
+                   request.step(), request.rank() / S, request.loss(), D, &j->replica_losses)) {
+      baton::v1::ReportProgressRequest combined = request;
+      combined.set_loss(*mean);
+      OnLastRankStepLocked(j, combined);
     }
   }
   response.set_keep_running(true);
@@ -1387,77 +1197,16 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
   return response;
 }
 
-void Coordinator::RecordLinksLocked(ActiveJob* j, const baton::v1::ReportProgressRequest& request) {
-  // Each pair is reported by both of its ranks, which decided alike; the lower rank's word
-  // is kept, once, in the job's pipeline report and in its history.
-  std::vector<std::string> said;
-  for (const baton::v1::LinkReport& l : request.links()) {
-    if (l.rank() != request.rank()) continue;  // this rank is the pair's higher one
-    bool known = false;
-    for (const baton::v1::LinkReport& k : j->job.pipeline().links()) {
-      known = known || (k.rank() == l.rank() && k.peer() == l.peer());
-    }
-    if (known) continue;
-    *j->job.mutable_pipeline()->add_links() = l;
-    said.push_back(absl::StrCat("ranks ", l.rank(), "-", l.peer(), " ", l.reason()));
-  }
-  if (!said.empty()) {
-    AppendStateLocked(j, NoteState(j->job.state()),
-                      absl::StrCat("links: ", absl::StrJoin(said, "; ")));
-  }
-}
-
-void Coordinator::RecordGroupsLocked(ActiveJob* j,
-                                     const baton::v1::ReportProgressRequest& request) {
-  // Every member of a group reports it, having decided alike: replica 0's word is kept (the
-  // first to come for a rank), once, in the pipeline report and in the history.
-  std::vector<std::string> said;
-  for (const baton::v1::GroupReport& g : request.groups()) {
-    bool known = false;
-    for (const baton::v1::GroupReport& k : j->job.pipeline().groups()) {
-      known = known || k.rank() == g.rank();
-    }
-    if (known) continue;
-    *j->job.mutable_pipeline()->add_groups() = g;
-    said.push_back(absl::StrCat("rank ", g.rank(), " ", g.engine(), " ", g.mode(), " (",
-                                g.reason(), ")"));
-  }
-  if (!said.empty()) {
-    AppendStateLocked(j, NoteState(j->job.state()),
-                      absl::StrCat("data-parallel groups: ", absl::StrJoin(said, "; ")));
-  }
-}
-
 void Coordinator::OnLastRankStepLocked(ActiveJob* j,
                                        const baton::v1::ReportProgressRequest& request) {
   const int64_t k = request.step();
   if (k <= j->job.steps_done()) return;  // a repeat
   const absl::Time now = Now();
-  absl::Duration d = FromProtoDuration(request.timing().step());
-  if (d <= absl::ZeroDuration()) d = now - j->last_step_at;
-  const double seconds = absl::ToDoubleSeconds(d);
-  const baton::v1::JobSpec& spec = j->job.spec();
-  baton::v1::StepProgress step;
-  step.set_step(k);
-  step.set_total_steps(spec.steps());
-  if (request.has_loss()) step.set_loss(request.loss());
-  if (seconds > 0) {
-    step.set_samples_per_second(spec.data().batch_size() / seconds);
-    step.set_tokens_per_second(static_cast<double>(TokensPerStep(spec)) / seconds);
-  }
-  *step.mutable_duration() = ToProtoDuration(d);
-  for (const auto& [rank, t] : j->timings[k]) {
-    baton::v1::StageTiming* st = step.add_stages();
-    st->set_rank(rank);
-    st->set_worker_id(j->ranks[rank].worker.worker_id);
-    *st->mutable_forward() = t.forward();
-    *st->mutable_backward() = t.backward();
-    *st->mutable_weight() = t.weight();
-    *st->mutable_send() = t.send();
-    *st->mutable_recv_wait() = t.recv_wait();
-    *st->mutable_step() = t.step();
-    st->set_peak_inflight(t.peak_inflight());
-  }
+  std::vector<std::string> worker_ids;
+  for (const RankSlot& slot : j->ranks) worker_ids.push_back(slot.worker.worker_id);
+  baton::v1::StepProgress step = MakeStepProgress(
+      j->job.spec(), k, request.has_loss() ? std::optional<float>(request.loss()) : std::nullopt,
+      StepDuration(request.timing(), now - j->last_step_at), j->timings[k], worker_ids);
   j->job.set_steps_done(k);
   if (request.has_loss()) j->job.set_last_loss(request.loss());
   j->last_step_at = now;
@@ -1471,7 +1220,7 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   *event.mutable_step() = std::move(step);
   EmitLocked(j, std::move(event));
   if (now - j->last_persist >= options_.progress_persist_interval) PersistLocked(j);
-  j->timings.erase(j->timings.begin(), j->timings.lower_bound(k - kKeptStepTimings));
+  PruneStepTimings(k, &j->timings);
 }
 
 absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
@@ -1499,78 +1248,24 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
     if (!request.error().empty()) {
       failure = absl::StrCat(who, ": ", request.error());
     } else {
-      const int S = std::max(1, j->layout.schedule.num_ranks);
-      const std::vector<int>& expected = j->layout.rank_blocks[request.rank() % S];
-      std::map<int, std::string> got;
-      for (const baton::v1::IndexedBlockDigest& d : request.block_digests()) {
-        if (!std::binary_search(expected.begin(), expected.end(), d.index())) {
-          failure = absl::StrCat(who, " reported a digest for block ", d.index(),
-                                 ", which it does not own");
-          break;
-        }
-        std::optional<Digest> parsed = ParseDigestHex(d.digest().sha256());
-        if (!parsed.has_value()) {
-          failure = absl::StrCat(who, " reported a malformed digest for block ", d.index(), ": \"",
-                                 d.digest().sha256(), "\"");
-          break;
-        }
-        got[d.index()] = DigestHex(*parsed);
-      }
-      if (failure.empty()) {
-        for (int b : expected) {
-          if (got.count(b) == 0) {
-            failure = absl::StrCat(who, " finished without a digest for block ", b, " (",
-                                   j->layout.blocks[b].name, ")");
-            break;
-          }
-        }
-      }
-      // Replicas must end with the same weights: a block whose digest differs from what
-      // another replica reported fails the job.
-      for (const auto& [b, hex] : got) {
-        auto it = j->digests.find(b);
-        if (failure.empty() && it != j->digests.end() && it->second != hex) {
-          failure = absl::StrCat(who, " (replica ", request.rank() / S, ") ended block ", b,
-                                 " with digest ", hex.substr(0, 16), "..., another replica with ",
-                                 it->second.substr(0, 16), "...: the replicas diverged");
-        }
-      }
-      if (failure.empty()) {
-        slot->finished = true;
-        j->digests.insert(got.begin(), got.end());
-      }
+      failure = TallyResultDigests(request, j->layout, &j->digests);
+      slot->finished = failure.empty();
     }
-    const baton::v1::FailureCause cause =
-        request.error().empty() || request.cause() == baton::v1::FAILURE_CAUSE_UNSPECIFIED
-            ? baton::v1::FAILURE_CAUSE_INTERNAL  // a malformed report, or no cause given
-            : request.cause();
-    // An ABORTED error is most likely another rank's failure echoed through the transport;
-    // a PEER error (a link or the replicas' group failed) may be a peer that died, or one
-    // that merely stopped because its own neighbour died. Both wait a moment for the root
-    // cause: an error of another kind, or a worker gone silent (Tick).
-    const bool echo = !failure.empty() && !request.error().empty() &&
-                      (cause == baton::v1::FAILURE_CAUSE_ABORTED ||
-                       cause == baton::v1::FAILURE_CAUSE_PEER);
     const bool all_reported =
         std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
-    if (echo) {
-      if (j->echo_failure.empty()) j->echo_since = Now();
-      // The first PEER error says more than any ABORTED one.
-      if (j->echo_failure.empty() || (j->echo_cause == baton::v1::FAILURE_CAUSE_ABORTED &&
-                                      cause == baton::v1::FAILURE_CAUSE_PEER)) {
-        j->echo_failure = failure;
-        j->echo_cause = cause;
-      }
-      if (all_reported) {
-        FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
-      }
-    } else if (!failure.empty()) {
-      FailLocked(request.job_id(), failure, cause, &effects);
-    } else if (!j->echo_failure.empty() && all_reported) {
-      FailLocked(request.job_id(), std::string(j->echo_failure), j->echo_cause, &effects);
-    } else if (std::all_of(j->ranks.begin(), j->ranks.end(),
-                           [](const RankSlot& s) { return s.finished; })) {
-      SucceedLocked(j, &effects);
+    const bool all_finished =
+        std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.finished; });
+    const ResultVerdict verdict =
+        OnRankResult(request, failure, all_reported, all_finished, Now(), &j->echo);
+    switch (verdict.action) {
+      case ResultVerdict::Action::kFail:
+        FailLocked(request.job_id(), verdict.reason, verdict.cause, &effects);
+        break;
+      case ResultVerdict::Action::kSucceed:
+        SucceedLocked(j, &effects);
+        break;
+      case ResultVerdict::Action::kNone:
+        break;
     }
     WakeLoop();
   }
@@ -1580,74 +1275,19 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
 
 void Coordinator::RecordCheckpointLocked(ActiveJob* j, int rank,
                                          const baton::v1::CheckpointWrite& write) {
-  baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
-  if (!c->complete().empty() && write.step() <= c->complete().rbegin()->step()) return;
-  ActiveJob::CheckpointTally& t = j->checkpoints[write.step()];
-  if (!t.ranks.insert(rank).second) return;  // a repeat
-  t.bytes += write.bytes();
-  t.write_time = std::max(t.write_time, FromProtoDuration(write.duration()));
   // Replica 0's ranks write a data-parallel job's checkpoints (every replica holds the same
   // weights and optimizer state); the others write none.
-  if (static_cast<int>(t.ranks.size()) < j->layout.schedule.num_ranks) return;
-  baton::v1::CheckpointRecord* r = c->add_complete();
-  r->set_step(write.step());
-  r->set_bytes(t.bytes);
-  *r->mutable_time() = ToProtoTime(Now());
-  *r->mutable_write_time() = ToProtoDuration(t.write_time);
-  // The ranks prune the files by the same rule (rank 0, after its writes): the newest
-  // `keep` complete ones stay.
-  const int keep = std::max(1, j->job.spec().checkpoint().keep());
-  if (c->complete_size() > keep) {
-    c->mutable_complete()->DeleteSubrange(0, c->complete_size() - keep);
-  }
-  j->checkpoints.erase(j->checkpoints.begin(), j->checkpoints.upper_bound(write.step()));
+  const std::optional<CheckpointTally> t = TallyCheckpointWrite(
+      rank, write, j->layout.schedule.num_ranks, j->job.spec().checkpoint().keep(), Now(),
+      &j->checkpoints, j->job.mutable_checkpoints());
+  if (!t.has_value()) return;
   if (options_.metrics != nullptr) {
-    options_.metrics->ObserveCheckpoint(t.write_time, t.bytes);
+    options_.metrics->ObserveCheckpoint(t->write_time, t->bytes);
   }
   LogWarning(absl::StrCat(j->job.id(), " checkpoint after step ", write.step(), " complete (",
-                          t.bytes, " bytes, slowest rank ", absl::FormatDuration(t.write_time),
+                          t->bytes, " bytes, slowest rank ", absl::FormatDuration(t->write_time),
                           ")"));
   PersistLocked(j);
-}
-
-std::string Coordinator::RecordResumeLocked(ActiveJob* j,
-                                            const baton::v1::ReportProgressRequest& request) {
-  const int64_t step = request.resumed_from_step();
-  auto [it, fresh] = j->resumed_from.emplace(request.rank(), step);
-  if (!fresh) return "";
-  for (const auto& [rank, other] : j->resumed_from) {
-    if (other != step) {
-      // Ranks that saw different files (one written or damaged in between) would train a
-      // model that never existed: stop.
-      return absl::StrCat("ranks resumed from different checkpoints: rank ", rank, " from step ",
-                          other, ", rank ", request.rank(), " from step ", step);
-    }
-  }
-  if (j->resumed_from.size() == 1) {
-    baton::v1::JobCheckpoints* c = j->job.mutable_checkpoints();
-    const auto [dir, asked] = ResumePointLocked(*j);
-    const bool own = j->attempt() > 0 && dir == c->job_dir();
-    std::string reason = absl::StrCat(
-        "resumed from ", own ? "its own checkpoint" : c->resumed_from_job(), " step ", step);
-    const std::string skipped = absl::StrJoin(request.checkpoints_skipped(), "; ");
-    if (asked > 0 && step != asked) {
-      absl::StrAppend(&reason, " (asked for step ", asked, "; skipped: ", skipped, ")");
-    } else if (!skipped.empty()) {
-      absl::StrAppend(&reason, " (the newest complete; skipped: ", skipped, ")");
-    }
-    if (j->attempt() > 0) {
-      // What the ranks loaded, which may be newer than the coordinator knew.
-      baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
-      const int64_t done_at_detection = r->from_step() + r->lost_steps();
-      r->set_from_step(step);
-      r->set_lost_steps(std::max<int64_t>(0, done_at_detection - step));
-    } else {
-      c->set_resumed_from_step(step);
-    }
-    j->job.set_steps_done(std::max<int64_t>(j->job.steps_done(), step));
-    AppendStateLocked(j, NoteState(j->job.state()), reason);
-  }
-  return "";
 }
 
 absl::Status Coordinator::CheckCheckpointOwnerLocked(const std::string& dir,
@@ -1682,60 +1322,8 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
     }
     source = *std::move(stored);
   }
-  // A checkpoint holds its owner's trained weights: another user's need an admin.
-  if (!admin && source.submitted_by() != submitted_by) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "resume_from.job_id: ", source.id(), " was submitted by ", source.submitted_by(),
-        "; resuming from another user's job needs the admin role"));
-  }
-  if (active != nullptr) {
-    std::string name = baton::v1::JobState_Name(source.state());
-    if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from.job_id: ", from.job_id(), " is still ", name,
-                     "; resume from it once it has ended (its checkpoints are still changing)"));
-  }
-  const auto& complete = source.checkpoints().complete();
-  if (complete.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resume_from.job_id: ", source.id(), " has no complete checkpoint",
-        source.spec().has_checkpoint() ? " (it ended before every rank wrote one)"
-                                       : " (its spec asks for none)"));
-  }
-  int64_t step = complete.rbegin()->step();
-  if (from.step() > 0) {
-    std::vector<std::string> kept;
-    bool found = false;
-    for (const baton::v1::CheckpointRecord& r : complete) {
-      kept.push_back(absl::StrCat(r.step()));
-      found = found || r.step() == from.step();
-    }
-    if (!found) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("resume_from.step: ", source.id(), " has no complete checkpoint after step ",
-                       from.step(), " (it keeps steps ", absl::StrJoin(kept, ", "), ")"));
-    }
-    step = from.step();
-  }
-  if (!google::protobuf::util::MessageDifferencer::Equals(source.spec().model(), spec.model())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from: the spec's model differs from ", source.id(),
-                     "'s; a checkpoint loads only into the model it was written for"));
-  }
-  if (source.spec().optimizer().algorithm_case() != spec.optimizer().algorithm_case()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resume_from: the spec's optimizer differs in kind from ", source.id(),
-                     "'s; its checkpoint holds that optimizer's state"));
-  }
-  if (step >= spec.steps()) {
-    return absl::InvalidArgumentError(absl::StrCat("steps: ", spec.steps(), " leaves nothing to ",
-                                                   "train after ", source.id(), "'s checkpoint of step ",
-                                                   step));
-  }
-  checkpoints->set_resumed_from_job(source.id());
-  checkpoints->set_resumed_from_step(step);
-  checkpoints->set_resumed_from_dir(source.checkpoints().job_dir());
-  return absl::OkStatus();
+  return CheckResumeSource(spec, source, /*ended=*/active == nullptr, submitted_by, admin,
+                           checkpoints);
 }
 
 void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& reason,
@@ -1743,19 +1331,7 @@ void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& r
   const std::string job_id = job_id_ref;  // the reference may point into the job itself
   ActiveJob* j = FindActiveLocked(job_id);
   if (j == nullptr) return;
-  FailureFacts facts;
-  facts.state = j->job.state();
-  facts.cause = cause;
-  facts.max_restarts = j->job.spec().has_restart() ? j->job.spec().restart().max_restarts() : 0;
-  facts.restarts_done = j->job.recoveries_size();
-  for (const baton::v1::Recovery& r : j->job.recoveries()) {
-    facts.diverged_before |= r.cause() == baton::v1::FAILURE_CAUSE_DIVERGED;
-  }
-  const baton::v1::JobCheckpoints& c = j->job.checkpoints();
-  facts.steps_done = j->job.steps_done();
-  facts.resume_step = !c.complete().empty()        ? c.complete().rbegin()->step()
-                      : !c.resumed_from_dir().empty() ? c.resumed_from_step()
-                                                      : 0;
+  const FailureFacts facts = FailureFactsOf(j->job, cause);
   ApplyLocked(j, OnFailure(facts, reason), facts, reason, effects);
 }
 
@@ -1809,8 +1385,7 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         j->checkpoints.clear();
         j->resumed_from.clear();
         j->peak_inflight.clear();
-        j->echo_failure.clear();
-        j->echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
+        j->echo = EchoFailure();
         j->job.clear_workers();
         j->job.set_steps_done(facts.resume_step);
         break;
@@ -1826,36 +1401,9 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
   AppendStateLocked(j, t.next, t.reason);  // persists
 }
 
-std::pair<std::string, int64_t> Coordinator::ResumePointLocked(const ActiveJob& j) {
-  const baton::v1::JobCheckpoints& c = j.job.checkpoints();
-  if (j.attempt() > 0 && !c.complete().empty()) {
-    // The newest complete one the ranks find (step 0): the workers may have written newer
-    // ones than the coordinator recorded (it was restarting), and older ones than its
-    // record may already be pruned.
-    return {c.job_dir(), 0};
-  }
-  // The first attempt, or a recovery before the job wrote a checkpoint of its own: where the
-  // job itself started: the step the user named, or (step 0) the newest complete one the
-  // ranks find, which may be newer than the record (its last writes reported late).
-  if (!c.resumed_from_dir().empty()) {
-    return {c.resumed_from_dir(),
-            j.job.spec().resume_from().step() > 0 ? c.resumed_from_step() : 0};
-  }
-  return {"", 0};
-}
-
 void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
-  std::vector<Digest> digests;
   Job& job = j->job;
-  job.clear_block_digests();
-  for (size_t b = 0; b < j->layout.blocks.size(); ++b) {
-    const std::string& hex = j->digests[static_cast<int>(b)];
-    digests.push_back(*ParseDigestHex(hex));
-    baton::v1::BlockDigest* d = job.add_block_digests();
-    d->set_block(j->layout.blocks[b].name);
-    d->set_sha256(hex);
-  }
-  job.set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  SetFinalDigests(j->layout, j->digests, &job);
   job.set_steps_done(job.spec().steps());
   job.mutable_pipeline()->clear_peak_inflight();
   for (int p : j->peak_inflight) job.mutable_pipeline()->add_peak_inflight(p);

@@ -1,131 +1,31 @@
 // The coordinator's core: jobs, workers, placement and progress, behind methods that mirror
 // the JobService and ClusterService RPCs (coordinator/service.h only converts statuses).
 //
-// JOB STATES (the allowed transitions and the fail-or-recover decision are pure functions
-// in coordinator/job_lifecycle.h, tested by table)
+// The design (job states and every history reason, the queue, failure handling and
+// recovery, progress, checkpoints and resume, what workers must do) is in docs/cluster.md,
+// "The coordinator's core". The parts, each tested alone:
+//   job_lifecycle.h   the state transitions and the fail-or-recover decision (pure)
+//   job_tallies.h     checkpoint, resume, progress, link, group and result tallies (pure)
+//   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
+//   job_watch.h       a job's event log and its WatchJob subscriptions
+//   worker_registry.h, placement.h, job_store.h
+// This class keeps the lock and the orchestration: it decides under mu_ (with the pure
+// functions), records, and hands the calls to make to the EffectsRunner.
 //
-//   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
-//     │           │           ├──────> FAILED
-//     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
-//     │           ├──────────> RECOVERING   ├──────> FAILED
-//     │           ├──────────> FAILED       │
-//     └───────────┴──────────> CANCELLED <──┘
-//
-// Every change appends a StateChange (time, reason) to Job.history, is written to the job
-// store (SQLite) before anyone can observe it, and is sent to watchers. Reasons:
-//   QUEUED     "submitted"; then, while it waits, "waiting for 4 idle workers (2 idle)" or
-//              "waiting behind older jobs in the queue (FIFO)" (a new entry only when what
-//              it waits for changes, not when the idle count or the queue moves: history
-//              stays a handful of entries however deep the queue).
-//   PLACING    "placing on w-1, w-2": workers chosen and marked busy, plans being sent.
-//              Ranks may report before the answers are counted: their notes ("links: ...")
-//              are recorded under PLACING, and a job whose every rank finished by then
-//              goes straight to SUCCEEDED (job_lifecycle.h, OnStartAnswered).
-//   RUNNING    "all 2 ranks started": every worker accepted StartJob.
-//   SUCCEEDED  "all 2 ranks finished 200 steps": every rank reported a result without an
-//              error; Job.weights_digest = CombineBlockDigests(block digests in block order),
-//              Job.block_digests named by DescribeBlocks.
-//   FAILED     "rank 1 on worker w-2: <error>"            (a ReportResult with an error;
-//              one whose cause is FAILURE_CAUSE_ABORTED is taken for an echo of another
-//              rank's failure, and one whose cause is FAILURE_CAUSE_PEER (a link or the
-//              replicas' group broke: the peer may have died, or stopped because its own
-//              neighbour did) for a possible one: the job waits up to root_cause_wait for
-//              an error of another kind; if none comes, a worker of the job that stopped
-//              heartbeating (for 1.5 heartbeat intervals; the job waits up to 2 for one)
-//              is named: "worker w-3 (...) silent for 1.5s (no heartbeat; presumed lost);
-//              first report: ...", else the first PEER error stands, else the first
-//              ABORTED one)
-//              "worker w-3 (127.0.0.1:4567) lease expired (no heartbeat for 5s)"
-//              "worker w-3 (127.0.0.1:4567) registered again while running rank 1"
-//              "StartJob on worker w-2 (127.0.0.1:4568) for rank 1 failed: <status>"
-//              "coordinator restarted while the job was running"   (found PLACING/RUNNING
-//              in the store at start-up)
-//   CANCELLED  "cancelled: <client's reason>" or "cancelled by request".
-//   RECOVERING instead of FAILED when the spec has restart and DecideOnFailure allows it:
-//              "<the failure>; recovering (1 of 2) from step 40, 3 steps to train again";
-//              then "stopping the job's other workers" while its aborts are in flight, or
-//              "waiting for 2 idle workers to recover on (1 idle)". It is first in the queue
-//              and placed on RecoveryStages(spec, idle) stages (fewer than the spec's, down
-//              to restart.min_stages, when it must) with plans of the next attempt (a new
-//              job_key; reports of other attempts are refused) resuming from the newest
-//              complete checkpoint; Job.recoveries records each (lost steps, stages before
-//              and after, detection and first step after the resume). A restarted
-//              coordinator recovers jobs it finds PLACING, RUNNING or RECOVERING this way.
-//
-// Queue: strictly FIFO. Only the oldest QUEUED job is placed, when at least
-// pipeline.stages workers are idle; it takes the idle workers that registered first (rank
-// r = r-th of them). A job never starts ahead of an older one, even if it would fit (a job
-// needing more workers than will ever register blocks the queue until it is cancelled).
-// QUEUED jobs found in the store at start-up stay QUEUED, in their original order.
-//
-// Failure handling: when a job fails or is cancelled while placed, every worker still
-// holding one of its ranks is sent AbortJob (deadline abort_timeout) and is marked idle once
-// that call returned: a worker is never handed a new job while the coordinator still expects
-// it to be stopping the old one. A worker the call cannot reach (UNAVAILABLE,
-// DEADLINE_EXCEEDED) stays busy until its lease expires (it is dead) or a heartbeat says it
-// runs no job (it was not). A worker known dead is not contacted. CancelJob
-// waits for these aborts, so when it returns the workers are idle (unless the job was still
-// PLACING: then they are freed when their StartJob calls come back). Other paths (lease
-// expiry, a rank's error, a failed StartJob) abort in the background. A worker whose
-// Heartbeat reports a job that is not placed on it gets the job in abort_job_ids.
-//
-// Progress: each rank calls ReportProgress after each step. When the rank owning the last
-// stage reports step k (with the loss), watchers get a StepProgress: the loss; the step
-// duration (that rank's timing.step, or the time since its previous report when absent);
-// samples/s = batch_size / duration (tokens/s = samples/s * context for gpt, = samples/s
-// otherwise); and the timings of the ranks that had reported step k by then. steps_done and
-// last_loss are written to the store at most every progress_persist_interval, and at every
-// state change. The StepProgress itself, without the ranks' timings, is written at once as
-// the job's history (JobStore::PutStep; GetJobHistory reads it back), replacing the row of
-// a step trained again after a recovery; a failed write is logged and loses that row only.
-//
-// Checkpoints (spec checkpoint): a rank's progress report carries its part of a checkpoint
-// (CheckpointWrite) after the steps it writes one; when every rank has reported step N, N is
-// recorded in Job.checkpoints.complete (persisted at once), of which the newest spec keep
-// are remembered (the ranks delete older files by the same rule). Resume (spec
-// resume_from): SubmitJob resolves it against the named job's records (it must have ended,
-// have that complete checkpoint, and the same model and optimizer kind; INVALID_ARGUMENT
-// naming the field otherwise) and the plans carry the checkpoint directory and step. The
-// ranks load the newest complete checkpoint at or before it, skipping damaged ones; their
-// first reports say which (history: "resumed from job-000003 step 8"), and ranks that
-// loaded different steps fail the job.
-//
-// WORKER CONTRACT (what the core relies on):
-//  - RegisterWorker with the host:port its WorkerService and TensorService listen on
-//    (reachable from the coordinator and the peers; re-registering from the same address
-//    replaces the old entry, failing a job it ran; the worker_id of a live worker at another
-//    address is refused, ALREADY_EXISTS, until its lease runs out). Then Heartbeat
-//    at least every heartbeat_interval with job_id = the job it runs ("" when none), from
-//    StartJob until the job has stopped.
-//  - known=false: the coordinator forgot it (restart, expired lease): abort any job it runs
-//    (that job has been failed) and register again. abort_job_ids: abort those jobs.
-//  - When it shuts down, a last Heartbeat with leaving=true (after its job stopped and was
-//    reported): it is DEAD at once, and sent no more jobs.
-//  - StartJob returns at once (FAILED_PRECONDITION while busy: retried for busy_retry),
-//    having made the worker ready to accept the job's tensors: the coordinator starts ranks
-//    1..S-1 (in parallel) and rank 0 only after all of them accepted, and every tensor of a
-//    step originates in rank 0's first forward.
-//    AbortJob stops the job and is idempotent; the worker is handed its next job as soon as
-//    AbortJob returned, so it should not return long before the job let go of the worker.
-//  - ReportProgress after every step (1-based), with the loss on the rank owning the last
-//    stage (stage_to_rank.back()); keep_running=false means stop.
-//  - ReportResult once at the end: error "" with a digest (lower-case hex SHA-256) for every
-//    block of every stage the rank owns, or the error. The worker is idle again as soon as
-//    it is accepted. After the job ended, further results are accepted and ignored.
-//
-// PLACEMENT COST MODEL (coordinator/placement.h): blocks are split into S*V contiguous
-// chunks minimising the largest chunk's forward FLOPs per sample (DescribeBlocks); not
-// parameter counts.
-//
-// LOCKING: one mutex (mu_) guards the registry, the active jobs and the queue, and is held
-// while writing to the store (SQLite has its own lock inside JobStore). No RPC to a worker
-// is ever made under mu_: methods decide under the lock, collect the calls to make
-// (Effects), release the lock and then make them; results come back under the lock, and a
-// job whose state changed meanwhile (cancelled while its plans were being sent) is
-// re-checked then. Watchers wait on a per-job event log with its own mutex (lock order:
-// mu_ before a log's mutex), never on mu_. A background loop, woken by events and at least
-// every heartbeat_interval/2, expires leases and places queued jobs; worker calls it
-// triggers run on short-lived threads that Stop() joins.
+// CONTRACT
+//  - Every state change appends a StateChange (time, reason) to Job.history, is written to
+//    the job store before anyone can observe it, and is sent to watchers.
+//  - No RPC to a worker is ever made under mu_. Worker calls' answers come back under mu_,
+//    and a job whose state changed meanwhile is re-checked then.
+//  - A worker is never handed a new job while the coordinator still expects it to be
+//    stopping the old one (it is freed only once its AbortJob returned, its lease expired,
+//    or a heartbeat said it runs nothing).
+//  - Thread-safe. LOCKING: one mutex (mu_) guards the registry, the active jobs and the
+//    queue, and is held while writing to the store (SQLite has its own lock inside
+//    JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
+//    before a log's mutex), never on mu_. A background loop, woken by events and at least
+//    every heartbeat_interval/2, expires leases and places queued jobs; the worker calls it
+//    triggers run on the EffectsRunner's threads, which Stop() joins.
 #ifndef BATON_COORDINATOR_COORDINATOR_H_
 #define BATON_COORDINATOR_COORDINATOR_H_
 
@@ -149,8 +49,11 @@
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/effects_runner.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
+#include "coordinator/job_tallies.h"
+#include "coordinator/job_watch.h"
 #include "common/plan/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
@@ -226,28 +129,6 @@ struct WorkerCaller {
   std::string join_token;
   std::string session;
   std::vector<std::string> uris;
-};
-
-// A WatchJob subscription. Not thread-safe (one stream handler owns it).
-class JobWatch {
- public:
-  struct EventLog;
-  JobWatch(std::shared_ptr<EventLog> log, int64_t cursor, baton::v1::JobEvent first);
-  ~JobWatch();
-
-  // The next events: first the job's current state (as a StateChange), then every state
-  // change and step as it happens. Waits up to `timeout` when there is nothing new
-  // (returning an empty list then). *done is set once the terminal state change has been
-  // returned: nothing follows. UNAVAILABLE when the coordinator stops first. A watcher too
-  // slow to keep up with a job's steps skips the oldest steps it missed (state changes
-  // are never dropped between watch and terminal state unless thousands of steps pass).
-  absl::StatusOr<std::vector<baton::v1::JobEvent>> Next(absl::Duration timeout, bool* done);
-
- private:
-  std::shared_ptr<EventLog> log_;
-  int64_t cursor_;
-  std::vector<baton::v1::JobEvent> pending_;
-  bool done_ = false;
 };
 
 class Coordinator {
@@ -363,31 +244,21 @@ class Coordinator {
   struct ActiveJob {
     int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
     baton::v1::Job job;
-    std::shared_ptr<JobWatch::EventLog> log;
+    std::shared_ptr<JobEventLog> log;
     // Set from PLACING on.
     std::vector<RankSlot> ranks;
     PipelineLayout layout;
     std::map<int, std::string> digests;                               // block index -> hex
-    // Data parallelism: step -> replica -> the loss its last rank reported, until every
-    // replica has.
-    std::map<int64_t, std::map<int, float>> replica_losses;
-    std::map<int64_t, std::map<int, baton::v1::RankTiming>> timings;  // step -> rank ->
+    // Data parallelism: each step's replica losses until every replica reported.
+    ReplicaLosses replica_losses;
+    StepTimings timings;
     std::vector<int> peak_inflight;
     absl::Time last_step_at;
     absl::Time last_persist;
-    // While every error ranks reported is ABORTED or PEER: the first PEER one, else the
-    // first ABORTED one, and its cause. The job fails with it unless a root cause (another
-    // kind of error, a silent worker) shows within root_cause_wait.
-    std::string echo_failure;
-    baton::v1::FailureCause echo_cause = baton::v1::FAILURE_CAUSE_ABORTED;
-    absl::Time echo_since;
-    // Checkpoints being written: step -> what the ranks that wrote their part reported.
-    struct CheckpointTally {
-      std::set<int> ranks;
-      int64_t bytes = 0;
-      absl::Duration write_time;  // the longest rank's
-    };
-    std::map<int64_t, CheckpointTally> checkpoints;
+    // While every error ranks reported is ABORTED or PEER (OnRankResult).
+    EchoFailure echo;
+    // Checkpoints being written, until every rank wrote its part.
+    CheckpointTallies checkpoints;
     // A resumed job: the checkpoint step each rank loaded (from its first report).
     std::map<int, int64_t> resumed_from;
     // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
@@ -402,40 +273,26 @@ class Coordinator {
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };
-  struct StartCall {
-    std::string job_id;
-    std::vector<PlacedWorker> workers;
-    std::vector<baton::v1::JobPlan> plans;
-  };
-  struct AbortCall {
-    std::string job_id;
-    std::string reason;
-    std::vector<PlacedWorker> workers;
-    bool free_after = true;
-    // Counted in the job's pending_aborts (a recovering job waits for it).
-    bool counted = false;
-  };
-  struct Effects {
-    std::vector<StartCall> starts;
-    std::vector<AbortCall> aborts;
-    bool empty() const { return starts.empty() && aborts.empty(); }
-  };
 
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Recover();
   absl::Time Now() const { return options_.clock(); }
 
-  // Runs effects now on this thread (wait) or on a tracked background thread.
-  void Run(Effects effects, bool wait);
-  void RunNow(Effects effects);
+  // How the effects runner reaches back into this core (each takes mu_).
+  EffectsRunner::Callbacks RunnerCallbacks();
+  // Runs effects now on this thread (wait) or on a background thread (runner_).
+  void Run(Effects effects, bool wait) { runner_.Run(std::move(effects), wait); }
+  // An AbortCall with free_after returned: frees the workers it reached and counts it off
+  // the job's pending aborts.
+  void AbortReturned(const AbortCall& call, const std::vector<PlacedWorker>& reached);
+  // A placement's StartJob answers are in: RUNNING, FAILED/RECOVERING, or (the job moved
+  // on meanwhile) another abort.
   void FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
                    const std::vector<absl::Status>& results);
-  void FanOut(int n, const std::function<void(int)>& fn);
-  absl::Status StartOne(const std::string& job_id, const PlacedWorker& worker,
-                        const baton::v1::JobPlan& plan);
+  // Whether the job is still PLACING (a StartJob refused as busy is retried while it is).
+  bool StillPlacing(const std::string& job_id);
   void WakeLoop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoopMain();
-  void ReapThreads(bool all);
   void LogWarning(const std::string& message);
 
   ActiveJob* FindActiveLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -464,13 +321,6 @@ class Coordinator {
       const baton::v1::ReportProgressRequest& request, Effects* effects);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
-  // Keeps the transport of each link a rank reported (once per pair) in the job's
-  // pipeline report and history.
-  void RecordLinksLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps the first report of each data-parallel group's engine (PipelineReport.groups).
-  void RecordGroupsLocked(ActiveJob* j, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -483,19 +333,12 @@ class Coordinator {
   // then the state change. `facts` and `what` describe the failure for a recovery record.
   void ApplyLocked(ActiveJob* job, const JobTransition& t, const FailureFacts& facts,
                    const std::string& what, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where a (re)placement of `job` starts: a checkpoint directory ("" for the seed) and step.
-  std::pair<std::string, int64_t> ResumePointLocked(const ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a rank's checkpoint write; once every rank wrote step N it is the job's newest
-  // complete checkpoint (persisted), and older ones beyond spec keep are forgotten.
+  // Counts a rank's checkpoint write (TallyCheckpointWrite); a checkpoint it completes is
+  // persisted, logged and measured.
   void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A resumed job's first reports: the ranks must have loaded the same checkpoint. Returns
-  // the failure reason when they did not.
-  std::string RecordResumeLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SubmitJob: checks spec.resume_from against the job it names and fills in `checkpoints`
-  // (INVALID_ARGUMENT naming the field otherwise).
+  // SubmitJob: finds the job spec.resume_from names and checks it (CheckResumeSource),
+  // filling in `checkpoints` (INVALID_ARGUMENT naming the field otherwise).
   absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,
                                    baton::v1::JobCheckpoints* checkpoints,
                                    const std::string& submitted_by, bool admin)
@@ -528,13 +371,8 @@ class Coordinator {
   std::map<std::string, CheckpointOwner> checkpoint_owners_ ABSL_GUARDED_BY(mu_);
 
   std::thread loop_;
-  std::mutex threads_mu_;
-  struct Background {
-    std::thread thread;
-    std::shared_ptr<bool> done;  // guarded by threads_mu_
-  };
-  std::vector<Background> threads_ ABSL_GUARDED_BY(threads_mu_);
-  bool threads_closed_ ABSL_GUARDED_BY(threads_mu_) = false;
+  // Makes the worker calls; its callbacks take mu_. Declared last: built once options_ is.
+  EffectsRunner runner_;
 };
 
 }  // namespace baton
