@@ -1,31 +1,34 @@
-// The worker's core: registration and heartbeats with the coordinator, and running one job
-// at a time from the plan the coordinator sends.
+// The worker's core, the object WorkerServiceImpl (service.h) is a thin adapter over. It
+// wires three pieces that do not know each other:
 //
-// Life of a job on a worker:
-//   StartJob(plan)  -> a job thread builds the rank's chunks, opens the tensor inbox for the
-//                      job, connects a GrpcTransport to the peers, and runs the clock step
-//                      after step through a StageExecutor, reporting progress each step;
-//                      with spec checkpoint, after every every_steps-th and the last step
-//                      it writes its blocks (StageExecutor::SaveCheckpoint), prunes, and
-//                      reports the write with the step; with a plan's resume_job_dir it
-//                      first loads the newest complete checkpoint at or before resume_step;
-//                      a non-finite loss or gradient ends it ("training diverged");
-//   at the end      -> ReportResult with the block digests (or the error);
-//   AbortJob(id)    -> aborts the transport, so the running step ends within a receive's
-//                      wake-up, and the job thread reports the abort (ABORTED: an echo);
-//   Stop()          -> the same, reported as UNAVAILABLE "worker W is shutting down", a
-//                      root cause the coordinator names instead of the peers' echoes.
-// The heartbeat thread renews the lease every heartbeat_interval, re-registers when the
-// coordinator has forgotten the worker, and aborts jobs the coordinator lists as unwanted.
+//   LeaseKeeper (lease_keeper.h)        registration, heartbeats and the session secret;
+//                                       it asks the core which job runs and tells it
+//                                       which to abort, through two hooks;
+//   JobRun (job_run.h)                  one job's life, from the plan to its outcome; it
+//                                       gets the inbox, the rendezvous box and a channel
+//                                       factory, and yields each step's report to a sink;
+//   CoordinatorClient                   the calls to the coordinator's ClusterService
+//   (coordinator_client.h)              (gRPC in the product, a fake in tests).
+//
+// The core runs one job at a time:
+//   StartJob(plan)  -> JobRun::Create checks the plan; the core refuses it when busy,
+//                      else opens the run (inbox, rendezvous) and starts the job thread,
+//                      which runs it, sending each step's report to the coordinator
+//                      (ReportProgress; an answer without keep_running aborts the run);
+//   at the end      -> ReportResult with the outcome (retried while the coordinator is
+//                      UNAVAILABLE, up to ten times, half a second apart, until Stop);
+//   AbortJob(id)    -> JobRun::Abort (ABORTED: an echo);
+//   Stop()          -> the same, as UNAVAILABLE "worker W is shutting down", a root cause
+//                      the coordinator names instead of the peers' echoes; then the lease
+//                      keeper says goodbye.
+// A job that ends with this process's GPU context broken calls on_device_fault.
 //
 // Thread safety: all public methods may be called from any thread (gRPC handlers, the
-// heartbeat thread); state is guarded by mu_.
+// heartbeat thread); stopping_, job_ and job_thread_ are guarded by mu_.
 #ifndef BATON_WORKER_WORKER_AGENT_H_
 #define BATON_WORKER_WORKER_AGENT_H_
 
-#include <atomic>
 #include <condition_variable>
-#include <map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -34,14 +37,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
 #include "common/data/dataset.h"
-#include "common/comm/transport.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
-#include "worker/links.h"
+#include "worker/channel_cache.h"
+#include "worker/coordinator_client.h"
+#include "worker/job_run.h"
+#include "worker/lease_keeper.h"
 #include "worker/worker_metrics.h"
 
 namespace baton {
@@ -73,26 +78,31 @@ struct WorkerOptions {
   // (main.cc shuts it down with exit status 3, for its supervisor to restart it). Until it
   // has, StartJob refuses every job (UNAVAILABLE).
   std::function<void(const absl::Status&)> on_device_fault;
+  // How a job reaches a peer's TensorService (cached per address); empty:
+  // MakeTensorChannel.
+  ChannelFactory tensor_channels;
 };
 
 class WorkerAgent {
  public:
-  // `inbox` (not owned) is the one the worker's TensorService fills.
+  // Talks to the coordinator at options.coordinator_address over gRPC, with a session
+  // secret chosen here. `inbox` (not owned) is the one the worker's TensorService fills.
   WorkerAgent(WorkerOptions options, TensorInbox* inbox);
+  // Talks to the coordinator through `coordinator`, which sends `session` with its calls.
+  WorkerAgent(WorkerOptions options, TensorInbox* inbox,
+              std::unique_ptr<CoordinatorClient> coordinator, std::string session);
   ~WorkerAgent();  // Stop()
 
   // Sets the address peers and the coordinator reach this worker on, when it is known only
   // after the server bound its port. Call before Start.
   void SetAdvertiseAddress(const std::string& address);
-  // Starts the heartbeat thread, which registers (retrying until the coordinator answers
-  // or Stop is called) and then keeps the lease.
+  // Starts the lease keeper, which registers (retrying until the coordinator answers or
+  // Stop is called) and then keeps the lease.
   void Start();
   // Aborts a running job, reports it, and stops the threads. Idempotent.
   void Stop();
 
-  // Whether a WorkerService call presenting `session` (its x-baton-session metadata) comes
-  // from the coordinator this worker registered with: UNAUTHENTICATED without one,
-  // PERMISSION_DENIED for another.
+  // LeaseKeeper::CheckCoordinatorSession.
   absl::Status CheckCoordinatorSession(absl::string_view session) const;
 
   // WorkerService, as plain calls.
@@ -103,54 +113,28 @@ class WorkerAgent {
   std::string worker_id() const;
 
  private:
-  struct Job;
-  void HeartbeatLoop();
-  absl::Status Register();
-  void RunJob(std::shared_ptr<Job> job);
-  absl::Status RunSteps(Job& job);
-  void FinishJob(Job& job, const absl::Status& status);
-  // Aborts `job` (once; later calls keep the first reason) and its transport.
-  void Abort(Job& job, const absl::Status& why);
+  // Over gRPC, with `session` as the secret.
+  WorkerAgent(WorkerOptions options, TensorInbox* inbox, const std::string& session);
   absl::Status StartJobOrThrow(const baton::v1::JobPlan& plan);
-  // RESOURCE_EXHAUSTED: this worker ran out of memory while doing `what` for `plan`.
-  absl::Status OutOfMemory(const std::string& what, const baton::v1::JobPlan& plan) const;
-  // `dir` (a spec's checkpoint.dir or a resume directory) resolved under
-  // options.checkpoint_root; INVALID_ARGUMENT naming this worker and the field otherwise.
-  absl::StatusOr<std::string> ConfinedCheckpointDir(const std::string& dir) const;
-  // Brings up NCCL on the links of `links` that are candidates, agrees with each peer on
-  // whether its link uses it (both ends' bring-up verdicts), and turns the others into
-  // gRPC links with the reason. Returns the NCCL transport when any link uses it.
-  absl::StatusOr<std::unique_ptr<Transport>> BringUpNccl(const baton::v1::JobPlan& plan,
-                                                         std::vector<LinkPlan>* links);
-  // Joins this rank's data-parallel group (the same rank of every replica) through the
-  // peers' TensorService.Rendezvous: NCCL when PlanGroupEngine allows it and every member's
-  // NCCL loads, Gloo over TCP otherwise (or the job fails when the spec asks for NCCL).
-  // `report` says which engine and why.
-  absl::StatusOr<std::unique_ptr<Collective>> JoinReplicaGroup(const baton::v1::JobPlan& plan,
-                                                               absl::Duration timeout,
-                                                               baton::v1::GroupReport* report);
-  std::shared_ptr<grpc::Channel> TensorChannel(const std::string& address);
-  // A context for a ClusterService call: the deadline and this process's session secret.
-  std::unique_ptr<grpc::ClientContext> ClusterContext() const;
+  // What a JobRun of this worker gets.
+  JobRunOptions RunOptions();
+  // The job thread: runs `run`, reports its outcome, and frees the worker.
+  void RunJob(std::shared_ptr<JobRun> run);
+  // ReportResult with `outcome`, retried while the coordinator is unreachable.
+  void ReportResult(const JobRun& run, const JobRun::Outcome& outcome);
+  // The id of the running job, "" when idle (LeaseKeeper::Hooks::running_job).
+  std::string RunningJob() const;
 
-  WorkerOptions options_;  // advertise_address is set before Start, then never changes
+  const WorkerOptions options_;
   TensorInbox* const inbox_;
-  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
-  // Chosen at start, sent with every registration (RegisterWorkerRequest.session_token):
-  // the secret the coordinator and this worker prove themselves to each other with.
-  const std::string session_;
+  const std::unique_ptr<CoordinatorClient> coordinator_;
+  ChannelCache channels_;
+  LeaseKeeper lease_;  // uses coordinator_: declared after it
 
   mutable std::mutex mu_;
-  std::condition_variable wake_;  // Stop, job end
-  std::string worker_id_ ABSL_GUARDED_BY(mu_);
-  bool registered_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  std::condition_variable wake_;  // Stop
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);  // the running job, if any
-  // Tensor channels by peer address, kept across jobs so a peer is connected once.
-  std::mutex channels_mu_;
-  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(channels_mu_);
-  std::thread heartbeat_thread_;
+  std::shared_ptr<JobRun> job_ ABSL_GUARDED_BY(mu_);  // the running job, if any
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
 };
 
