@@ -35,8 +35,8 @@ enum class Positional {
 };
 
 struct ClusterCommand {
-  std::string name;   // "get": in messages ("batonctl get: ...") and ClusterClient
-  std::string usage;  // --help's text before the flag list, without the final newline
+  std::string name;             // "get": in messages ("batonctl get: ...") and ClusterClient
+  std::string usage;            // --help's text before the flag list, without the final newline
   std::vector<FlagSpec> flags;  // the command's own; the common ones follow them
   Positional positional = Positional::kOneJob;
   absl::Duration default_timeout = absl::Seconds(10);  // --timeout's default

@@ -51,9 +51,9 @@ TEST(ClusterCommandTest, HelpExitsZeroWithoutRunning) {
 
 TEST(ClusterCommandTest, CommandLineMistakesExitTwo) {
   Recorder r;
-  EXPECT_EQ(RunClusterCommand(r.Command(), {"job-1", "--nope"}), 2);             // unknown flag
-  EXPECT_EQ(RunClusterCommand(r.Command(), {}), 2);                              // no JOB
-  EXPECT_EQ(RunClusterCommand(r.Command(Positional::kNone), {"x"}), 2);          // unexpected
+  EXPECT_EQ(RunClusterCommand(r.Command(), {"job-1", "--nope"}), 2);              // unknown flag
+  EXPECT_EQ(RunClusterCommand(r.Command(), {}), 2);                               // no JOB
+  EXPECT_EQ(RunClusterCommand(r.Command(Positional::kNone), {"x"}), 2);           // unexpected
   EXPECT_EQ(RunClusterCommand(r.Command(), {"job-1", "--coordinator", "h"}), 2);  // no port
   EXPECT_EQ(RunClusterCommand(r.Command(), {"job-1", "--output", "yaml"}), 2);
   EXPECT_EQ(RunClusterCommand(r.Command(), {"job-1", "--timeout", "-1s"}), 2);

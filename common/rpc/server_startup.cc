@@ -31,8 +31,7 @@ absl::Status ApplyServerSecurity(const TlsConfig& tls, const std::string& listen
 }
 
 ServiceMetrics::ServiceMetrics(const std::string& service)
-    : service_(service),
-      registry_([&service] {
+    : service_(service), registry_([&service] {
         auto registry = std::make_shared<prometheus::Registry>();
         AddBuildInfo(*registry, service);
         return registry;

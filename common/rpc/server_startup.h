@@ -81,7 +81,8 @@ class ServiceMetrics {
 
   // For ServerOptions::interceptors: the RPC counters while serving(), none otherwise
   // (an empty function).
-  std::function<std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>()>
+  std::function<
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>()>
   Interceptors();
 
  private:
@@ -93,13 +94,13 @@ class ServiceMetrics {
 
 // What RunningService::Start needs besides the metrics.
 struct ServiceStartup {
-  std::string name;       // "coordinator", "worker": the first word of each line
-  ServerOptions server;   // address, TLS, client certificates, services (not owned);
-                          // Start fills in the interceptors from the metrics
-  std::string port_file;  // "": none; receives the bound host:port
-  std::string health_listen;      // "": no plaintext health server
-  std::string metrics_port_file;  // "": none; receives the metrics host:port
-  std::string listening_note;     // appended to the listening line, e.g. " (mutual TLS)"
+  std::string name;                   // "coordinator", "worker": the first word of each line
+  ServerOptions server;               // address, TLS, client certificates, services (not owned);
+                                      // Start fills in the interceptors from the metrics
+  std::string port_file;              // "": none; receives the bound host:port
+  std::string health_listen;          // "": no plaintext health server
+  std::string metrics_port_file;      // "": none; receives the metrics host:port
+  std::string listening_note;         // appended to the listening line, e.g. " (mutual TLS)"
   std::vector<std::string> warnings;  // printed as "NAME: WARNING: ..." after it
 };
 
