@@ -56,7 +56,7 @@ while [[ $# -gt 0 ]]; do
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
