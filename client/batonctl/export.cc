@@ -34,8 +34,8 @@ struct Exported {
   std::string source;  // its directory
 };
 
-// -1 without --step (the newest complete checkpoint).
-int64_t StepFlag(const Args& args) { return *args.GetInt("step", -1); }  // CheckExport passed
+// --step, or -1 without it (the newest complete checkpoint). Only after CheckExport.
+int64_t StepFlag(const Args& args) { return *args.GetInt("step", -1); }
 
 absl::Status CheckExport(const Args& args) {
   if (!args.Has("output") || args.Get("output") == "-") {
