@@ -19,12 +19,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/metrics/metrics.h"
-#include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
 #include "common/rpc/security_flags.h"
+#include "common/rpc/server_startup.h"
 #include "common/data/dataset.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
@@ -78,21 +76,13 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("baton coordinator: jobs, workers, placement (see coordinator.h)");
   absl::ParseCommandLine(argc, argv);
-
-  // Block the shutdown signals in every thread (the ones started below inherit the mask);
-  // the main thread waits for them with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  baton::ShutdownSignals signals;  // before any thread starts
 
   const baton::TlsConfig tls = baton::TlsConfigFromFlags();
-  if (absl::Status s = baton::CheckServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
+  // The TLS config is also the coordinator's for its calls to workers.
+  if (absl::Status s = baton::ApplyServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  baton::SetProcessTls(tls);  // the coordinator's calls to workers
   std::unique_ptr<baton::Authenticator> auth;
   if (const std::string f = absl::GetFlag(FLAGS_auth_tokens); !f.empty()) {
     auto loaded = baton::Authenticator::FromFile(f);
@@ -120,18 +110,14 @@ int main(int argc, char** argv) {
     options.join_token = *std::move(token);
   }
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  baton::AddBuildInfo(*registry, "coordinator");
-  baton::CoordinatorMetrics metrics(*registry);
-  baton::RpcMetrics rpc_metrics(*registry, "baton_coordinator");
-  std::unique_ptr<baton::MetricsServer> metrics_server;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    auto started =
-        baton::MetricsServer::Start(addr, {registry, metrics.StateCollector()}, "coordinator");
-    if (!started.ok()) return Fail(started.status().ToString());
-    metrics_server = *std::move(started);
-    options.metrics = &metrics;
+  baton::ServiceMetrics service_metrics("coordinator");
+  baton::CoordinatorMetrics metrics(service_metrics.registry());
+  if (absl::Status s =
+          service_metrics.Serve(absl::GetFlag(FLAGS_metrics_listen), {metrics.StateCollector()});
+      !s.ok()) {
+    return Fail(s.ToString());
   }
+  if (service_metrics.serving()) options.metrics = &metrics;
 
   const baton::AccessSetup access{tls.tls(), tls.mutual(), auth != nullptr,
                                   !options.join_token.empty()};
@@ -141,49 +127,25 @@ int main(int argc, char** argv) {
 
   baton::JobServiceImpl jobs(core->get(), baton::WatchLimits(), auth.get());
   baton::ClusterServiceImpl cluster(core->get());
-  baton::ServerOptions server_options;
-  server_options.address = absl::GetFlag(FLAGS_listen);
-  server_options.tls = tls;
+  baton::ServiceStartup startup;
+  startup.name = "coordinator";
+  startup.server.address = absl::GetFlag(FLAGS_listen);
+  startup.server.tls = tls;
   // People call JobService with tokens and no certificate; workers present theirs, and
   // ClusterService requires it (options.require_worker_certificate).
-  server_options.client_certs = baton::ClientCerts::kVerifyIfPresent;
-  server_options.services = {&jobs, &cluster};
-  if (metrics_server != nullptr) {
-    server_options.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
-  }
-  std::string bound;
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server = baton::StartServer(server_options, &bound);
-  if (!server.ok()) return Fail(server.status().ToString());
+  startup.server.client_certs = baton::ClientCerts::kVerifyIfPresent;
+  startup.server.services = {&jobs, &cluster};
+  startup.port_file = absl::GetFlag(FLAGS_port_file);
+  startup.health_listen = absl::GetFlag(FLAGS_health_listen);
+  startup.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  startup.listening_note =
+      tls.mutual() ? " (mutual TLS)" : tls.tls() ? " (TLS)" : " (plaintext)";
+  startup.warnings = baton::OpenAccessWarnings(access);
+  absl::StatusOr<std::unique_ptr<baton::RunningService>> running =
+      baton::RunningService::Start(std::move(startup), &service_metrics);
+  if (!running.ok()) return Fail(running.status().ToString());
 
-  std::unique_ptr<grpc::Server> health;
-  if (const std::string addr = absl::GetFlag(FLAGS_health_listen); !addr.empty()) {
-    std::string health_bound;
-    auto started = baton::StartHealthServer(addr, &health_bound);
-    if (!started.ok()) return Fail(started.status().ToString());
-    health = *std::move(started);
-    std::printf("coordinator health on %s\n", health_bound.c_str());
-  }
-
-  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-    if (absl::Status s = baton::WritePortFile(pf, bound); !s.ok()) return Fail(s.ToString());
-  }
-  std::printf("coordinator listening on %s (%s)\n", bound.c_str(),
-              tls.mutual() ? "mutual TLS" : tls.tls() ? "TLS" : "plaintext");
-  for (const std::string& open : baton::OpenAccessWarnings(access)) {
-    std::printf("coordinator: WARNING: %s\n", open.c_str());
-  }
-  if (metrics_server != nullptr) {
-    std::printf("coordinator metrics on %s\n", metrics_server->address().c_str());
-    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
-      if (absl::Status s = baton::WritePortFile(pf, metrics_server->address()); !s.ok()) {
-        return Fail(s.ToString());
-      }
-    }
-  }
-  std::fflush(stdout);
-
-  int sig = 0;
-  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+  const int sig = signals.Wait([&auth] {
     if (auth == nullptr) {
       std::fprintf(stderr, "coordinator: SIGHUP: no --auth_tokens to re-read\n");
     } else if (absl::Status s = auth->Reload(); !s.ok()) {
@@ -193,19 +155,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "coordinator: SIGHUP: re-read %s\n",
                    absl::GetFlag(FLAGS_auth_tokens).c_str());
     }
-  }
+  });
   std::fprintf(stderr, "coordinator: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   // Readiness probes see NOT_SERVING at once.
-  if (auto* h = (*server)->GetHealthCheckService()) h->SetServingStatus(false);
-  if (health != nullptr) {
-    if (auto* h = health->GetHealthCheckService()) h->SetServingStatus(false);
-  }
+  (*running)->StopServing();
   // End watches and the loop first, so streaming handlers return promptly; then let the
   // server finish what is in flight.
   (*core)->Stop();
-  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  (*server)->Wait();
-  if (health != nullptr) health->Shutdown();
+  (*running)->Shutdown(absl::Seconds(5));
   core->reset();  // closes the job store
   return 0;
 }

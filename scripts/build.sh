@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Configures build/ (or $BATON_BUILD_DIR) once (Ninja, RelWithDebInfo) and builds
-# incrementally.
+# incrementally: every target, or only the TARGETs named (and what they link).
+#
+#   scripts/build.sh                               everything: tests, benchmarks, tools
+#   scripts/build.sh coordinator worker batonctl   only these (what scripts/demo.sh runs)
+#
 # Extra CMake arguments come from BATON_CMAKE_ARGS, e.g.
 #   BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_SANITIZE=address" scripts/build.sh
 # CMake re-runs only when build/ has no build.ninja or BATON_CMAKE_ARGS changed since the
@@ -11,6 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR="${BATON_BUILD_DIR:-build}"
 ARGS_STAMP="$BUILD_DIR/.baton_cmake_args"
 read -r -a EXTRA_ARGS <<<"${BATON_CMAKE_ARGS:-}"
+TARGETS=("$@")
 
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   echo "build: configuring $BUILD_DIR ${EXTRA_ARGS[*]:-}"
@@ -22,5 +27,10 @@ elif [[ -n "${BATON_CMAKE_ARGS:-}" && "$(cat "$ARGS_STAMP" 2>/dev/null || true)"
   printf '%s\n' "$BATON_CMAKE_ARGS" >"$ARGS_STAMP"
 fi
 
-echo "build: cmake --build $BUILD_DIR -j$(nproc)"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+if [[ ${#TARGETS[@]} -eq 0 ]]; then
+  echo "build: cmake --build $BUILD_DIR -j$(nproc)"
+  cmake --build "$BUILD_DIR" -j"$(nproc)"
+else
+  echo "build: cmake --build $BUILD_DIR -j$(nproc) --target ${TARGETS[*]}"
+  cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${TARGETS[@]}"
+fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The cluster demo. Installs what is missing and builds (as before), then, on loopback:
+# The cluster demo. Installs what is missing and builds the three programs it runs
+# (coordinator, worker, batonctl; --local: batonctl only), then, on loopback:
 # starts a coordinator and 4 workers on free ports, submits the example GPT job
 # (client/examples/gpt.json, 4 stages, 1F1B), watches it to the end, and checks that the
 # job's weights digest equals the single-process reference trainer's. Everything it started
@@ -37,7 +38,6 @@ die() { echo "demo: $*" >&2; exit 1; }
 SPEC=client/examples/gpt.json
 NUM_WORKERS=4
 SCHEDULE=1f1b
-BIN=build/bin
 
 local_only=0
 chaos=0
@@ -56,15 +56,33 @@ while [[ $# -gt 0 ]]; do
       [[ $# -ge 2 ]] || die "$1 needs a value"
       overrides+=("$1" "$2"); shift 2 ;;
     -h | --help)
-      sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument '$1' (see scripts/demo.sh --help)" ;;
   esac
 done
 
 section "setup"
 scripts/setup.sh
-section "build"
-scripts/build.sh
+
+# The build: only what the demo runs, not the tests, benchmarks and tools of
+# scripts/test.sh (about 240 targets), and never the CUDA kernels. The demo trains on the
+# CPU, on any machine: built without CUDA, its job's device (auto) is the CPU on a GPU host
+# too, and the reference run matches. A CUDA build would compile the kernels for 3 GPU
+# architectures into every program (baton_core links them), for nothing here. So where
+# nvcc is found (CMake's BATON_WITH_CUDA=AUTO would turn CUDA on in build/), the demo
+# builds in build-nocuda/ with the very arguments scripts/test.sh gives its own CPU-only
+# build there: the objects serve both, and build/ keeps CUDA for the tests. Without nvcc
+# (a fresh Debian machine) build/ is CPU-only anyway and is the one scripts/test.sh builds.
+BUILD_DIR=build
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc || -n "${CUDACXX:-}" ]]; then
+  BUILD_DIR=build-nocuda
+  export BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_BUILD_BENCH=OFF"
+fi
+BIN="$BUILD_DIR/bin"
+targets=(coordinator worker batonctl)
+[[ $local_only -eq 1 ]] && targets=(batonctl)
+section "build: ${targets[*]} in $BUILD_DIR/"
+BATON_BUILD_DIR="$BUILD_DIR" scripts/build.sh "${targets[@]}"
 
 if [[ $local_only -eq 1 ]]; then
   section "reference trainer: $SPEC"
@@ -299,6 +317,7 @@ job_seconds=$((SECONDS - job_start))
 "$BIN/batonctl" get "$job" --output json >"$tmp/job.json"
 # The last step's measured timeline, to open in https://ui.perfetto.dev beside the
 # predicted one from `batonctl plan --output svg`.
+mkdir -p build
 "$BIN/batonctl" trace "$job" -o build/demo-trace.json || echo "demo: no trace (see above)"
 
 # The reference runs after the cluster job, not beside it: the machine may have only a

@@ -13,10 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/host_info.h"
 #include "common/core/paths.h"
-#include "common/metrics/metrics.h"
-#include "common/metrics/rpc_metrics.h"
 #include "common/rpc/rpc.h"
 #include "common/rpc/security_flags.h"
+#include "common/rpc/server_startup.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
 #include "worker/service.h"
@@ -55,22 +54,24 @@ ABSL_FLAG(std::string, device, "",
           "the device this worker owns: cpu, cuda or cuda:N (default: the first visible GPU, "
           "else the CPU)");
 
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "worker: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  // Block the stop signals in every thread; main waits for them with sigwait.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  baton::ShutdownSignals signals;  // before any thread starts
 
   const baton::TlsConfig tls = baton::TlsConfigFromFlags();
-  if (absl::Status s = baton::CheckServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
-    std::fprintf(stderr, "worker: %s\n", std::string(s.message()).c_str());
-    return 1;
+  // The TLS config is also the one of the channels to the coordinator and to peers.
+  if (absl::Status s = baton::ApplyServerSecurity(tls, absl::GetFlag(FLAGS_listen)); !s.ok()) {
+    return Fail(std::string(s.message()));
   }
-  baton::SetProcessTls(tls);  // channels to the coordinator and to peers
 
   baton::TensorInbox inbox;
   baton::RendezvousBox rendezvous;  // peers' NCCL ids and verdicts, until a job takes them
@@ -86,17 +87,11 @@ int main(int argc, char** argv) {
   options.data.max_file_bytes = absl::GetFlag(FLAGS_data_max_mb) << 20;
   if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
     absl::StatusOr<std::string> token = baton::ReadSecretFile(f, "--join_token_file");
-    if (!token.ok()) {
-      std::fprintf(stderr, "worker: %s\n", std::string(token.status().message()).c_str());
-      return 1;
-    }
+    if (!token.ok()) return Fail(std::string(token.status().message()));
     options.join_token = *std::move(token);
   }
   absl::StatusOr<baton::v1::DeviceInfo> device = baton::ClaimDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    std::fprintf(stderr, "worker: --device: %s\n", std::string(device.status().message()).c_str());
-    return 1;
-  }
+  if (!device.ok()) return Fail(absl::StrCat("--device: ", device.status().message()));
   options.device = *std::move(device);
   if (const int64_t mb = absl::GetFlag(FLAGS_memory_mb); mb > 0) {
     options.device.set_memory_bytes(mb << 20);
@@ -105,91 +100,48 @@ int main(int argc, char** argv) {
 
   options.advertise_address = absl::GetFlag(FLAGS_advertise);
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  baton::AddBuildInfo(*registry, "worker");
-  baton::WorkerMetrics metrics(*registry);
-  baton::RpcMetrics rpc_metrics(*registry, "baton_worker");
-  std::unique_ptr<baton::MetricsServer> metrics_server;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    auto started = baton::MetricsServer::Start(addr, {registry}, "worker");
-    if (!started.ok()) {
-      std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
-      return 1;
-    }
-    metrics_server = *std::move(started);
-    options.metrics = &metrics;
+  baton::ServiceMetrics service_metrics("worker");
+  baton::WorkerMetrics metrics(service_metrics.registry());
+  if (absl::Status s = service_metrics.Serve(absl::GetFlag(FLAGS_metrics_listen)); !s.ok()) {
+    return Fail(s.ToString());
   }
+  if (service_metrics.serving()) options.metrics = &metrics;
 
   // A broken GPU context ends this process (exit status 3): its supervisor starts a new one.
   static std::atomic<bool> device_fault{false};
   options.on_device_fault = [](const absl::Status&) {
     device_fault = true;
-    kill(getpid(), SIGTERM);  // main's sigwait below shuts down as on a signal
+    kill(getpid(), SIGTERM);  // main's signals.Wait below shuts down as on a signal
   };
   baton::WorkerAgent agent(options, &inbox);
   baton::WorkerServiceImpl service(&agent);
-  baton::ServerOptions so;
-  so.address = absl::GetFlag(FLAGS_listen);
-  so.services = {&service, &tensors};
-  so.tls = tls;
+  baton::ServiceStartup startup;
+  startup.name = "worker";
+  startup.server.address = absl::GetFlag(FLAGS_listen);
+  startup.server.services = {&service, &tensors};
+  startup.server.tls = tls;
   // Only cluster members call a worker: with a CA, a certificate it signed is required.
-  so.client_certs = baton::ClientCerts::kRequire;
-  if (metrics_server != nullptr)
-    so.interceptors = [&rpc_metrics] { return rpc_metrics.Interceptors(); };
-  std::string bound;
-  auto server = baton::StartServer(so, &bound);
-  if (!server.ok()) {
-    std::fprintf(stderr, "worker: %s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<grpc::Server> health;
-  if (const std::string addr = absl::GetFlag(FLAGS_health_listen); !addr.empty()) {
-    std::string health_bound;
-    auto started = baton::StartHealthServer(addr, &health_bound);
-    if (!started.ok()) {
-      std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
-      return 1;
-    }
-    health = *std::move(started);
-    std::printf("worker health on %s\n", health_bound.c_str());
-  }
+  startup.server.client_certs = baton::ClientCerts::kRequire;
+  startup.port_file = absl::GetFlag(FLAGS_port_file);
+  startup.health_listen = absl::GetFlag(FLAGS_health_listen);
+  startup.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  absl::StatusOr<std::unique_ptr<baton::RunningService>> running =
+      baton::RunningService::Start(std::move(startup), &service_metrics);
+  if (!running.ok()) return Fail(running.status().ToString());
   // With port 0 the address to advertise is known only now.
-  if (options.advertise_address.empty()) agent.SetAdvertiseAddress(bound);
-  std::printf("worker listening on %s\n", bound.c_str());
-  std::fflush(stdout);
-  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-    if (absl::Status s = baton::WritePortFile(pf, bound); !s.ok()) {
-      std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  if (metrics_server != nullptr) {
-    std::printf("worker metrics on %s\n", metrics_server->address().c_str());
-    std::fflush(stdout);
-    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
-      if (absl::Status s = baton::WritePortFile(pf, metrics_server->address()); !s.ok()) {
-        std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
-        return 1;
-      }
-    }
-  }
+  if (options.advertise_address.empty()) agent.SetAdvertiseAddress((*running)->address());
   agent.Start();
 
-  int sig = 0;
-  while (sigwait(&stop, &sig) == 0 && sig == SIGHUP) {
+  const int sig = signals.Wait([&tls] {
     std::fprintf(stderr,
                  "worker: SIGHUP: nothing to reload (certificate files are re-read every %s)\n",
                  absl::FormatDuration(tls.reload_interval).c_str());
-  }
+  });
   std::fprintf(stderr, "worker: signal %d, shutting down\n", sig);
   // Readiness probes see NOT_SERVING at once; the job is aborted and reported.
-  if (auto* h = (*server)->GetHealthCheckService()) h->SetServingStatus(false);
-  if (health != nullptr) {
-    if (auto* h = health->GetHealthCheckService()) h->SetServingStatus(false);
-  }
+  (*running)->StopServing();
   agent.Stop();
-  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  (*running)->Shutdown(absl::Seconds(3));
   inbox.Close();
-  if (health != nullptr) health->Shutdown();
   return device_fault ? 3 : 0;
 }

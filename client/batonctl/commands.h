@@ -22,7 +22,8 @@ int Plan(const std::vector<std::string>& argv);
 // Cluster commands: they talk to the coordinator's JobService (proto/baton/v1/jobs.proto).
 // Common flags: --coordinator HOST:PORT (default $BATON_COORDINATOR, else 127.0.0.1:7070),
 // --timeout DURATION (each RPC's deadline: 10s; watch's stream 24h), --output text|json.
-// See cluster_client.h.
+// See cluster_client.h; each is a ClusterCommand run by RunClusterCommand
+// (cluster_command.h), which parses, prints --help and connects for it.
 
 // batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule gpipe|1f1b|...]
 //                 [--stages N] [--virtual N] [--microbatches N] [--name X]

@@ -6,19 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 
 namespace baton::cli {
 namespace {
-
-constexpr char kCommand[] = "get";
-
-const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({}));
-  return *flags;
-}
 
 void PrintJob(const baton::v1::Job& job) {
   std::printf("%s  %s\n", job.id().c_str(), JobStateName(job.state()).c_str());
@@ -83,23 +76,9 @@ void PrintJob(const baton::v1::Job& job) {
   }
 }
 
-}  // namespace
-
-int Get(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf("usage: batonctl get JOB [--output text|json]\n\n%s", FlagHelp(Flags()).c_str());
-    return 0;
-  }
-  if (args->positional().size() != 1) return CommandFail(kCommand, "wants one JOB id", 2);
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  const ClusterClient& c = **client;
-
+int RunGet(const Args& args, const ClusterClient& c) {
   baton::v1::GetJobRequest req;
-  req.set_job_id(args->positional()[0]);
+  req.set_job_id(args.positional()[0]);
   baton::v1::Job job;
   std::unique_ptr<grpc::ClientContext> ctx = c.Context();
   if (const grpc::Status st = c.stub().GetJob(ctx.get(), req, &job); !st.ok()) return c.Fail(st);
@@ -109,6 +88,16 @@ int Get(const std::vector<std::string>& argv) {
     PrintJob(job);
   }
   return 0;
+}
+
+}  // namespace
+
+int Get(const std::vector<std::string>& argv) {
+  ClusterCommand command;
+  command.name = "get";
+  command.usage = "usage: batonctl get JOB [--output text|json]";
+  command.run = RunGet;
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 #include "client/batonctl/history_table.h"
 
@@ -16,34 +16,15 @@ namespace {
 
 constexpr char kCommand[] = "history";
 
-const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({
-      {"csv", "", true, "CSV with a header line instead of the table"},
-  }));
-  return *flags;
-}
+constexpr char kUsage[] =
+    "usage: batonctl history JOB [--csv] [--output text|json]\n\n"
+    "Prints the job's loss, samples/s, tokens/s and seconds of every step it reported,\n"
+    "in step order (a step trained again after a recovery shows its last run).\n"
+    "--csv: step,loss,samples_per_second,tokens_per_second,step_seconds, the loss with\n"
+    "every digit of its float.";
 
-}  // namespace
-
-int History(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf(
-        "usage: batonctl history JOB [--csv] [--output text|json]\n\n"
-        "Prints the job's loss, samples/s, tokens/s and seconds of every step it reported,\n"
-        "in step order (a step trained again after a recovery shows its last run).\n"
-        "--csv: step,loss,samples_per_second,tokens_per_second,step_seconds, the loss with\n"
-        "every digit of its float.\n\n%s",
-        FlagHelp(Flags()).c_str());
-    return 0;
-  }
-  if (args->positional().size() != 1) return CommandFail(kCommand, "wants one JOB id", 2);
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  const ClusterClient& c = **client;
-  const bool csv = args->Get("csv") == "true";
+int RunHistory(const Args& args, const ClusterClient& c) {
+  const bool csv = args.Get("csv") == "true";
   if (csv && c.json()) {
     return CommandFail(kCommand, "--csv and --output json exclude each other", 2);
   }
@@ -51,7 +32,7 @@ int History(const std::vector<std::string>& argv) {
   // Every page, into one JobHistory (next_from_step 0).
   baton::v1::JobHistory all;
   baton::v1::GetJobHistoryRequest req;
-  req.set_job_id(args->positional()[0]);
+  req.set_job_id(args.positional()[0]);
   for (;;) {
     baton::v1::JobHistory page;
     std::unique_ptr<grpc::ClientContext> ctx = c.Context();
@@ -79,6 +60,17 @@ int History(const std::vector<std::string>& argv) {
     std::fputs(HistoryText(all).c_str(), stdout);
   }
   return 0;
+}
+
+}  // namespace
+
+int History(const std::vector<std::string>& argv) {
+  ClusterCommand command;
+  command.name = kCommand;
+  command.usage = kUsage;
+  command.flags = {{"csv", "", true, "CSV with a header line instead of the table"}};
+  command.run = RunHistory;
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli

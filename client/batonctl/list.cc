@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 
 namespace baton::cli {
@@ -17,44 +17,24 @@ constexpr char kCommand[] = "list";
 // --all stops after this many pages, whatever the server says.
 constexpr int kMaxPages = 10000;
 
-const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({
-      {"page-size", "", false, "jobs per page (server default 50, at most 1000)"},
-      {"page-token", "", false, "continue from a previous page's next_page_token"},
-      {"all", "a", true, "every job: follow next_page_token to the end"},
-  }));
-  return *flags;
+absl::Status CheckPageSize(const Args& args) {
+  absl::StatusOr<int64_t> page_size = args.GetInt("page-size", 0);
+  if (!page_size.ok()) return page_size.status();
+  if (*page_size < 0 || *page_size > 1000) {
+    return absl::InvalidArgumentError("--page-size must be in [1, 1000]");
+  }
+  return absl::OkStatus();
 }
 
-}  // namespace
-
-int List(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf("usage: batonctl list [--page-size N] [--all] [--output text|json]\n\n%s",
-                FlagHelp(Flags()).c_str());
-    return 0;
-  }
-  if (!args->positional().empty()) {
-    return CommandFail(kCommand, "unexpected argument '" + args->positional()[0] + "'", 2);
-  }
-  absl::StatusOr<int64_t> page_size = args->GetInt("page-size", 0);
-  if (!page_size.ok()) return CommandFail(kCommand, std::string(page_size.status().message()), 2);
-  if (*page_size < 0 || *page_size > 1000) {
-    return CommandFail(kCommand, "--page-size must be in [1, 1000]", 2);
-  }
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  const ClusterClient& c = **client;
-  const bool all = args->Get("all") == "true";
+int RunList(const Args& args, const ClusterClient& c) {
+  const int64_t page_size = *args.GetInt("page-size", 0);  // CheckPageSize passed
+  const bool all = args.Get("all") == "true";
 
   baton::v1::ListJobsResponse out;
-  std::string token = args->Get("page-token");
+  std::string token = args.Get("page-token");
   for (int page = 0; page < kMaxPages; ++page) {
     baton::v1::ListJobsRequest req;
-    req.set_page_size(static_cast<int32_t>(*page_size));
+    req.set_page_size(static_cast<int32_t>(page_size));
     req.set_page_token(token);
     baton::v1::ListJobsResponse resp;
     std::unique_ptr<grpc::ClientContext> ctx = c.Context();
@@ -90,6 +70,23 @@ int List(const std::vector<std::string>& argv) {
                  out.next_page_token().c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int List(const std::vector<std::string>& argv) {
+  ClusterCommand command;
+  command.name = kCommand;
+  command.usage = "usage: batonctl list [--page-size N] [--all] [--output text|json]";
+  command.flags = {
+      {"page-size", "", false, "jobs per page (server default 50, at most 1000)"},
+      {"page-token", "", false, "continue from a previous page's next_page_token"},
+      {"all", "a", true, "every job: follow next_page_token to the end"},
+  };
+  command.positional = Positional::kNone;
+  command.check = CheckPageSize;
+  command.run = RunList;
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli

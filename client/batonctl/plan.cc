@@ -1,12 +1,9 @@
 // batonctl plan: generate (or import), validate and simulate a pipeline schedule, without a
 // cluster. See docs/schedules.md.
-#include <cerrno>
 #include <cmath>
 #include <optional>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +21,7 @@
 #include "common/plan/planner.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
+#include "client/batonctl/files.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/render.h"
 #include "common/schedule/schedule.h"
@@ -104,16 +102,6 @@ constexpr char kUsage[] =
 int Fail(const std::string& what) {
   std::fprintf(stderr, "batonctl plan: %s\n", what.c_str());
   return 1;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // --costs-from: a trace file if one is there, else a job id asked of the coordinator (then

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 #include "common/core/status.h"
 #include "common/schedule/vocabulary.h"
@@ -26,8 +26,8 @@ namespace {
 
 constexpr char kCommand[] = "submit";
 
-const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({
+std::vector<FlagSpec> SubmitFlags() {
+  return {
       {"file", "f", false, "job spec (JSON, protobuf JSON mapping of baton.v1.JobSpec)"},
       {"name", "", false, "override the spec's name"},
       {"steps", "", false, "override the spec's steps"},
@@ -60,8 +60,7 @@ const std::vector<FlagSpec>& Flags() {
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
-  }));
-  return *flags;
+  };
 }
 
 constexpr char kUsage[] =
@@ -81,7 +80,7 @@ constexpr char kUsage[] =
     "--resume-from JOB[@STEP] starts from JOB's checkpoint (its newest complete one, or the\n"
     "one after STEP) and trains the remaining steps; without -f it reuses JOB's spec, so the\n"
     "result equals the run JOB would have finished, bit for bit. Overrides apply on top\n"
-    "(another --schedule or --stages loads the same checkpoint).\n\n";
+    "(another --schedule or --stages loads the same checkpoint).";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
   // "auto": the coordinator's auto-planner chooses at placement (SCHEDULE_AUTO).
@@ -240,63 +239,18 @@ absl::StatusOr<baton::v1::ResumeFrom> ParseResumeFromJob(const std::string& arg)
   return from;
 }
 
-}  // namespace
+// Before connecting: a spec or a job to resume from, and a well-formed --resume-from.
+absl::Status CheckSubmit(const Args& args) {
+  if (!args.Has("file") && !args.Has("resume-from")) {
+    return absl::InvalidArgumentError("missing -f SPEC.json (or --resume-from JOB)");
+  }
+  if (!args.Has("resume-from")) return absl::OkStatus();
+  return ParseResumeFromJob(args.Get("resume-from")).status();
+}
 
-int Submit(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf("%s%s", kUsage, FlagHelp(Flags()).c_str());
-    return 0;
-  }
-  if (!args->positional().empty()) {
-    return CommandFail(kCommand, "unexpected argument '" + args->positional()[0] + "'", 2);
-  }
-  const bool resume = args->Has("resume-from");
-  if (!args->Has("file") && !resume) {
-    return CommandFail(kCommand, "missing -f SPEC.json (or --resume-from JOB)", 2);
-  }
-  baton::v1::ResumeFrom from;
-  if (resume) {
-    absl::StatusOr<baton::v1::ResumeFrom> parsed = ParseResumeFromJob(args->Get("resume-from"));
-    if (!parsed.ok()) return CommandFail(kCommand, std::string(parsed.status().message()), 2);
-    from = *std::move(parsed);
-  }
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Seconds(10));
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  const ClusterClient& c = **client;
-
-  absl::StatusOr<baton::v1::JobSpec> spec;
-  if (args->Has("file")) {
-    spec = LoadJobSpecFile(args->Get("file"));
-  } else {
-    // The spec of the job resumed from, as the coordinator stored it (defaults filled in).
-    baton::v1::GetJobRequest get;
-    get.set_job_id(from.job_id());
-    baton::v1::Job source;
-    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
-    if (const grpc::Status st = c.stub().GetJob(ctx.get(), get, &source); !st.ok()) {
-      return c.Fail(st);
-    }
-    spec = source.spec();
-  }
-  if (!spec.ok()) return c.Fail(spec.status());
-  if (resume) *spec->mutable_resume_from() = from;
-  if (absl::Status s = ApplyOverrides(*args, &*spec); !s.ok()) {
-    return CommandFail(kCommand, std::string(s.message()), 2);
-  }
-
-  baton::v1::SubmitJobRequest req;
-  req.set_submission_id(args->Get("submission-id"));
-  *req.mutable_spec() = *std::move(spec);
-  baton::v1::Job job;
-  const bool watch = args->Get("watch") == "true";
-  {
-    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
-    const grpc::Status st = c.stub().SubmitJob(ctx.get(), req, &job);
-    if (!st.ok()) return c.Fail(st);
-  }
+// Prints the submitted job: its id (and, while it waits for placement, why), or the Job
+// as JSON.
+void PrintSubmitted(const ClusterClient& c, baton::v1::Job job, bool watch) {
   if (c.json()) {
     // With --watch the output is JSON lines: the Job, then one JobEvent per line.
     std::fputs(ToJson(job, /*pretty=*/!watch).c_str(), stdout);
@@ -320,10 +274,60 @@ int Submit(const std::vector<std::string>& argv) {
                    job.history().rbegin()->reason().c_str());
     }
   }
+}
+
+int RunSubmit(const Args& args, const ClusterClient& c) {
+  const bool resume = args.Has("resume-from");
+  baton::v1::ResumeFrom from;
+  if (resume) from = *ParseResumeFromJob(args.Get("resume-from"));  // CheckSubmit passed
+  absl::StatusOr<baton::v1::JobSpec> spec;
+  if (args.Has("file")) {
+    spec = LoadJobSpecFile(args.Get("file"));
+  } else {
+    // The spec of the job resumed from, as the coordinator stored it (defaults filled in).
+    baton::v1::GetJobRequest get;
+    get.set_job_id(from.job_id());
+    baton::v1::Job source;
+    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+    if (const grpc::Status st = c.stub().GetJob(ctx.get(), get, &source); !st.ok()) {
+      return c.Fail(st);
+    }
+    spec = source.spec();
+  }
+  if (!spec.ok()) return c.Fail(spec.status());
+  if (resume) *spec->mutable_resume_from() = from;
+  if (absl::Status s = ApplyOverrides(args, &*spec); !s.ok()) {
+    return CommandFail(kCommand, std::string(s.message()), 2);
+  }
+
+  baton::v1::SubmitJobRequest req;
+  req.set_submission_id(args.Get("submission-id"));
+  *req.mutable_spec() = *std::move(spec);
+  baton::v1::Job job;
+  const bool watch = args.Get("watch") == "true";
+  {
+    std::unique_ptr<grpc::ClientContext> ctx = c.Context();
+    const grpc::Status st = c.stub().SubmitJob(ctx.get(), req, &job);
+    if (!st.ok()) return c.Fail(st);
+  }
+  PrintSubmitted(c, job, watch);
   std::fflush(stdout);
   if (!watch) return 0;
   // --timeout bounds each RPC; the watch stream gets 24h unless --timeout is longer.
   return WatchUntilDone(c, job.id(), std::max(c.timeout(), absl::Hours(24)));
+}
+
+}  // namespace
+
+int Submit(const std::vector<std::string>& argv) {
+  ClusterCommand command;
+  command.name = kCommand;
+  command.usage = kUsage;
+  command.flags = SubmitFlags();
+  command.positional = Positional::kNone;
+  command.check = CheckSubmit;
+  command.run = RunSubmit;
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 #include "client/batonctl/trace_json.h"
 
@@ -15,44 +15,25 @@ namespace {
 
 constexpr char kCommand[] = "trace";
 
-std::vector<FlagSpec> Flags() {
-  std::vector<FlagSpec> flags = WithClusterFlags(
-      {{"step", "", false, "1-based step (default: the latest step every rank finished)"}});
-  for (FlagSpec& f : flags) {
-    if (f.name == "output") f.help = "file to write the trace to (default: stdout)";
+constexpr char kUsage[] =
+    "usage: batonctl trace JOB [--step N] [-o trace.json]\n\n"
+    "Writes one step's action timeline on every rank as Chrome trace-event JSON: open it\n"
+    "in https://ui.perfetto.dev or chrome://tracing. One track per pipeline stage;\n"
+    "compare with 'batonctl plan --output svg' for the predicted timeline.";
+
+absl::Status CheckStep(const Args& args) {
+  absl::StatusOr<int64_t> step = args.GetInt("step", 0);
+  if (!step.ok()) return step.status();
+  if (*step < 0 || (args.Has("step") && *step == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--step must be a 1-based step, got ", *step));
   }
-  return flags;
+  return absl::OkStatus();
 }
 
-}  // namespace
-
-int Trace(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = Flags();
-  absl::StatusOr<Args> args = Args::Parse(argv, flags);
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf(
-        "usage: batonctl trace JOB [--step N] [-o trace.json]\n\n"
-        "Writes one step's action timeline on every rank as Chrome trace-event JSON: open it\n"
-        "in https://ui.perfetto.dev or chrome://tracing. One track per pipeline stage;\n"
-        "compare with 'batonctl plan --output svg' for the predicted timeline.\n\n%s",
-        FlagHelp(flags).c_str());
-    return 0;
-  }
-  if (args->positional().size() != 1) return CommandFail(kCommand, "wants one JOB id", 2);
-  absl::StatusOr<int64_t> step = args->GetInt("step", 0);
-  if (!step.ok()) return CommandFail(kCommand, std::string(step.status().message()), 2);
-  if (*step < 0 || (args->Has("step") && *step == 0)) {
-    return CommandFail(kCommand, absl::StrCat("--step must be a 1-based step, got ", *step), 2);
-  }
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Seconds(10), /*output_is_format=*/false);
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  const ClusterClient& c = **client;
-
+int RunTrace(const Args& args, const ClusterClient& c) {
   baton::v1::GetJobTraceRequest req;
-  req.set_job_id(args->positional()[0]);
-  req.set_step(*step);
+  req.set_job_id(args.positional()[0]);
+  req.set_step(*args.GetInt("step", 0));  // CheckStep passed
   baton::v1::JobTrace trace;
   std::unique_ptr<grpc::ClientContext> ctx = c.Context();
   if (const grpc::Status st = c.stub().GetJobTrace(ctx.get(), req, &trace); !st.ok()) {
@@ -61,7 +42,7 @@ int Trace(const std::vector<std::string>& argv) {
   absl::StatusOr<std::string> json = ChromeTraceJson(trace);
   if (!json.ok()) return c.Fail(json.status());
 
-  const std::string path = args->Get("output", "-");
+  const std::string path = args.Get("output", "-");
   if (absl::Status s = WriteOutputFile(path, *json); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()));
   }
@@ -72,6 +53,20 @@ int Trace(const std::vector<std::string>& argv) {
                trace.job_id().c_str(), static_cast<long long>(trace.step()), trace.ranks_size(),
                trace.num_stages(), actions);
   return 0;
+}
+
+}  // namespace
+
+int Trace(const std::vector<std::string>& argv) {
+  ClusterCommand command;
+  command.name = kCommand;
+  command.usage = kUsage;
+  command.flags = {
+      {"step", "", false, "1-based step (default: the latest step every rank finished)"}};
+  command.output_file_help = "file to write the trace to (default: stdout)";
+  command.check = CheckStep;
+  command.run = RunTrace;
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli

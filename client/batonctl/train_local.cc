@@ -13,6 +13,7 @@
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
+#include "client/batonctl/files.h"
 #include "client/batonctl/trace_json.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/backend.h"
@@ -64,17 +65,6 @@ std::string Describe(const baton::v1::JobSpec& spec) {
   const auto& p = m.mlp();
   return absl::StrFormat("mlp (input %d, width %d, depth %d, output %d)", p.input_dim(),
                          p.width(), p.depth(), p.output_dim());
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError("cannot open '" + path + "'");
-  std::string out;
-  char buf[1 << 14];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return out;
 }
 
 // What the training loop needs from either trainer.

@@ -17,8 +17,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
-#include "client/batonctl/args.h"
 #include "client/batonctl/cluster_client.h"
+#include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 #include "common/rpc/rpc.h"
 
@@ -31,18 +31,13 @@ constexpr absl::Duration kUnaryTimeout = absl::Seconds(10);
 // Times a stream that ended before the job did is opened again.
 constexpr int kMaxReopen = 3;
 
-const std::vector<FlagSpec>& Flags() {
-  static const auto* flags = new std::vector<FlagSpec>(WithClusterFlags({}));
-  return *flags;
-}
-
 constexpr char kUsage[] =
     "usage: batonctl watch JOB [--output text|json] [--timeout 24h]\n"
     "\n"
     "Follows the job until it ends: state changes with their reasons, and per step the\n"
     "loss, throughput and ETA (one line updated in place on a terminal). Prints the final\n"
     "state and, for a job that succeeded, its weights digest. Exits 0 only if the job\n"
-    "SUCCEEDED. --output json prints one JobEvent per line.\n\n";
+    "SUCCEEDED. --output json prints one JobEvent per line.";
 
 // The progress display: a line rewritten in place on a terminal, plain lines otherwise.
 class Progress {
@@ -229,17 +224,14 @@ int WatchUntilDone(const ClusterClient& c, const std::string& job_id,
 }
 
 int Watch(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(argv, Flags());
-  if (!args.ok()) return CommandFail(kCommand, std::string(args.status().message()), 2);
-  if (args->Has("help")) {
-    std::printf("%s%s", kUsage, FlagHelp(Flags()).c_str());
-    return 0;
-  }
-  if (args->positional().size() != 1) return CommandFail(kCommand, "wants one JOB id", 2);
-  absl::StatusOr<std::unique_ptr<ClusterClient>> client =
-      ClusterClient::Create(kCommand, *args, absl::Hours(24));
-  if (!client.ok()) return CommandFail(kCommand, std::string(client.status().message()), 2);
-  return WatchUntilDone(**client, args->positional()[0], (*client)->timeout());
+  ClusterCommand command;
+  command.name = kCommand;
+  command.usage = kUsage;
+  command.default_timeout = absl::Hours(24);
+  command.run = [](const Args& args, const ClusterClient& c) {
+    return WatchUntilDone(c, args.positional()[0], c.timeout());
+  };
+  return RunClusterCommand(command, argv);
 }
 
 }  // namespace baton::cli
