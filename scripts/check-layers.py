@@ -17,7 +17,7 @@ LAYERS = [
     ["common/schedule", "common/http"],
     ["common/spec", "common/nn", "common/comm", "common/rpc"],
     ["common/data", "common/optim", "common/nccl", "common/metrics"],
-    ["common/checkpoint", "common/plan"],
+    ["common/checkpoint", "common/plan", "common/service"],
     ["common/train", "common/transport"],
     ["common/collective"],
     ["common/pipeline"],

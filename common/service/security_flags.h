@@ -1,7 +1,7 @@
 // The transport-security flags the coordinator and the workers share (security.h):
 //   --tls_cert, --tls_key, --tls_ca, --tls_server_name, --insecure, --tls_reload_interval.
-#ifndef BATON_COMMON_RPC_SECURITY_FLAGS_H_
-#define BATON_COMMON_RPC_SECURITY_FLAGS_H_
+#ifndef BATON_COMMON_SERVICE_SECURITY_FLAGS_H_
+#define BATON_COMMON_SERVICE_SECURITY_FLAGS_H_
 
 #include "common/rpc/security.h"
 
@@ -12,4 +12,4 @@ TlsConfig TlsConfigFromFlags();
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_RPC_SECURITY_FLAGS_H_
+#endif  // BATON_COMMON_SERVICE_SECURITY_FLAGS_H_

@@ -17,8 +17,8 @@
 //   NAME listening on HOST:PORT[NOTE]   then "NAME: WARNING: ..." for each warning
 //   NAME metrics on HOST:PORT           with a metrics endpoint
 // Each port file is written after its line is printed and flushed.
-#ifndef BATON_COMMON_RPC_SERVER_STARTUP_H_
-#define BATON_COMMON_RPC_SERVER_STARTUP_H_
+#ifndef BATON_COMMON_SERVICE_SERVER_STARTUP_H_
+#define BATON_COMMON_SERVICE_SERVER_STARTUP_H_
 
 #include <signal.h>
 
@@ -137,4 +137,4 @@ class RunningService {
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_RPC_SERVER_STARTUP_H_
+#endif  // BATON_COMMON_SERVICE_SERVER_STARTUP_H_

@@ -1,4 +1,4 @@
-#include "common/rpc/server_startup.h"
+#include "common/service/server_startup.h"
 
 #include <pthread.h>
 

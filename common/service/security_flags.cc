@@ -1,4 +1,4 @@
-#include "common/rpc/security_flags.h"
+#include "common/service/security_flags.h"
 
 #include <string>
 
