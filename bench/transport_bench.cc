@@ -55,6 +55,7 @@
 #include "common/transport/grpc_transport.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
+#include "common/core/mutex.h"
 #include "grpc/grpc.h"
 #include "grpcpp/grpcpp.h"
 
@@ -112,8 +113,8 @@ class TcpMover {
       }
     }
     sent_ += count * size_;
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return received_ >= sent_; });
+    MutexLock lock(mu_);
+    cv_.wait(lock.native(), [&] { return received_ >= sent_; });
   }
 
  private:
@@ -125,7 +126,7 @@ class TcpMover {
       const ssize_t n = recv(server_, out + off, static_cast<size_t>(size_ - off), 0);
       if (n <= 0) return;
       off = (off + n) % size_;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       received_ += n;
       if (off == 0) cv_.notify_all();
     }
@@ -135,7 +136,7 @@ class TcpMover {
   const Tensor src_;
   int listener_ = -1, client_ = -1, server_ = -1;
   int64_t sent_ = 0;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   int64_t received_ = 0;  // guarded by mu_
   std::thread reader_;
@@ -371,20 +372,20 @@ class ProtoSink final : public baton::v1::TensorService::Service {
       const std::string& c = f.chunk();
       std::memcpy(static_cast<char*>(dst_.raw()) + off, c.data(), c.size());
       off = (off + static_cast<int64_t>(c.size())) % size;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       received_ += static_cast<int64_t>(c.size());
       if (off == 0) cv_.notify_all();
     }
     return grpc::Status::OK;
   }
   void WaitFor(int64_t bytes) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return received_ >= bytes; });
+    MutexLock lock(mu_);
+    cv_.wait(lock.native(), [&] { return received_ >= bytes; });
   }
 
  private:
   Tensor dst_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   int64_t received_ = 0;
 };

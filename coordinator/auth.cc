@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/rpc/security.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -90,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromFile(const std
   if (!entries.ok()) return entries.status();
   auto a = std::make_unique<Authenticator>();
   a->path_ = path;
+  MutexLock l(a->mu_);
   a->entries_ = *std::move(entries);
   return a;
 }
@@ -98,7 +100,7 @@ absl::Status Authenticator::Reload() {
   if (path_.empty()) return absl::OkStatus();
   absl::StatusOr<std::vector<Entry>> entries = Load(path_);
   if (!entries.ok()) return entries.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   entries_ = *std::move(entries);
   return absl::OkStatus();
 }
@@ -115,7 +117,7 @@ absl::StatusOr<Principal> Authenticator::Authenticate(absl::string_view authoriz
     return absl::UnauthenticatedError("the authorization metadata is not \"Bearer TOKEN\"");
   }
   token = absl::StripAsciiWhitespace(token);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Entry* found = nullptr;
   for (const Entry& e : entries_) {  // every entry compared: timing does not tell which
     if (SecretsEqual(e.token, token)) found = &e;

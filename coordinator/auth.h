@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -72,7 +73,7 @@ class Authenticator {
   static absl::StatusOr<std::vector<Entry>> Load(const std::string& path);
 
   std::string path_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -23,6 +23,7 @@
 #include "common/plan/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
+#include "common/core/mutex.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
@@ -181,7 +182,7 @@ absl::Status Coordinator::Recover() {
   // What each needs of a worker (the planner's model: not under the lock).
   std::vector<int64_t> needs;
   for (const auto& [seq, job] : jobs) needs.push_back(RankNeedBytes(job.spec()));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   checkpoint_owners_ = std::move(owners);
   size_t next_need = 0;
   for (auto& [seq, job] : jobs) {
@@ -214,26 +215,26 @@ Coordinator::~Coordinator() { Stop(); }
 void Coordinator::Stop() {
   if (options_.metrics != nullptr) options_.metrics->SetStateSource(nullptr);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   loop_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
   runner_.Close();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [id, job] : active_) job->log->Stop();
   stopped_ = true;
 }
 
 void Coordinator::LoopMain() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     lock.unlock();
     Tick();
     runner_.Reap();
     lock.lock();
-    loop_cv_.wait_for(lock, ToChrono(options_.heartbeat_interval / 2),
+    loop_cv_.wait_for(lock.native(), ToChrono(options_.heartbeat_interval / 2),
                       [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
     wake_ = false;
   }
@@ -255,7 +256,7 @@ void Coordinator::LogWarning(const std::string& message) {
 void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWorker>& reached) {
   // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
   // saying it runs nothing frees it if it is not (see Heartbeat).
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   FreeWorkersLocked(a.job_id, reached);
   if (a.counted) {
     if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
@@ -266,7 +267,7 @@ void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWork
 }
 
 bool Coordinator::StillPlacing(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ActiveJob* j = FindActiveLocked(job_id);
   return j != nullptr && j->job.state() == baton::v1::JOB_STATE_PLACING;
 }
@@ -275,7 +276,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
                               const std::vector<absl::Status>& results) {
   Effects effects;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     starting_.erase(job_id);
     ActiveJob* j = FindActiveLocked(job_id);
     if (j == nullptr || OnStartAnswered(j->job.state()) == StartAnswer::kAbortAgain) {
@@ -584,7 +585,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
 void Coordinator::Tick() {
   Effects effects;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ExpireLeasesLocked(&effects);
     // Jobs whose only errors so far are ABORTED or PEER ones: no root cause came in time.
     std::vector<std::string> echoed;
@@ -667,7 +668,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
 
   // What its busiest rank needs: placement takes only workers that hold it.
   const int64_t rank_need_bytes = RankNeedBytes(spec);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
   if (spec.has_resume_from()) {
     BATON_RETURN_IF_ERROR(ResolveResumeLocked(spec, &checkpoints, submitted_by, admin));
@@ -768,7 +769,7 @@ absl::StatusOr<Coordinator::Export> Coordinator::ExportJob(
 
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (ActiveJob* j = FindActiveLocked(job_id)) return j->job;
   return store_->Get(job_id);
 }
@@ -785,7 +786,7 @@ absl::StatusOr<baton::v1::ListJobsResponse> Coordinator::ListJobs(
   BATON_ASSIGN_OR_RETURN(JobStore::Page page,
                          store_->List(page_size, request.page_token(), kMaxPageBytes));
   baton::v1::ListJobsResponse response;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (Job& job : page.jobs) {
     // Running jobs are fresher in memory (steps are written to the store now and then).
     if (ActiveJob* j = FindActiveLocked(job.id())) job = j->job;
@@ -800,7 +801,7 @@ absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& re
   Effects effects;
   Job result;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ActiveJob* j = FindActiveLocked(request.job_id());
     if (j == nullptr) return store_->Get(request.job_id());  // terminal: unchanged
     const std::string reason = request.reason().empty()
@@ -815,7 +816,7 @@ absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& re
 
 absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::string& job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   JobEvent first;
   first.set_job_id(job_id);
   *first.mutable_time() = ToProtoTime(Now());
@@ -834,7 +835,7 @@ StateCounts Coordinator::CountStates() {
   StateCounts counts;
   for (const char* state : {"idle", "busy", "dead"}) counts.workers[state] = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const baton::v1::WorkerInfo& w : registry_.List()) {
       switch (w.state()) {
         case baton::v1::WORKER_STATE_IDLE: ++counts.workers["idle"]; break;
@@ -963,7 +964,7 @@ std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& sp
 }
 
 baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   baton::v1::ListWorkersResponse response;
   for (baton::v1::WorkerInfo& w : registry_.List()) *response.add_workers() = std::move(w);
   return response;
@@ -999,7 +1000,7 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   baton::v1::RegisterWorkerResponse response;
   absl::Status status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ExpireLeasesLocked(&effects);  // an expired lease is reported as such, not as "replaced"
     absl::StatusOr<WorkerRegistry::Registration> reg = registry_.Register(request, caller.identity);
     if (!reg.ok()) {
@@ -1040,7 +1041,7 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 
 absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
                                              const WorkerCaller& caller) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return registry_.CheckSession(worker_id, caller.session, caller.identity);
 }
 
@@ -1052,7 +1053,7 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     // Shutting down: out of service now, not once the lease runs out.
     Effects effects;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (std::optional<baton::v1::WorkerInfo> w = registry_.Leave(request.worker_id())) {
         LogWarning(absl::StrCat("worker ", w->worker_id(), " (", w->address(), ") left"));
         WorkerGoneLocked(*w,
@@ -1066,7 +1067,7 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     response.set_known(false);
     return response;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (options_.metrics != nullptr) {
     if (std::optional<baton::v1::WorkerInfo> before = registry_.Get(request.worker_id())) {
       options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(*before, Now()));
@@ -1104,10 +1105,10 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
   return response;
 }
 
-absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgressLocked(
+absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::RecordProgress(
     const baton::v1::ReportProgressRequest& request, Effects* effects) {
   baton::v1::ReportProgressResponse response;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ActiveJob* j = FindActiveLocked(request.job_id());
   if (j == nullptr || !IsPlacedState(j->job.state())) {
     response.set_keep_running(false);
@@ -1182,7 +1183,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::ReportProgress(
     const baton::v1::ReportProgressRequest& request) {
   Effects effects;
   absl::StatusOr<baton::v1::ReportProgressResponse> result =
-      ReportProgressLocked(request, &effects);
+      RecordProgress(request, &effects);
   Run(std::move(effects), /*wait=*/false);
   BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressResponse response, std::move(result));
   // The trace goes to the store outside mu_: it is the bulk of the request, and only
@@ -1227,7 +1228,7 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
     const baton::v1::ReportResultRequest& request) {
   Effects effects;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ActiveJob* j = FindActiveLocked(request.job_id());
     if (j == nullptr || !IsPlacedState(j->job.state())) {
       // Already ended (an abort echo from a rank, say): nothing to do, unless the id is not

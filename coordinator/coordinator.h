@@ -59,6 +59,7 @@
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 #include "common/rpc/security.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -231,7 +232,7 @@ class Coordinator {
   // State changes made that job_lifecycle.h's TransitionAllowed does not allow (each is
   // logged as a bug). Always 0 unless the coordinator has a bug; tests check it.
   int64_t InvalidTransitions() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return invalid_transitions_;
   }
 
@@ -317,8 +318,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<baton::v1::ReportProgressResponse> ReportProgressLocked(
-      const baton::v1::ReportProgressRequest& request, Effects* effects);
+  // ReportProgress's part under mu_ (it takes the lock): tallies the step and says what
+  // the worker should do; the worker calls it leads to go into `effects`.
+  absl::StatusOr<baton::v1::ReportProgressResponse> RecordProgress(
+      const baton::v1::ReportProgressRequest& request, Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
@@ -351,7 +354,7 @@ class Coordinator {
   CoordinatorOptions options_;
   std::unique_ptr<JobStore> store_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable loop_cv_;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

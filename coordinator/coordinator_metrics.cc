@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/metrics/metrics.h"
+#include "common/core/mutex.h"
 #include "prometheus/metric_family.h"
 
 namespace baton {
@@ -10,7 +11,7 @@ namespace baton {
 class CoordinatorMetrics::Collector : public prometheus::Collectable {
  public:
   void Set(std::function<StateCounts()> source) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     source_ = std::move(source);
   }
 
@@ -18,7 +19,7 @@ class CoordinatorMetrics::Collector : public prometheus::Collectable {
     StateCounts counts;
     {
       // Held while the source runs: once Set(nullptr) returns, no call is in flight.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!source_) return {};
       counts = source_();
     }
@@ -42,7 +43,7 @@ class CoordinatorMetrics::Collector : public prometheus::Collectable {
     return f;
   }
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::function<StateCounts()> source_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -19,6 +19,7 @@
 #include "common/plan/planner.h"
 #include "common/spec/spec.h"
 #include "common/rpc/rpc.h"
+#include "common/core/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -35,17 +36,17 @@ class FakeClock {
  public:
   ClockFn fn() {
     return [this] {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       return now_;
     };
   }
   void Advance(absl::Duration d) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     now_ += d;
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
 };
 
@@ -63,7 +64,7 @@ class FakeWorkerClient final : public WorkerClient {
     const std::string& address = worker.address;
     std::function<void(const baton::v1::JobPlan&)> hook;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       calls_.push_back({"start", address, plan.job_id(), plan.rank()});
       plans_.push_back(plan);
       if (fail_start_.count(address) > 0) return absl::UnavailableError("connection refused");
@@ -80,32 +81,32 @@ class FakeWorkerClient final : public WorkerClient {
   // Runs after each successful StartJob, before it returns (no lock of the coordinator's
   // is held then: the calls are made outside it).
   void OnStarted(std::function<void(const baton::v1::JobPlan&)> hook) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     on_started_ = std::move(hook);
   }
   // The next `n` StartJob calls to `address` find the worker still busy.
   void BusyFor(const std::string& address, int n) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     busy_[address] = n;
   }
   absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
                         const std::string&, absl::Duration) override {
     const std::string& address = worker.address;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     calls_.push_back({"abort", address, job_id, -1});
     if (unreachable_.count(address) > 0) return absl::UnavailableError("connection refused");
     return absl::OkStatus();
   }
   void Unreachable(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     unreachable_.insert(address);
   }
   void FailStart(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fail_start_.insert(address);
   }
   std::vector<Call> Calls(const std::string& kind, const std::string& job_id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::vector<Call> out;
     for (const Call& c : calls_) {
       if (c.kind == kind && c.job_id == job_id) out.push_back(c);
@@ -113,7 +114,7 @@ class FakeWorkerClient final : public WorkerClient {
     return out;
   }
   std::vector<baton::v1::JobPlan> Plans(const std::string& job_id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::vector<baton::v1::JobPlan> out;
     for (const auto& p : plans_) {
       if (p.job_id() == job_id) out.push_back(p);
@@ -122,7 +123,7 @@ class FakeWorkerClient final : public WorkerClient {
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<Call> calls_;
   std::vector<baton::v1::JobPlan> plans_;
   std::set<std::string> fail_start_;

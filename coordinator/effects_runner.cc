@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -26,7 +27,7 @@ void EffectsRunner::Run(Effects effects, bool wait) {
     RunNow(std::move(effects));
     return;
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) {
     // Stopping: no new threads; the calls still happen (they have deadlines).
     lock.unlock();
@@ -38,7 +39,7 @@ void EffectsRunner::Run(Effects effects, bool wait) {
   bg.done = done;
   bg.thread = std::thread([this, done, e = std::move(effects)]() mutable {
     RunNow(std::move(e));
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     *done = true;
   });
   threads_.push_back(std::move(bg));
@@ -114,7 +115,7 @@ void EffectsRunner::Reap() { ReapThreads(/*all=*/false); }
 
 void EffectsRunner::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
   ReapThreads(/*all=*/true);
@@ -123,7 +124,7 @@ void EffectsRunner::Close() {
 void EffectsRunner::ReapThreads(bool all) {
   std::vector<std::thread> to_join;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = threads_.begin(); it != threads_.end();) {
       if (all || *it->done) {
         to_join.push_back(std::move(it->thread));

@@ -24,6 +24,7 @@
 #include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -119,7 +120,7 @@ class EffectsRunner {
   const Options options_;
   const Callbacks callbacks_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<Background> threads_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -15,7 +16,7 @@ class ScriptedClient final : public WorkerClient {
  public:
   absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                         absl::Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     calls_.push_back("start " + worker.address + " rank " + std::to_string(plan.rank()));
     if (busy_[worker.address] > 0) {
       --busy_[worker.address];
@@ -26,30 +27,30 @@ class ScriptedClient final : public WorkerClient {
   }
   absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
                         const std::string& reason, absl::Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     calls_.push_back("abort " + worker.address + " " + job_id + ": " + reason);
     auto it = abort_.find(worker.address);
     return it == abort_.end() ? absl::OkStatus() : it->second;
   }
   void SetStart(const std::string& address, absl::Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     start_[address] = std::move(s);
   }
   void SetAbort(const std::string& address, absl::Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     abort_[address] = std::move(s);
   }
   void BusyFor(const std::string& address, int n) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     busy_[address] = n;
   }
   std::vector<std::string> Calls() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return calls_;
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<std::string> calls_;
   std::map<std::string, absl::Status> start_;
   std::map<std::string, absl::Status> abort_;
@@ -83,11 +84,11 @@ class EffectsRunnerTest : public ::testing::Test {
     o.client = client_;
     o.busy_retry = absl::Seconds(1);
     o.clock = [this] {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       return now_;
     };
     o.sleep = [this](absl::Duration d) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       now_ += d;
       slept_ += d;
     };
@@ -97,29 +98,29 @@ class EffectsRunnerTest : public ::testing::Test {
   EffectsRunner::Callbacks Callbacks() {
     EffectsRunner::Callbacks c;
     c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> reached) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       std::string s = "aborted " + call.job_id + ":";
       for (const PlacedWorker& w : reached) s += " " + w.address;
       events_.push_back(s);
     };
     c.started = [this](const StartCall& call, const std::vector<absl::Status>& results) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       results_[call.job_id] = results;
       events_.push_back("started " + call.job_id);
     };
     c.still_placing = [this](const std::string&) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       return placing_;
     };
     c.log = [this](const std::string& m) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       logged_.push_back(m);
     };
     return c;
   }
 
   std::shared_ptr<ScriptedClient> client_ = std::make_shared<ScriptedClient>();
-  std::mutex mu_;
+  Mutex mu_;
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
   absl::Duration slept_;
   bool placing_ = true;
@@ -224,14 +225,14 @@ TEST_F(EffectsRunnerTest, BackgroundRunsAreJoinedByClose) {
   runner.Reap();
   runner.Close();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     EXPECT_EQ(events_.size(), 4u);
   }
   // After Close, runs happen on the caller's thread.
   Effects e;
   e.starts.push_back(Start({"a"}));
   runner.Run(std::move(e), /*wait=*/false);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   EXPECT_EQ(events_.size(), 5u);
 }
 

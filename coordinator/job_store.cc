@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/core/status.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -93,7 +94,7 @@ absl::StatusOr<int64_t> DecodeToken(const std::string& token) {
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   std::unique_ptr<JobStore> store(new JobStore(path));
-  std::lock_guard<std::mutex> lock(store->mu_);
+  MutexLock lock(store->mu_);
   const int rc =
       sqlite3_open_v2(path.c_str(), &store->db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
@@ -145,7 +146,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 JobStore::~JobStore() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (db_ != nullptr) sqlite3_close_v2(db_);
   db_ = nullptr;
 }
@@ -180,7 +181,7 @@ absl::Status JobStore::Exec(const char* sql) {
 }
 
 int64_t JobStore::NextSequence() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return next_seq_++;
 }
 
@@ -190,7 +191,7 @@ absl::Status JobStore::Insert(int64_t seq, const baton::v1::Job& job) {
     return absl::InternalError(
         absl::StrCat("job database ", path_, ": cannot serialize ", job.id()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_,
                       "INSERT INTO jobs(id, seq, submission_id, state, job, updated_ns) "
@@ -219,7 +220,7 @@ absl::Status JobStore::Put(const baton::v1::Job& job) {
     return absl::InternalError(
         absl::StrCat("job database ", path_, ": cannot serialize ", job.id()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "UPDATE jobs SET state = ?2, job = ?3, updated_ns = ?4 WHERE id = ?1");
   if (rc != SQLITE_OK) return Error("preparing update", rc);
@@ -236,7 +237,7 @@ absl::Status JobStore::Put(const baton::v1::Job& job) {
 }
 
 absl::StatusOr<baton::v1::Job> JobStore::Get(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT job FROM jobs WHERE id = ?1");
   if (rc != SQLITE_OK) return Error("preparing get", rc);
@@ -255,7 +256,7 @@ absl::StatusOr<baton::v1::Job> JobStore::Get(const std::string& id) {
 absl::StatusOr<std::optional<baton::v1::Job>> JobStore::FindBySubmission(
     const std::string& submission_id) {
   if (submission_id.empty()) return std::optional<baton::v1::Job>();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT job, id FROM jobs WHERE submission_id = ?1");
   if (rc != SQLITE_OK) return Error("preparing lookup", rc);
@@ -281,7 +282,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(int page_size, const std::string& 
   if (!page_token.empty()) {
     BATON_ASSIGN_OR_RETURN(before, DecodeToken(page_token));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT job, seq FROM jobs WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2");
   if (rc != SQLITE_OK) return Error("preparing list", rc);
@@ -319,7 +320,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, baton::v1::Job>>> JobStore::ListIn
     absl::StrAppend(&sql, i == 0 ? "" : ", ", static_cast<int>(states[i]));
   }
   absl::StrAppend(&sql, ") ORDER BY seq ASC");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, sql.c_str());
   if (rc != SQLITE_OK) return Error("preparing list by state", rc);
@@ -336,7 +337,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, baton::v1::Job>>> JobStore::ListIn
 }
 
 absl::StatusOr<int64_t> JobStore::Count() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT COUNT(*) FROM jobs");
   if (rc != SQLITE_OK) return Error("preparing count", rc);
@@ -346,7 +347,7 @@ absl::StatusOr<int64_t> JobStore::Count() {
 }
 
 absl::StatusOr<std::map<baton::v1::JobState, int64_t>> JobStore::CountByState() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
   if (rc != SQLITE_OK) return Error("preparing count by state", rc);
@@ -360,9 +361,9 @@ absl::StatusOr<std::map<baton::v1::JobState, int64_t>> JobStore::CountByState() 
 
 absl::Status JobStore::PutTrace(const std::string& job_id, int64_t step,
                                 const baton::v1::RankTrace& trace, int64_t keep_steps) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   BATON_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::Status s = [&]() -> absl::Status {
+  absl::Status s = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     Statement put;
     int rc = put.Prepare(
         db_, "INSERT OR REPLACE INTO traces(job_id, step, rank, trace) VALUES(?1, ?2, ?3, ?4)");
@@ -393,7 +394,7 @@ absl::Status JobStore::PutTrace(const std::string& job_id, int64_t step,
 
 absl::StatusOr<std::vector<baton::v1::RankTrace>> JobStore::GetTrace(const std::string& job_id,
                                                                      int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_, "SELECT trace FROM traces WHERE job_id = ?1 AND step = ?2 ORDER BY rank");
   if (rc != SQLITE_OK) return Error("preparing trace read", rc);
@@ -412,7 +413,7 @@ absl::StatusOr<std::vector<baton::v1::RankTrace>> JobStore::GetTrace(const std::
 
 absl::StatusOr<JobStore::TraceSteps> JobStore::GetTraceSteps(const std::string& job_id,
                                                              int ranks) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_,
                       "SELECT MIN(step), MAX(step), "
@@ -440,7 +441,7 @@ absl::Status JobStore::PutStep(const std::string& job_id, const baton::v1::StepP
     return absl::InternalError(absl::StrCat("job database ", path_, ": cannot serialize step ",
                                             progress.step(), " of ", job_id));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc =
       st.Prepare(db_, "INSERT OR REPLACE INTO steps(job_id, step, progress) VALUES(?1, ?2, ?3)");
@@ -461,7 +462,7 @@ absl::StatusOr<std::vector<baton::v1::StepProgress>> JobStore::GetSteps(const st
   if (limit < 1) {
     return absl::InvalidArgumentError(absl::StrCat("limit: must be at least 1, got ", limit));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Statement st;
   int rc = st.Prepare(db_,
                       "SELECT progress, step FROM steps WHERE job_id = ?1 AND step >= ?2 "

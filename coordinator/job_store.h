@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
+#include "common/core/mutex.h"
 
 struct sqlite3;
 
@@ -117,7 +118,7 @@ class JobStore {
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  std::mutex mu_;
+  Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -5,13 +5,14 @@
 
 #include "absl/status/status.h"
 #include "coordinator/job_lifecycle.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
 using baton::v1::JobEvent;
 
 void JobEventLog::Append(JobEvent event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   events_.push_back(std::move(event));
   while (events_.size() > kMaxBufferedEvents) {
     events_.pop_front();
@@ -21,19 +22,19 @@ void JobEventLog::Append(JobEvent event) {
 }
 
 void JobEventLog::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
   cv_.notify_all();
 }
 
 void JobEventLog::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stopped_ = true;
   cv_.notify_all();
 }
 
 int64_t JobEventLog::End() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return first_ + static_cast<int64_t>(events_.size());
 }
 
@@ -62,8 +63,8 @@ absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, boo
     return out;
   }
   EventLog& log = *log_;
-  std::unique_lock<std::mutex> lock(log.mu_);
-  log.cv_.wait_for(lock, std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout)),
+  MutexLock lock(log.mu_);
+  log.cv_.wait_for(lock.native(), std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout)),
                    [this, &log]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
                      return log.first_ + static_cast<int64_t>(log.events_.size()) > cursor_ ||
                             log.closed_ || log.stopped_;

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "baton/v1/jobs.pb.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -42,7 +43,7 @@ class JobEventLog {
  private:
   friend class JobWatch;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   std::deque<baton::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   int64_t first_ ABSL_GUARDED_BY(mu_) = 0;     // index of events_.front() in the job's history

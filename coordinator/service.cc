@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/rpc.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -147,7 +148,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                  ? absl::StrCat("caller ", who->name)
                                  : absl::StrCat("client host ", PeerHost(context->peer()));
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    MutexLock lock(watch_mu_);
     if (watches_ >= limits_.total) {
       return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
           "too many watch streams open (", watches_, "; the limit is ", limits_.total, ")")));
@@ -164,7 +165,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
     JobServiceImpl* self;
     std::string caller;
     ~Release() {
-      std::lock_guard<std::mutex> lock(self->watch_mu_);
+      MutexLock lock(self->watch_mu_);
       --self->watches_;
       if (--self->watches_by_caller_[caller] == 0) self->watches_by_caller_.erase(caller);
     }

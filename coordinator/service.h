@@ -14,6 +14,7 @@
 #include "baton/v1/jobs.grpc.pb.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -73,7 +74,7 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   Coordinator* const core_;
   const WatchLimits limits_;
   const Authenticator* const auth_;
-  std::mutex watch_mu_;
+  Mutex watch_mu_;
   int watches_ ABSL_GUARDED_BY(watch_mu_) = 0;
   std::map<std::string, int> watches_by_caller_ ABSL_GUARDED_BY(watch_mu_);
 };

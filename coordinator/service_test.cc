@@ -15,6 +15,7 @@
 #include "common/core/check.h"
 #include "common/core/digest.h"
 #include "common/rpc/rpc.h"
+#include "common/core/mutex.h"
 #include "coordinator/coordinator_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -395,33 +396,33 @@ class RecordingWorker final : public baton::v1::WorkerService::Service {
  public:
   grpc::Status StartJob(grpc::ServerContext*, const baton::v1::StartJobRequest* request,
                         baton::v1::StartJobResponse*) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     started_.push_back(request->plan());
     job_id_ = request->plan().job_id();
     return grpc::Status::OK;
   }
   grpc::Status AbortJob(grpc::ServerContext*, const baton::v1::AbortJobRequest* request,
                         baton::v1::AbortJobResponse*) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     aborted_.push_back(request->job_id());
     if (job_id_ == request->job_id()) job_id_.clear();
     return grpc::Status::OK;
   }
   std::vector<baton::v1::JobPlan> started() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return started_;
   }
   std::vector<std::string> aborted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return aborted_;
   }
   std::string job_id() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return job_id_;
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<baton::v1::JobPlan> started_;
   std::vector<std::string> aborted_;
   std::string job_id_;

@@ -2,11 +2,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/rpc.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
 baton::v1::WorkerService::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::unique_ptr<baton::v1::WorkerService::Stub>& stub = stubs_[address];
   if (stub == nullptr) stub = baton::v1::WorkerService::NewStub(MakeChannel(address));
   return stub.get();

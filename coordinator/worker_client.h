@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -48,7 +49,7 @@ class GrpcWorkerClient final : public WorkerClient {
  private:
   baton::v1::WorkerService::Stub* StubFor(const std::string& address);
 
-  std::mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::unique_ptr<baton::v1::WorkerService::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };

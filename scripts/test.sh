@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test; when the build has CUDA, also builds
-# without it (build-nocuda/) and runs its unit tests. Extra arguments go to ctest (e.g.
+# Installs what is missing, builds, and runs every test, then clang's thread-safety analysis
+# (scripts/check-thread-safety.py); when the build has CUDA, also builds without it
+# (build-nocuda/) and runs its unit tests. Extra arguments go to ctest (e.g.
 # scripts/test.sh -R core_test). Exits non-zero when a build or a test failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,6 +11,11 @@ scripts/build.sh
 
 status=0
 ctest --test-dir build --output-on-failure -j2 "$@" || status=$?
+
+# GCC ignores the lock annotations; clang's thread-safety analysis checks them over every
+# translation unit of build/ (parse and analyse only, no code generated).
+echo "test: clang -Wthread-safety over build/"
+scripts/check-thread-safety.py build || status=1
 
 # When the main build has CUDA, the build without it (what a machine without nvcc gets)
 # must build and pass too: its unit tests, in build-nocuda/ (the integration tests drive

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "worker/peer_setup.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -24,7 +25,7 @@ class ChannelCache {
 
   // The channel to `address`, opened on first use.
   std::shared_ptr<grpc::Channel> Get(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::shared_ptr<grpc::Channel>& ch = channels_[address];
     if (ch == nullptr) ch = make_(address);
     return ch;
@@ -36,7 +37,7 @@ class ChannelCache {
 
  private:
   const ChannelFactory make_;
-  std::mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -26,6 +26,7 @@
 #include "common/train/reference_trainer.h"
 #include "common/transport/grpc_transport.h"
 #include "common/transport/routed_transport.h"
+#include "common/core/mutex.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/links.h"
 #include "worker/worker_log.h"
@@ -321,7 +322,7 @@ void JobRun::Open() {
 }
 
 void JobRun::Abort(const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.exchange(true)) {
     abort_status_ = why;
     WorkerLog(absl::StrCat("aborting job ", plan_.job_id(), ": ", why.message()));
@@ -330,7 +331,7 @@ void JobRun::Abort(const absl::Status& why) {
 }
 
 void JobRun::DetachTransport() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   transport_ = nullptr;
 }
 
@@ -350,7 +351,7 @@ JobRun::Outcome JobRun::Run(ProgressSink* sink) {
   // The attempt's rendezvous values expire with it; later ones for it are refused.
   if (options_.rendezvous != nullptr) options_.rendezvous->CloseJob(plan_.job_key());
   if (!status.ok() && aborted_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     status = absl::Status(abort_status_.code(), absl::StrCat("aborted: ", abort_status_.message()));
   }
   return Outcome{status, ResultReport(status)};
@@ -438,7 +439,7 @@ absl::Status JobRun::Connect(Pipeline& p) {
     }
   }
   p.transport = std::make_unique<RoutedTransport>(plan_.rank(), std::move(by_peer));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   transport_ = p.transport.get();
   if (aborted_.load()) transport_->Abort(abort_status_);
   return absl::OkStatus();

@@ -51,6 +51,7 @@
 #include "common/comm/transport.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
+#include "common/core/mutex.h"
 #include "worker/peer_setup.h"
 #include "worker/worker_metrics.h"
 
@@ -166,7 +167,7 @@ class JobRun {
 
   std::atomic<bool> aborted_{false};
   std::atomic<int64_t> steps_done_{0};
-  std::mutex mu_;
+  Mutex mu_;
   // Why the run was aborted: ABORTED when told to by the coordinator or a peer (an echo
   // of a failure elsewhere), UNAVAILABLE when this worker is shutting down (a root cause).
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);

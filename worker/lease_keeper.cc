@@ -8,6 +8,7 @@
 #include "common/rpc/rpc.h"
 #include "common/rpc/security.h"
 #include "common/nccl/nccl_api.h"
+#include "common/core/mutex.h"
 #include "worker/links.h"
 #include "worker/worker_log.h"
 
@@ -33,7 +34,7 @@ void LeaseKeeper::Start() {
 }
 
 void LeaseKeeper::RequestStop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stopping_ = true;
   wake_.notify_all();
 }
@@ -43,7 +44,7 @@ void LeaseKeeper::Stop() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   baton::v1::HeartbeatRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!registered_) return;
     registered_ = false;  // the goodbye is said once
     req.set_worker_id(worker_id_);
@@ -69,7 +70,7 @@ absl::Status LeaseKeeper::CheckCoordinatorSession(absl::string_view session) con
 }
 
 std::string LeaseKeeper::worker_id() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return worker_id_;
 }
 
@@ -83,7 +84,7 @@ absl::Status LeaseKeeper::Register() {
   req.set_worker_id(worker_id());
   req.set_session_token(session_);
   BATON_ASSIGN_OR_RETURN(baton::v1::RegisterWorkerResponse resp, coordinator_->RegisterWorker(req));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   worker_id_ = resp.worker_id();
   registered_ = true;
   if (options_.metrics != nullptr) options_.metrics->SetDevice(worker_id_, options_.device);
@@ -132,7 +133,7 @@ void LeaseKeeper::HeartbeatLoop() {
     absl::Duration wait;
     bool registered;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
       registered = registered_;
       wait = heartbeat_interval_;
@@ -149,12 +150,13 @@ void LeaseKeeper::HeartbeatLoop() {
       }
       wait = options_.register_retry;
     } else if (!Heartbeat(&failures)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       registered_ = false;
       continue;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] { return stopping_; });
+    MutexLock lock(mu_);
+    wake_.wait_for(lock.native(), absl::ToChronoNanoseconds(wait),
+                   [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
   }
 }
 

@@ -32,6 +32,7 @@
 #include "baton/v1/worker.pb.h"
 #include "worker/coordinator_client.h"
 #include "worker/worker_metrics.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -93,7 +94,7 @@ class LeaseKeeper {
   const std::string session_;
   const Hooks hooks_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable wake_;  // Stop
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,6 +10,7 @@
 #include "common/rpc/rpc.h"
 #include "common/rpc/security.h"
 #include "common/transport/grpc_transport.h"
+#include "common/core/mutex.h"
 #include "worker/job_reports.h"
 #include "worker/worker_log.h"
 
@@ -72,7 +73,7 @@ void WorkerAgent::Stop() {
   std::shared_ptr<JobRun> job;
   std::thread job_thread;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     job = job_;
     job_thread = std::move(job_thread_);
@@ -92,7 +93,7 @@ absl::Status WorkerAgent::CheckCoordinatorSession(absl::string_view session) con
 std::string WorkerAgent::worker_id() const { return lease_.worker_id(); }
 
 std::string WorkerAgent::RunningJob() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return job_ != nullptr ? job_->plan().job_id() : "";
 }
 
@@ -125,7 +126,7 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
   BATON_ASSIGN_OR_RETURN(std::shared_ptr<JobRun> run, JobRun::Create(plan, RunOptions()));
   std::thread previous;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return absl::UnavailableError("the worker is shutting down");
     if (job_ != nullptr) {
       return absl::FailedPreconditionError(
@@ -134,7 +135,7 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
     previous = std::move(job_thread_);
   }
   if (previous.joinable()) previous.join();  // a finished job's thread
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (job_ != nullptr || stopping_) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id(), " is busy"));
   }
@@ -150,7 +151,7 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
 absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string& reason) {
   std::shared_ptr<JobRun> job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     job = job_;
   }
   if (job == nullptr || job->plan().job_id() != job_id) return absl::OkStatus();  // idempotent
@@ -161,7 +162,7 @@ absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string&
 baton::v1::WorkerStatus WorkerAgent::Status() const {
   baton::v1::WorkerStatus s;
   s.set_worker_id(worker_id());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (job_ != nullptr) {
     s.set_state(baton::v1::WORKER_STATE_BUSY);
     s.set_job_id(job_->plan().job_id());
@@ -184,7 +185,7 @@ void WorkerAgent::RunJob(std::shared_ptr<JobRun> run) {
                      "; a new process gets a new context (the supervisor restarts this one)"));
     if (options_.on_device_fault) options_.on_device_fault(fault);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   job_.reset();
   if (options_.metrics != nullptr) options_.metrics->SetBusy(false);
 }
@@ -202,8 +203,9 @@ void WorkerAgent::ReportResult(const JobRun& run, const JobRun::Outcome& outcome
       if (!s.ok()) WorkerLog(absl::StrCat("result report refused: ", s.ToString()));
       return;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
+    MutexLock lock(mu_);
+    if (wake_.wait_for(lock.native(), std::chrono::milliseconds(500),
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; })) {
       return;
     }
   }

@@ -43,6 +43,7 @@
 #include "common/data/dataset.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
+#include "common/core/mutex.h"
 #include "worker/channel_cache.h"
 #include "worker/coordinator_client.h"
 #include "worker/job_run.h"
@@ -131,7 +132,7 @@ class WorkerAgent {
   ChannelCache channels_;
   LeaseKeeper lease_;  // uses coordinator_: declared after it
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable wake_;  // Stop
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<JobRun> job_ ABSL_GUARDED_BY(mu_);  // the running job, if any
