@@ -21,6 +21,7 @@
 #include "common/core/status.h"
 #include "common/data/dataset.h"
 #include "common/plan/measured_run.h"
+#include "common/rpc/failure_cause.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "common/core/mutex.h"
@@ -41,22 +42,6 @@ constexpr int kMaxPageSize = 1000;
 constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
 constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
-
-// A failed StartJob's kind: a worker that refuses the plan as given will refuse it again.
-baton::v1::FailureCause StartFailureCause(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kNotFound:
-      return baton::v1::FAILURE_CAUSE_CONFIG;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-      return baton::v1::FAILURE_CAUSE_WORKER_LOST;
-    default:
-      return baton::v1::FAILURE_CAUSE_INTERNAL;
-  }
-}
 
 // The tensor-tag key of a placement attempt: random (64 bits from the OS's generator), so
 // tensors of an earlier attempt (a worker that was stopped and came back) never match a
@@ -314,7 +299,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
             job_id,
             absl::StrCat("StartJob on ", WorkerName(workers[failed]), " for rank ", failed,
                          " failed: ", absl::StatusCodeToString(s.code()), ": ", s.message()),
-            StartFailureCause(s), &effects);
+            FailureCauseOf(s, FailureSite::kStartCall), &effects);
       }
     }
   }

@@ -62,7 +62,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 section "setup"
-scripts/setup.sh
+scripts/setup.sh --demo  # the demo's packages only; scripts/test.sh installs the rest
 
 # The build: only what the demo runs, not the tests, benchmarks and tools of
 # scripts/test.sh (about 240 targets), and never the CUDA kernels. The demo trains on the

@@ -2,20 +2,31 @@
 # Installs the Debian packages baton builds with. Idempotent: when everything is already
 # installed it only runs dpkg-query and exits. Runs as root without a terminal (CI);
 # as another user it uses sudo when available.
+#
+#   scripts/setup.sh           everything scripts/test.sh needs
+#   scripts/setup.sh --demo    only what building and running scripts/demo.sh needs
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# What configuring and building the services needs (CMake finds GTest and Google Benchmark
+# at configure time even when only the services are built), and what the demo runs.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   libgloo-dev  # collectives between data-parallel replicas on CPU (common/collective)
-  python3 python3-venv clang libclang-rt-14-dev
+  python3
   openssl  # scripts/make-certs.sh: the throwaway CA of `scripts/demo.sh --secure` and the TLS tests
-  prometheus docker-compose yamllint
-  iproute2  # tests only: network namespaces and links for tests/netfault_test.py
 )
+if [[ "${1:-}" != --demo ]]; then
+  PACKAGES+=(
+    python3-venv  # the Python client's and the peer checks' virtual environments
+    clang libclang-rt-14-dev  # fuzzing and the thread-safety analysis (scripts/test.sh)
+    prometheus docker-compose yamllint  # the deployment and dashboard checks
+    iproute2  # network namespaces and links for tests/netfault_test.py
+  )
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

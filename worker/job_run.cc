@@ -20,6 +20,7 @@
 #include "common/plan/planner.h"
 #include "common/pipeline/stage_executor.h"
 #include "common/pipeline/step_trace.h"
+#include "common/rpc/failure_cause.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/schedule.h"
 #include "common/spec/spec.h"
@@ -166,32 +167,16 @@ absl::Status OutOfMemoryError(const std::string& worker_id, int64_t memory_bytes
                    " MiB): the job needs more than this worker can allocate"));
 }
 
-baton::v1::FailureCause FailureCauseOf(const absl::Status& s, bool aborted) {
+// How this rank's run ended, for its result report: what only the run knows (diverged, told
+// to stop) first, then the shared table.
+baton::v1::FailureCause RunFailureCause(const absl::Status& s, bool aborted) {
   if (IsDiverged(s)) return baton::v1::FAILURE_CAUSE_DIVERGED;
   if (aborted) {
     // Told to stop (ABORTED), or stopping because this worker shuts down (UNAVAILABLE).
     return s.code() == absl::StatusCode::kUnavailable ? baton::v1::FAILURE_CAUSE_SHUTDOWN
                                                       : baton::v1::FAILURE_CAUSE_ABORTED;
   }
-  switch (s.code()) {
-    case absl::StatusCode::kAborted:  // a peer's abort reached this rank
-      return baton::v1::FAILURE_CAUSE_ABORTED;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled:
-      return baton::v1::FAILURE_CAUSE_PEER;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kAlreadyExists:
-      return baton::v1::FAILURE_CAUSE_CONFIG;
-    default:
-      return baton::v1::FAILURE_CAUSE_INTERNAL;
-  }
+  return FailureCauseOf(s, FailureSite::kRankRun);
 }
 
 // What Run builds. Its destructor takes it down on every way out of RunSteps (an
@@ -366,7 +351,7 @@ baton::v1::ReportResultRequest JobRun::ResultReport(const absl::Status& status) 
   if (!status.ok()) {
     // Code and message (the cause travels typed, not as a printed payload).
     req.set_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
-    req.set_cause(FailureCauseOf(status, aborted_.load()));
+    req.set_cause(RunFailureCause(status, aborted_.load()));
   }
   return req;
 }

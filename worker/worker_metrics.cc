@@ -9,23 +9,6 @@
 namespace baton {
 namespace {
 
-// The `kind` label of an action's duration.
-const char* KindLabel(ActionKind k) {
-  switch (k) {
-    case ActionKind::kForward: return "F";
-    case ActionKind::kBackward: return "B";
-    case ActionKind::kBackwardInput: return "I";
-    case ActionKind::kBackwardWeight: return "W";
-    case ActionKind::kSendF:
-    case ActionKind::kSendB: return "send";
-    case ActionKind::kRecvF:
-    case ActionKind::kRecvB: return "recv_wait";
-    case ActionKind::kStep: return "optimizer";
-    case ActionKind::kReduceGrad: return "reduce_grad";
-  }
-  return "other";
-}
-
 double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
 }  // namespace
@@ -260,9 +243,9 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
     }
     const std::string stage =
         a.kind == ActionKind::kStep ? rank_stages : absl::StrCat(a.stage);
-    ActionHistogram(stage, KindLabel(a.kind)).Observe(Seconds(ns));
+    ActionHistogram(stage, NamesOf(a.kind).metric).Observe(Seconds(ns));
     if (t.device_ns >= 0) {
-      ActionHistogram(stage, KindLabel(a.kind), /*device=*/true).Observe(Seconds(t.device_ns));
+      ActionHistogram(stage, NamesOf(a.kind).metric, /*device=*/true).Observe(Seconds(t.device_ns));
     }
     if (IsComm(a.kind)) {
       const bool sent = a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB;

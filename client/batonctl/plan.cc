@@ -17,11 +17,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "baton/v1/job.pb.h"
+#include "common/core/file.h"
 #include "common/plan/partition.h"
 #include "common/plan/planner.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
-#include "client/batonctl/files.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/render.h"
 #include "common/schedule/schedule.h"
@@ -109,7 +109,7 @@ int Fail(const std::string& what) {
 absl::Status LoadTrace(const Args& args, const std::string& from, baton::v1::JobTrace* trace,
                        std::optional<baton::v1::Job>* job) {
   if (std::ifstream probe(from); probe.good()) {
-    absl::StatusOr<std::string> text = ReadFile(from);
+    absl::StatusOr<std::string> text = ReadFile(from, {.what = "trace"});
     if (!text.ok()) return text.status();
     BATON_ASSIGN_OR_RETURN(*trace, JobTraceFromChromeJson(*text, from));
     return absl::OkStatus();
@@ -443,7 +443,7 @@ int Plan(const std::vector<std::string>& argv) {
       }
     }
     const std::string path = args->Get("csv");
-    absl::StatusOr<std::string> text = ReadFile(path);
+    absl::StatusOr<std::string> text = ReadFile(path, {.what = "schedule CSV"});
     if (!text.ok()) return Fail(std::string(text.status().message()));
     absl::StatusOr<Schedule> imported = FromCsv(*text);
     if (!imported.ok()) return Fail(absl::StrCat(path, ": ", imported.status().message()));

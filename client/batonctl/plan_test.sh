@@ -115,7 +115,7 @@ expect_refusal spec_blocks "6 pipeline chunks, but the model has only 5 blocks" 
   --microbatches 3
 expect_refusal no_csv "--schedule custom needs --csv FILE" --schedule custom
 expect_refusal bad_csv "row 1 (rank 0), column 2" --csv <(printf '0F0,0Q0\n')
-expect_refusal no_file "cannot read" --csv "$tmp/nonexistent.csv"
+expect_refusal no_file "cannot open schedule CSV" --csv "$tmp/nonexistent.csv"
 expect_refusal bad_output "--output must be table, json, svg or csv" \
   --stages 2 --microbatches 2 --output html
 expect_refusal bad_costs "costs 'F=-1'" --stages 2 --microbatches 2 --costs F=-1

@@ -36,22 +36,6 @@ std::string Quote(const std::string& s) {
 // The Chrome-trace thread of a rank's communication thread (stages use their numbers).
 constexpr int kCommTid = 100000;
 
-const char* Category(ActionKind k) {
-  switch (k) {
-    case ActionKind::kForward: return "forward";
-    case ActionKind::kBackward: return "backward";
-    case ActionKind::kBackwardInput: return "backward_input";
-    case ActionKind::kBackwardWeight: return "backward_weight";
-    case ActionKind::kSendF:
-    case ActionKind::kSendB: return "send";
-    case ActionKind::kRecvF:
-    case ActionKind::kRecvB: return "recv_wait";
-    case ActionKind::kStep: return "optimizer";
-    case ActionKind::kReduceGrad: return "reduce_grad";
-  }
-  return "other";
-}
-
 // Microseconds with nanosecond precision kept.
 std::string Micros(int64_t ns) { return absl::StrFormat("%.3f", static_cast<double>(ns) / 1e3); }
 
@@ -107,7 +91,7 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
       const int64_t start = r.start_unix_nanos() - origin + span.start_ns();
       body.push_back(absl::StrCat(
           "{\"name\":", Quote(name), ",\"cat\":\"",
-          span.send_wait() ? "send_wait" : span.allreduce() ? "allreduce" : Category(a->kind),
+          span.send_wait() ? "send_wait" : span.allreduce() ? "allreduce" : NamesOf(a->kind).trace,
           "\",\"ph\":\"X\",\"ts\":", Micros(start), ",\"dur\":",
           Micros(std::max<int64_t>(0, span.end_ns() - span.start_ns())), ",\"pid\":", pid,
           ",\"tid\":", tid, ",\"args\":{", args, "}}"));

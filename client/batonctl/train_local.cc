@@ -13,8 +13,8 @@
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
-#include "client/batonctl/files.h"
 #include "client/batonctl/trace_json.h"
+#include "common/core/file.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
@@ -161,7 +161,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
   if (pipeline) {
     LocalPipelineOptions opts;
     if (args->Has("schedule-csv")) {
-      absl::StatusOr<std::string> csv = ReadFile(args->Get("schedule-csv"));
+      absl::StatusOr<std::string> csv = ReadFile(args->Get("schedule-csv"), {.what = "schedule CSV"});
       if (!csv.ok()) return Fail(std::string(csv.status().message()));
       absl::StatusOr<Schedule> s = FromCsv(*csv);
       if (!s.ok()) return Fail(args->Get("schedule-csv") + ": " + std::string(s.status().message()));

@@ -10,19 +10,21 @@
 namespace baton {
 namespace {
 
-struct KindText {
-  ActionKind kind;
-  const char* text;
+// The kinds with a stage and a micro-batch in the text form ("2F0"); STEP and REDUCE_GRAD
+// follow. Parse matches a kind against the whole text between the two numbers.
+constexpr ActionKindNames kKinds[] = {
+    {ActionKind::kForward, "F", "F", "forward"},
+    {ActionKind::kBackward, "B", "B", "backward"},
+    {ActionKind::kBackwardInput, "I", "I", "backward_input"},
+    {ActionKind::kBackwardWeight, "W", "W", "backward_weight"},
+    {ActionKind::kSendF, "SEND_F", "send", "send"},
+    {ActionKind::kRecvF, "RECV_F", "recv_wait", "recv_wait"},
+    {ActionKind::kSendB, "SEND_B", "send", "send"},
+    {ActionKind::kRecvB, "RECV_B", "recv_wait", "recv_wait"},
+    {ActionKind::kStep, "STEP", "optimizer", "optimizer"},
+    {ActionKind::kReduceGrad, "REDUCE_GRAD", "reduce_grad", "reduce_grad"},
 };
-
-// Longest names first is not needed: the kind is matched against the whole text between
-// the two numbers.
-constexpr KindText kKinds[] = {
-    {ActionKind::kForward, "F"},       {ActionKind::kBackward, "B"},
-    {ActionKind::kBackwardInput, "I"}, {ActionKind::kBackwardWeight, "W"},
-    {ActionKind::kSendF, "SEND_F"},    {ActionKind::kRecvF, "RECV_F"},
-    {ActionKind::kSendB, "SEND_B"},    {ActionKind::kRecvB, "RECV_B"},
-};
+constexpr int kStagedKinds = 8;  // kKinds[0, 8) have the text form <stage><kind><mb>
 
 // Largest stage or micro-batch index the text form accepts (fits int32 with room).
 constexpr int64_t kMaxIndex = 1'000'000'000;
@@ -34,14 +36,15 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 constexpr char kReduceGradText[] = "REDUCE_GRAD";
 
-const char* ActionKindName(ActionKind k) {
-  if (k == ActionKind::kStep) return "STEP";
-  if (k == ActionKind::kReduceGrad) return kReduceGradText;
-  for (const KindText& kt : kKinds) {
-    if (kt.kind == k) return kt.text;
+const ActionKindNames& NamesOf(ActionKind k) {
+  for (const ActionKindNames& n : kKinds) {
+    if (n.kind == k) return n;
   }
-  return "?";
+  static constexpr ActionKindNames kUnknown = {ActionKind::kForward, "?", "other", "other"};
+  return kUnknown;
 }
+
+const char* ActionKindName(ActionKind k) { return NamesOf(k).text; }
 
 bool IsCompute(ActionKind k) {
   return k == ActionKind::kForward || k == ActionKind::kBackward ||
@@ -87,9 +90,9 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
     if (i != t.size()) return error("REDUCE_GRAD takes no micro-batch index");
     return Action{ActionKind::kReduceGrad, static_cast<int32_t>(stage), 0};
   }
-  const KindText* kind = nullptr;
-  for (const KindText& kt : kKinds) {
-    if (kind_text == kt.text) kind = &kt;
+  const ActionKindNames* kind = nullptr;
+  for (int k = 0; k < kStagedKinds; ++k) {
+    if (kind_text == kKinds[k].text) kind = &kKinds[k];
   }
   if (kind == nullptr) {
     return error(absl::StrCat("unknown action kind '", kind_text,

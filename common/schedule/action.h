@@ -44,7 +44,18 @@ enum class ActionKind : uint8_t {
   kReduceGrad,      // REDUCE_GRAD: a stage's gradients summed over its replicas
 };
 
-const char* ActionKindName(ActionKind k);  // "F", "SEND_F", "STEP", ...
+// Every name an action kind goes by, from one table (action.cc): its clock text, the `kind`
+// label of the worker's action-duration metrics (the dashboard queries these), and its
+// category in Chrome traces (batonctl trace).
+struct ActionKindNames {
+  ActionKind kind;
+  const char* text;    // "F", "SEND_F", "STEP", "REDUCE_GRAD"
+  const char* metric;  // "F", "B", "I", "W", "send", "recv_wait", "optimizer", "reduce_grad"
+  const char* trace;   // "forward", "backward_input", "send", "recv_wait", "optimizer", ...
+};
+const ActionKindNames& NamesOf(ActionKind k);
+
+const char* ActionKindName(ActionKind k);  // NamesOf(k).text
 bool IsCompute(ActionKind k);               // F, B, I, W
 bool IsComm(ActionKind k);                  // SEND_*, RECV_*
 
