@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/plan/clock_proto.h"
 #include "common/core/digest.h"
 #include "common/nn/model.h"
 #include "common/plan/partition.h"
@@ -1819,9 +1820,9 @@ TEST_F(CoordinatorTest, AutoScheduleIsChosenAtPlacementFromFlopsThenFromTheLastR
     if (plan.rank() == 1) p.set_loss(1.0f);
     baton::v1::RankTrace* t = p.mutable_trace();
     int64_t at = 0;
-    for (const std::string& action : plan.actions()) {
+    for (const baton::v1::PlanAction& action : plan.clock()) {
       baton::v1::ActionSpan* a = t->add_actions();
-      a->set_action(action);
+      a->set_action(ActionFromProto(action)->ToString());
       a->set_start_ns(at);
       at += 1'000'000;  // 1 ms each
       a->set_end_ns(at);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/plan/clock_proto.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
 #include "common/spec/schedule_spec.h"
@@ -167,7 +168,7 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
   common.mutable_spec()->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
                                                             : baton::v1::DEVICE_KIND_CPU);
   common.set_num_ranks(sc.num_ranks);
-  common.set_schedule(ScheduleKindName(sc.kind));
+  common.set_schedule_kind(ScheduleKindToProto(sc.kind));
   common.set_virtual_stages(sc.virtual_stages);
   common.set_microbatches(sc.num_microbatches);
   for (int r : sc.stage_to_rank) common.add_stage_to_rank(r);
@@ -199,7 +200,7 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
       if (D > 1) {
         for (int e = 0; e < D; ++e) fill_peer(plan.add_replica_peers(), e, workers[e * S + r]);
       }
-      for (const Action& a : sc.ranks[r]) plan.add_actions(a.ToString());
+      for (const Action& a : sc.ranks[r]) *plan.add_clock() = ActionToProto(a);
       out.plans.push_back(std::move(plan));
     }
   }

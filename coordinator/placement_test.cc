@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/plan/clock_proto.h"
 #include "common/nn/model.h"
 #include "common/plan/planner.h"
 #include "common/rpc/rpc.h"
@@ -186,17 +187,17 @@ TEST_P(PlacementTest, EveryRankGetsTheValidatedClockAndItsBlocks) {
     EXPECT_EQ(plan.job_key(), 7u);
     EXPECT_EQ(plan.rank(), r);
     EXPECT_EQ(plan.num_ranks(), c.stages);
-    EXPECT_EQ(plan.schedule(), ScheduleKindName(c.kind));
+    EXPECT_EQ(plan.schedule_kind(), ScheduleKindToProto(c.kind));
     EXPECT_EQ(plan.virtual_stages(), c.virtual_stages);
     EXPECT_EQ(plan.microbatches(), c.microbatches);
     baton::v1::JobSpec want = spec;  // the spec, with the device placement chose
     want.set_device(baton::v1::DEVICE_KIND_CPU);
     EXPECT_EQ(plan.spec().SerializeAsString(), want.SerializeAsString());
     EXPECT_EQ(FromProtoDuration(plan.recv_timeout()), absl::Seconds(42));
-    // The clock parses back to exactly BuildSchedule's.
+    // The clock reads back to exactly BuildSchedule's.
     std::vector<Action> clock;
-    for (const std::string& text : plan.actions()) {
-      auto a = Action::Parse(text);
+    for (const baton::v1::PlanAction& p : plan.clock()) {
+      auto a = ActionFromProto(p);
       ASSERT_TRUE(a.ok()) << a.status();
       clock.push_back(*a);
     }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/plan/clock_proto.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/cuda_context.h"
 #include "common/core/host_info.h"
@@ -38,8 +39,7 @@ namespace {
 
 absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
   Schedule s;
-  absl::StatusOr<ScheduleKind> kind = ParseScheduleKind(plan.schedule());
-  s.kind = kind.ok() ? *kind : ScheduleKind::kCustom;
+  BATON_ASSIGN_OR_RETURN(s.kind, ScheduleKindFromProto(plan.schedule_kind()));
   s.num_ranks = plan.num_ranks();
   s.virtual_stages = plan.virtual_stages();
   s.num_microbatches = plan.microbatches();
@@ -54,12 +54,12 @@ absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
     }
   }
   s.ranks.resize(s.num_ranks);  // only this rank's clock travels; the others stay empty
-  for (const std::string& text : plan.actions()) {
-    BATON_ASSIGN_OR_RETURN(Action a, Action::Parse(text));
+  for (const baton::v1::PlanAction& p : plan.clock()) {
+    BATON_ASSIGN_OR_RETURN(Action a, ActionFromProto(p));
     if (a.kind != ActionKind::kStep &&
-        (a.stage < 0 || a.stage >= s.num_stages() || s.stage_to_rank[a.stage] != plan.rank())) {
+        (a.stage >= s.num_stages() || s.stage_to_rank[a.stage] != plan.rank())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan: action ", text, " is not for rank ", plan.rank()));
+          absl::StrCat("plan: action ", a.ToString(), " is not for rank ", plan.rank()));
     }
     s.ranks[plan.rank()].push_back(a);
   }

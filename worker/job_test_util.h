@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "baton/v1/worker.pb.h"
+#include "common/plan/clock_proto.h"
 #include "common/core/digest.h"
 #include "common/nn/model.h"
 #include "common/plan/partition.h"
@@ -95,7 +96,7 @@ inline std::vector<baton::v1::JobPlan> Plans(const baton::v1::JobSpec& spec,
   *common.mutable_spec() = spec;
   common.mutable_spec()->set_device(baton::v1::DEVICE_KIND_CPU);
   common.set_num_ranks(kRanks);
-  common.set_schedule(ScheduleKindName(sc->kind));
+  common.set_schedule_kind(ScheduleKindToProto(sc->kind));
   common.set_virtual_stages(sc->virtual_stages);
   common.set_microbatches(sc->num_microbatches);
   for (int r : sc->stage_to_rank) common.add_stage_to_rank(r);
@@ -119,7 +120,7 @@ inline std::vector<baton::v1::JobPlan> Plans(const baton::v1::JobSpec& spec,
       peer->mutable_device()->set_kind("cpu");
       peer->add_capabilities("transport/grpc");
     }
-    for (const Action& a : sc->ranks[r]) plan.add_actions(a.ToString());
+    for (const Action& a : sc->ranks[r]) *plan.add_clock() = ActionToProto(a);
     plans.push_back(std::move(plan));
   }
   return plans;
