@@ -199,7 +199,8 @@ struct JobRun::Pipeline {
   }
 
   JobRun* const run;
-  baton::v1::JobSpec spec;  // validated, with defaults
+  std::optional<ValidatedJobSpec> valid;  // set by Prepare
+  const baton::v1::JobSpec& spec() const { return valid->proto(); }
   Schedule schedule;
   std::vector<BlockRange> blocks;  // per stage
   absl::Duration recv_timeout;
@@ -364,7 +365,7 @@ absl::Status JobRun::RunSteps(ProgressSink* sink) {
   BATON_RETURN_IF_ERROR(Build(p));
   BATON_RETURN_IF_ERROR(Resume(p));
   BATON_RETURN_IF_ERROR(Train(p, sink));
-  const std::vector<BlockInfo> infos = DescribeBlocks(p.spec.model());
+  const std::vector<BlockInfo> infos = DescribeBlocks(p.spec().model());
   for (auto& [index, digest] : p.executor->BlockDigests()) {
     baton::v1::IndexedBlockDigest* d = digests_.add_block_digests();
     d->set_index(index);
@@ -375,13 +376,15 @@ absl::Status JobRun::RunSteps(ProgressSink* sink) {
 }
 
 absl::Status JobRun::Prepare(Pipeline& p) {
-  p.spec = plan_.spec();
-  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&p.spec));
-  if (p.spec.has_checkpoint()) {  // where Create checked it lies
-    BATON_ASSIGN_OR_RETURN(std::string dir, ConfinedCheckpointDir(p.spec.checkpoint().dir()));
-    p.spec.mutable_checkpoint()->set_dir(std::move(dir));
+  // The one validation of the spec in this process: the confined checkpoint directory is
+  // written in first (Create checked where it lies), and the rest takes the validated spec.
+  baton::v1::JobSpec spec = plan_.spec();
+  if (spec.has_checkpoint()) {
+    BATON_ASSIGN_OR_RETURN(std::string dir, ConfinedCheckpointDir(spec.checkpoint().dir()));
+    spec.mutable_checkpoint()->set_dir(std::move(dir));
   }
-  BATON_RETURN_IF_ERROR(RequireChosenSchedule(p.spec));
+  BATON_ASSIGN_OR_RETURN(p.valid, ValidatedJobSpec::Validate(std::move(spec)));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(p.spec()));
   BATON_ASSIGN_OR_RETURN(p.schedule, ScheduleFromPlan(plan_));
   p.blocks.resize(plan_.stages_size());
   for (const baton::v1::StagePlan& sp : plan_.stages()) {
@@ -449,7 +452,7 @@ absl::Status JobRun::Build(Pipeline& p) {
   eo.data = options_.data;
   eo.recv_timeout = p.recv_timeout;
   // Placement wrote the device every rank computes on into the plan's spec.
-  eo.device = p.spec.device() == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu;
+  eo.device = p.spec().device() == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu;
   if (options_.metrics != nullptr) {
     JobMetricsInfo info;
     info.job_id = plan_.job_id();
@@ -462,16 +465,16 @@ absl::Status JobRun::Build(Pipeline& p) {
       const std::string b = p.transport->BackendFor(schedule.stage_to_rank[s]);
       info.transport_by_stage[s] = b.empty() ? p.transport->backend() : b;
     }
-    info.samples_per_step = p.spec.data().batch_size();
+    info.samples_per_step = p.spec().data().batch_size();
     if (p.collective != nullptr) info.collective = p.collective->engine();
-    info.tokens_per_step = TokensPerStep(p.spec);
+    info.tokens_per_step = TokensPerStep(p.spec());
     eo.observer = options_.metrics->BeginJob(info);
   }
   phase_ = absl::StrCat("building its blocks (", OwnBlocks(schedule, p.blocks, plan_.rank()), ")");
-  BATON_ASSIGN_OR_RETURN(p.executor, StageExecutor::Create(p.spec, schedule, p.blocks, plan_.rank(),
+  BATON_ASSIGN_OR_RETURN(p.executor, StageExecutor::Create(*p.valid, schedule, p.blocks, plan_.rank(),
                                                            p.transport.get(), eo));
   p.owns_last = schedule.stage_to_rank.back() == plan_.rank();
-  for (const BlockInfo& b : DescribeBlocks(p.spec.model())) p.block_names.push_back(b.name);
+  for (const BlockInfo& b : DescribeBlocks(p.spec().model())) p.block_names.push_back(b.name);
   return absl::OkStatus();
 }
 
@@ -498,8 +501,8 @@ absl::Status JobRun::Resume(Pipeline& p) {
   // this step (perhaps by another partition, with other manifests) goes. Rank 0 alone,
   // before its first step: no rank can finish a step, let alone write one, before rank 0
   // has started it.
-  if (plan_.rank() == 0 && plan_.replica() == 0 && p.spec.has_checkpoint() &&
-      from == CheckpointJobDir(p.spec.checkpoint().dir(), plan_.job_id())) {
+  if (plan_.rank() == 0 && plan_.replica() == 0 && p.spec().has_checkpoint() &&
+      from == CheckpointJobDir(p.spec().checkpoint().dir(), plan_.job_id())) {
     for (int64_t later : ListCheckpointSteps(from)) {
       if (later <= p.first_step) continue;
       std::error_code ec;
@@ -514,15 +517,15 @@ absl::Status JobRun::Resume(Pipeline& p) {
 }
 
 absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
-  if (p.spec.has_checkpoint()) {
-    p.checkpoint_dir = CheckpointJobDir(p.spec.checkpoint().dir(), plan_.job_id());
+  if (p.spec().has_checkpoint()) {
+    p.checkpoint_dir = CheckpointJobDir(p.spec().checkpoint().dir(), plan_.job_id());
   }
   // Every replica holds the same weights and optimizer state: replica 0's ranks write them.
   if (!p.checkpoint_dir.empty() && plan_.replica() == 0) {
     p.writer = std::make_unique<CheckpointWriter>(p.checkpoint_dir, p.block_names,
-                                                  p.spec.checkpoint().keep());
+                                                  p.spec().checkpoint().keep());
   }
-  for (int64_t step = p.first_step; step < p.spec.steps(); ++step) {
+  for (int64_t step = p.first_step; step < p.spec().steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, step));
     sink->OnStep(std::move(report));
@@ -575,8 +578,8 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
 
 absl::Status JobRun::Checkpoint(Pipeline& p, int64_t step,
                                 baton::v1::ReportProgressRequest* report) {
-  const bool last = step + 1 == p.spec.steps();
-  if ((step + 1) % p.spec.checkpoint().every_steps() == 0 || last) {
+  const bool last = step + 1 == p.spec().steps();
+  if ((step + 1) % p.spec().checkpoint().every_steps() == 0 || last) {
     // Training stands still only while the snapshot is taken; the files are written while
     // the next steps run. The last step's write is waited for: the job is done only with
     // its final checkpoint complete.

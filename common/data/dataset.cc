@@ -97,8 +97,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& s
 
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& original,
                                                      const DataAccess& access) {
-  baton::v1::JobSpec spec = original;
-  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec spec, ValidatedJobSpec::Validate(original));
+  return MakeDataset(spec, access);
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& valid,
+                                                     const DataAccess& access) {
+  const baton::v1::JobSpec& spec = *valid;
   const auto& data = spec.data();
   if (data.has_text()) {
     // Validation guarantees a gpt model here.

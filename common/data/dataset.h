@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "baton/v1/job.pb.h"
+#include "common/spec/spec.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -77,6 +78,9 @@ struct DataAccess {
   int64_t max_file_bytes = int64_t{1} << 30;
 };
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec,
+                                                     const DataAccess& access);
+// The same for a spec already validated, which is not checked again.
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& spec,
                                                      const DataAccess& access);
 // The roots a service's --data_root flag names: comma-separated directories; empty means
 // the defaults, data/ beside the running binary and /usr/share/common-licenses (the demo's

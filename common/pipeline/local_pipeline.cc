@@ -19,10 +19,10 @@ namespace baton {
 
 absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Create(
     baton::v1::JobSpec spec, LocalPipelineOptions options) {
-  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
-  BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
+  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec valid, ValidatedJobSpec::Validate(std::move(spec)));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(*valid));
   std::unique_ptr<LocalPipelineTrainer> t(new LocalPipelineTrainer());
-  t->spec_ = std::move(spec);
+  t->spec_ = *valid;
   const baton::v1::PipelineSpec& p = t->spec_.pipeline();
   if (options.schedule.has_value()) {
     Schedule s = *std::move(options.schedule);
@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
       }
       BATON_ASSIGN_OR_RETURN(
           std::unique_ptr<StageExecutor> ex,
-          StageExecutor::Create(t->spec_, t->schedule_, t->stage_blocks_, r,
+          StageExecutor::Create(valid, t->schedule_, t->stage_blocks_, r,
                                 t->hubs_[d]->transport(r), eo));
       t->executors_.push_back(std::move(ex));
     }

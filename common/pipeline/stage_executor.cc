@@ -256,6 +256,15 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const baton::v1::JobSpec& spec, const Schedule& schedule,
     const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
     const StageExecutorOptions& options) {
+  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec valid, ValidatedJobSpec::Validate(spec));
+  return Create(valid, schedule, stage_blocks, rank, transport, options);
+}
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
+    const ValidatedJobSpec& valid, const Schedule& schedule,
+    const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
+    const StageExecutorOptions& options) {
+  const baton::v1::JobSpec& spec = *valid;
   if (rank < 0 || rank >= schedule.num_ranks) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the schedule's ", schedule.num_ranks, " ranks"));
@@ -313,7 +322,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     ex->own_timer_ = NewDeviceTimer(options.device);
     ex->timer_ = ex->own_timer_.get();
   }
-  BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(spec, options.data));
+  BATON_ASSIGN_OR_RETURN(ex->dataset_, MakeDataset(valid, options.data));
   for (int s = 0; s < schedule.num_stages(); ++s) {
     if (schedule.stage_to_rank[s] != rank) continue;
     Chunk c;

@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "baton/v1/job.pb.h"
+#include "common/spec/spec.h"
 #include "common/core/digest.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
@@ -127,6 +128,11 @@ class StageExecutor {
   // `spec` must be validated (common/spec); `schedule` lowered and validated; `stage_blocks`
   // gives the block range of every global stage (size schedule.num_stages()). Builds this
   // rank's chunks, its optimizer, and the dataset. `transport` is not owned.
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
+      const ValidatedJobSpec& spec, const Schedule& schedule,
+      const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
+      const StageExecutorOptions& options);
+  // The same, validating `spec` first (tests and tools that hold a plain spec).
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const baton::v1::JobSpec& spec, const Schedule& schedule,
       const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,

@@ -347,6 +347,11 @@ absl::StatusOr<Device> LocalDeviceFor(const baton::v1::JobSpec& spec) {
   }
 }
 
+absl::StatusOr<ValidatedJobSpec> ValidatedJobSpec::Validate(JobSpec spec) {
+  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
+  return ValidatedJobSpec(std::move(spec));
+}
+
 absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   const int64_t name_chars = Utf8Length(spec->name());
   if (name_chars > kMaxJobNameChars) {

@@ -95,6 +95,22 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // that passed once passes again unchanged. On error `spec` may have been partly defaulted.
 absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
 
+// A job spec that passed ValidateAndDefaultJobSpec, checked and defaulted. Only Validate
+// makes one, so what takes one (MakeDataset, StageExecutor::Create) does not check again:
+// a process validates a spec once on its way in and passes this along.
+class ValidatedJobSpec {
+ public:
+  static absl::StatusOr<ValidatedJobSpec> Validate(baton::v1::JobSpec spec);
+
+  const baton::v1::JobSpec& proto() const { return spec_; }
+  const baton::v1::JobSpec& operator*() const { return spec_; }
+  const baton::v1::JobSpec* operator->() const { return &spec_; }
+
+ private:
+  explicit ValidatedJobSpec(baton::v1::JobSpec spec) : spec_(std::move(spec)) {}
+  baton::v1::JobSpec spec_;
+};
+
 // FAILED_PRECONDITION when pipeline.schedule is still SCHEDULE_AUTO: what trains a spec
 // needs the auto-planner's choice written into it first (ResolveAutoPipeline, planner.h;
 // the coordinator and `batonctl train-local` do that).

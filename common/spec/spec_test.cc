@@ -510,6 +510,26 @@ TEST(ValidateTest, Idempotent) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(spec, again));
 }
 
+// The validated type holds exactly what ValidateAndDefaultJobSpec makes of the spec, and
+// carries its refusals unchanged.
+TEST(ValidateTest, ValidatedJobSpecIsTheDefaultedSpecOrTheRefusal) {
+  JobSpec spec = ValidGpt();
+  spec.clear_pipeline();
+  absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(valid->proto(), spec));
+  EXPECT_EQ((*valid)->pipeline().stages(), 1);
+
+  JobSpec bad = ValidGpt();
+  bad.set_steps(0);
+  JobSpec bad_copy = bad;
+  const absl::Status direct = ValidateAndDefaultJobSpec(&bad_copy);
+  absl::StatusOr<ValidatedJobSpec> refused = ValidatedJobSpec::Validate(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status(), direct);
+}
+
 TEST(ValidateTest, ChunkLimitAllowsOneBlockPerChunk) {
   JobSpec mlp = ValidMlp();  // depth 3: hidden.0..2 + out = 4 blocks
   mlp.mutable_pipeline()->set_stages(4);

@@ -12,11 +12,11 @@ namespace baton {
 
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
     baton::v1::JobSpec spec) {
-  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
-  BATON_RETURN_IF_ERROR(RequireChosenSchedule(spec));
+  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec valid, ValidatedJobSpec::Validate(std::move(spec)));
+  BATON_RETURN_IF_ERROR(RequireChosenSchedule(*valid));
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
-  t->spec_ = std::move(spec);
-  BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(t->spec_));
+  t->spec_ = *valid;
+  BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(valid, DataAccess()));
   BATON_ASSIGN_OR_RETURN(t->device_, LocalDeviceFor(t->spec_));
   BATON_ASSIGN_OR_RETURN(t->model_,
                          BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
