@@ -115,7 +115,7 @@ class Stash {
   std::string owner_;
   // Not absl::flat_hash_map: Abseil's tables are left inconsistent when growing them runs
   // out of memory (their capacity changes before the allocation), and a worker that fails a
-  // job on std::bad_alloc destroys this map on its way out (worker_agent.cc).
+  // job on std::bad_alloc destroys this map on its way out (worker/job_run.cc).
   std::unordered_map<int, T> map_;
 };
 
