@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""clang's thread-safety analysis over every C++ translation unit of a build.
+"""clang's thread-safety analysis over the C++ translation units of a build that lock.
 
 GCC, which builds baton, ignores the lock annotations (ABSL_GUARDED_BY,
-ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...). This compiles each source file of BUILD_DIR's
+ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...). This compiles source files of BUILD_DIR's
 compile_commands.json with clang++ -fsyntax-only -Wthread-safety -Werror=thread-safety
 (parsing and analysis only: no code is generated), in parallel, and exits 1 listing what
-it found. CUDA files are left out (nvcc); their host code holds no annotated lock.
+it found. By default it checks every file that names a lock or a lock annotation, itself
+or in a project header it includes directly (the files that can touch guarded state: a
+class's members are private to the files implementing it); --all checks every file.
+CUDA files are left out (nvcc); their host code holds no annotated lock.
 
-  scripts/check-thread-safety.py [BUILD_DIR] [-j N]
+  scripts/check-thread-safety.py [BUILD_DIR] [-j N] [--all]
 """
 import argparse
 import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +25,21 @@ import time
 
 # GCC-only flags clang would warn about; -w-like noise is not what this check is for.
 DROP = {"-fno-fast-math"}
+LOCKING = re.compile(r"Mutex|ABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|"
+                     r"LOCKS_EXCLUDED|LOCKABLE|SCOPED_LOCKABLE)")
+PROJECT_INCLUDE = re.compile(r'^#include "((?:common|coordinator|worker|client)/[^"]+)"', re.M)
+
+
+def locks(root, rel):
+    """Whether `rel` or a project header it includes directly names a lock."""
+    text = (root / rel).read_text(errors="replace")
+    if LOCKING.search(text):
+        return True
+    for inc in PROJECT_INCLUDE.findall(text):
+        header = root / inc
+        if header.exists() and LOCKING.search(header.read_text(errors="replace")):
+            return True
+    return False
 
 
 def clang_command(entry, clang):
@@ -46,6 +65,7 @@ def main():
     ap.add_argument("build_dir", nargs="?", default="build")
     ap.add_argument("-j", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--clang", default=os.environ.get("BATON_CLANG", "clang++"))
+    ap.add_argument("--all", action="store_true", help="every file, not only those that lock")
     opts = ap.parse_args()
     db = pathlib.Path(opts.build_dir) / "compile_commands.json"
     if not db.exists():
@@ -64,7 +84,8 @@ def main():
         if rel.suffix != ".cc" or rel.parts[0] not in ("common", "coordinator", "worker",
                                                        "client", "bench", "tests"):
             continue
-        entries.setdefault(str(rel), e)
+        if opts.all or locks(root, rel):
+            entries.setdefault(str(rel), e)
     start = time.monotonic()
 
     def run(item):
