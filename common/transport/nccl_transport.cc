@@ -275,7 +275,9 @@ struct NcclTransport::Edge {
   uint64_t next_slot = 0;
   std::vector<std::shared_ptr<SendState>> slot_owner;  // the last send that used each slot
 
-  // Receives run one at a time (held across a whole Recv).
+  // Receives run one at a time (held across a whole Recv, taken with a deadline). A plain
+  // std::timed_mutex, not baton::Mutex: it guards no member, only the turn, and the
+  // analysis cannot follow a lock taken with try_lock_until.
   std::timed_mutex recv_mu;
 };
 
