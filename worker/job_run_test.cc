@@ -76,7 +76,7 @@ class JobRunTest : public ::testing::Test {
     JobRunOptions o;
     o.worker_id = absl::StrCat("w-", rank);
     o.inbox = &nodes_[rank]->inbox;
-    o.rendezvous = &nodes_[rank]->rendezvous;
+    o.rendezvous = &nodes_[rank]->box;
     o.channels = MakeTensorChannel;
     o.checkpoint_root = dir_.string();
     return o;

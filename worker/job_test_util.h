@@ -23,6 +23,7 @@
 #include "common/schedule/schedule.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
+#include "common/transport/rendezvous_test_util.h"
 #include "common/transport/rendezvous.h"
 #include "common/transport/tensor_inbox.h"
 #include "common/transport/tensor_service.h"
@@ -53,27 +54,10 @@ inline baton::v1::JobSpec TinySpec(int64_t steps) {
   return spec;
 }
 
-// A worker's receiving end: its inbox and rendezvous box, served on loopback.
-struct Node {
-  TensorInbox inbox;
-  RendezvousBox rendezvous;
-  std::unique_ptr<TensorServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-};
-
-inline std::unique_ptr<Node> StartNode() {
-  auto node = std::make_unique<Node>();
-  TensorServiceImpl::Options so;
-  so.rendezvous = &node->rendezvous;
-  node->service = std::make_unique<TensorServiceImpl>(&node->inbox, so);
-  ServerOptions opts;
-  opts.services = {node->service.get()};
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServer(opts, &node->address);
-  EXPECT_TRUE(server.ok()) << server.status();
-  node->server = *std::move(server);
-  return node;
-}
+// A worker's receiving end: its inbox and rendezvous box, served on loopback (the
+// transport tests' RendezvousNode).
+using Node = RendezvousNode;
+inline std::unique_ptr<Node> StartNode() { return std::make_unique<Node>(); }
 
 // The plans the coordinator sends for `spec` on workers w-0, w-1 at `addresses` (as
 // coordinator/placement.cc builds them: 1F1B, FLOP-balanced blocks, every peer listed).

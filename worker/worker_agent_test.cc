@@ -39,7 +39,7 @@ Worker MakeWorker(const std::string& id) {
   WorkerOptions o;
   o.worker_id = id;
   o.advertise_address = w.node->address;
-  o.rendezvous = &w.node->rendezvous;
+  o.rendezvous = &w.node->box;
   o.device.set_kind("cpu");
   auto fake = std::make_unique<FakeCoordinatorClient>();
   w.coordinator = fake.get();
