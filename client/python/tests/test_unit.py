@@ -5,7 +5,7 @@ import pytest
 
 import baton
 from baton import _errors, _spec
-from baton.v1 import jobs_pb2
+from baton.v1 import job_pb2, jobs_pb2
 
 
 class FakeStub:
@@ -106,3 +106,24 @@ def test_overrides_replace_either_spelling_and_go_deeper():
                     "optimizer": {"adamw": {"learning_rate": 0.5}}}
     with pytest.raises(baton.SpecError, match="empty field name"):
         _spec.apply_overrides({}, {"pipeline____stages": 1})
+
+
+def test_a_progress_bar_on_a_job_that_already_ended_shows_its_steps(capsys):
+    # The watch of an ended job yields only its state; the bar starts from the snapshot.
+    pytest.importorskip("tqdm")
+    from baton._client import _with_progress
+    from baton._types import StateEvent, JobState
+
+    proto = jobs_pb2.Job(id="job-000007", state=jobs_pb2.JOB_STATE_SUCCEEDED, steps_done=3,
+                         last_loss=2.5, spec=job_pb2.JobSpec(steps=3))
+    asked = []
+
+    def snapshot(job_id):
+        asked.append(job_id)
+        return baton.Job(proto, None)
+
+    ended = StateEvent("job-000007", None, JobState.SUCCEEDED, "")
+    assert list(_with_progress(iter([ended]), "job-000007", snapshot)) == [ended]
+    assert asked == ["job-000007"]
+    err = capsys.readouterr().err
+    assert "3/3" in err and "loss=2.5000" in err and "SUCCEEDED" in err, err

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import grpc
 
@@ -227,13 +227,15 @@ class Client:
         state, then a StateEvent per change and a StepEvent per step; ends after the job
         reaches a terminal state. A job that already ended yields its state and ends.
 
-        progress: also draw a tqdm progress bar (steps, loss) on stderr; needs tqdm.
+        progress: also draw a tqdm progress bar (steps, loss) on stderr; needs tqdm. The
+            bar starts at the job's progress when the watch begins (a job watched mid-run,
+            or after it ended, shows its steps so far).
         timeout: bound on the whole watch in seconds (default 24 h); DeadlineExceeded
             when it passes first.
         """
         job_id = _job_id(job)
         events = self._events(job_id, WATCH_TIMEOUT if timeout is None else timeout)
-        return _with_progress(events, job_id) if progress else events
+        return _with_progress(events, job_id, self.get) if progress else events
 
     def wait(self, job: JobRef, timeout: float) -> Job:
         """Waits until the job ends and returns its final snapshot if it SUCCEEDED.
@@ -312,15 +314,27 @@ class Client:
         return [Worker.from_proto(w) for w in response.workers]
 
 
-def _with_progress(events: Iterator[Event], job_id: str) -> Iterator[Event]:
+def _with_progress(events: Iterator[Event], job_id: str,
+                   snapshot: Callable[[str], Job]) -> Iterator[Event]:
     try:
         from tqdm import tqdm
     except ImportError:
         raise ImportError("watch(progress=True) needs tqdm: pip install tqdm "
                           "(or baton-client[progress])") from None
     bar = tqdm(desc=job_id, unit="step")
+    seeded = False
     try:
         for event in events:
+            if not seeded:
+                # The watch's first event is the current state; the steps before it are
+                # not replayed, so the bar starts from a snapshot taken after it (any step
+                # the snapshot already counts is at most repeated by a later StepEvent).
+                seeded = True
+                job = snapshot(job_id)
+                bar.total = job.total_steps or None
+                bar.n = job.steps_done
+                if job.last_loss is not None:
+                    bar.set_postfix(loss=f"{job.last_loss:.4f}", refresh=False)
             if isinstance(event, StepEvent):
                 if event.total_steps and bar.total != event.total_steps:
                     bar.total = event.total_steps
