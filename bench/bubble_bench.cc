@@ -609,6 +609,7 @@ absl::StatusOr<ScheduleResult> RunSchedule(const Flags& f, const std::string& na
             step_cost[r].Add(d);
             break;
           case ActionKind::kReduceGrad:  // not in this benchmark's clocks (one replica)
+          case ActionKind::kTieGrad:     // nor this (an untied model)
             break;
           case ActionKind::kRecvF:
           case ActionKind::kRecvB: {

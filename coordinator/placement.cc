@@ -40,14 +40,11 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
   absl::StatusOr<Schedule> schedule = BuildSchedule(o);
   if (!schedule.ok()) return PipelineError(schedule.status());
   layout.schedule = *std::move(schedule);
-  if (p.data_parallel() > 1) {
-    // Every replica runs the same clock, with each stage's gradient reduction in it.
-    absl::StatusOr<Schedule> dp = AddGradReductions(layout.schedule);
-    if (!dp.ok()) return PipelineError(dp.status());
-    const absl::Status valid = Validate(*dp);
-    if (!valid.ok()) return PipelineError(valid);
-    layout.schedule = *std::move(dp);
-  }
+  // Every replica runs the same clock, with each stage's gradient reduction and the tied
+  // embedding's sum in it.
+  absl::StatusOr<Schedule> job_clock = AddJobActions(layout.schedule, spec);
+  if (!job_clock.ok()) return PipelineError(job_clock.status());
+  layout.schedule = *std::move(job_clock);
   layout.blocks = DescribeBlocks(spec.model());
   absl::StatusOr<std::vector<BlockRange>> ranges =
       StageBlocks(layout.blocks, layout.schedule.num_stages(),

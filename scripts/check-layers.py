@@ -15,7 +15,8 @@ import sys
 LAYERS = [
     ["common/core"],
     ["common/schedule", "common/http"],
-    ["common/spec", "common/nn", "common/comm", "common/rpc"],
+    ["common/spec"],
+    ["common/nn", "common/comm", "common/rpc"],
     ["common/data", "common/optim", "common/nccl", "common/metrics"],
     ["common/checkpoint", "common/plan", "common/service"],
     ["common/train", "common/transport"],

@@ -90,8 +90,9 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
         recv += d;
         break;
       case ActionKind::kStep:
-      case ActionKind::kReduceGrad:
-        break;  // queues the reduction; its time is its own
+      case ActionKind::kReduceGrad:  // queues the reduction; its time is its own
+      case ActionKind::kTieGrad:
+        break;
     }
   }
   baton::v1::RankTiming out;

@@ -26,7 +26,7 @@ std::set<int> Neighbours(const Schedule& schedule, int rank) {
   std::set<int> out;
   if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
   for (const Action& a : schedule.ranks[rank]) {
-    const int peer_stage = PeerStage(a);
+    const int peer_stage = PeerStage(a, schedule.num_stages());
     const int peer = peer_stage >= 0 && peer_stage < schedule.num_stages()
                          ? schedule.stage_to_rank[peer_stage]
                          : -1;
@@ -108,12 +108,17 @@ InboxPlan PlanInbox(const baton::v1::JobPlan& plan, const Schedule& schedule,
   const int rank = plan.rank();
   if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
   for (const Action& a : schedule.ranks[rank]) {
-    if (a.kind != ActionKind::kRecvF && a.kind != ActionKind::kRecvB) continue;
-    const int from_stage = PeerStage(a);
+    if (a.kind != ActionKind::kRecvF && a.kind != ActionKind::kRecvB &&
+        a.kind != ActionKind::kTieGrad) {
+      continue;
+    }
+    const int from_stage = PeerStage(a, schedule.num_stages());
     if (from_stage < 0 || from_stage >= schedule.num_stages()) continue;
-    const InboxSource source{schedule.stage_to_rank[from_stage], from_stage,
-                             a.kind == ActionKind::kRecvF ? TensorKind::kActivation
-                                                          : TensorKind::kGradient};
+    if (schedule.stage_to_rank[from_stage] == rank) continue;  // a local tie
+    const TensorKind kind = a.kind == ActionKind::kRecvF   ? TensorKind::kActivation
+                            : a.kind == ActionKind::kRecvB ? TensorKind::kGradient
+                                                           : TensorKind::kTiedGradient;
+    const InboxSource source{schedule.stage_to_rank[from_stage], from_stage, kind};
     if (std::find(out.sources.begin(), out.sources.end(), source) == out.sources.end()) {
       out.sources.push_back(source);
     }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/vocabulary.h"
+#include "common/spec/spec.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace baton::cli {
@@ -179,16 +180,7 @@ std::string ScheduleName(baton::v1::Schedule s) {
 }  // namespace
 
 std::string DescribeSpec(const baton::v1::JobSpec& spec) {
-  std::string model = "no model";
-  if (spec.model().has_gpt()) {
-    const auto& g = spec.model().gpt();
-    model = absl::StrFormat("gpt (vocab %d, context %d, d_model %d, heads %d, layers %d)",
-                            g.vocab_size(), g.context(), g.d_model(), g.heads(), g.layers());
-  } else if (spec.model().has_mlp()) {
-    const auto& m = spec.model().mlp();
-    model = absl::StrFormat("mlp (input %d, width %d, depth %d, output %d)", m.input_dim(),
-                            m.width(), m.depth(), m.output_dim());
-  }
+  const std::string model = DescribeModel(spec.model());
   const auto& p = spec.pipeline();
   const int stages = std::max(1, p.stages());
   const int chunks = std::max(1, p.virtual_stages());

@@ -1,5 +1,6 @@
 // batonctl export: a job's trained weights as one safetensors file, from its checkpoints.
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "client/batonctl/commands.h"
 #include "client/batonctl/trace_json.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/hf.h"
+#include "common/checkpoint/safetensors.h"
+#include "common/spec/spec.h"
 
 namespace baton::cli {
 namespace {
@@ -19,17 +23,24 @@ constexpr char kCommand[] = "export";
 
 constexpr char kUsage[] =
     "usage: batonctl export JOB [--step N] -o model.safetensors\n"
-    "       batonctl export --from DIR/JOB [--step N] -o model.safetensors\n\n"
+    "       batonctl export --from DIR/JOB [--step N] -o model.safetensors\n"
+    "       batonctl export JOB --format hf [--step N] -o MODEL_DIR\n"
+    "       batonctl export --from DIR/JOB --spec SPEC.json --format hf [--step N] -o MODEL_DIR\n\n"
     "Writes the model's weights from a complete checkpoint (every file checked against its\n"
     "SHA-256) as one safetensors file, each parameter under its block-qualified name\n"
     "(\"block.3.attn.qkv.weight\"), readable by PyTorch and Hugging Face tools.\n"
     "JOB: the coordinator reads the checkpoint and sends it (the job's submitter or an\n"
     "admin only; the coordinator must see the checkpoint root). --from DIR/JOB: read a\n"
-    "checkpoint directory mounted where batonctl runs.";
+    "checkpoint directory mounted where batonctl runs.\n"
+    "--format hf (a gpt or llama model): writes a Hugging Face transformers model directory\n"
+    "instead, config.json and model.safetensors under transformers' names (float32), which\n"
+    "AutoModelForCausalLM.from_pretrained(MODEL_DIR) loads; the model's shape comes from the\n"
+    "job's spec (JOB) or from --spec SPEC.json (--from).";
 
 // The weights to write and where they came from.
 struct Exported {
-  std::string bytes;   // the safetensors file
+  std::string bytes;   // the safetensors file (baton's names)
+  baton::v1::ModelSpec model;  // with --format hf: the job's model
   int64_t step = 0;    // the checkpoint's step
   std::string source;  // its directory
 };
@@ -37,9 +48,24 @@ struct Exported {
 // --step, or -1 without it (the newest complete checkpoint). Only after CheckExport.
 int64_t StepFlag(const Args& args) { return *args.GetInt("step", -1); }
 
+bool HfFormat(const Args& args) { return args.Get("format") == "hf"; }
+
 absl::Status CheckExport(const Args& args) {
+  if (args.Has("format") && args.Get("format") != "hf" && args.Get("format") != "baton") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be baton or hf, got '", args.Get("format"), "'"));
+  }
   if (!args.Has("output") || args.Get("output") == "-") {
-    return absl::InvalidArgumentError("-o FILE is required (the export is binary)");
+    return absl::InvalidArgumentError(HfFormat(args)
+                                          ? "-o DIR is required (the model directory to write)"
+                                          : "-o FILE is required (the export is binary)");
+  }
+  if (HfFormat(args) && args.Has("from") && !args.Has("spec")) {
+    return absl::InvalidArgumentError(
+        "--format hf with --from needs --spec SPEC.json (the model's shape)");
+  }
+  if (args.Has("spec") && !(HfFormat(args) && args.Has("from"))) {
+    return absl::InvalidArgumentError("--spec goes with --from and --format hf");
   }
   absl::StatusOr<int64_t> at = args.GetInt("step", -1);
   if (!at.ok()) return at.status();
@@ -58,6 +84,27 @@ absl::Status CheckExport(const Args& args) {
 // Writes the export to -o FILE and says so; returns the exit code.
 int WriteExport(const Args& args, const Exported& e) {
   const std::string path = args.Get("output");
+  if (HfFormat(args)) {
+    absl::StatusOr<Safetensors> st = ParseSafetensors(e.bytes);
+    if (!st.ok()) return CommandFail(kCommand, std::string(st.status().message()));
+    std::vector<Tensor> tensors;
+    tensors.reserve(st->order.size());
+    std::map<std::string, const Tensor*> by_name;
+    for (const std::string& name : st->order) {
+      absl::StatusOr<Tensor> t = EntryToTensor(st->tensors.at(name), Device::kCpu);
+      if (!t.ok()) return CommandFail(kCommand, std::string(t.status().message()));
+      tensors.push_back(*std::move(t));
+      by_name[name] = &tensors.back();
+    }
+    if (absl::Status s = WriteHfModel(e.model, by_name, path); !s.ok()) {
+      return CommandFail(kCommand, std::string(s.message()));
+    }
+    std::fprintf(stderr,
+                 "wrote %s/config.json and model.safetensors: the weights after step %lld from "
+                 "%s, as a Hugging Face model\n",
+                 path.c_str(), static_cast<long long>(e.step), e.source.c_str());
+    return 0;
+  }
   if (absl::Status s = WriteFileAtomically(path, e.bytes); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()));
   }
@@ -82,6 +129,11 @@ int RunExportFromDir(const Args& args) {
   absl::StatusOr<std::string> exported = ExportWeights(e.source);
   if (!exported.ok()) return CommandFail(kCommand, std::string(exported.status().message()));
   e.bytes = *std::move(exported);
+  if (HfFormat(args)) {
+    absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args.Get("spec"));
+    if (!spec.ok()) return CommandFail(kCommand, std::string(spec.status().message()));
+    e.model = spec->model();
+  }
   return WriteExport(args, e);
 }
 
@@ -111,6 +163,16 @@ int RunExport(const Args& args, const ClusterClient& c) {
     return CommandFail(kCommand, absl::StrCat("the export ended after ", e.bytes.size(), " of ",
                                               total, " bytes"));
   }
+  if (HfFormat(args)) {  // the model's shape, from the job's spec
+    baton::v1::GetJobRequest get;
+    get.set_job_id(args.positional()[0]);
+    baton::v1::Job job;
+    std::unique_ptr<grpc::ClientContext> get_ctx = c.Context();
+    if (const grpc::Status st = c.stub().GetJob(get_ctx.get(), get, &job); !st.ok()) {
+      return c.Fail(st);
+    }
+    e.model = job.spec().model();
+  }
   return WriteExport(args, e);
 }
 
@@ -124,10 +186,14 @@ int Export(const std::vector<std::string>& argv) {
       {"step", "", false, "the checkpoint's step (default: the newest complete one)"},
       {"from", "", false,
        "read the checkpoints in this directory (DIR/JOB) instead of asking the coordinator "
-       "where JOB's are"}};
+       "where JOB's are"},
+      {"format", "", false,
+       "baton (default: one safetensors file) or hf (a Hugging Face model directory)"},
+      {"spec", "", false, "with --from and --format hf: the job's spec (the model's shape)"}};
   command.positional = Positional::kOwn;  // JOB, or none with --from
   command.default_timeout = absl::Minutes(10);
-  command.output_file_help = "the safetensors file to write (required)";
+  command.output_file_help =
+      "the safetensors file to write, or with --format hf the model directory (required)";
   command.check = CheckExport;
   command.offline = [](const Args& args) { return args.Has("from"); };
   command.run_offline = RunExportFromDir;

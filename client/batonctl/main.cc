@@ -24,7 +24,7 @@ constexpr char kUsage[] =
     "  workers       list the workers and what they run\n"
     "  history       show a job's loss and throughput, one row per step (--csv)\n"
     "  trace         write one step's action timeline as Chrome trace-event JSON\n"
-    "  export        write a job's weights from a checkpoint as one safetensors file\n"
+    "  export        write a job's weights from a checkpoint (safetensors, or --format hf)\n"
     "\n"
     "Run 'batonctl COMMAND --help' for a command's flags.\n";
 }  // namespace

@@ -26,6 +26,7 @@
 #include "common/schedule/render.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
+#include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
 #include "common/schedule/vocabulary.h"
 #include "client/batonctl/cluster_client.h"
@@ -98,6 +99,39 @@ constexpr char kUsage[] =
     "and prints the fastest first with predicted step time, bubble, peak memory per rank\n"
     "and why each lost to the pick (docs/schedules.md, \"The auto-planner\"). Flags\n"
     "--schedule, --virtual and --microbatches fix those choices.\n\n";
+
+// Per stage, the spec's blocks and parameters; per rank, the planner's peak memory
+// (parameters, gradients, optimizer state and the activations the schedule keeps in flight).
+void PrintStageFootprint(baton::v1::JobSpec spec, const Schedule& schedule) {
+  baton::v1::PipelineSpec* p = spec.mutable_pipeline();
+  p->set_stages(schedule.num_ranks);
+  p->set_virtual_stages(schedule.virtual_stages);
+  p->set_microbatches(schedule.num_microbatches);
+  if (schedule.kind != ScheduleKind::kCustom && p->schedule() == baton::v1::SCHEDULE_AUTO) return;
+  PlannerInput in = PlannerInputFor(spec, schedule.num_ranks);
+  if (schedule.kind != ScheduleKind::kCustom) in.schedule = schedule.kind;
+  in.keep = 1;
+  absl::StatusOr<baton::Plan> plan = PlanPipeline(in);
+  if (!plan.ok() || plan->ranked.empty()) return;
+  const PlanCandidate& pick = plan->ranked[0];
+  std::printf("%s\n", DescribeModel(spec.model()).c_str());
+  for (size_t s = 0; s < pick.stage_blocks.size(); ++s) {
+    const BlockRange& r = pick.stage_blocks[s];
+    int64_t params = 0;
+    for (int b = r.first; b < r.last; ++b) params += in.blocks[b].parameters;
+    const std::string blocks =
+        r.last - r.first == 1
+            ? in.blocks[r.first].name
+            : absl::StrCat(in.blocks[r.first].name, " .. ", in.blocks[r.last - 1].name, " (",
+                           r.last - r.first, " blocks)");
+    std::printf("stage %zu: %s, %.2fM parameters\n", s, blocks.c_str(), params / 1e6);
+  }
+  for (size_t r = 0; r < pick.peak_bytes.size(); ++r) {
+    std::printf("rank %zu: peak memory %s (weights, gradients, optimizer state, activations "
+                "in flight)\n",
+                r, HumanBytes(static_cast<double>(pick.peak_bytes[r])).c_str());
+  }
+}
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "batonctl plan: %s\n", what.c_str());
@@ -386,6 +420,8 @@ int Plan(const std::vector<std::string>& argv) {
   ScheduleOptions o;
   o.kind = ScheduleKind::k1F1B;
   int data_parallel = 1;
+  bool tied = false;  // the spec's model ties its embeddings: the clock sums them
+  std::optional<baton::v1::JobSpec> file_spec;  // -f, validated: its stages are described
   bool have_stages = false;
   bool have_microbatches = false;
   if (args->Has("file")) {
@@ -403,7 +439,11 @@ int Plan(const std::vector<std::string>& argv) {
     data_parallel = p.data_parallel() == 0 ? 1 : p.data_parallel();
     o.num_blocks = ModelBlockCount(spec->model());
     if (o.num_blocks == 0)
-      return Fail(path + ": the spec's model has no architecture (mlp or gpt)");
+      return Fail(path + ": the spec's model has no architecture (mlp, gpt or llama)");
+    const std::optional<TokenModel> token_model = TokenModelOf(spec->model());
+    tied = token_model && token_model->tie_embeddings;
+    baton::v1::JobSpec valid = *spec;
+    if (ValidateAndDefaultJobSpec(&valid).ok()) file_spec = std::move(valid);
     have_stages = have_microbatches = true;
   }
   if (args->Has("blocks")) {
@@ -462,10 +502,14 @@ int Plan(const std::vector<std::string>& argv) {
     schedule = *std::move(built);
   }
 
-  if (data_parallel > 1 && !schedule.reduces_grads()) {
-    absl::StatusOr<Schedule> dp = AddGradReductions(schedule);
-    if (!dp.ok()) return Fail(std::string(dp.status().message()));
-    schedule = *std::move(dp);
+  if (data_parallel > 1 || tied) {
+    // The job's own actions, as the coordinator adds them (AddJobActions).
+    baton::v1::JobSpec job;
+    job.mutable_pipeline()->set_data_parallel(data_parallel);
+    if (tied) job.mutable_model()->mutable_gpt();  // a gpt ties unless told not to
+    absl::StatusOr<Schedule> with = AddJobActions(schedule, job);
+    if (!with.ok()) return Fail(std::string(with.status().message()));
+    schedule = *std::move(with);
   }
   if (!costs->per_stage.empty() &&
       static_cast<int>(costs->per_stage.size()) != schedule.num_stages()) {
@@ -498,6 +542,7 @@ int Plan(const std::vector<std::string>& argv) {
     std::printf("%s with unit costs: bubble %s; activations held: %s\n", e.name, e.bubble,
                 e.memory);
   }
+  if (output == "table" && file_spec) PrintStageFootprint(*file_spec, schedule);
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
+#include "common/checkpoint/hf.h"
 #include "common/core/status.h"
 #include "common/schedule/vocabulary.h"
 #include "common/spec/spec.h"
@@ -57,6 +58,9 @@ std::vector<FlagSpec> SubmitFlags() {
       {"resume-from", "", false,
        "start from JOB's checkpoint: JOB (its newest complete one) or JOB@STEP; without -f, "
        "with JOB's spec"},
+      {"init-from-hf", "", false,
+       "start from the weights of a Hugging Face GPT-2 or LLaMA model directory "
+       "(init.from_hf); a spec without a model takes it from DIR/config.json"},
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
@@ -65,7 +69,7 @@ std::vector<FlagSpec> SubmitFlags() {
 
 constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
-    "                       [--resume-from JOB[@STEP]]\n"
+    "                       [--resume-from JOB[@STEP]] [--init-from-hf DIR]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
     "                       [--recompute none|full] [--recompute-stages S,S...]\n"
     "                       [--data-parallel D]\n"
@@ -80,7 +84,13 @@ constexpr char kUsage[] =
     "--resume-from JOB[@STEP] starts from JOB's checkpoint (its newest complete one, or the\n"
     "one after STEP) and trains the remaining steps; without -f it reuses JOB's spec, so the\n"
     "result equals the run JOB would have finished, bit for bit. Overrides apply on top\n"
-    "(another --schedule or --stages loads the same checkpoint).";
+    "(another --schedule or --stages loads the same checkpoint).\n"
+    "\n"
+    "--init-from-hf DIR starts from a Hugging Face transformers model (config.json and\n"
+    "model.safetensors or a sharded index; GPT-2 or LLaMA) instead of the seed's weights.\n"
+    "Workers read DIR under their --data_root (a relative DIR is taken under it). When DIR\n"
+    "is readable here too, a spec without a model gets the model of DIR/config.json, and a\n"
+    "spec with one is checked against it before submitting.";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
   // "auto": the coordinator's auto-planner chooses at placement (SCHEDULE_AUTO).
@@ -222,6 +232,36 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// --init-from-hf DIR: sets init.from_hf. DIR/config.json, when readable here, gives a spec
+// without a model its model, and checks the model of a spec that has one (workers read DIR
+// under their data roots: a DIR not readable here is left to them).
+absl::Status ApplyInitFromHf(const Args& args, baton::v1::JobSpec* spec) {
+  if (!args.Has("init-from-hf")) return absl::OkStatus();
+  const std::string dir = args.Get("init-from-hf");
+  spec->mutable_init()->set_from_hf(dir);
+  absl::StatusOr<google::protobuf::Struct> config = ReadHfConfig(dir);
+  const bool has_model =
+      spec->model().architecture_case() != baton::v1::ModelSpec::ARCHITECTURE_NOT_SET;
+  if (!has_model) {
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init-from-hf: the spec has no model, and ", config.status().message()));
+    }
+    absl::StatusOr<baton::v1::ModelSpec> model = ModelSpecFromHfConfig(*config);
+    if (!model.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--init-from-hf ", dir, ": ", model.status().message()));
+    }
+    *spec->mutable_model() = *std::move(model);
+    return absl::OkStatus();
+  }
+  if (!config.ok()) return absl::OkStatus();  // not here: the workers check it
+  if (absl::Status s = CheckSpecAgainstHf(spec->model(), *config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--init-from-hf ", dir, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 // "JOB" or "JOB@STEP".
 absl::StatusOr<baton::v1::ResumeFrom> ParseResumeFromJob(const std::string& arg) {
   baton::v1::ResumeFrom from;
@@ -297,6 +337,9 @@ int RunSubmit(const Args& args, const ClusterClient& c) {
   if (!spec.ok()) return c.Fail(spec.status());
   if (resume) *spec->mutable_resume_from() = from;
   if (absl::Status s = ApplyOverrides(args, &*spec); !s.ok()) {
+    return CommandFail(kCommand, std::string(s.message()), 2);
+  }
+  if (absl::Status s = ApplyInitFromHf(args, &*spec); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()), 2);
   }
 

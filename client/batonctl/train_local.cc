@@ -55,17 +55,7 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-std::string Describe(const baton::v1::JobSpec& spec) {
-  const auto& m = spec.model();
-  if (m.has_gpt()) {
-    const auto& g = m.gpt();
-    return absl::StrFormat("gpt (vocab %d, context %d, d_model %d, heads %d, layers %d)",
-                           g.vocab_size(), g.context(), g.d_model(), g.heads(), g.layers());
-  }
-  const auto& p = m.mlp();
-  return absl::StrFormat("mlp (input %d, width %d, depth %d, output %d)", p.input_dim(),
-                         p.width(), p.depth(), p.output_dim());
-}
+std::string Describe(const baton::v1::JobSpec& spec) { return DescribeModel(spec.model()); }
 
 // What the training loop needs from either trainer.
 struct Runner {

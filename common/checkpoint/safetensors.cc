@@ -123,17 +123,35 @@ absl::StatusOr<std::string> EncodeSafetensors(
   return out;
 }
 
-absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
-  if (file.size() < 8) {
-    return Bad(absl::StrCat("the file is ", file.size(), " bytes, shorter than its 8-byte header length"));
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint64_t file_bytes) {
+  if (first8.size() < 8 || file_bytes < 8) {
+    return Bad(absl::StrCat("the file is ", file_bytes,
+                            " bytes, shorter than its 8-byte header length"));
   }
-  const uint64_t n = GetU64(file.data());
-  if (n > kMaxHeader || n > file.size() - 8) {
-    return Bad(absl::StrCat("header length ", n, " exceeds the file (", file.size(),
+  const uint64_t n = GetU64(first8.data());
+  if (n > kMaxHeader || n > file_bytes - 8) {
+    return Bad(absl::StrCat("header length ", n, " exceeds the file (", file_bytes,
                             " bytes) or the limit of ", kMaxHeader));
   }
-  const absl::string_view json = file.substr(8, n);
-  const absl::string_view data = file.substr(8 + n);
+  return n;
+}
+
+uint64_t SafetensorsDataBytes(const SafetensorsEntry& e) {
+  const uint64_t elem = (e.file_dtype == "F16" || e.file_dtype == "BF16") ? 2 : DTypeSize(e.dtype);
+  return static_cast<uint64_t>(NumElements(e.shape)) * elem;
+}
+
+absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
+  absl::StatusOr<uint64_t> n = SafetensorsHeaderLength(file.substr(0, 8), file.size());
+  if (!n.ok()) return n.status();
+  const absl::string_view data = file.substr(8 + *n);
+  absl::StatusOr<Safetensors> out = ParseSafetensorsHeader(file.substr(8, *n), data.size());
+  if (!out.ok()) return out;
+  for (auto& [name, e] : out->tensors) e.data = data.substr(e.offset, SafetensorsDataBytes(e));
+  return out;
+}
+
+absl::StatusOr<Safetensors> ParseSafetensorsHeader(absl::string_view json, uint64_t data_bytes) {
   google::protobuf::Struct header;
   google::protobuf::util::JsonParseOptions opts;
   const auto parsed =
@@ -170,13 +188,15 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
     }
     SafetensorsEntry e;
     const std::string tag = dtype->second.string_value();
-    if (tag == "F32") {
+    if (tag == "F32" || tag == "F16" || tag == "BF16") {
       e.dtype = DType::kFloat32;
     } else if (tag == "I32") {
       e.dtype = DType::kInt32;
     } else {
-      return Bad(absl::StrCat(where, " has dtype \"", tag, "\"; only F32 and I32 are read"));
+      return Bad(absl::StrCat(where, " has dtype \"", tag,
+                              "\"; only F32, F16, BF16 and I32 are read"));
     }
+    e.file_dtype = tag;
     if (shape->second.kind_case() != google::protobuf::Value::kListValue) {
       return Bad(absl::StrCat(where, ": shape is not a list"));
     }
@@ -200,16 +220,16 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
     absl::StatusOr<uint64_t> end =
         Integer(offsets->second.list_value().values(1), absl::StrCat(where, ": end"));
     if (!end.ok()) return end.status();
-    if (*end < *begin || *end > data.size()) {
+    if (*end < *begin || *end > data_bytes) {
       return Bad(absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
-                              "] are not within the ", data.size(), " data bytes"));
+                              "] are not within the ", data_bytes, " data bytes"));
     }
-    if (*end - *begin != numel * DTypeSize(e.dtype)) {
+    if (*end - *begin != SafetensorsDataBytes(e)) {
       return Bad(absl::StrCat(where, ": ", tag, ShapeString(e.shape), " needs ",
-                              numel * DTypeSize(e.dtype), " bytes, data_offsets give ",
+                              SafetensorsDataBytes(e), " bytes, data_offsets give ",
                               *end - *begin));
     }
-    e.data = data.substr(*begin, *end - *begin);
+    e.offset = *begin;
     spans.emplace_back(*begin, *end, name);
     out.tensors.emplace(name, std::move(e));
   }
@@ -223,16 +243,68 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
     at = end;
     out.order.push_back(name);
   }
-  if (at != data.size()) {
-    return Bad(absl::StrCat("the tensors cover ", at, " of the ", data.size(), " data bytes"));
+  if (at != data_bytes) {
+    return Bad(absl::StrCat("the tensors cover ", at, " of the ", data_bytes, " data bytes"));
   }
   return out;
 }
 
+namespace {
+
+// float32 from IEEE half precision (exact).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: normalise
+    exp = 113;
+    while ((mant & 0x400) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The entry's bytes as the tensor's: F16 and BF16 widened to float32, others as they are.
+// Returns a view of `e.data` or of `*buffer`.
+absl::string_view HostBytes(const SafetensorsEntry& e, std::string* buffer) {
+  if (e.file_dtype != "F16" && e.file_dtype != "BF16") return e.data;
+  const size_t n = e.data.size() / 2;
+  buffer->resize(n * 4);
+  const bool bf16 = e.file_dtype == "BF16";
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = static_cast<uint16_t>(static_cast<unsigned char>(e.data[2 * i]) |
+                                             (static_cast<unsigned char>(e.data[2 * i + 1]) << 8));
+    float f;
+    if (bf16) {
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      std::memcpy(&f, &bits, 4);
+    } else {
+      f = HalfToFloat(h);
+    }
+    std::memcpy(buffer->data() + 4 * i, &f, 4);
+  }
+  return *buffer;
+}
+
+}  // namespace
+
 absl::StatusOr<Tensor> EntryToTensor(const SafetensorsEntry& e, Device device) {
   absl::StatusOr<Tensor> t = Tensor::TryEmpty(e.shape, e.dtype, device);
   if (!t.ok()) return t.status();
-  absl::Status st = t->CopyFromHost(e.data.data());
+  std::string buffer;
+  absl::Status st = t->CopyFromHost(HostBytes(e, &buffer).data());
   if (!st.ok()) return st;
   return t;
 }
@@ -243,7 +315,8 @@ absl::Status CopyEntryInto(const SafetensorsEntry& e, const std::string& what, T
         what, " is ", DTypeName(e.dtype), ShapeString(e.shape), " in the checkpoint but ",
         DTypeName(dst->dtype()), ShapeString(dst->shape()), " in the model"));
   }
-  return dst->CopyFromHost(e.data.data());
+  std::string buffer;
+  return dst->CopyFromHost(HostBytes(e, &buffer).data());
 }
 
 }  // namespace baton

@@ -7,7 +7,9 @@
 //   the data  every tensor's bytes, little-endian, row-major, at its offsets (relative to
 //             the end of the header), contiguous, covering the rest of the file exactly.
 // baton writes F32 and I32 tensors, in the order given (so the same tensors give the same
-// bytes), and reads those two dtypes; anything else is refused with the tensor named.
+// bytes). It reads those two dtypes and also F16 and BF16 (Hugging Face checkpoints), which
+// become float32 (exactly: every F16 and BF16 value is a float32 value); anything else is
+// refused with the tensor named.
 #ifndef BATON_COMMON_CHECKPOINT_SAFETENSORS_H_
 #define BATON_COMMON_CHECKPOINT_SAFETENSORS_H_
 
@@ -36,9 +38,11 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& te
 
 // One tensor of a parsed file; `data` points into the buffer that was parsed.
 struct SafetensorsEntry {
-  DType dtype = DType::kFloat32;
+  DType dtype = DType::kFloat32;  // as read: F16 and BF16 entries read as kFloat32
+  std::string file_dtype = "F32";  // the file's tag: "F32", "I32", "F16" or "BF16"
   Shape shape;
-  absl::string_view data;
+  uint64_t offset = 0;  // data_offsets' begin, from the end of the header
+  absl::string_view data;  // the file's bytes (2 per element for F16 and BF16)
 };
 
 struct Safetensors {
@@ -52,7 +56,17 @@ struct Safetensors {
 // data) for anything that is not a well-formed file of F32/I32 tensors.
 absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file);
 
-// A new tensor on `device` holding the entry.
+// For reading some tensors of a large file without reading all of it: the header's length N
+// from the file's first 8 bytes (INVALID_ARGUMENT when N exceeds the file or the limit), then
+// the header itself (bytes 8 .. 8 + N) parsed as ParseSafetensors does, for a file whose data
+// section has `data_bytes` bytes. Entries have their offset and an empty `data`: read
+// entry.data_size() bytes at 8 + N + offset and point `data` at them.
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint64_t file_bytes);
+absl::StatusOr<Safetensors> ParseSafetensorsHeader(absl::string_view header, uint64_t data_bytes);
+// The bytes an entry's data takes in the file.
+uint64_t SafetensorsDataBytes(const SafetensorsEntry& e);
+
+// A new tensor on `device` holding the entry (F16 and BF16 converted to float32).
 absl::StatusOr<Tensor> EntryToTensor(const SafetensorsEntry& e, Device device);
 // Copies the entry into `dst`, which must have its dtype and shape (INVALID_ARGUMENT naming
 // `what` and both shapes otherwise).

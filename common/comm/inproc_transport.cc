@@ -11,8 +11,10 @@ namespace baton {
 std::string TensorTag::ToString() const {
   // Not the job key: it is the secret that guards a job's tensor streams, and this text ends
   // up in errors that people and logs see.
-  return absl::StrCat("step ", step, " microbatch ", microbatch, " stage ", stage,
-                      kind == TensorKind::kActivation ? " activation" : " gradient");
+  const char* what = kind == TensorKind::kActivation ? " activation"
+                     : kind == TensorKind::kGradient ? " gradient"
+                                                     : " tied embedding gradient";
+  return absl::StrCat("step ", step, " microbatch ", microbatch, " stage ", stage, what);
 }
 
 namespace {

@@ -36,6 +36,8 @@ namespace baton {
 enum class TensorKind : uint8_t {
   kActivation = 0,  // forward: output of `stage`, input of stage + 1
   kGradient = 1,    // backward: gradient of `stage`'s input, sent to stage - 1
+  kTiedGradient = 2,  // TIE_GRAD: `stage`'s part of the tied embedding's gradient, to the
+                      // other end (microbatch 0)
 };
 
 // Names one tensor of one job uniquely.

@@ -12,7 +12,7 @@
 //    reduction runs in a fixed order (documented per kernel). This is what makes a pipeline
 //    run bit-identical to the single-process reference trainer.
 //  - Dimension letters: R rows (B*T for sequences), C channels, B batch, T time, H heads,
-//    D head size (C / H), V vocabulary.
+//    KVH key/value heads, D head size (C / H), I MLP width, V vocabulary.
 //  - Kernels do not validate shapes: layers do, and return absl::Status on bad input.
 //  - Thread safety: a Backend is stateless apart from configuration; kernels may be called
 //    from several threads at once on disjoint outputs.
@@ -75,24 +75,81 @@ class Backend {
                                        const float* mean, const float* rstd, const float* dy,
                                        float* dgamma, float* dbeta) = 0;
 
-  // ---- Causal multi-head self-attention core ----
-  // qkv[B,T,3C] holds q, k, v side by side (head h uses columns h*D .. h*D+D-1 of each).
+  // ---- RMSNorm over the last dimension (LLaMA) ----
+  // Writes rstd[r] = 1 / sqrt(mean_c(x^2) + eps) (the squares summed in float in column
+  // order, the sum times 1/cols, as LayerNormForward) and y = (x * rstd) * gamma, in that
+  // order: Hugging Face's LlamaRMSNorm computes weight * (x * rsqrt(var + eps)) in float32.
+  virtual void RmsNormForward(int64_t rows, int64_t cols, float eps, const float* x,
+                              const float* gamma, float* y, float* rstd) = 0;
+  // Writes dx from dy and the saved rstd: with xhat = x * rstd and dxhat = dy * gamma,
+  // dx = rstd * (dxhat - xhat * mean_c(dxhat * xhat)) (the mean summed in column order).
+  virtual void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                                    const float* gamma, const float* dy, float* dx) = 0;
+  // Accumulates dgamma[c] += sum_r dy * (x * rstd), rows in order.
+  virtual void RmsNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                                     const float* dy, float* dgamma) = 0;
+
+  // ---- Rotary position embedding (LLaMA; Hugging Face's "rotate_half" convention) ----
+  // Rotates in place the `heads` head vectors of size D (even) that start at column 0 of
+  // each [b, t] row of x (rows of `row_stride` floats, B*T of them; head n occupies columns
+  // n*D .. n*D+D-1). Position t = 0 .. T-1 within each sequence; pairs (i, i + D/2), i < D/2:
+  //   out[i]       = x[i] * cos - x[i + D/2] * sin
+  //   out[i + D/2] = x[i + D/2] * cos + x[i] * sin
+  // with the angle computed as transformers' LlamaRotaryEmbedding does in float32:
+  //   inv_freq[i] = 1.0f / float(theta^(float(2i) / float(D))),  angle = float(t) * inv_freq[i]
+  // where the power is evaluated in double and rounded to float (torch's float32 pow, within
+  // its 1 ulp), and cos, sin are those of the float32 angle evaluated in double and rounded
+  // to float (within 1 ulp of torch's float32 cos/sin). Both backends use these expressions.
+  virtual void RotaryForward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                             float theta, float* x) = 0;
+  // The transpose (rotation by the negative angle), for gradients, in place:
+  //   out[i] = x[i] * cos + x[i + D/2] * sin,  out[i + D/2] = x[i + D/2] * cos - x[i] * sin.
+  virtual void RotaryBackward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                              float theta, float* x) = 0;
+
+  // ---- Causal grouped-query self-attention core ----
+  // H query heads share KVH key/value heads (KVH divides H; query head h uses kv head
+  // h / (H / KVH), as transformers' repeat_kv). qkv[B,T,(H + 2*KVH)*D] holds q (H*D
+  // columns), k (KVH*D) and v (KVH*D) side by side; head n of each uses columns n*D ..
+  // n*D+D-1 of its part. With KVH == H this is multi-head attention over [q C | k C | v C].
   // Writes att[B,H,T,T] = causal softmax(q k^T / sqrt(D)) (zeros above the diagonal) and
-  // y[B,T,C] = att v, heads side by side.
-  virtual void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
-                                float* att, float* y) = 0;
-  // Writes dqkv[B,T,3C] from dy[B,T,C] and the saved qkv and att. `scratch` holds H*T*T
-  // floats (the CPU uses T*T of them, the CUDA backend one T*T matrix per head).
-  virtual void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
-                                 const float* att, const float* dy, float* dqkv,
+  // y[B,T,H*D] = att v, heads side by side.
+  virtual void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                const float* qkv, float* att, float* y) = 0;
+  // Writes dqkv[B,T,(H + 2*KVH)*D] from dy[B,T,H*D] and the saved qkv and att. The dk and
+  // dv of a kv head sum the contributions of its query heads in ascending order (the first
+  // written, the next ones accumulated by GEMMs with beta = 1). `scratch` holds H*T*T floats
+  // (the CPU uses T*T of them, the CUDA backend one T*T matrix per head).
+  virtual void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                 const float* qkv, const float* att, const float* dy, float* dqkv,
                                  float* scratch) = 0;
+  // Multi-head attention (GPT): the above with KVH == H, qkv[B,T,3C].
+  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv, float* att,
+                        float* y) {
+    AttentionForward(B, T, H, H, D, qkv, att, y);
+  }
+  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+                         const float* att, const float* dy, float* dqkv, float* scratch) {
+    AttentionBackward(B, T, H, H, D, qkv, att, dy, dqkv, scratch);
+  }
+
+  // ---- SwiGLU (LLaMA's MLP activation) ----
+  // gate_up[rows, 2I] holds the gate (columns 0 .. I-1) and the up projection (I .. 2I-1).
+  // Writes out[r,i] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (float32, as torch's
+  // F.silu), g = gate_up[r,i], u = gate_up[r,I+i].
+  virtual void SwiGluForward(int64_t rows, int64_t I, const float* gate_up, float* out) = 0;
+  // Writes dgate_up[r,i] = dout * u * sig * (1 + g * (1 - sig)) and dgate_up[r,I+i] =
+  // dout * silu(g), with sig = 1 / (1 + exp(-g)).
+  virtual void SwiGluBackward(int64_t rows, int64_t I, const float* gate_up, const float* dout,
+                              float* dgate_up) = 0;
 
   // ---- Token + position embedding ----
-  // Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Token ids must be in [0, V).
+  // Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wte's row alone when wpe is null:
+  // a model without learned positions). Token ids must be in [0, V).
   virtual void EmbeddingForward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
                                 const float* wte, const float* wpe, float* out) = 0;
-  // Accumulates dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:], visiting
-  // (b, t) in row-major order.
+  // Accumulates dwte[tokens[b,t],:] += dout[b,t,:] and dwpe[t,:] += dout[b,t,:] (not when
+  // dwpe is null), visiting (b, t) in row-major order.
   virtual void EmbeddingBackward(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
                                  const float* dout, float* dwte, float* dwpe) = 0;
 

@@ -26,10 +26,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
-#include "common/core/gelu_math.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/gelu_math.h"
 #include "common/core/mutex.h"
+#include "common/core/rotary_math.h"
 
 namespace baton {
 namespace {
@@ -323,19 +324,76 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
-  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
+  void RmsNormForward(int64_t rows, int64_t cols, float eps, const float* x, const float* gamma,
+                      float* y, float* rstd) override {
+    const float inv_cols = 1.0f / static_cast<float>(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      float sq = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sq += xr[c] * xr[c];
+      const float s = 1.0f / std::sqrt(sq * inv_cols + eps);
+      float* yr = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] * s) * gamma[c];
+      rstd[r] = s;
+    }
+  }
+
+  void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                            const float* gamma, const float* dy, float* dx) override {
+    const float inv_cols = 1.0f / static_cast<float>(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      float* dxr = dx + r * cols;
+      const float s = rstd[r];
+      // dxhat = dy * gamma; dx = s * (dxhat - xhat * mean(dxhat * xhat)).
+      float sum_dxhat_xhat = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sum_dxhat_xhat += (dyr[c] * gamma[c]) * (xr[c] * s);
+      const float mean_dxhat_xhat = sum_dxhat_xhat * inv_cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        dxr[c] = s * (dyr[c] * gamma[c] - (xr[c] * s) * mean_dxhat_xhat);
+      }
+    }
+  }
+
+  void RmsNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                             const float* dy, float* dgamma) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      const float s = rstd[r];
+      for (int64_t c = 0; c < cols; ++c) dgamma[c] += dyr[c] * (xr[c] * s);
+    }
+  }
+
+  void RotaryForward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                     float theta, float* x) override {
+    Rotate(B, T, heads, D, row_stride, theta, 1.0f, x);
+  }
+
+  void RotaryBackward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                      float theta, float* x) override {
+    Rotate(B, T, heads, D, row_stride, theta, -1.0f, x);
+  }
+
+  using Backend::AttentionBackward;
+  using Backend::AttentionForward;
+
+  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, const float* qkv,
                         float* att, float* y) override {
     const int64_t C = H * D;
-    const int64_t C3 = 3 * C;
+    const int64_t W = (H + 2 * KVH) * D;  // qkv row width
+    const int64_t group = H / KVH;        // query heads per kv head
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
-        const float* q = qkv + b * T * C3 + h * D;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
+        const int64_t kvh = h / group;
+        const float* q = qkv + b * T * W + h * D;
+        const float* k = qkv + b * T * W + C + kvh * D;
+        const float* v = qkv + b * T * W + C + KVH * D + kvh * D;
         float* a = att + (b * H + h) * T * T;
         // Scores for the whole square; the causal softmax below ignores j > i.
-        Gemm(false, true, T, T, D, scale, q, C3, k, C3, 0.0f, a, T);
+        Gemm(false, true, T, T, D, scale, q, W, k, W, 0.0f, a, T);
         for (int64_t i = 0; i < T; ++i) {
           float* row = a + i * T;
           float mx = -std::numeric_limits<float>::infinity();
@@ -349,31 +407,35 @@ class CpuBackendImpl final : public Backend {
           for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
           for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
         }
-        Gemm(false, false, T, D, T, 1.0f, a, T, v, C3, 0.0f, y + b * T * C + h * D, C);
+        Gemm(false, false, T, D, T, 1.0f, a, T, v, W, 0.0f, y + b * T * C + h * D, C);
       }
     }
   }
 
-  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
-                         const float* att, const float* dy, float* dqkv,
-                         float* scratch) override {
+  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, const float* qkv,
+                         const float* att, const float* dy, float* dqkv, float* scratch) override {
     const int64_t C = H * D;
-    const int64_t C3 = 3 * C;
+    const int64_t W = (H + 2 * KVH) * D;
+    const int64_t group = H / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
-        const float* q = qkv + b * T * C3 + h * D;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = dqkv + b * T * C3 + h * D;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
+        const int64_t kvh = h / group;
+        // The first query head of a group writes its kv head's dk and dv; the others add
+        // to them, in ascending order.
+        const float beta = h % group == 0 ? 0.0f : 1.0f;
+        const float* q = qkv + b * T * W + h * D;
+        const float* k = qkv + b * T * W + C + kvh * D;
+        const float* v = qkv + b * T * W + C + KVH * D + kvh * D;
+        float* dq = dqkv + b * T * W + h * D;
+        float* dk = dqkv + b * T * W + C + kvh * D;
+        float* dv = dqkv + b * T * W + C + KVH * D + kvh * D;
         const float* a = att + (b * H + h) * T * T;
         const float* dyh = dy + b * T * C + h * D;
         // dv = att^T dy; datt = dy v^T.
-        Gemm(true, false, T, D, T, 1.0f, a, T, dyh, C, 0.0f, dv, C3);
+        Gemm(true, false, T, D, T, 1.0f, a, T, dyh, C, beta, dv, W);
         float* ds = scratch;
-        Gemm(false, true, T, T, D, 1.0f, dyh, C, v, C3, 0.0f, ds, T);
+        Gemm(false, true, T, T, D, 1.0f, dyh, C, v, W, 0.0f, ds, T);
         // Softmax backward, row by row: ds = att * (datt - sum_j att * datt).
         for (int64_t i = 0; i < T; ++i) {
           const float* ar = a + i * T;
@@ -384,8 +446,33 @@ class CpuBackendImpl final : public Backend {
           for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
         }
         // dq = ds k * scale; dk = ds^T q * scale.
-        Gemm(false, false, T, D, T, scale, ds, T, k, C3, 0.0f, dq, C3);
-        Gemm(true, false, T, D, T, scale, ds, T, q, C3, 0.0f, dk, C3);
+        Gemm(false, false, T, D, T, scale, ds, T, k, W, 0.0f, dq, W);
+        Gemm(true, false, T, D, T, scale, ds, T, q, W, beta, dk, W);
+      }
+    }
+  }
+
+  void SwiGluForward(int64_t rows, int64_t I, const float* gate_up, float* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = gate_up + r * 2 * I;
+      const float* u = g + I;
+      float* o = out + r * I;
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  void SwiGluBackward(int64_t rows, int64_t I, const float* gate_up, const float* dout,
+                      float* dgate_up) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = gate_up + r * 2 * I;
+      const float* u = g + I;
+      const float* d = dout + r * I;
+      float* dg = dgate_up + r * 2 * I;
+      float* du = dg + I;
+      for (int64_t i = 0; i < I; ++i) {
+        const float sig = 1.0f / (1.0f + std::exp(-g[i]));
+        dg[i] = d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
+        du[i] = d[i] * (g[i] / (1.0f + std::exp(-g[i])));
       }
     }
   }
@@ -395,8 +482,12 @@ class CpuBackendImpl final : public Backend {
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T; ++t) {
         const float* te = wte + static_cast<int64_t>(tokens[b * T + t]) * C;
-        const float* pe = wpe + t * C;
         float* o = out + (b * T + t) * C;
+        if (wpe == nullptr) {
+          for (int64_t c = 0; c < C; ++c) o[c] = te[c];
+          continue;
+        }
+        const float* pe = wpe + t * C;
         for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
       }
     }
@@ -408,11 +499,10 @@ class CpuBackendImpl final : public Backend {
       for (int64_t t = 0; t < T; ++t) {
         const float* d = dout + (b * T + t) * C;
         float* te = dwte + static_cast<int64_t>(tokens[b * T + t]) * C;
+        for (int64_t c = 0; c < C; ++c) te[c] += d[c];
+        if (dwpe == nullptr) continue;
         float* pe = dwpe + t * C;
-        for (int64_t c = 0; c < C; ++c) {
-          te[c] += d[c];
-          pe[c] += d[c];
-        }
+        for (int64_t c = 0; c < C; ++c) pe[c] += d[c];
       }
     }
   }
@@ -482,6 +572,35 @@ class CpuBackendImpl final : public Backend {
       const float mhat = m[i] / bias_correction1;
       const float vhat = v[i] / bias_correction2;
       w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+
+ private:
+  // Rotates by +angle (sign 1) or -angle (sign -1): the cos/sin of each position are
+  // computed once and applied to every sequence and head.
+  static void Rotate(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                     float theta, float sign, float* x) {
+    const int64_t half = D / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half)), cs(static_cast<size_t>(half)),
+        sn(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) inv_freq[i] = rotary_math::InvFreq(i, D, theta);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        rotary_math::CosSin(t, inv_freq[i], &cs[i], &sn[i]);
+        sn[i] *= sign;
+      }
+      for (int64_t b = 0; b < B; ++b) {
+        float* row = x + (b * T + t) * row_stride;
+        for (int64_t n = 0; n < heads; ++n) {
+          float* lo = row + n * D;
+          float* hi = lo + half;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x1 = lo[i], x2 = hi[i];
+            lo[i] = x1 * cs[i] - x2 * sn[i];
+            hi[i] = x2 * cs[i] + x1 * sn[i];
+          }
+        }
+      }
     }
   }
 };

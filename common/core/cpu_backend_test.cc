@@ -464,18 +464,22 @@ struct AttentionRef {
   DVec att, y;
 };
 
-AttentionRef AttentionDouble(int64_t B, int64_t T, int64_t H, int64_t D, const DVec& qkv) {
-  const int64_t C = H * D, C3 = 3 * C;
+// Grouped-query attention in double; kvh = 0 means kvh = H (multi-head, qkv [B,T,3C]).
+AttentionRef AttentionDouble(int64_t B, int64_t T, int64_t H, int64_t D, const DVec& qkv,
+                             int64_t kvh = 0) {
+  const int64_t KVH = kvh == 0 ? H : kvh;
+  const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
   AttentionRef ref{DVec(B * H * T * T, 0.0), DVec(B * T * C, 0.0)};
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
+      const int64_t kv = h / G;  // transformers' repeat_kv
       for (int64_t i = 0; i < T; ++i) {
-        const double* q = &qkv[(b * T + i) * C3 + h * D];
+        const double* q = &qkv[(b * T + i) * W + h * D];
         DVec s(i + 1);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j <= i; ++j) {
-          const double* k = &qkv[(b * T + j) * C3 + C + h * D];
+          const double* k = &qkv[(b * T + j) * W + C + kv * D];
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
           s[j] = dot * scale;
@@ -487,7 +491,7 @@ AttentionRef AttentionDouble(int64_t B, int64_t T, int64_t H, int64_t D, const D
         for (int64_t j = 0; j <= i; ++j) arow[j] = std::exp(s[j] - mx) / sum;
         double* yrow = &ref.y[(b * T + i) * C + h * D];
         for (int64_t j = 0; j <= i; ++j) {
-          const double* v = &qkv[(b * T + j) * C3 + 2 * C + h * D];
+          const double* v = &qkv[(b * T + j) * W + C + KVH * D + kv * D];
           for (int64_t d = 0; d < D; ++d) yrow[d] += arow[j] * v[d];
         }
       }
@@ -562,6 +566,257 @@ TEST_F(CpuBackendTest, AttentionBackwardMatchesFiniteDifferences) {
     want[i] = (loss(p) - loss(m)) / (2.0 * h);
   }
   ExpectClose(dqkv, want, 2e-5, 1e-4, "AttentionBackward dqkv");
+}
+
+// ---- Grouped-query attention ----
+
+// Against the double reference (tolerances of the multi-head tests): att atol 1e-6, y atol
+// 1e-5 rtol 1e-5; dqkv against central differences (h = 1e-6) atol 2e-5, rtol 1e-4.
+TEST_F(CpuBackendTest, GqaAttentionMatchesNaiveAndFiniteDifferences) {
+  const int64_t B = 2, T = 5, H = 4, KVH = 2, D = 3, C = H * D, W = (H + 2 * KVH) * D;
+  const Vec qkv = Random(B * T * W, "gqa.qkv", -1.5f, 1.5f);
+  const Vec dy = Random(B * T * C, "gqa.dy");
+  Vec att(B * H * T * T), y(B * T * C), dqkv(B * T * W), scratch(H * T * T);
+  be_->AttentionForward(B, T, H, KVH, D, qkv.data(), att.data(), y.data());
+  const AttentionRef ref = AttentionDouble(B, T, H, D, ToDouble(qkv), KVH);
+  ExpectClose(att, ref.att, 1e-6, 0.0, "GQA att");
+  ExpectClose(y, ref.y, 1e-5, 1e-5, "GQA y");
+  be_->AttentionBackward(B, T, H, KVH, D, qkv.data(), att.data(), dy.data(), dqkv.data(),
+                         scratch.data());
+  auto loss = [&](const DVec& q) {
+    const AttentionRef r = AttentionDouble(B, T, H, D, q, KVH);
+    double l = 0.0;
+    for (size_t i = 0; i < r.y.size(); ++i) l += dy[i] * r.y[i];
+    return l;
+  };
+  DVec want(qkv.size());
+  const double h = 1e-6;
+  for (size_t i = 0; i < qkv.size(); ++i) {
+    DVec p = ToDouble(qkv), m = ToDouble(qkv);
+    p[i] += h;
+    m[i] -= h;
+    want[i] = (loss(p) - loss(m)) / (2.0 * h);
+  }
+  ExpectClose(dqkv, want, 2e-5, 1e-4, "GQA AttentionBackward dqkv");
+}
+
+// GQA is multi-head attention over k and v heads repeated H / KVH times (repeat_kv): the
+// forward and dq give the same bits (the same GEMMs on the same values), and the dk, dv of a
+// kv head are the sum of its query heads' (atol 1e-6: the order of two additions). And
+// kv_heads == heads is the multi-head kernel (the GPT's call) bit for bit.
+TEST_F(CpuBackendTest, GqaIsMultiHeadOverRepeatedKv) {
+  const int64_t B = 2, T = 6, H = 6, KVH = 2, G = H / KVH, D = 4, C = H * D;
+  const int64_t W = (H + 2 * KVH) * D, C3 = 3 * C;
+  const Vec qkv = Random(B * T * W, "gqarep.qkv", -1.5f, 1.5f);
+  const Vec dy = Random(B * T * C, "gqarep.dy");
+  Vec rep(B * T * C3);  // [q | k repeated | v repeated]
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    for (int64_t c = 0; c < C; ++c) rep[bt * C3 + c] = qkv[bt * W + c];
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < D; ++d) {
+        rep[bt * C3 + C + h * D + d] = qkv[bt * W + C + (h / G) * D + d];
+        rep[bt * C3 + 2 * C + h * D + d] = qkv[bt * W + C + KVH * D + (h / G) * D + d];
+      }
+    }
+  }
+  Vec att(B * H * T * T), y(B * T * C), dqkv(B * T * W), scratch(H * T * T);
+  Vec ratt(att.size()), ry(y.size()), rdqkv(B * T * C3);
+  be_->AttentionForward(B, T, H, KVH, D, qkv.data(), att.data(), y.data());
+  be_->AttentionForward(B, T, H, D, rep.data(), ratt.data(), ry.data());
+  ExpectBitEqual(att, ratt, "GQA att vs repeated kv");
+  ExpectBitEqual(y, ry, "GQA y vs repeated kv");
+  be_->AttentionBackward(B, T, H, KVH, D, qkv.data(), att.data(), dy.data(), dqkv.data(),
+                         scratch.data());
+  be_->AttentionBackward(B, T, H, D, rep.data(), ratt.data(), dy.data(), rdqkv.data(),
+                         scratch.data());
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(dqkv[bt * W + c], rdqkv[bt * C3 + c]) << "dq " << bt << "," << c;
+    }
+    for (int64_t kv = 0; kv < KVH; ++kv) {
+      for (int64_t d = 0; d < D; ++d) {
+        double dk = 0.0, dv = 0.0;
+        for (int64_t g = 0; g < G; ++g) {
+          dk += rdqkv[bt * C3 + C + (kv * G + g) * D + d];
+          dv += rdqkv[bt * C3 + 2 * C + (kv * G + g) * D + d];
+        }
+        EXPECT_NEAR(dqkv[bt * W + C + kv * D + d], dk, 1e-6) << "dk " << bt << "," << kv;
+        EXPECT_NEAR(dqkv[bt * W + C + KVH * D + kv * D + d], dv, 1e-6) << "dv " << bt << "," << kv;
+      }
+    }
+  }
+  // kv_heads == heads: the multi-head entry point is the same kernel, bit for bit.
+  Vec a1(B * H * T * T), y1(B * T * C), a2(a1.size()), y2(y1.size());
+  Vec d1(B * T * C3), d2(d1.size());
+  be_->AttentionForward(B, T, H, H, D, rep.data(), a1.data(), y1.data());
+  be_->AttentionForward(B, T, H, D, rep.data(), a2.data(), y2.data());
+  ExpectBitEqual(a1, a2, "kv_heads == heads att");
+  ExpectBitEqual(y1, y2, "kv_heads == heads y");
+  be_->AttentionBackward(B, T, H, H, D, rep.data(), a1.data(), dy.data(), d1.data(),
+                         scratch.data());
+  be_->AttentionBackward(B, T, H, D, rep.data(), a2.data(), dy.data(), d2.data(), scratch.data());
+  ExpectBitEqual(d1, d2, "kv_heads == heads dqkv");
+}
+
+// ---- RMSNorm ----
+
+struct RmsNormRef {
+  DVec y, rstd;
+};
+
+RmsNormRef RmsNormDouble(int64_t rows, int64_t cols, double eps, const DVec& x, const Vec& gamma) {
+  RmsNormRef ref{DVec(rows * cols), DVec(rows)};
+  for (int64_t r = 0; r < rows; ++r) {
+    double sq = 0.0;
+    for (int64_t c = 0; c < cols; ++c) sq += x[r * cols + c] * x[r * cols + c];
+    ref.rstd[r] = 1.0 / std::sqrt(sq / cols + eps);
+    for (int64_t c = 0; c < cols; ++c)
+      ref.y[r * cols + c] = x[r * cols + c] * ref.rstd[r] * gamma[c];
+  }
+  return ref;
+}
+
+// Forward: rstd rtol 1e-5, y atol 1e-5 rtol 1e-5 against double. Backward: dx against
+// central differences in double (h = 1e-5): atol 1e-4, rtol 1e-4; dgamma accumulates into
+// its initial values: atol 1e-5, rtol 1e-5.
+TEST_F(CpuBackendTest, RmsNormForwardAndBackward) {
+  const int64_t rows = 3, cols = 16;
+  const float eps = 1e-6f;
+  const Vec x = Random(rows * cols, "rms.x", -2.0f, 2.0f);
+  const Vec gamma = Random(cols, "rms.gamma", 0.5f, 1.5f);
+  const Vec dy = Random(rows * cols, "rms.dy");
+  Vec y(rows * cols), rstd(rows), dx(rows * cols);
+  be_->RmsNormForward(rows, cols, eps, x.data(), gamma.data(), y.data(), rstd.data());
+  const RmsNormRef ref = RmsNormDouble(rows, cols, eps, ToDouble(x), gamma);
+  ExpectClose(rstd, ref.rstd, 0.0, 1e-5, "RmsNorm rstd");
+  ExpectClose(y, ref.y, 1e-5, 1e-5, "RmsNorm y");
+  // The documented float expression: y = (x * rstd) * gamma, exactly.
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      EXPECT_EQ(y[r * cols + c], (x[r * cols + c] * rstd[r]) * gamma[c]) << r << "," << c;
+    }
+  }
+
+  be_->RmsNormBackwardInput(rows, cols, x.data(), rstd.data(), gamma.data(), dy.data(), dx.data());
+  auto loss = [&](const DVec& xd) {
+    const RmsNormRef r = RmsNormDouble(rows, cols, eps, xd, gamma);
+    double l = 0.0;
+    for (int64_t i = 0; i < rows * cols; ++i) l += dy[i] * r.y[i];
+    return l;
+  };
+  DVec want_dx(rows * cols);
+  const double h = 1e-5;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    DVec xp = ToDouble(x), xm = ToDouble(x);
+    xp[i] += h;
+    xm[i] -= h;
+    want_dx[i] = (loss(xp) - loss(xm)) / (2.0 * h);
+  }
+  ExpectClose(dx, want_dx, 1e-4, 1e-4, "RmsNormBackwardInput");
+
+  Vec dgamma = Random(cols, "rms.dgamma0");
+  DVec want_dgamma = ToDouble(dgamma);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      want_dgamma[c] += dy[r * cols + c] * x[r * cols + c] * ref.rstd[r];
+    }
+  }
+  be_->RmsNormBackwardWeight(rows, cols, x.data(), rstd.data(), dy.data(), dgamma.data());
+  ExpectClose(dgamma, want_dgamma, 1e-5, 1e-5, "RmsNormBackwardWeight dgamma");
+}
+
+// ---- Rotary position embedding ----
+
+// A hand-computed case: D = 4, theta = 10000, so inv_freq = {1, 1/100}; position 0 is left
+// alone and position 1 rotates pair (0, 2) by 1 radian and pair (1, 3) by 0.01 (atol 1e-6).
+TEST_F(CpuBackendTest, RotaryHandComputed) {
+  Vec x = {1, 2, 3, 4, 1, 2, 3, 4};  // B = 1, T = 2, one head of D = 4
+  be_->RotaryForward(1, 2, 1, 4, 4, 10000.0f, x.data());
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
+  const DVec want = {
+      1, 2, 3, 4, 1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 3 * c1 + 1 * s1, 4 * c2 + 2 * s2};
+  ExpectClose(x, want, 1e-6, 0.0, "RotaryForward by hand");
+  be_->RotaryBackward(1, 2, 1, 4, 4, 10000.0f, x.data());
+  ExpectClose(x, DVec{1, 2, 3, 4, 1, 2, 3, 4}, 1e-6, 0.0, "RotaryBackward undoes it");
+}
+
+// Random heads inside wider rows: the rotated columns match a double rotation by the float32
+// angle float(t) * float(1 / theta^(2i/D)) (atol 1e-6; the cos/sin are correctly rounded
+// floats), and the columns outside the heads are untouched. RotaryBackward is the
+// transpose: <R x, y> = <x, R^T y> (atol 1e-5).
+TEST_F(CpuBackendTest, RotaryMatchesNaiveAndBackwardIsTheTranspose) {
+  const int64_t B = 2, T = 9, heads = 3, D = 8, stride = 40, offset = 5;
+  const float theta = 500000.0f;
+  const Vec x0 = Random(B * T * stride, "rope.x", -2.0f, 2.0f);
+  Vec x = x0;
+  be_->RotaryForward(B, T, heads, D, stride, theta, x.data() + offset);
+  DVec want = ToDouble(x0);
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t t = bt % T;
+    for (int64_t n = 0; n < heads; ++n) {
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const float inv_freq =
+            1.0f / static_cast<float>(std::pow(double{theta}, double{2.0f * i / D}));
+        const double angle = static_cast<float>(t) * inv_freq;
+        const int64_t lo = bt * stride + offset + n * D + i, hi = lo + D / 2;
+        want[lo] = x0[lo] * std::cos(angle) - x0[hi] * std::sin(angle);
+        want[hi] = x0[hi] * std::cos(angle) + x0[lo] * std::sin(angle);
+      }
+    }
+  }
+  ExpectClose(x, want, 1e-6, 0.0, "RotaryForward");
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    for (int64_t c = 0; c < stride; ++c) {
+      if (c < offset || c >= offset + heads * D) {
+        EXPECT_EQ(x[bt * stride + c], x0[bt * stride + c]) << "untouched " << bt << "," << c;
+      }
+    }
+  }
+  const Vec y0 = Random(B * T * stride, "rope.y", -2.0f, 2.0f);
+  Vec ry = y0;
+  be_->RotaryBackward(B, T, heads, D, stride, theta, ry.data() + offset);
+  double lhs = 0.0, rhs = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    lhs += double{x[i]} * y0[i];
+    rhs += double{x0[i]} * ry[i];
+  }
+  EXPECT_NEAR(lhs, rhs, 1e-5);
+}
+
+// ---- SwiGLU ----
+
+// Forward against double silu(g) * u (atol 1e-6, rtol 1e-6); backward against central
+// differences of L = sum(dout * out) in double (h = 1e-6): atol 1e-6, rtol 1e-5.
+TEST_F(CpuBackendTest, SwiGluForwardAndBackward) {
+  const int64_t rows = 3, I = 5;
+  const Vec gu = Random(rows * 2 * I, "swiglu.gu", -6.0f, 6.0f);
+  const Vec dout = Random(rows * I, "swiglu.dout");
+  Vec out(rows * I), dgu(rows * 2 * I);
+  be_->SwiGluForward(rows, I, gu.data(), out.data());
+  auto forward = [&](const DVec& g) {
+    DVec o(rows * I);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < I; ++i) {
+        const double a = g[r * 2 * I + i], u = g[r * 2 * I + I + i];
+        o[r * I + i] = a / (1.0 + std::exp(-a)) * u;
+      }
+    }
+    return o;
+  };
+  ExpectClose(out, forward(ToDouble(gu)), 1e-6, 1e-6, "SwiGluForward");
+  be_->SwiGluBackward(rows, I, gu.data(), dout.data(), dgu.data());
+  DVec want(gu.size());
+  const double h = 1e-6;
+  for (size_t i = 0; i < gu.size(); ++i) {
+    DVec p = ToDouble(gu), m = ToDouble(gu);
+    p[i] += h;
+    m[i] -= h;
+    const DVec op = forward(p), om = forward(m);
+    double l = 0.0;
+    for (int64_t j = 0; j < rows * I; ++j) l += dout[j] * (op[j] - om[j]);
+    want[i] = l / (2.0 * h);
+  }
+  ExpectClose(dgu, want, 1e-6, 1e-5, "SwiGluBackward");
 }
 
 // ---- Embedding ----

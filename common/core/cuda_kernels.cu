@@ -10,7 +10,10 @@
 // AdamWStep are bit-identical to the CPU's, and so are the column reductions that add rows
 // in order (BiasGrad, LayerNormBackwardWeight, EmbeddingBackward). Row reductions (Sum,
 // SquaredError, LayerNorm statistics, softmaxes) use a fixed tree and agree with the CPU
-// within rounding; GEMMs use cuBLAS's blocking.
+// within rounding; GEMMs use cuBLAS's blocking. RmsNormBackwardWeight (rows in order) is
+// bit-identical too; RmsNorm's row statistics use the tree. RotaryForward/Backward compute
+// the CPU's angles in double (rotary_math.h) and so its bits in all but pathological cases;
+// SwiGLU uses the device's expf (within 2 ulp of the CPU's).
 #include <cublas_v2.h>  // types and constants only: the functions come from dlsym
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/dynamic_library.h"
 #include "common/core/gelu_math.h"
+#include "common/core/rotary_math.h"
 
 namespace baton {
 namespace {
@@ -499,6 +503,93 @@ __global__ void LayerNormBackwardWeightKernel(int64_t rows, int64_t cols, const 
   }
 }
 
+// One block per row: the sum of squares in the fixed tree, then the CPU's element expression.
+__global__ void RmsNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* x,
+                                     const float* gamma, float* y, float* rstd) {
+  __shared__ float shared[kReduceThreads];
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float sq = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sq += xr[c] * xr[c];
+    const float s = 1.0f / sqrtf(BlockSum(sq, shared) * inv_cols + eps);
+    float* yr = y + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = (xr[c] * s) * gamma[c];
+    if (threadIdx.x == 0) rstd[r] = s;
+  }
+}
+
+__global__ void RmsNormBackwardInputKernel(int64_t rows, int64_t cols, const float* x,
+                                           const float* rstd, const float* gamma, const float* dy,
+                                           float* dx) {
+  __shared__ float shared[kReduceThreads];
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    const float s = rstd[r];
+    float sum_dxhat_xhat = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      sum_dxhat_xhat += (dyr[c] * gamma[c]) * (xr[c] * s);
+    }
+    const float mean_dxhat_xhat = BlockSum(sum_dxhat_xhat, shared) * inv_cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      dxr[c] = s * (dyr[c] * gamma[c] - (xr[c] * s) * mean_dxhat_xhat);
+    }
+  }
+}
+
+// One thread per column, rows in order (the CPU's order and expressions).
+__global__ void RmsNormBackwardWeightKernel(int64_t rows, int64_t cols, const float* x,
+                                            const float* rstd, const float* dy, float* dgamma) {
+  GRID_STRIDE(c, cols) {
+    float g = dgamma[c];
+    for (int64_t r = 0; r < rows; ++r) g += dy[r * cols + c] * (x[r * cols + c] * rstd[r]);
+    dgamma[c] = g;
+  }
+}
+
+// One thread per rotated pair (b, t, head, i): the CPU's angle (rotary_math.h) and
+// expressions; `sign` -1 rotates by the negative angle.
+__global__ void RotaryKernel(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                             float theta, float sign, float* x) {
+  const int64_t half = D / 2;
+  GRID_STRIDE(e, B * T * heads * half) {
+    const int64_t i = e % half;
+    const int64_t n = (e / half) % heads;
+    const int64_t bt = e / (half * heads);
+    const int64_t t = bt % T;
+    float c, sn;
+    rotary_math::CosSin(t, rotary_math::InvFreq(i, D, theta), &c, &sn);
+    sn *= sign;
+    float* lo = x + bt * row_stride + n * D;
+    const float x1 = lo[i], x2 = lo[i + half];
+    lo[i] = x1 * c - x2 * sn;
+    lo[i + half] = x2 * c + x1 * sn;
+  }
+}
+
+__global__ void SwiGluForwardKernel(int64_t rows, int64_t I, const float* gate_up, float* out) {
+  GRID_STRIDE(e, rows * I) {
+    const int64_t r = e / I, i = e % I;
+    const float g = gate_up[r * 2 * I + i], u = gate_up[r * 2 * I + I + i];
+    out[e] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+__global__ void SwiGluBackwardKernel(int64_t rows, int64_t I, const float* gate_up,
+                                     const float* dout, float* dgate_up) {
+  GRID_STRIDE(e, rows * I) {
+    const int64_t r = e / I, i = e % I;
+    const float g = gate_up[r * 2 * I + i], u = gate_up[r * 2 * I + I + i];
+    const float d = dout[e];
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dgate_up[r * 2 * I + i] = d * u * (sig * (1.0f + g * (1.0f - sig)));
+    dgate_up[r * 2 * I + I + i] = d * (g / (1.0f + expf(-g)));
+  }
+}
+
 // One block per row i of one (b, h) score matrix: causal softmax over j <= i, zeros above.
 __global__ void CausalSoftmaxKernel(int64_t matrices, int64_t T, float* att) {
   __shared__ float shared[kReduceThreads];
@@ -540,7 +631,8 @@ __global__ void EmbeddingForwardKernel(int64_t B, int64_t T, int64_t C, const in
                                        const float* wte, const float* wpe, float* out) {
   GRID_STRIDE(i, B * T * C) {
     const int64_t bt = i / C, c = i % C, t = bt % T;
-    out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[t * C + c];
+    const float te = wte[static_cast<int64_t>(tokens[bt]) * C + c];
+    out[i] = wpe != nullptr ? te + wpe[t * C + c] : te;
   }
 }
 
@@ -552,7 +644,7 @@ __global__ void EmbeddingBackwardKernel(int64_t B, int64_t T, int64_t C, const i
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const float d = dout[bt * C + c];
       dwte[static_cast<int64_t>(tokens[bt]) * C + c] += d;
-      dwpe[(bt % T) * C + c] += d;
+      if (dwpe != nullptr) dwpe[(bt % T) * C + c] += d;
     }
   }
 }
@@ -779,60 +871,146 @@ class CudaBackendImpl final : public Backend {
     CheckLaunch("LayerNormBackwardWeightKernel");
   }
 
-  // Per batch element b, the H heads in one strided-batched GEMM each: head h of q, k, v
-  // starts D columns after head h - 1, and its T x T scores T*T floats after.
-  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv, float* att,
-                        float* y) override {
+  void RmsNormForward(int64_t rows, int64_t cols, float eps, const float* x, const float* gamma,
+                      float* y, float* rstd) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    RmsNormForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, eps, x, gamma, y,
+                                                                    rstd);
+    CheckLaunch("RmsNormForwardKernel");
+  }
+
+  void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                            const float* gamma, const float* dy, float* dx) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    RmsNormBackwardInputKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, x, rstd,
+                                                                          gamma, dy, dx);
+    CheckLaunch("RmsNormBackwardInputKernel");
+  }
+
+  void RmsNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* rstd,
+                             const float* dy, float* dgamma) override {
+    if (cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    RmsNormBackwardWeightKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, x, rstd, dy, dgamma);
+    CheckLaunch("RmsNormBackwardWeightKernel");
+  }
+
+  void RotaryForward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                     float theta, float* x) override {
+    Rotate(B, T, heads, D, row_stride, theta, 1.0f, x);
+  }
+
+  void RotaryBackward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
+                      float theta, float* x) override {
+    Rotate(B, T, heads, D, row_stride, theta, -1.0f, x);
+  }
+
+  using Backend::AttentionBackward;
+  using Backend::AttentionForward;
+
+  // Per batch element b and per position g of a query head within its group (G = H / KVH
+  // query heads per kv head; query head h = kv * G + g), one strided-batched GEMM over the
+  // KVH kv heads: query heads kv * G + g sit G*D columns (and G T x T score matrices) apart,
+  // kv heads D columns apart. With KVH == H (G = 1) this is one GEMM over the H heads.
+  void AttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                        const float* qkv, float* att, float* y) override {
     if (B * T * H == 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
-    const int64_t C = H * D, C3 = 3 * C;
+    const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t b = 0; b < B; ++b) {
-      const float* q = qkv + b * T * C3;
+      const float* q = qkv + b * T * W;
       const float* k = q + C;
-      const float* v = q + 2 * C;
+      const float* v = k + KVH * D;
       float* a = att + b * H * T * T;
       // scores = scale * q k^T          (row-major [T, T] per head)
-      BatchedGemm(false, true, T, T, D, scale, q, C3, D, k, C3, D, 0.0f, a, T, T * T, H);
-      // y = att v                       (row-major [T, D] per head, into [T, C])
-      // (the causal softmax runs in between, over all heads of this b)
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(false, true, T, T, D, scale, q + g * D, W, G * D, k, W, D, 0.0f,
+                    a + g * T * T, T, G * T * T, KVH);
+      }
+      // The causal softmax over all heads of this b, then y = att v ([T, D] per head, into
+      // [T, C]).
       ClearStaleError();
       CausalSoftmaxKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a);
       CheckLaunch("CausalSoftmaxKernel");
-      BatchedGemm(false, false, T, D, T, 1.0f, a, T, T * T, v, C3, D, 0.0f, y + b * T * C, C, D, H);
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(false, false, T, D, T, 1.0f, a + g * T * T, T, G * T * T, v, W, D, 0.0f,
+                    y + b * T * C + g * D, C, G * D, KVH);
+      }
     }
   }
 
   // `scratch` holds the H score-gradient matrices of one batch element (H*T*T floats),
-  // reused for every b in stream order.
-  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t D, const float* qkv,
-                         const float* att, const float* dy, float* dqkv, float* scratch) override {
+  // reused for every b in stream order. dk and dv of a kv head: the g = 0 query head's
+  // contribution written (beta 0), those of g = 1, 2, ... added in order (beta 1).
+  void AttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                         const float* qkv, const float* att, const float* dy, float* dqkv,
+                         float* scratch) override {
     if (B * T * H == 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
-    const int64_t C = H * D, C3 = 3 * C;
+    const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     float* const ds = scratch;
     for (int64_t b = 0; b < B; ++b) {
-      const float* q = qkv + b * T * C3;
+      const float* q = qkv + b * T * W;
       const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * C3;
+      const float* v = k + KVH * D;
+      float* dq = dqkv + b * T * W;
       float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      float* dv = dk + KVH * D;
       const float* a = att + b * H * T * T;
       const float* dyb = dy + b * T * C;
       // dv = att^T dy; datt = dy v^T.
-      BatchedGemm(true, false, T, D, T, 1.0f, a, T, T * T, dyb, C, D, 0.0f, dv, C3, D, H);
-      BatchedGemm(false, true, T, T, D, 1.0f, dyb, C, D, v, C3, D, 0.0f, ds, T, T * T, H);
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(true, false, T, D, T, 1.0f, a + g * T * T, T, G * T * T, dyb + g * D, C,
+                    G * D, g == 0 ? 0.0f : 1.0f, dv, W, D, KVH);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(false, true, T, T, D, 1.0f, dyb + g * D, C, G * D, v, W, D, 0.0f,
+                    ds + g * T * T, T, G * T * T, KVH);
+      }
       ClearStaleError();
       CausalSoftmaxBackwardKernel<<<RowBlocks(H * T), kReduceThreads, 0, s>>>(H, T, a, ds);
       CheckLaunch("CausalSoftmaxBackwardKernel");
       // dq = scale * ds k; dk = scale * ds^T q.
-      BatchedGemm(false, false, T, D, T, scale, ds, T, T * T, k, C3, D, 0.0f, dq, C3, D, H);
-      BatchedGemm(true, false, T, D, T, scale, ds, T, T * T, q, C3, D, 0.0f, dk, C3, D, H);
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(false, false, T, D, T, scale, ds + g * T * T, T, G * T * T, k, W, D, 0.0f,
+                    dq + g * D, W, G * D, KVH);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        BatchedGemm(true, false, T, D, T, scale, ds + g * T * T, T, G * T * T, q + g * D, W,
+                    G * D, g == 0 ? 0.0f : 1.0f, dk, W, D, KVH);
+      }
     }
+  }
+
+  void SwiGluForward(int64_t rows, int64_t I, const float* gate_up, float* out) override {
+    if (rows * I <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    SwiGluForwardKernel<<<Blocks(rows * I), kThreads, 0, s>>>(rows, I, gate_up, out);
+    CheckLaunch("SwiGluForwardKernel");
+  }
+
+  void SwiGluBackward(int64_t rows, int64_t I, const float* gate_up, const float* dout,
+                      float* dgate_up) override {
+    if (rows * I <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    SwiGluBackwardKernel<<<Blocks(rows * I), kThreads, 0, s>>>(rows, I, gate_up, dout, dgate_up);
+    CheckLaunch("SwiGluBackwardKernel");
   }
 
   void EmbeddingForward(int64_t B, int64_t T, int64_t C, const int32_t* tokens, const float* wte,
@@ -913,6 +1091,17 @@ class CudaBackendImpl final : public Backend {
   }
 
  private:
+  void Rotate(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride, float theta,
+              float sign, float* x) {
+    const int64_t n = B * T * heads * (D / 2);
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    RotaryKernel<<<Blocks(n), kThreads, 0, s>>>(B, T, heads, D, row_stride, theta, sign, x);
+    CheckLaunch("RotaryKernel");
+  }
+
   static int RowBlocks(int64_t rows) {
     return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, rows)));
   }

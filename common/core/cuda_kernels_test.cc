@@ -294,6 +294,116 @@ TEST_F(CudaKernelsTest, AttentionForwardAndBackward) {
   }
 }
 
+// Grouped-query attention (kv heads shared by H / KVH query heads): the strided GEMMs per
+// group position against the CPU's per-head loop. Tolerances of the multi-head test: atol
+// 1e-5, rtol 1e-4 (dk, dv sum up to 4 heads' contributions: atol 2e-5). Run twice: the
+// same bits.
+TEST_F(CudaKernelsTest, GroupedQueryAttentionForwardAndBackward) {
+  struct Case {
+    int64_t T, H, KVH;
+  };
+  for (const Case& cs :
+       {Case{1, 4, 2}, Case{5, 4, 1}, Case{64, 8, 2}, Case{130, 6, 3}, Case{33, 4, 4}}) {
+    const int64_t B = 2, T = cs.T, H = cs.H, KVH = cs.KVH, D = 8, C = H * D;
+    const int64_t W = (H + 2 * KVH) * D;
+    const std::string tag = absl::StrCat("gqa T=", T, " H=", H, " KVH=", KVH);
+    const Vec qkv = Random(B * T * W, tag + " qkv");
+    Vec att(B * H * T * T), y(B * T * C);
+    Tensor dqkv_in = Dev(qkv), datt = Dev(att), dy = Dev(y);
+    cpu_->AttentionForward(B, T, H, KVH, D, qkv.data(), att.data(), y.data());
+    cuda_->AttentionForward(B, T, H, KVH, D, dqkv_in.f32(), datt.f32(), dy.f32());
+    ExpectNear(Host(datt), att, 1e-6, 1e-4, tag + " att");
+    ExpectNear(Host(dy), y, 1e-5, 1e-4, tag + " y");
+    const Vec g = Random(B * T * C, tag + " dy");
+    Vec dqkv(B * T * W), scratch(T * T);
+    Tensor dg = Dev(g), catt = Dev(att);
+    cpu_->AttentionBackward(B, T, H, KVH, D, qkv.data(), att.data(), g.data(), dqkv.data(),
+                            scratch.data());
+    Vec first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor ddqkv = Dev(Vec(B * T * W)), dscratch = Dev(Vec(H * T * T));
+      cuda_->AttentionBackward(B, T, H, KVH, D, dqkv_in.f32(), catt.f32(), dg.f32(), ddqkv.f32(),
+                               dscratch.f32());
+      const Vec got = Host(ddqkv);
+      if (run == 0) {
+        ExpectNear(got, dqkv, 2e-5, 1e-4, tag + " dqkv");
+        first = got;
+      } else {
+        ExpectBitEqual(got, first, tag + " dqkv second run");
+      }
+    }
+  }
+}
+
+// RMSNorm: the row statistics in a tree (rtol 1e-5, atol 1e-5 on O(1) values, as
+// LayerNorm's); the weight gradient adds rows in order: bit-exact.
+TEST_F(CudaKernelsTest, RmsNormForwardAndBackward) {
+  const int64_t rows = 65, cols = 300;
+  const Vec x = Random(rows * cols, "rms x", -3.0f, 3.0f);
+  const Vec gamma = Random(cols, "rms gamma", 0.5f, 1.5f);
+  Vec y(rows * cols), rstd(rows);
+  Tensor dx = Dev(x), dgamma = Dev(gamma), dy = Dev(y), drstd = Dev(rstd);
+  cpu_->RmsNormForward(rows, cols, 1e-5f, x.data(), gamma.data(), y.data(), rstd.data());
+  cuda_->RmsNormForward(rows, cols, 1e-5f, dx.f32(), dgamma.f32(), dy.f32(), drstd.f32());
+  ExpectNear(Host(dy), y, 1e-5, 1e-5, "RmsNormForward y");
+  ExpectNear(Host(drstd), rstd, 1e-6, 1e-5, "RmsNormForward rstd");
+  const Vec g = Random(rows * cols, "rms dy");
+  Vec dxo(rows * cols);
+  Tensor dg = Dev(g), ddx = Dev(dxo), crstd = Dev(rstd);  // the CPU's statistics
+  cpu_->RmsNormBackwardInput(rows, cols, x.data(), rstd.data(), gamma.data(), g.data(), dxo.data());
+  cuda_->RmsNormBackwardInput(rows, cols, dx.f32(), crstd.f32(), dgamma.f32(), dg.f32(), ddx.f32());
+  ExpectNear(Host(ddx), dxo, 1e-5, 1e-4, "RmsNormBackwardInput");
+  Vec dgam = Random(cols, "rms dgamma");  // accumulates into what is there
+  Tensor ddgam = Dev(dgam);
+  cpu_->RmsNormBackwardWeight(rows, cols, x.data(), rstd.data(), g.data(), dgam.data());
+  cuda_->RmsNormBackwardWeight(rows, cols, dx.f32(), crstd.f32(), dg.f32(), ddgam.f32());
+  ExpectBitEqual(Host(ddgam), dgam, "RmsNormBackwardWeight");
+}
+
+// Rotary: the same float32 angles (rotary_math.h, evaluated in double) and element
+// expressions; double cos/sin on the two sides may differ in their last double bit, which
+// can move a rounded float by an ulp: atol 1e-6 on values O(1) (positions up to 4095,
+// theta 10000 and 500000). In place, on heads inside wider rows; the columns around them
+// untouched (bit-exact).
+TEST_F(CudaKernelsTest, RotaryForwardAndBackward) {
+  for (float theta : {10000.0f, 500000.0f}) {
+    const int64_t B = 2, T = 4096, heads = 3, D = 16, stride = 80, offset = 8;
+    const std::string tag = absl::StrCat("rotary theta=", theta);
+    Vec x = Random(B * T * stride, tag + " x", -2.0f, 2.0f);
+    Tensor dx = Dev(x);
+    cpu_->RotaryForward(B, T, heads, D, stride, theta, x.data() + offset);
+    cuda_->RotaryForward(B, T, heads, D, stride, theta, dx.f32() + offset);
+    ExpectNear(Host(dx), x, 1e-6, 0.0, tag + " forward");
+    cpu_->RotaryBackward(B, T, heads, D, stride, theta, x.data() + offset);
+    cuda_->RotaryBackward(B, T, heads, D, stride, theta, dx.f32() + offset);
+    const Vec back = Host(dx);
+    ExpectNear(back, x, 1e-6, 0.0, tag + " backward");
+    const Vec orig = Random(B * T * stride, tag + " x", -2.0f, 2.0f);
+    for (int64_t r = 0; r < B * T; ++r) {
+      for (int64_t c : {int64_t{0}, offset - 1, offset + heads * D, stride - 1}) {
+        ASSERT_EQ(back[r * stride + c], orig[r * stride + c])
+            << tag << " row " << r << " col " << c;
+      }
+    }
+  }
+}
+
+// SwiGLU: element-wise, but the device's expf is not glibc's (both within 2 ulp): atol 1e-6,
+// rtol 1e-5.
+TEST_F(CudaKernelsTest, SwiGluForwardAndBackward) {
+  const int64_t rows = 37, I = 129;
+  const Vec gu = Random(rows * 2 * I, "swiglu gu", -12.0f, 12.0f);
+  const Vec dout = Random(rows * I, "swiglu dout");
+  Vec out(rows * I), dgu(rows * 2 * I);
+  Tensor dgu_in = Dev(gu), dres = Dev(out), ddout = Dev(dout), ddgu = Dev(dgu);
+  cpu_->SwiGluForward(rows, I, gu.data(), out.data());
+  cuda_->SwiGluForward(rows, I, dgu_in.f32(), dres.f32());
+  ExpectNear(Host(dres), out, 1e-6, 1e-5, "SwiGluForward");
+  cpu_->SwiGluBackward(rows, I, gu.data(), dout.data(), dgu.data());
+  cuda_->SwiGluBackward(rows, I, dgu_in.f32(), ddout.f32(), ddgu.f32());
+  ExpectNear(Host(ddgu), dgu, 1e-6, 1e-5, "SwiGluBackward");
+}
+
 TEST_F(CudaKernelsTest, OptimizersAreBitExact) {
   const int64_t n = 4099;
   const Vec w0 = Random(n, "opt w"), g = Random(n, "opt g");

@@ -56,9 +56,10 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
 }  // namespace
 
 absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
-                                            const std::vector<std::string>& roots) {
+                                            const std::vector<std::string>& roots,
+                                            const std::string& field) {
   Confinement c;
-  c.field = "data.text.path";
+  c.field = field;
   c.roots = roots;
   c.roots_are = "the directories this cluster reads data from";
   return ConfinePath(path, c);
@@ -106,11 +107,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& val
   const baton::v1::JobSpec& spec = *valid;
   const auto& data = spec.data();
   if (data.has_text()) {
-    // Validation guarantees a gpt model here.
-    const auto& gpt = spec.model().gpt();
+    // Validation guarantees a token model (gpt or llama) here.
+    const TokenModel model = *TokenModelOf(spec.model());
     TextDataset::Options options;
-    options.context = gpt.context();
-    options.vocab_size = gpt.vocab_size();
+    options.context = model.context;
+    options.vocab_size = model.vocab_size;
     options.batch_size = data.batch_size();
     options.seed = spec.seed();
     if (data.text().has_path()) {

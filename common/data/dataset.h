@@ -88,10 +88,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& spe
 std::vector<std::string> DataRootsFromFlag(const std::string& flag);
 
 // `path` with symlinks resolved (as far as it exists) when it lies under one of `roots`
-// (also resolved); INVALID_ARGUMENT naming data.text.path, the path and the roots when it
-// does not. With no roots, `path` itself.
+// (also resolved); INVALID_ARGUMENT naming `field` (the spec field that gave the path), the
+// path and the roots when it does not. With no roots, `path` itself.
 absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
-                                            const std::vector<std::string>& roots);
+                                            const std::vector<std::string>& roots,
+                                            const std::string& field = "data.text.path");
 
 // The content of a TextData: the whole file at `path` (read as bytes), or the inline text.
 // File errors carry the errno's code (NOT_FOUND for a missing file) and name

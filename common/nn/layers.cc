@@ -53,7 +53,7 @@ Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options
       device_(device),
       be_(BackendOrDie(device)),
       weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev, seed,
-                            device)),
+                            device, options.init_name)),
       stash_(name_) {
   if (options_.bias) {
     bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed, device);
@@ -223,17 +223,21 @@ void LayerNorm::CollectParameters(std::vector<Parameter*>* out) {
 // ---------------------------------------------------------------------------- Embedding
 
 Embedding::Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels,
-                     uint64_t seed, Device device)
+                     uint64_t seed, Device device, bool positions)
     : name_(std::move(name)),
       vocab_(vocab),
       context_(context),
       channels_(channels),
       device_(device),
       be_(BackendOrDie(device)),
+      positions_(positions),
       wte_(MakeParameter(name_ + ".token", {vocab, channels}, Init::kNormal, 0.02f, seed, device)),
-      wpe_(MakeParameter(name_ + ".position", {context, channels}, Init::kNormal, 0.01f, seed,
-                         device)),
-      stash_(name_) {}
+      stash_(name_) {
+  if (positions_) {
+    wpe_ = MakeParameter(name_ + ".position", {context, channels}, Init::kNormal, 0.01f, seed,
+                         device);
+  }
+}
 
 absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   if (!x.defined() || x.dtype() != DType::kInt32 || x.rank() != 2 || x.dim(1) > context_ ||
@@ -246,8 +250,8 @@ absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
   BATON_ASSIGN_OR_RETURN(const Tensor tokens, x.On(device_));
   const int64_t B = x.dim(0), T = x.dim(1);
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, {B, T, channels_}, device_));
-  be_->EmbeddingForward(B, T, channels_, tokens.i32(), wte_.value.f32(), wpe_.value.f32(),
-                        out.f32());
+  be_->EmbeddingForward(B, T, channels_, tokens.i32(), wte_.value.f32(),
+                        positions_ ? wpe_.value.f32() : nullptr, out.f32());
   *y = std::move(out);
   return stash_.Put(mb.index, Saved{tokens, Tensor()});
 }
@@ -271,14 +275,15 @@ absl::Status Embedding::BackwardWeight(const MicroBatch& mb) {
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
   be_->EmbeddingBackward(s->tokens.dim(0), s->tokens.dim(1), channels_, s->tokens.i32(),
-                         s->dy.f32(), wte_.grad.f32(), wpe_.grad.f32());
+                         s->dy.f32(), wte_.grad.f32(),
+                         positions_ ? wpe_.grad.f32() : nullptr);
   stash_.Erase(mb.index);
   return absl::OkStatus();
 }
 
 void Embedding::CollectParameters(std::vector<Parameter*>* out) {
   out->push_back(&wte_);
-  out->push_back(&wpe_);
+  if (positions_) out->push_back(&wpe_);
 }
 
 }  // namespace baton

@@ -26,6 +26,8 @@ class Linear final : public Module {
     bool gelu = false;               // y = gelu(x W^T + b), fused
     bool compute_input_grad = true;  // false for a first layer fed with data: dx undefined
     float init_stddev = 0.02f;       // W ~ N(0, init_stddev); b = 0
+    // The parameter name whose draw initialises W (MakeParameter); empty: W's own name.
+    std::string init_name;
   };
   Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed,
          Device device = Device::kCpu);
@@ -101,13 +103,15 @@ class LayerNorm final : public Module {
   Stash<Saved> stash_;
 };
 
-// Token + learned position embedding. Input: int32 token ids [B, T] with T <= context and
-// ids in [0, vocab), on any device (checked on the host, then copied to the module's
-// device). Output: [B, T, C]. Its input is data, so dx is always undefined.
+// Token + learned position embedding (GPT-2), or the token embedding alone when `positions`
+// is false (LLaMA: its positions are rotary, in attention). Parameters "<name>.token"
+// [vocab, C] and "<name>.position" [context, C]. Input: int32 token ids [B, T] with
+// T <= context and ids in [0, vocab), on any device (checked on the host, then copied to the
+// module's device). Output: [B, T, C]. Its input is data, so dx is always undefined.
 class Embedding final : public Module {
  public:
   Embedding(std::string name, int64_t vocab, int64_t context, int64_t channels, uint64_t seed,
-            Device device = Device::kCpu);
+            Device device = Device::kCpu, bool positions = true);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -125,7 +129,8 @@ class Embedding final : public Module {
   const int64_t vocab_, context_, channels_;
   const Device device_;
   Backend* const be_;
-  Parameter wte_, wpe_;
+  const bool positions_;
+  Parameter wte_, wpe_;  // wpe_ unused without positions
   Stash<Saved> stash_;
 };
 

@@ -7,7 +7,9 @@
 #include "common/core/check.h"
 #include "common/core/status.h"
 #include "common/nn/layers.h"
+#include "common/nn/llama.h"
 #include "common/nn/transformer.h"
+#include "common/spec/spec.h"
 
 namespace baton {
 
@@ -70,9 +72,16 @@ int Sequential::InFlight() const {
 namespace {
 
 int NumBlocks(const baton::v1::ModelSpec& spec) {
-  if (spec.has_mlp()) return spec.mlp().depth() + 1;
-  if (spec.has_gpt()) return spec.gpt().layers() + 2;
-  return 0;
+  return static_cast<int>(ModelBlockCount(spec));
+}
+
+// LLaMA's output projection: no bias, N(0, 0.02); drawn as the embedding when tied.
+Linear::Options LlamaLogitsOptions(bool tied) {
+  Linear::Options o;
+  o.bias = false;
+  o.init_stddev = 0.02f;
+  if (tied) o.init_name = kTiedEmbeddingName;
+  return o;
 }
 
 std::unique_ptr<Module> BuildMlpBlock(const baton::v1::MlpSpec& s, int index, uint64_t seed,
@@ -104,7 +113,26 @@ std::unique_ptr<Module> BuildGptBlock(const baton::v1::GptSpec& s, int index, ui
     return std::make_unique<TransformerBlock>("block." + std::to_string(index - 1), s.d_model(),
                                               s.heads(), s.layers(), seed, device);
   }
-  return std::make_unique<LmHead>("head", s.d_model(), s.vocab_size(), seed, device);
+  const bool tied = !s.has_tie_embeddings() || s.tie_embeddings();
+  return GptHead("head", s.d_model(), s.vocab_size(), tied, seed, device);
+}
+
+std::unique_ptr<Module> BuildLlamaBlock(const baton::v1::LlamaSpec& s, int index, uint64_t seed,
+                                        Device device) {
+  if (index == 0) {
+    return std::make_unique<Embedding>("embed", s.vocab_size(), s.context(), s.d_model(), seed,
+                                       device, /*positions=*/false);
+  }
+  const float eps = LlamaRmsNormEps(s);
+  if (index <= s.layers()) {
+    return std::make_unique<LlamaBlock>("block." + std::to_string(index - 1), s.d_model(),
+                                        s.heads(), LlamaKvHeads(s), s.intermediate_size(),
+                                        LlamaRopeTheta(s), eps, s.layers(), seed, device);
+  }
+  const bool tied = s.has_tie_embeddings() && s.tie_embeddings();
+  return std::make_unique<LmHead>("head", s.d_model(), s.vocab_size(),
+                                  std::make_unique<RmsNorm>("head.norm", s.d_model(), eps, device),
+                                  LlamaLogitsOptions(tied), seed, device);
 }
 
 }  // namespace
@@ -142,6 +170,20 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     // The head keeps its input, its LayerNorm's output and statistics and the softmax
     // probabilities (T V); the targets are the batch's.
     out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 2 * T + T * V});
+  } else if (spec.has_llama()) {
+    const auto& s = spec.llama();
+    const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
+    // The embedding has no positions and keeps its token ids.
+    out.push_back({"embed", V * C, 0, T});
+    const LlamaCosts block = LlamaBlockCosts(T, C, s.heads(), LlamaKvHeads(s),
+                                             s.intermediate_size());
+    for (int i = 0; i < s.layers(); ++i) {
+      out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
+                     block.activation_floats});
+    }
+    // The head keeps its input, its RMSNorm's output and inverse RMS, and the softmax
+    // probabilities.
+    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + T + T * V});
   }
   return out;
 }
@@ -149,14 +191,17 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
 Shape BlockInputShape(const baton::v1::ModelSpec& spec, int /*block*/, int64_t rows) {
   // Every block after the first takes the hidden representation; only block 0 differs.
   if (spec.has_mlp()) return {rows, spec.mlp().width()};
-  return {rows, spec.gpt().context(), spec.gpt().d_model()};
+  const TokenModel t = *TokenModelOf(spec);
+  return {rows, t.context, t.d_model};
 }
 
 absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSpec& spec,
                                                         uint64_t seed, int first, int last,
                                                         Device device) {
   const int n = NumBlocks(spec);
-  if (n == 0) return absl::InvalidArgumentError("model: no architecture set (want mlp or gpt)");
+  if (n == 0) {
+    return absl::InvalidArgumentError("model: no architecture set (want mlp, gpt or llama)");
+  }
   if (last < 0) last = n;
   if (first < 0 || first >= last || last > n) {
     return absl::InvalidArgumentError(absl::StrCat("model: block range [", first, ", ", last,
@@ -168,8 +213,9 @@ absl::StatusOr<std::unique_ptr<Sequential>> BuildBlocks(const baton::v1::ModelSp
   }
   std::vector<std::unique_ptr<Module>> blocks;
   for (int i = first; i < last; ++i) {
-    blocks.push_back(spec.has_mlp() ? BuildMlpBlock(spec.mlp(), i, seed, device)
-                                    : BuildGptBlock(spec.gpt(), i, seed, device));
+    blocks.push_back(spec.has_mlp()   ? BuildMlpBlock(spec.mlp(), i, seed, device)
+                     : spec.has_gpt() ? BuildGptBlock(spec.gpt(), i, seed, device)
+                                      : BuildLlamaBlock(spec.llama(), i, seed, device));
   }
   auto model = std::make_unique<Sequential>("model", std::move(blocks));
   BATON_RETURN_IF_ERROR(CheckParameters(model->Parameters()));
@@ -195,6 +241,19 @@ std::vector<Digest> BlockDigests(Sequential& blocks) {
   std::vector<Digest> out;
   for (int i = 0; i < blocks.size(); ++i) out.push_back(BlockDigest(blocks.at(i)));
   return out;
+}
+
+Parameter* FindParameter(Module& block, const std::string& name) {
+  for (Parameter* p : block.Parameters()) {
+    if (p->name == name) return p;
+  }
+  return nullptr;
+}
+
+void SumTiedGradients(Parameter& embedding, Parameter& output, Backend& backend) {
+  backend.Add(embedding.grad.numel(), embedding.grad.f32(), output.grad.f32(),
+              embedding.grad.f32());
+  backend.Copy(embedding.grad.numel(), embedding.grad.f32(), output.grad.f32());
 }
 
 void ZeroGrad(const std::vector<Parameter*>& params) {

@@ -80,6 +80,19 @@ Digest BlockDigest(Module& block);
 // Per-block digests of a model built by BuildBlocks, in block order.
 std::vector<Digest> BlockDigests(Sequential& blocks);
 
+// Tied embeddings (TokenModel::tie_embeddings): block 0's token embedding and the last
+// block's output projection hold the same tensor, each its own copy. Every step the two
+// gradients are summed, embedding's + projection's (addition of two floats is exact in
+// either order, so both ends get the same bits), and both copies take the same update; the
+// reference trainer does it before its optimizer step, a pipeline in the clock's TIE_GRAD.
+inline constexpr char kTiedEmbeddingName[] = "embed.token";
+inline constexpr char kTiedOutputName[] = "head.logits.weight";
+// The parameter of `block` named `name`, or null.
+Parameter* FindParameter(Module& block, const std::string& name);
+// embedding.grad = output.grad = embedding.grad + output.grad, with `backend` (both on its
+// device, same shape).
+void SumTiedGradients(Parameter& embedding, Parameter& output, Backend& backend);
+
 // Zeroes every parameter's gradient.
 void ZeroGrad(const std::vector<Parameter*>& params);
 

@@ -55,12 +55,12 @@ absl::Status Initialise(Tensor& t, const std::string& name, Init init, float std
 }  // namespace
 
 Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
-                        uint64_t seed, Device device) {
+                        uint64_t seed, Device device, const std::string& init_name) {
   Parameter p;
   p.name = std::move(name);
   absl::StatusOr<Tensor> value = Tensor::TryEmpty(shape, DType::kFloat32, device);
   absl::Status st = value.status();
-  if (st.ok()) st = Initialise(*value, p.name, init, stddev, seed);
+  if (st.ok()) st = Initialise(*value, init_name.empty() ? p.name : init_name, init, stddev, seed);
   absl::StatusOr<Tensor> grad = Tensor::TryEmpty(shape, DType::kFloat32, device);
   if (st.ok()) st = grad.status();
   if (!st.ok()) {

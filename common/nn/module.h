@@ -123,10 +123,13 @@ class Stash {
 // value. Initial values are a pure function of (seed, name) (common/core/rng.h), drawn on
 // the host and copied, so every device starts from the same bits. When the device is out
 // of memory the value or the gradient is left undefined: BuildBlocks reports it
-// (CheckParameters), so building a model never aborts.
+// (CheckParameters), so building a model never aborts. `init_name`, when not empty, is the
+// name whose draw fills the value instead of the parameter's own: a tied output projection
+// starts as the same bits as the embedding it copies.
 enum class Init { kZeros, kOnes, kNormal };
 Parameter MakeParameter(std::string name, const Shape& shape, Init init, float stddev,
-                        uint64_t seed, Device device = Device::kCpu);
+                        uint64_t seed, Device device = Device::kCpu,
+                        const std::string& init_name = "");
 
 // RESOURCE_EXHAUSTED naming the first parameter whose value or gradient could not be
 // allocated, with its bytes and device; OK when all were.

@@ -193,15 +193,30 @@ int TransformerBlock::InFlight() const {
 
 // ---------------------------------------------------------------- LmHead
 
-LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed, Device device)
+LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, std::unique_ptr<Module> norm,
+               const Linear::Options& logits, uint64_t seed, Device device)
     : name_(std::move(name)),
       channels_(channels),
       vocab_(vocab),
       device_(device),
       be_(BackendOrDie(device)),
-      ln_(name_ + ".ln", channels, 1e-5f, device),
-      logits_(name_ + ".logits", channels, vocab, LinearOpts(false, false, 0.02f), seed, device),
+      norm_(std::move(norm)),
+      logits_(name_ + ".logits", channels, vocab, logits, seed, device),
       stash_(name_) {}
+
+absl::StatusOr<Tensor> LmHead::Logits(const Tensor& x) {
+  // Runs the norm and the projection under a micro-batch index no training step uses, and
+  // drops their stash at once.
+  constexpr int kEval = -1;
+  const MicroBatch mb{kEval, nullptr};
+  Tensor h, logits;
+  absl::Status s = norm_->Forward(mb, x, &h);
+  if (s.ok()) s = logits_.Forward(mb, h, &logits);
+  norm_->Discard(kEval);
+  logits_.Discard(kEval);
+  BATON_RETURN_IF_ERROR(s);
+  return logits;
+}
 
 absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   absl::Status s = ForwardSteps(mb, x, y);
@@ -211,7 +226,7 @@ absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
 
 void LmHead::Discard(int mb) {
   stash_.Erase(mb);
-  ln_.Discard(mb);
+  norm_->Discard(mb);
   logits_.Discard(mb);
 }
 
@@ -226,7 +241,7 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
   }
   BATON_RETURN_IF_ERROR(CheckTokenIds(name_, "target id", *t, vocab_));
   Tensor h, logits;
-  BATON_RETURN_IF_ERROR(ln_.Forward(mb, x, &h));
+  BATON_RETURN_IF_ERROR(norm_->Forward(mb, x, &h));
   BATON_RETURN_IF_ERROR(logits_.Forward(mb, h, &logits));
   Saved s;
   BATON_ASSIGN_OR_RETURN(s.targets, t->On(device_));
@@ -250,21 +265,30 @@ absl::Status LmHead::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   stash_.Erase(mb.index);
   Tensor dh;  // shaped like the LayerNorm's output, [B, T, C]
   BATON_RETURN_IF_ERROR(logits_.BackwardInput(mb, dlogits, &dh));
-  return ln_.BackwardInput(mb, dh, dx);
+  return norm_->BackwardInput(mb, dh, dx);
 }
 
 absl::Status LmHead::BackwardWeight(const MicroBatch& mb) {
   BATON_RETURN_IF_ERROR(logits_.BackwardWeight(mb));
-  return ln_.BackwardWeight(mb);
+  return norm_->BackwardWeight(mb);
 }
 
 void LmHead::CollectParameters(std::vector<Parameter*>* out) {
-  ln_.CollectParameters(out);
+  norm_->CollectParameters(out);
   logits_.CollectParameters(out);
 }
 
 int LmHead::InFlight() const {
-  return std::max({stash_.size(), ln_.InFlight(), logits_.InFlight()});
+  return std::max({stash_.size(), norm_->InFlight(), logits_.InFlight()});
+}
+
+std::unique_ptr<LmHead> GptHead(std::string name, int64_t channels, int64_t vocab, bool tied,
+                                uint64_t seed, Device device) {
+  Linear::Options o = LinearOpts(false, false, 0.02f);
+  if (tied) o.init_name = "embed.token";
+  auto norm = std::make_unique<LayerNorm>(name + ".ln", channels, 1e-5f, device);
+  return std::make_unique<LmHead>(std::move(name), channels, vocab, std::move(norm), o, seed,
+                                  device);
 }
 
 // ---------------------------------------------------------------- MseLoss

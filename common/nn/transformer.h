@@ -4,6 +4,7 @@
 #define BATON_COMMON_NN_TRANSFORMER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,14 +68,20 @@ class TransformerBlock final : public Module {
   Linear proj_;  // 4C -> C
 };
 
-// Final LayerNorm, Linear(C, V) without bias, and softmax cross-entropy against the
-// micro-batch's int32 targets [B, T] (on any device: checked on the host, copied over).
-// Forward writes the mean loss over the B*T positions as a 1-element host tensor (the
-// read-out); BackwardInput takes the 1-element loss scale, on any device.
+// A final norm (GPT-2's LayerNorm "<name>.ln", LLaMA's RMSNorm "<name>.norm": any
+// parameterised module that keeps the shape), Linear(C, V) "<name>.logits" without bias,
+// and softmax cross-entropy against the micro-batch's int32 targets [B, T] (on any device:
+// checked on the host, copied over). Forward writes the mean loss over the B*T positions as
+// a 1-element host tensor (the read-out); BackwardInput takes the 1-element loss scale, on
+// any device. With tied embeddings `logits.init_name` is the embedding's name, so the
+// output projection starts as its copy (the clock's TIE_GRAD keeps the two equal).
 class LmHead final : public Module {
  public:
-  LmHead(std::string name, int64_t channels, int64_t vocab, uint64_t seed,
-         Device device = Device::kCpu);
+  LmHead(std::string name, int64_t channels, int64_t vocab, std::unique_ptr<Module> norm,
+         const Linear::Options& logits, uint64_t seed, Device device = Device::kCpu);
+  // The logits [B, T, V] of the activations x [B, T, C], outside training: nothing is
+  // stashed, no targets needed. For evaluation and the checks against other trainers.
+  absl::StatusOr<Tensor> Logits(const Tensor& x);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
@@ -93,10 +100,15 @@ class LmHead final : public Module {
   const int64_t channels_, vocab_;
   const Device device_;
   Backend* const be_;
-  LayerNorm ln_;
+  std::unique_ptr<Module> norm_;
   Linear logits_;
   Stash<Saved> stash_;  // released by BackwardInput
 };
+
+// GPT-2's head: LayerNorm "<name>.ln" (eps 1e-5), then the projection, drawn as the
+// embedding "embed.token" when `tied`.
+std::unique_ptr<LmHead> GptHead(std::string name, int64_t channels, int64_t vocab, bool tied,
+                                uint64_t seed, Device device = Device::kCpu);
 
 // Mean squared error against the micro-batch's f32 targets (same shape as the input, on
 // any device), averaged over all elements, as PyTorch's MSELoss. No parameters. The loss

@@ -114,7 +114,8 @@ TEST(CausalSelfAttentionTest, IsCausal) {
 }
 
 TEST(LmHeadTest, ForwardIsMeanCrossEntropy) {
-  LmHead head("head", 8, 7, 3);
+  std::unique_ptr<LmHead> owned = GptHead("head", 8, 7, /*tied=*/false, 3);
+  LmHead& head = *owned;
   PerturbParameters(head, 3, 0.3f);
   const Tensor x = RandomTensor({2, 4, 8}, 3, "x");
   const Tensor targets = RandomIds({2, 4}, 7, 3, "t");
@@ -180,7 +181,8 @@ TEST(TransformerBlockGradTest, MatchesFiniteDifferences) {
 }
 
 TEST(LmHeadGradTest, MatchesFiniteDifferences) {
-  LmHead head("head", 8, 7, 7);
+  std::unique_ptr<LmHead> owned = GptHead("head", 8, 7, /*tied=*/false, 7);
+  LmHead& head = *owned;
   PerturbParameters(head, 12, 0.3f);
   const Tensor targets = RandomIds({2, 4}, 7, 12, "t");
   CheckModuleGradients(head, RandomTensor({2, 4, 8}, 12, "x"), &targets, 33, kH, kLossTol);
@@ -227,7 +229,7 @@ std::vector<ModuleCase> TransformerCases() {
                    x, {}, false, "block.1"});
   cases.push_back({"lm head",
                    [] {
-                     auto m = std::make_unique<LmHead>("head", 8, 7, 1);
+                     auto m = GptHead("head", 8, 7, /*tied=*/false, 1);
                      PerturbParameters(*m, 1, 0.3f);
                      return m;
                    },
@@ -277,7 +279,8 @@ TEST(TransformerBlockTest, RefusesBadShapes) {
 }
 
 TEST(LmHeadTest, RefusesBadTargetsAndScale) {
-  LmHead head("head", 8, 7, 1);
+  std::unique_ptr<LmHead> owned = GptHead("head", 8, 7, /*tied=*/false, 1);
+  LmHead& head = *owned;
   const Tensor x = RandomTensor({2, 4, 8}, 1, "x");
   Tensor y, dx;
   ExpectError(head.Forward({0, nullptr}, x, &y), kInvalid, "head", "no targets");

@@ -45,10 +45,7 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
     BATON_ASSIGN_OR_RETURN(t->schedule_, BuildSchedule(o));
   }
   const int D = p.data_parallel();
-  if (D > 1 && !t->schedule_.reduces_grads()) {
-    BATON_ASSIGN_OR_RETURN(t->schedule_, AddGradReductions(t->schedule_));
-    BATON_RETURN_IF_ERROR(Validate(t->schedule_));
-  }
+  BATON_ASSIGN_OR_RETURN(t->schedule_, AddJobActions(t->schedule_, t->spec_));
   BATON_ASSIGN_OR_RETURN(t->stage_blocks_,
                          StageBlocks(DescribeBlocks(t->spec_.model()), t->schedule_.num_stages(),
                                      {p.partition().begin(), p.partition().end()}));

@@ -6,12 +6,14 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint/hf.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
@@ -69,6 +71,7 @@ class StageExecutor::StepState {
   std::unordered_map<int, Bucket> buckets;
   int inflight = 0;
   int peak_inflight = 0;
+  bool tied = false;  // the tied embedding's gradient is summed (TIE_GRAD)
   bool stepped = false;
 };
 
@@ -317,6 +320,26 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
         "the job has ", data_parallel,
         " data-parallel replicas but the clock has no REDUCE_GRAD actions (AddGradReductions)"));
   }
+  // This rank's clock sums the tied embedding exactly when the model ties and the rank
+  // holds an end (a worker's plan carries its own clock only).
+  const std::optional<TokenModel> token_model = TokenModelOf(spec.model());
+  const bool tied = token_model && token_model->tie_embeddings;
+  const int n = schedule.num_stages();
+  if (rank >= 0 && rank < static_cast<int>(schedule.ranks.size())) {
+    for (int end : {0, n - 1}) {
+      if (schedule.stage_to_rank[end] != rank) continue;
+      const std::vector<Action>& clock = schedule.ranks[rank];
+      const bool has = std::find(clock.begin(), clock.end(),
+                                 Action{ActionKind::kTieGrad, end, 0}) != clock.end();
+      if (has != tied && (n > 1 || end == 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            tied ? "the model ties its embeddings but rank " : "the model does not tie its "
+                                                               "embeddings but rank ",
+            rank, "'s clock ", tied ? "has no " : "has ", Action{ActionKind::kTieGrad, end, 0}.ToString(),
+            tied ? " (AddJobActions)" : ""));
+      }
+    }
+  }
   ex->timer_ = options.device_timer;
   if (ex->timer_ == nullptr) {
     ex->own_timer_ = NewDeviceTimer(options.device);
@@ -330,6 +353,10 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     c.blocks = stage_blocks[s];
     BATON_ASSIGN_OR_RETURN(c.model, BuildBlocks(spec.model(), spec.seed(), c.blocks.first,
                                                 c.blocks.last, options.device));
+    if (spec.init().has_from_hf()) {  // initial weights from a Hugging Face model
+      BATON_RETURN_IF_ERROR(
+          LoadHfWeights(spec, options.data.roots, c.blocks.first, c.model.get()));
+    }
     c.model->CollectParameters(&ex->params_);
     ex->chunks_.push_back(std::move(c));
   }
@@ -632,6 +659,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       bucket = StepState::Bucket();
       return absl::OkStatus();
     }
+    case ActionKind::kTieGrad:
+      return SumTiedGradient(a, st, deadline, bytes);
     case ActionKind::kStep: {
       for (const Chunk& c : chunks_) {
         const int done = st.next_w[c.stage];
@@ -670,6 +699,71 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
     }
   }
   return absl::InternalError("unknown action kind");
+}
+
+Parameter* StageExecutor::TiedParameter(int stage, bool output) {
+  Chunk* c = ChunkFor(stage);
+  if (c == nullptr) return nullptr;
+  return output ? FindParameter(c->model->at(c->model->size() - 1), kTiedOutputName)
+                : FindParameter(c->model->at(0), kTiedEmbeddingName);
+}
+
+absl::Status StageExecutor::SumTiedGradient(const Action& a, StepState& st, absl::Time deadline,
+                                            int64_t* bytes) {
+  const int s = a.stage;
+  const int n = schedule_.num_stages();
+  const int other = PeerStage(a, n);
+  for (int end : {s, other}) {
+    if (ChunkFor(end) != nullptr && st.next_w[end] != st.M) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(a.ToString(), " before every weight gradient of stage ", end, " ran (",
+                       st.next_w[end], " of ", st.M, ")"));
+    }
+  }
+  if (st.tied) return absl::OkStatus();  // the other end is on this rank and summed both
+  // The sum is over final gradients: this step's replica sums first.
+  if (reducer_ != nullptr) BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+  // Stage 0 holds the embedding, the last stage the output projection (with one stage,
+  // the one stage both).
+  Parameter* mine = TiedParameter(s, /*output=*/s != 0);
+  if (mine == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(a.ToString(), ": stage ", s, " holds no tied embedding (",
+                     s == 0 ? kTiedEmbeddingName : kTiedOutputName, ")"));
+  }
+  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(options_.device));
+  const int peer = schedule_.stage_to_rank[other];
+  if (peer == rank_) {
+    // Both ends here (one stage, or a V-shaped placement).
+    Parameter* embedding = TiedParameter(0, /*output=*/false);
+    Parameter* output = TiedParameter(n - 1, /*output=*/true);
+    if (embedding == nullptr || output == nullptr) {
+      return absl::InternalError("the tied embedding's other end is missing");
+    }
+    SumTiedGradients(*embedding, *output, *be);
+    st.tied = true;
+    return absl::OkStatus();
+  }
+  // The first stage sends, then receives; the last receives, then sends: the pair never
+  // waits on each other, on any transport. The sum is written only after this rank's part
+  // has left (a send's tensor must not change before its work completes).
+  const TensorTag mine_tag{options_.job_id, st.step, 0, s, TensorKind::kTiedGradient};
+  const TensorTag their_tag{options_.job_id, st.step, 0, other, TensorKind::kTiedGradient};
+  auto send = [&]() { return transport_->Send(peer, mine_tag, mine->grad)->Wait(deadline); };
+  if (s == 0) BATON_RETURN_IF_ERROR(send());
+  BATON_ASSIGN_OR_RETURN(Tensor theirs, transport_->Recv(peer, their_tag, deadline));
+  BATON_RETURN_IF_ERROR(CheckReceived(theirs, mine->grad.shape(), "tied embedding gradient", a));
+  if (s != 0) BATON_RETURN_IF_ERROR(send());
+  *bytes = 2 * theirs.numel() * static_cast<int64_t>(sizeof(float));
+  BATON_ASSIGN_OR_RETURN(theirs, theirs.On(options_.device));
+  // embedding's + output projection's (model.h): the same two floats on both ends.
+  if (s == 0) {
+    be->Add(mine->grad.numel(), mine->grad.f32(), theirs.f32(), mine->grad.f32());
+  } else {
+    be->Add(mine->grad.numel(), theirs.f32(), mine->grad.f32(), mine->grad.f32());
+  }
+  st.tied = true;
+  return absl::OkStatus();
 }
 
 absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepState& st) {

@@ -32,6 +32,10 @@
 // deterministic, so the weights are the same bits as without; an I/W split still holds the
 // W half's stash from I to W.
 //
+// Tied embeddings (clocks with TIE_GRAD, model.h): the first and the last stage each hold the
+// token embedding; TIE_GRAD, after every other action of their ranks, sums the two copies'
+// gradients (their replica sums, when there are replicas) so both take the same update.
+//
 // Errors: any failure (a deadline, a bad tensor, an aborted peer) aborts the transport so
 // the other ranks stop too, drops everything stashed for the step, and is returned. Weights
 // are unchanged unless the failure came after the STEP action (only the final send waits
@@ -174,6 +178,12 @@ class StageExecutor {
   // `bytes` receives the payload size of a send or receive.
   absl::Status Execute(const Action& a, StepState& st, int64_t* bytes);
   absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
+  // TIE_GRAD (action.h): sums the tied embedding's gradient with the other end's.
+  absl::Status SumTiedGradient(const Action& a, StepState& st, absl::Time deadline,
+                               int64_t* bytes);
+  // The token embedding (first block of `stage`) or the output projection (its last block,
+  // when `output`); null if not here.
+  Parameter* TiedParameter(int stage, bool output);
   Chunk* ChunkFor(int stage);
   std::vector<Module*> Blocks();  // every chunk's blocks, in stage then block order
 

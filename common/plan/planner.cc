@@ -433,8 +433,8 @@ PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
     if (b > 0) {
       in.input_floats.push_back(NumElements(BlockInputShape(spec.model(), b, 1)));
     } else {
-      in.input_floats.push_back(spec.model().has_gpt() ? spec.model().gpt().context()
-                                                       : spec.model().mlp().input_dim());
+      const std::optional<TokenModel> t = TokenModelOf(spec.model());
+      in.input_floats.push_back(t ? t->context : spec.model().mlp().input_dim());
     }
   }
   // Past the last block: the loss, nothing to send.

@@ -10,8 +10,8 @@
 namespace baton {
 namespace {
 
-// The kinds with a stage and a micro-batch in the text form ("2F0"); STEP and REDUCE_GRAD
-// follow. Parse matches a kind against the whole text between the two numbers.
+// The kinds with a stage and a micro-batch in the text form ("2F0"); STEP, REDUCE_GRAD
+// and TIE_GRAD follow. Parse matches a kind against the whole text between the two numbers.
 constexpr ActionKindNames kKinds[] = {
     {ActionKind::kForward, "F", "F", "forward"},
     {ActionKind::kBackward, "B", "B", "backward"},
@@ -23,6 +23,7 @@ constexpr ActionKindNames kKinds[] = {
     {ActionKind::kRecvB, "RECV_B", "recv_wait", "recv_wait"},
     {ActionKind::kStep, "STEP", "optimizer", "optimizer"},
     {ActionKind::kReduceGrad, "REDUCE_GRAD", "reduce_grad", "reduce_grad"},
+    {ActionKind::kTieGrad, "TIE_GRAD", "tie_grad", "tie_grad"},
 };
 constexpr int kStagedKinds = 8;  // kKinds[0, 8) have the text form <stage><kind><mb>
 
@@ -35,6 +36,7 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 }  // namespace
 
 constexpr char kReduceGradText[] = "REDUCE_GRAD";
+constexpr char kTieGradText[] = "TIE_GRAD";
 
 const ActionKindNames& NamesOf(ActionKind k) {
   for (const ActionKindNames& n : kKinds) {
@@ -59,6 +61,7 @@ bool IsComm(ActionKind k) {
 std::string Action::ToString() const {
   if (kind == ActionKind::kStep) return "STEP";
   if (kind == ActionKind::kReduceGrad) return absl::StrCat(stage, kReduceGradText);
+  if (kind == ActionKind::kTieGrad) return absl::StrCat(stage, kTieGradText);
   return absl::StrCat(stage, ActionKindName(kind), microbatch);
 }
 
@@ -70,7 +73,7 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   const std::string t = text.substr(begin, end - begin);
   auto error = [&](const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1, 1REDUCE_GRAD or STEP)"));
+        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1, 1REDUCE_GRAD, 0TIE_GRAD or STEP)"));
   };
   if (t.empty()) return error("empty");
   if (t == "STEP") return Action{ActionKind::kStep, 0, 0};
@@ -90,13 +93,17 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
     if (i != t.size()) return error("REDUCE_GRAD takes no micro-batch index");
     return Action{ActionKind::kReduceGrad, static_cast<int32_t>(stage), 0};
   }
+  if (kind_text == kTieGradText) {
+    if (i != t.size()) return error("TIE_GRAD takes no micro-batch index");
+    return Action{ActionKind::kTieGrad, static_cast<int32_t>(stage), 0};
+  }
   const ActionKindNames* kind = nullptr;
   for (int k = 0; k < kStagedKinds; ++k) {
     if (kind_text == kKinds[k].text) kind = &kKinds[k];
   }
   if (kind == nullptr) {
     return error(absl::StrCat("unknown action kind '", kind_text,
-                              "' (known: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD)"));
+                              "' (known: F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD, TIE_GRAD)"));
   }
   if (i == t.size()) return error("missing micro-batch index");
   int64_t mb = 0;
@@ -110,8 +117,11 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   return Action{kind->kind, static_cast<int32_t>(stage), static_cast<int32_t>(mb)};
 }
 
-int PeerStage(const Action& a) {
+int PeerStage(const Action& a, int num_stages) {
   switch (a.kind) {
+    case ActionKind::kTieGrad:
+      if (num_stages <= 0) return -1;
+      return a.stage == 0 ? num_stages - 1 : 0;
     case ActionKind::kSendF:
     case ActionKind::kRecvB:
       return a.stage + 1;

@@ -18,6 +18,14 @@
 //                 starts the reduction and returns: it runs on a communication thread
 //                 while the rank goes on, and STEP waits for it.
 //
+//   0TIE_GRAD    with tied embeddings (docs/models.md), the gradient of the token
+//                embedding, which the first stage (0) and the last stage (S*V-1) each hold,
+//                is summed across the two: embedding's + output projection's, after their
+//                replica sums, so both apply the same update. One per end, after the
+//                stage's REDUCE_GRAD and right before STEP; on one stage (S*V = 1) it is a
+//                local sum. The first stage sends its part and then receives; the last
+//                receives and then sends (no deadlock on any transport).
+//
 // One action has no PyTorch text form: the optimizer step, written "STEP" (no stage, no
 // micro-batch). Every lowered clock ends with it on every rank; CSV files omit it and
 // import appends it (see schedule.h).
@@ -42,6 +50,7 @@ enum class ActionKind : uint8_t {
   kRecvB,           // RECV_B
   kStep,            // STEP: the optimizer update, once per rank per step
   kReduceGrad,      // REDUCE_GRAD: a stage's gradients summed over its replicas
+  kTieGrad,         // TIE_GRAD: the tied embedding's gradient summed across the two ends
 };
 
 // Every name an action kind goes by, from one table (action.cc): its clock text, the `kind`
@@ -50,7 +59,8 @@ enum class ActionKind : uint8_t {
 struct ActionKindNames {
   ActionKind kind;
   const char* text;    // "F", "SEND_F", "STEP", "REDUCE_GRAD"
-  const char* metric;  // "F", "B", "I", "W", "send", "recv_wait", "optimizer", "reduce_grad"
+  const char* metric;  // "F", "B", "I", "W", "send", "recv_wait", "optimizer", "reduce_grad",
+                       // "tie_grad"
   const char* trace;   // "forward", "backward_input", "send", "recv_wait", "optimizer", ...
 };
 const ActionKindNames& NamesOf(ActionKind k);
@@ -62,9 +72,9 @@ bool IsComm(ActionKind k);                  // SEND_*, RECV_*
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int32_t stage = 0;       // global stage index; 0 for STEP
-  int32_t microbatch = 0;  // 0 for STEP and REDUCE_GRAD
+  int32_t microbatch = 0;  // 0 for STEP, REDUCE_GRAD and TIE_GRAD
 
-  std::string ToString() const;  // "2F0", "0SEND_F1", "1REDUCE_GRAD", "STEP"
+  std::string ToString() const;  // "2F0", "0SEND_F1", "1REDUCE_GRAD", "0TIE_GRAD", "STEP"
   // Parses the text form; surrounding spaces are ignored. Errors name the text.
   static absl::StatusOr<Action> Parse(const std::string& text);
 
@@ -76,8 +86,10 @@ struct Action {
 
 // The stage a communication action talks to: stage + 1 for SEND_F and RECV_B (the next
 // stage's activation goes out, its gradient comes back), stage - 1 for SEND_B and RECV_F;
-// -1 for every other kind. The one place this rule is written.
-int PeerStage(const Action& a);
+// for TIE_GRAD, given the schedule's `num_stages`, the other end (0 <-> num_stages - 1;
+// the stage itself when there is one); -1 for every other kind, and for TIE_GRAD without
+// num_stages. The one place this rule is written.
+int PeerStage(const Action& a, int num_stages = 0);
 // Whether a communication action carries an activation (SEND_F, RECV_F) rather than a
 // gradient (SEND_B, RECV_B).
 inline bool CarriesActivation(ActionKind k) {

@@ -120,6 +120,39 @@ bool Schedule::reduces_grads() const {
   return false;
 }
 
+bool Schedule::ties_grads() const {
+  for (const auto& rank : ranks) {
+    for (const Action& a : rank) {
+      if (a.kind == ActionKind::kTieGrad) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Schedule> AddTiedGradSums(const Schedule& lowered) {
+  if (!lowered.lowered()) {
+    return absl::FailedPreconditionError("AddTiedGradSums: the schedule is not lowered");
+  }
+  if (lowered.ties_grads()) {
+    return absl::FailedPreconditionError(
+        "AddTiedGradSums: the schedule already has TIE_GRAD actions");
+  }
+  Schedule out = lowered;
+  const int n = lowered.num_stages();
+  std::vector<int> ends = {0};
+  if (n > 1) ends.push_back(n - 1);
+  for (int st : ends) {
+    const int r = lowered.stage_to_rank[st];
+    std::vector<Action>& clock = out.ranks[r];
+    if (clock.empty() || clock.back().kind != ActionKind::kStep) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AddTiedGradSums: rank ", r, "'s clock does not end with STEP"));
+    }
+    clock.insert(clock.end() - 1, Action{ActionKind::kTieGrad, st, 0});
+  }
+  return out;
+}
+
 absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered) {
   if (!lowered.lowered()) {
     return absl::FailedPreconditionError("AddGradReductions: the schedule is not lowered");

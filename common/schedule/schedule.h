@@ -45,6 +45,7 @@ struct Schedule {
   int num_stages() const { return static_cast<int>(stage_to_rank.size()); }
   bool lowered() const;        // has any communication or STEP action
   bool reduces_grads() const;  // has REDUCE_GRAD actions (a data-parallel clock)
+  bool ties_grads() const;     // has TIE_GRAD actions (a model with tied embeddings)
 };
 
 // The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
@@ -75,6 +76,13 @@ absl::StatusOr<Schedule> Lower(const Schedule& compute_only);
 // starts as early as it can and overlaps the rank's remaining actions. Errors if `lowered`
 // is not lowered, already reduces, or a stage has no backward.
 absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered);
+
+// Tied embeddings (action.h): inserts TIE_GRAD(0) on the rank of the first stage and
+// TIE_GRAD(S*V-1) on the rank of the last, each right before that rank's STEP (after
+// every other action, its REDUCE_GRADs included, so the two ends' earlier messages all
+// precede the exchange); one TIE_GRAD(0) when there is one stage. Errors if `lowered` is
+// not lowered, already ties, or a rank's clock does not end with STEP.
+absl::StatusOr<Schedule> AddTiedGradSums(const Schedule& lowered);
 
 // PyTorch's CSV form: one row per rank, one action string per cell, in order. STEP is not
 // written. Import of a compute-only CSV lowers it; import of a lowered CSV keeps its

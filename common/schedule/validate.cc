@@ -52,6 +52,7 @@ Slot SlotOf(ActionKind k) {
       return kRecvB;
     case ActionKind::kStep:
     case ActionKind::kReduceGrad:
+    case ActionKind::kTieGrad:
       break;
   }
   return kNumSlots;
@@ -69,6 +70,7 @@ class Checker {
     BATON_RETURN_IF_ERROR(ScanActions());
     BATON_RETURN_IF_ERROR(CheckCells());
     BATON_RETURN_IF_ERROR(CheckReductions());
+    BATON_RETURN_IF_ERROR(CheckTies());
     return CheckChannelOrder();
   }
 
@@ -117,6 +119,7 @@ class Checker {
   absl::Status ScanActions() {
     for (auto& table : pos_) table.assign(static_cast<size_t>(n_) * m_, -1);
     reduce_pos_.assign(n_, -1);
+    tie_pos_.assign(n_, -1);
     for (int r = 0; r < s_.num_ranks; ++r) {
       const auto& clock = s_.ranks[r];
       const int len = static_cast<int>(clock.size());
@@ -159,6 +162,21 @@ class Checker {
           }
           p = j;
           ++reductions_;
+          continue;
+        }
+        if (a.kind == ActionKind::kTieGrad) {
+          if (st != 0 && st != n_ - 1) {
+            return Error(absl::StrCat(a.ToString(), ": only the first stage (0) and the last (",
+                                      n_ - 1, ") hold the tied embedding"),
+                         {{r, j}});
+          }
+          int& p = tie_pos_[st];
+          if (p >= 0) {
+            return Error(absl::StrCat(a.ToString(), " appears twice on rank ", r, " (positions ",
+                                      p, " and ", j, ")"),
+                         {{r, p}, {r, j}});
+          }
+          p = j;
           continue;
         }
         switch (a.kind) {
@@ -237,6 +255,32 @@ class Checker {
                                     s_.ranks[rank_of_[st]][w].ToString(),
                                     ": it would sum gradients that are not complete"),
                        {Mark(st, reduce_pos_[st]), Mark(st, w)});
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Tied embeddings: either no TIE_GRAD, or one on each end (one in all with one stage),
+  // after every other action of its rank but STEP (so after the stage's weight gradients
+  // and its REDUCE_GRAD, and after every message the two ends exchange otherwise).
+  absl::Status CheckTies() {
+    const int first = tie_pos_[0], last = tie_pos_[n_ - 1];
+    if (first < 0 && last < 0) return absl::OkStatus();
+    for (int st : {0, n_ - 1}) {
+      const Action tie{ActionKind::kTieGrad, st, 0};
+      if (tie_pos_[st] < 0) {
+        return Error(absl::StrCat(tie.ToString(), " is missing: the other end of the tied "
+                                  "embedding sums its gradient with it (rank ",
+                                  rank_of_[st], ")"),
+                     {});
+      }
+      const auto& clock = s_.ranks[rank_of_[st]];
+      for (int j = tie_pos_[st] + 1; j + 1 < static_cast<int>(clock.size()); ++j) {
+        if (clock[j].kind != ActionKind::kTieGrad) {
+          return Error(absl::StrCat(tie.ToString(), " runs before ", clock[j].ToString(),
+                                    ": it must come after every other action but STEP"),
+                       {Mark(st, tie_pos_[st]), Mark(st, j)});
         }
       }
     }
@@ -451,6 +495,7 @@ class Checker {
   const std::vector<int>& rank_of_;
   std::vector<int32_t> pos_[kNumSlots];
   std::vector<int32_t> reduce_pos_;  // by stage: position of its REDUCE_GRAD, -1 if none
+  std::vector<int32_t> tie_pos_;     // by stage: position of its TIE_GRAD, -1 if none
   int reductions_ = 0;
 };
 
@@ -516,6 +561,9 @@ absl::StatusOr<SimResult> RunClocks(const Schedule& s, const Costs& costs, bool 
       case ActionKind::kReduceGrad:
         // Starts the reduction on the communication thread and returns; the time it takes
         // is not modelled here (the rank's compute goes on under it).
+        return 0.0;
+      case ActionKind::kTieGrad:
+        // One embedding-sized exchange right before STEP; not modelled.
         return 0.0;
     }
     return 0.0;

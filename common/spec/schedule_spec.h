@@ -14,6 +14,12 @@ namespace baton {
 // naming pipeline.schedule for a number the vocabulary has no entry for.
 absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec& p);
 
+// The job's own actions added to a lowered clock: REDUCE_GRAD per stage when the job has
+// replicas (pipeline.data_parallel > 1) and the clock has none yet; TIE_GRAD on both ends
+// when the model ties its embeddings (TokenModel::tie_embeddings) and the clock has none
+// yet. The result is validated. Every trainer that runs a job's clock goes through here.
+absl::StatusOr<Schedule> AddJobActions(const Schedule& lowered, const baton::v1::JobSpec& spec);
+
 }  // namespace baton
 
 #endif  // BATON_COMMON_SPEC_SCHEDULE_SPEC_H_

@@ -24,7 +24,7 @@ namespace {
 
 using ::baton::v1::JobSpec;
 
-absl::Status Invalid(const char* field, const std::string& reason) {
+absl::Status Invalid(absl::string_view field, const std::string& reason) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
 }
 
@@ -96,10 +96,45 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
       }
       return absl::OkStatus();
     }
+    case baton::v1::ModelSpec::kLlama: {
+      const auto& l = model.llama();
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.vocab_size", l.vocab_size()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.context", l.context()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.d_model", l.d_model()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.heads", l.heads()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.layers", l.layers()));
+      BATON_RETURN_IF_ERROR(AtLeastOne("model.llama.intermediate_size", l.intermediate_size()));
+      if (l.kv_heads() < 0) {
+        return Invalid("model.llama.kv_heads",
+                       absl::StrCat("must be >= 0 (0 means heads), got ", l.kv_heads()));
+      }
+      if (l.d_model() % l.heads() != 0) {
+        return Invalid("model.llama.heads",
+                       absl::StrCat("must divide d_model (d_model=", l.d_model(),
+                                    ", heads=", l.heads(), ")"));
+      }
+      if ((l.d_model() / l.heads()) % 2 != 0) {
+        return Invalid("model.llama.heads",
+                       absl::StrCat("the head size d_model / heads = ", l.d_model() / l.heads(),
+                                    " must be even (rotary embeddings rotate pairs)"));
+      }
+      if (l.heads() % LlamaKvHeads(l) != 0) {
+        return Invalid("model.llama.kv_heads",
+                       absl::StrCat("must divide heads (heads=", l.heads(),
+                                    ", kv_heads=", l.kv_heads(), ")"));
+      }
+      BATON_RETURN_IF_ERROR(NonNegative("model.llama.rope_theta", l.rope_theta()));
+      BATON_RETURN_IF_ERROR(NonNegative("model.llama.rms_norm_eps", l.rms_norm_eps()));
+      if (l.rope_theta() > 0 && l.rope_theta() <= 1) {
+        return Invalid("model.llama.rope_theta",
+                       absl::StrCat("must be > 1 (0 means 10000), got ", l.rope_theta()));
+      }
+      return absl::OkStatus();
+    }
     case baton::v1::ModelSpec::ARCHITECTURE_NOT_SET:
       break;
   }
-  return Invalid("model", "no architecture set (want mlp or gpt)");
+  return Invalid("model", "no architecture set (want mlp, gpt or llama)");
 }
 
 absl::Status ValidateData(baton::v1::DataSpec* data) {
@@ -289,9 +324,68 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   return spec;
 }
 
+std::optional<TokenModel> TokenModelOf(const baton::v1::ModelSpec& model) {
+  TokenModel t;
+  if (model.has_gpt()) {
+    const auto& g = model.gpt();
+    t.prefix = "model.gpt";
+    t.vocab_size = g.vocab_size();
+    t.context = g.context();
+    t.d_model = g.d_model();
+    t.heads = g.heads();
+    t.layers = g.layers();
+    t.tie_embeddings = !g.has_tie_embeddings() || g.tie_embeddings();
+    return t;
+  }
+  if (model.has_llama()) {
+    const auto& l = model.llama();
+    t.prefix = "model.llama";
+    t.vocab_size = l.vocab_size();
+    t.context = l.context();
+    t.d_model = l.d_model();
+    t.heads = l.heads();
+    t.layers = l.layers();
+    t.tie_embeddings = l.has_tie_embeddings() && l.tie_embeddings();
+    return t;
+  }
+  return std::nullopt;
+}
+
+std::string DescribeModel(const baton::v1::ModelSpec& model) {
+  if (model.has_mlp()) {
+    const auto& m = model.mlp();
+    return absl::StrFormat("mlp (input %d, width %d, depth %d, output %d)", m.input_dim(),
+                           m.width(), m.depth(), m.output_dim());
+  }
+  const std::optional<TokenModel> t = TokenModelOf(model);
+  if (!t) return "no model";
+  std::string out = absl::StrFormat("%s (vocab %d, context %d, d_model %d, heads %d",
+                                    model.has_gpt() ? "gpt" : "llama", t->vocab_size, t->context,
+                                    t->d_model, t->heads);
+  if (model.has_llama()) {
+    const auto& l = model.llama();
+    absl::StrAppendFormat(&out, ", kv_heads %d, intermediate %d", LlamaKvHeads(l),
+                          l.intermediate_size());
+  }
+  absl::StrAppendFormat(&out, ", layers %d, %s)", t->layers,
+                        t->tie_embeddings ? "tied" : "untied");
+  return out;
+}
+
+int64_t LlamaKvHeads(const baton::v1::LlamaSpec& s) {
+  return s.kv_heads() > 0 ? s.kv_heads() : s.heads();
+}
+float LlamaRopeTheta(const baton::v1::LlamaSpec& s) {
+  return s.rope_theta() > 0 ? s.rope_theta() : 10000.0f;
+}
+float LlamaRmsNormEps(const baton::v1::LlamaSpec& s) {
+  return s.rms_norm_eps() > 0 ? s.rms_norm_eps() : 1e-5f;
+}
+
 int64_t TokensPerStep(const baton::v1::JobSpec& spec) {
   const int64_t samples = spec.data().batch_size();
-  return spec.model().has_gpt() ? samples * spec.model().gpt().context() : samples;
+  const std::optional<TokenModel> t = TokenModelOf(spec.model());
+  return t ? samples * t->context : samples;
 }
 
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model) {
@@ -300,6 +394,8 @@ int64_t ModelBlockCount(const baton::v1::ModelSpec& model) {
       return static_cast<int64_t>(model.mlp().depth()) + 1;
     case baton::v1::ModelSpec::kGpt:
       return static_cast<int64_t>(model.gpt().layers()) + 2;
+    case baton::v1::ModelSpec::kLlama:
+      return static_cast<int64_t>(model.llama().layers()) + 2;
     case baton::v1::ModelSpec::ARCHITECTURE_NOT_SET:
       break;
   }
@@ -418,12 +514,23 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                   spec->steps()));
     }
   }
+  if (spec->has_init()) {  // initial weights from a Hugging Face model directory
+    const std::string& dir = spec->init().from_hf();
+    if (dir.empty() || dir.find('\0') != std::string::npos || dir.size() > 4096) {
+      return Invalid("init.from_hf", "required: a Hugging Face model directory (a path)");
+    }
+    if (!spec->model().has_gpt() && !spec->model().has_llama()) {
+      return Invalid("init.from_hf", "only a model.gpt or model.llama loads Hugging Face weights");
+    }
+  }
 
   // Cross-field checks.
   const auto& data = spec->data();
   const auto& pipeline = spec->pipeline();
-  if (spec->model().has_gpt() && !data.has_text()) {
-    return Invalid("model.gpt", "needs data.text (a gpt trains on character-level text)");
+  const std::optional<TokenModel> token_model = TokenModelOf(spec->model());
+  if (token_model && !data.has_text()) {
+    return Invalid(token_model->prefix,
+                   "needs data.text (a token model trains on character-level text)");
   }
   if (spec->model().has_mlp() && !data.has_synthetic()) {
     return Invalid("model.mlp", "needs data.synthetic (an mlp trains on synthetic regression)");
@@ -450,8 +557,9 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
       static_cast<int64_t>(pipeline.stages()) * static_cast<int64_t>(V);
   const int64_t blocks = ModelBlockCount(spec->model());
   if (chunks > blocks) {
-    const char* what =
-        spec->model().has_mlp() ? "model.mlp has depth + 1 = " : "model.gpt has layers + 2 = ";
+    const std::string what = spec->model().has_mlp()
+                                 ? std::string("model.mlp has depth + 1 = ")
+                                 : absl::StrCat(token_model->prefix, " has layers + 2 = ");
     return Invalid("pipeline.stages",
                    absl::StrCat("stages * virtual_stages = ", pipeline.stages(), " * ",
                                 V, " = ", chunks, " model chunks, but ",
@@ -467,7 +575,8 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
         blocks));
   }
   if (blocks > kMaxModelBlocks) {
-    return Invalid(spec->model().has_mlp() ? "model.mlp.depth" : "model.gpt.layers",
+    return Invalid(spec->model().has_mlp() ? std::string("model.mlp.depth")
+                                           : absl::StrCat(token_model->prefix, ".layers"),
                    absl::StrCat(blocks, " blocks, more than the ", kMaxModelBlocks, " allowed"));
   }
   if (static_cast<double>(chunks) * static_cast<double>(blocks) >
@@ -496,11 +605,10 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   }
   const JobBytes bytes = EstimateJobBytes(*spec);
   if (bytes.per_stage_bytes > static_cast<double>(kMaxStageBytes)) {
-    const char* field = nullptr;
-    if (spec->model().has_mlp()) {
-      field = bytes.activation_bytes > bytes.state_bytes ? "data.batch_size" : "model.mlp.width";
-    } else {
-      field = bytes.activation_bytes > bytes.state_bytes ? "data.batch_size" : "model.gpt.d_model";
+    std::string field = "data.batch_size";
+    if (bytes.activation_bytes <= bytes.state_bytes) {
+      field = spec->model().has_mlp() ? std::string("model.mlp.width")
+                                      : absl::StrCat(token_model->prefix, ".d_model");
     }
     return Invalid(field, absl::StrFormat(
                               "the job needs about %.3g GiB per pipeline stage (%.3g parameters: "
@@ -533,9 +641,21 @@ JobBytes EstimateJobBytes(const baton::v1::JobSpec& spec) {
     const auto& g = spec.model().gpt();
     const double v = g.vocab_size(), ctx = g.context(), d = g.d_model(), h = g.heads(),
                  layers = g.layers();
-    out.parameters = v * d + ctx * d + layers * (12 * d * d + 13 * d) + 2 * d + d * v + v;
+    // The output projection has no bias; tied, it is still a copy the last stage holds.
+    out.parameters = v * d + ctx * d + layers * (12 * d * d + 13 * d) + 2 * d + d * v;
     const double tokens = batch * ctx;
     floats = tokens * (d * (16 * layers + 2) + 2 * v) + batch * h * ctx * ctx * 2 * layers;
+  } else if (spec.model().has_llama()) {
+    const auto& l = spec.model().llama();
+    const double v = l.vocab_size(), ctx = l.context(), d = l.d_model(), h = l.heads(),
+                 kv = static_cast<double>(LlamaKvHeads(l)), layers = l.layers(),
+                 inter = l.intermediate_size();
+    const double kv_width = d / h * kv;
+    out.parameters = v * d + layers * (d * (d + 2 * kv_width) + d * d + 3 * d * inter + 2 * d) +
+                     d + d * v;
+    const double tokens = batch * ctx;
+    floats = tokens * ((4 * d + 2 * kv_width + 4 * inter) * layers + 2 * d + 2 * v) +
+             batch * h * ctx * ctx * 2 * layers;
   }
   out.state_bytes = out.parameters * 16;
   out.activation_bytes = floats * 4;

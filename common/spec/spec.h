@@ -19,6 +19,7 @@
 #define BATON_COMMON_SPEC_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,9 +130,34 @@ absl::Status ParseDeviceName(absl::string_view text, Device* device, int* index)
 // "cpu", or "cuda:N (name)" for the current CUDA device (cuda_context.h).
 std::string DescribeDevice(Device device);
 
+// What the token models (gpt and llama) share, with their defaults applied. Both are
+// blocks embed, block.0 .. block.{layers-1}, head, and train on token sequences.
+struct TokenModel {
+  const char* prefix = "";  // their spec fields: "model.gpt" or "model.llama"
+  int64_t vocab_size = 0;
+  int64_t context = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t layers = 0;
+  // The output projection is the token embedding (gpt: unless tie_embeddings is false;
+  // llama: when tie_embeddings is true).
+  bool tie_embeddings = false;
+};
+// The token model of `model`; nullopt for an mlp or no architecture.
+std::optional<TokenModel> TokenModelOf(const baton::v1::ModelSpec& model);
+
+// One line naming the model and its shape: "gpt (vocab 65, context 64, d_model 64, heads 4,
+// layers 4, tied)", "llama (...)", "mlp (input 8, width 32, depth 4, output 1)".
+std::string DescribeModel(const baton::v1::ModelSpec& model);
+
+// The defaults of a LlamaSpec's optional fields.
+int64_t LlamaKvHeads(const baton::v1::LlamaSpec& s);  // kv_heads, or heads when 0
+float LlamaRopeTheta(const baton::v1::LlamaSpec& s);  // rope_theta, or 10000 when 0
+float LlamaRmsNormEps(const baton::v1::LlamaSpec& s);  // rms_norm_eps, or 1e-5 when 0
+
 // Number of pipeline-partitionable blocks of the spec's model (see job.proto): mlp depth + 1
-// (hidden.0 .. hidden.{depth-1}, out); gpt layers + 2 (embed, block.*, head); 0 when no
-// architecture is set.
+// (hidden.0 .. hidden.{depth-1}, out); gpt and llama layers + 2 (embed, block.*, head); 0
+// when no architecture is set.
 int64_t ModelBlockCount(const baton::v1::ModelSpec& model);
 
 // Sets pipeline.stages to `stages` (a recovery onto fewer); a pipeline.partition written for
@@ -144,8 +170,8 @@ void SetPipelineStages(baton::v1::JobSpec* spec, int stages);
 absl::Status CheckPartitionSizes(const std::vector<int>& sizes, int num_chunks,
                                  int64_t num_blocks);
 
-// Tokens in one training step, the one rule every report uses: a gpt step's sequences times
-// its context; an mlp row counts as one token (so tokens equal samples).
+// Tokens in one training step, the one rule every report uses: a token model's sequences
+// times its context; an mlp row counts as one token (so tokens equal samples).
 int64_t TokensPerStep(const baton::v1::JobSpec& spec);
 
 }  // namespace baton

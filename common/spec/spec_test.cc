@@ -138,6 +138,20 @@ TEST(ValidateTest, ResumeFromNamesTheJobAndAStepBeforeTheLast) {
   EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
 }
 
+TEST(ValidateTest, InitFromHfIsAPathForAGptOrLlama) {
+  JobSpec spec = ValidGpt();
+  spec.mutable_init();  // no source
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).message().rfind("init.from_hf: required", 0), 0u);
+  spec.mutable_init()->set_from_hf("models/gpt2");
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  spec.mutable_init()->set_from_hf("/abs/models/gpt2");
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  JobSpec mlp = ValidMlp();
+  mlp.mutable_init()->set_from_hf("models/gpt2");
+  EXPECT_EQ(ValidateAndDefaultJobSpec(&mlp).message().rfind("init.from_hf: only a model.gpt", 0),
+            0u);
+}
+
 TEST(ValidateTest, RestartNeedsARestartAndMinStagesWithinTheStages) {
   JobSpec spec = ValidMlp();
   spec.mutable_restart();
@@ -195,6 +209,22 @@ TEST_P(RefusalTest, NamesTheField) {
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// Replaces the model with a valid llama (on the gpt base spec's text data), then lets
+// `change` break it.
+std::function<void(JobSpec*)> Llama(std::function<void(v1::LlamaSpec*)> change) {
+  return [change](JobSpec* s) {
+    v1::LlamaSpec* l = s->mutable_model()->mutable_llama();
+    l->set_vocab_size(64);
+    l->set_context(16);
+    l->set_d_model(32);
+    l->set_heads(4);
+    l->set_kv_heads(2);
+    l->set_layers(2);
+    l->set_intermediate_size(48);
+    change(l);
+  };
+}
+
 const std::vector<Refusal>& Refusals() {
   static const auto* refusals = new std::vector<Refusal>{
       {"NameTooLong", false, [](JobSpec* s) { s->set_name(std::string(129, 'x')); }, "name", "128"},
@@ -202,7 +232,7 @@ const std::vector<Refusal>& Refusals() {
        "must be at least 1, got 0"},
       {"StepsNegative", false, [](JobSpec* s) { s->set_steps(-3); }, "steps", "-3"},
       {"NoModel", false, [](JobSpec* s) { s->clear_model(); }, "model",
-       "no architecture set (want mlp or gpt)"},
+       "no architecture set (want mlp, gpt or llama)"},
       {"MlpInputDim", false,
        [](JobSpec* s) { s->mutable_model()->mutable_mlp()->set_input_dim(0); },
        "model.mlp.input_dim", ""},
@@ -225,6 +255,25 @@ const std::vector<Refusal>& Refusals() {
        "model.gpt.heads", "must divide d_model (d_model=64, heads=5)"},
       {"GptLayers", true, [](JobSpec* s) { s->mutable_model()->mutable_gpt()->set_layers(0); },
        "model.gpt.layers", ""},
+      {"LlamaKvHeadsDivide", true, Llama([](v1::LlamaSpec* l) { l->set_kv_heads(3); }),
+       "model.llama.kv_heads", "must divide heads (heads=4, kv_heads=3)"},
+      {"LlamaKvHeadsNegative", true, Llama([](v1::LlamaSpec* l) { l->set_kv_heads(-1); }),
+       "model.llama.kv_heads", ">= 0"},
+      {"LlamaOddHeadSize", true,
+       Llama([](v1::LlamaSpec* l) {
+         l->set_d_model(12);
+         l->set_kv_heads(4);
+       }),
+       "model.llama.heads", "head size d_model / heads = 3 must be even"},
+      {"LlamaIntermediate", true, Llama([](v1::LlamaSpec* l) { l->set_intermediate_size(0); }),
+       "model.llama.intermediate_size", ""},
+      {"LlamaRopeTheta", true, Llama([](v1::LlamaSpec* l) { l->set_rope_theta(0.5f); }),
+       "model.llama.rope_theta", "must be > 1"},
+      {"LlamaRmsEps", true, Llama([](v1::LlamaSpec* l) { l->set_rms_norm_eps(-1e-6f); }),
+       "model.llama.rms_norm_eps", ">= 0"},
+      {"LlamaLayers", true, Llama([](v1::LlamaSpec* l) { l->set_layers(0); }),
+       "model.llama.layers", ""},
+      {"LlamaNeedsText", false, Llama([](v1::LlamaSpec*) {}), "model.llama", "needs data.text"},
       {"NoDataSource", false, [](JobSpec* s) { s->mutable_data()->clear_source(); }, "data",
        "no source set"},
       {"BatchSizeZero", false, [](JobSpec* s) { s->mutable_data()->set_batch_size(0); },
@@ -712,6 +761,34 @@ TEST(ExamplesTest, MlpTiny) {
   EXPECT_EQ(spec.optimizer().sgd().momentum(), 0.9f);
   EXPECT_EQ(spec.steps(), 200);
   EXPECT_EQ(spec.seed(), 1u);
+}
+
+TEST(ExamplesTest, Gpt2SmallIsGpt2sShapeTied) {
+  const JobSpec spec = LoadExample("gpt2-124m.json");
+  ASSERT_TRUE(spec.model().has_gpt());
+  const auto& g = spec.model().gpt();
+  EXPECT_EQ(g.vocab_size(), 50257);
+  EXPECT_EQ(g.context(), 1024);
+  EXPECT_EQ(g.d_model(), 768);
+  EXPECT_EQ(g.heads(), 12);
+  EXPECT_EQ(g.layers(), 12);
+  EXPECT_TRUE(TokenModelOf(spec.model())->tie_embeddings);  // unset: GPT-2's default
+  // GPT-2 small's 124,439,808 parameters (transformers counts the tied projection once;
+  // the estimate counts the copy the last stage holds).
+  const JobBytes bytes = EstimateJobBytes(spec);
+  EXPECT_EQ(bytes.parameters - 50257.0 * 768, 124439808.0);
+}
+
+TEST(ExamplesTest, LlamaTinyAndTiedGpt2Tiny) {
+  const JobSpec llama = LoadExample("llama-tiny.json");
+  ASSERT_TRUE(llama.model().has_llama());
+  EXPECT_EQ(LlamaKvHeads(llama.model().llama()), 2);
+  EXPECT_FALSE(TokenModelOf(llama.model())->tie_embeddings);
+  EXPECT_EQ(ModelBlockCount(llama.model()), 6);
+  const JobSpec tiny = LoadExample("gpt2-tiny-tied.json");
+  EXPECT_TRUE(TokenModelOf(tiny.model())->tie_embeddings);
+  EXPECT_EQ(DescribeModel(tiny.model()),
+            "gpt (vocab 96, context 32, d_model 64, heads 4, layers 2, tied)");
 }
 
 TEST(ExamplesTest, Gpt) {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "common/checkpoint/hf.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
 
@@ -20,8 +22,19 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   BATON_ASSIGN_OR_RETURN(t->device_, LocalDeviceFor(t->spec_));
   BATON_ASSIGN_OR_RETURN(t->model_,
                          BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
+  if (t->spec_.init().has_from_hf()) {  // DataAccess(): anywhere, like the training text
+    BATON_RETURN_IF_ERROR(LoadHfWeights(t->spec_, DataAccess().roots, 0, t->model_.get()));
+  }
   t->params_ = t->model_->Parameters();
   for (int i = 0; i < t->model_->size(); ++i) t->blocks_.push_back(&t->model_->at(i));
+  if (const std::optional<TokenModel> tm = TokenModelOf(t->spec_.model());
+      tm && tm->tie_embeddings) {
+    t->tied_embedding_ = FindParameter(t->model_->at(0), kTiedEmbeddingName);
+    t->tied_output_ = FindParameter(t->model_->at(t->model_->size() - 1), kTiedOutputName);
+    if (t->tied_embedding_ == nullptr || t->tied_output_ == nullptr) {
+      return absl::InternalError("the model ties its embeddings but has no tied parameters");
+    }
+  }
   BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_));
   return t;
 }
@@ -94,6 +107,11 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
     Tensor& g = params_[i]->grad;
     BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(g.device()));
     be->Copy(g.numel(), total[i].f32(), g.f32());
+  }
+  if (tied_embedding_ != nullptr) {
+    // What the pipeline's TIE_GRAD does, after the replica sums (model.h).
+    BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device_));
+    SumTiedGradients(*tied_embedding_, *tied_output_, *be);
   }
   optimizer_->Step();
   // Kernels run asynchronously on a device: a fault or a failed launch shows here, as

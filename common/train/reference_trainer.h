@@ -17,6 +17,10 @@
 // gradients accumulate on their own as above, and the replicas' gradients are then summed
 // in replica order, ((g_0 + g_1) + g_2) + ..., in float, before the update; the step loss
 // is the double sum over (d, m) in that order, over D*M. For D = 1 this is the step above.
+//
+// With tied embeddings (a gpt by default, a llama when asked), after the replica sums the
+// token embedding's and the output projection's gradients are summed and given to both
+// (SumTiedGradients, model.h), before the update: the rule a pipeline's TIE_GRAD follows.
 #ifndef BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 #define BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 
@@ -103,6 +107,9 @@ class ReferenceTrainer {
   std::unique_ptr<Sequential> model_;
   std::vector<Parameter*> params_;
   std::vector<Module*> blocks_;  // model_'s blocks, in order
+  // With tied embeddings: the token embedding and the output projection (model.h).
+  Parameter* tied_embedding_ = nullptr;
+  Parameter* tied_output_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t steps_done_ = 0;
 };

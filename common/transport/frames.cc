@@ -41,8 +41,15 @@ absl::StatusOr<DType> FromProtoDType(baton::v1::DType d) {
 }
 
 baton::v1::TensorKind ToProtoKind(TensorKind k) {
-  return k == TensorKind::kActivation ? baton::v1::TENSOR_KIND_ACTIVATION
-                                      : baton::v1::TENSOR_KIND_GRADIENT;
+  switch (k) {
+    case TensorKind::kActivation:
+      return baton::v1::TENSOR_KIND_ACTIVATION;
+    case TensorKind::kGradient:
+      return baton::v1::TENSOR_KIND_GRADIENT;
+    case TensorKind::kTiedGradient:
+      return baton::v1::TENSOR_KIND_TIED_GRADIENT;
+  }
+  return baton::v1::TENSOR_KIND_UNSPECIFIED;
 }
 
 absl::StatusOr<TensorKind> FromProtoKind(baton::v1::TensorKind k) {
@@ -51,6 +58,8 @@ absl::StatusOr<TensorKind> FromProtoKind(baton::v1::TensorKind k) {
       return TensorKind::kActivation;
     case baton::v1::TENSOR_KIND_GRADIENT:
       return TensorKind::kGradient;
+    case baton::v1::TENSOR_KIND_TIED_GRADIENT:
+      return TensorKind::kTiedGradient;
     default:
       break;
   }
@@ -77,8 +86,8 @@ TensorTag TagOf(const baton::v1::TensorHeader& h) {
   tag.step = h.step();
   tag.microbatch = h.microbatch();
   tag.stage = h.stage();
-  tag.kind =
-      h.kind() == baton::v1::TENSOR_KIND_GRADIENT ? TensorKind::kGradient : TensorKind::kActivation;
+  // Callers check the kind with FromProtoKind first; anything else reads as an activation.
+  tag.kind = FromProtoKind(h.kind()).value_or(TensorKind::kActivation);
   return tag;
 }
 

@@ -15,12 +15,14 @@ from baton.v1 import jobs_pb2
 
 _COMM_TID = 100000
 
-# "{stage}{kind}{microbatch}", "{stage}REDUCE_GRAD" or "STEP" (common/schedule/action.h).
-_ACTION = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD)(\d*)$")
+# "{stage}{kind}{microbatch}", "{stage}REDUCE_GRAD", "{stage}TIE_GRAD" or "STEP"
+# (common/schedule/action.h).
+_ACTION = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|TIE_GRAD)(\d*)$")
+_NO_MICROBATCH = ("REDUCE_GRAD", "TIE_GRAD")
 
 _CATEGORY = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight",
              "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv_wait", "RECV_B": "recv_wait",
-             "REDUCE_GRAD": "reduce_grad", "STEP": "optimizer"}
+             "REDUCE_GRAD": "reduce_grad", "TIE_GRAD": "tie_grad", "STEP": "optimizer"}
 
 
 def _us(ns: int) -> float:
@@ -32,7 +34,7 @@ def _parse(text: str, rank: int):
     if t == "STEP":
         return "STEP", 0, 0
     m = _ACTION.match(t)
-    if m is None or (m.group(2) == "REDUCE_GRAD") != (m.group(3) == ""):
+    if m is None or (m.group(2) in _NO_MICROBATCH) != (m.group(3) == ""):
         raise ValueError(f"rank {rank}: action {text!r} does not parse")
     return m.group(2), int(m.group(1)), int(m.group(3) or 0)
 

@@ -1,0 +1,242 @@
+"""baton against Hugging Face transformers on the same weights.
+
+Small GPT-2 (tied and untied) and LLaMA (grouped-query) models are made in transformers
+with random weights and saved with save_pretrained; baton's side is hf_peer_tool
+(tests/hf_peer_tool.cc, path in BATON_HF_PEER_TOOL), which loads them with LoadHfWeights and
+writes with WriteHfModel. Checked, all in float32 on the CPU with eager attention:
+  - logits agree within 1e-5 relative (to the largest logit);
+  - the mean cross-entropy loss agrees within 1e-5;
+  - 20 AdamW steps (torch.optim.AdamW, same lr, betas, eps, weight decay: decoupled decay
+    on every parameter, as baton's) give losses within 1e-4;
+  - HF -> baton -> HF is bit-exact (torch.equal on every tensor);
+  - the trained model baton exports has, in transformers, the loss baton reports.
+Run by scripts/peer-test.sh (ctest hf_peer).
+"""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+TOOL = os.environ.get("BATON_HF_PEER_TOOL", "build/tests/hf_peer_tool")
+VOCAB = 301
+POSITIONS = 32
+T = 16  # tokens per sample fed to the models (<= POSITIONS)
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
+STEPS = 20
+
+torch.set_num_threads(1)
+
+
+def config(kind):
+    if kind.startswith("gpt2"):
+        return GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB,
+                          n_positions=POSITIONS, resid_pdrop=0.0, embd_pdrop=0.0,
+                          attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                          tie_word_embeddings=(kind == "gpt2_tied"))
+    return LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=96, num_hidden_layers=2, vocab_size=VOCAB,
+                       max_position_embeddings=POSITIONS, bos_token_id=0, eos_token_id=0,
+                       tie_word_embeddings=False)
+
+
+def make_model(kind, seed=0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(kind), attn_implementation="eager")
+    model = model.float()
+    with torch.no_grad():
+        # Every parameter random, norms and biases included, so the mapping of each shows.
+        for _, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def load(path):
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
+                                                dtype=torch.float32)
+
+
+def run_tool(*args):
+    r = subprocess.run([TOOL, *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, f"hf_peer_tool {args[0]} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def ce(model, tokens):
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    logits = model(input_ids=x.long()).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1).long())
+
+
+@pytest.fixture(params=["gpt2_tied", "gpt2_untied", "llama"])
+def hf(request, tmp_path):
+    kind = request.param
+    model = make_model(kind)
+    model.eval()
+    path = tmp_path / "hf"
+    model.save_pretrained(path)
+    return kind, model, path
+
+
+@pytest.fixture
+def batches(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (4, 2, T + 1), generator=g, dtype=torch.int32)
+    path = tmp_path / "batches.safetensors"
+    save_file({"tokens": tokens.contiguous()}, str(path))
+    return tokens, path
+
+
+def test_logits_agree(hf, tmp_path):
+    kind, model, path = hf
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, VOCAB, (3, T), generator=g, dtype=torch.int32)
+    save_file({"tokens": tokens}, str(tmp_path / "tokens.safetensors"))
+    run_tool("logits", "--hf", path, "--tokens", tmp_path / "tokens.safetensors",
+             "--out", tmp_path / "logits.safetensors")
+    ours = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    with torch.no_grad():
+        theirs = model(input_ids=tokens.long()).logits
+    assert ours.shape == theirs.shape
+    rel = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    assert rel <= 1e-5, f"{kind}: logits differ by {rel:.3g} relative"
+
+
+def test_loss_agrees(hf, batches, tmp_path):
+    kind, model, path = hf
+    tokens, bpath = batches
+    run_tool("train", "--hf", path, "--batches", bpath, "--steps", 0,
+             "--out-losses", tmp_path / "losses.json")
+    ours = json.loads((tmp_path / "losses.json").read_text())["final_loss"]
+    with torch.no_grad():
+        theirs = ce(model, tokens[0]).item()
+    assert abs(ours - theirs) <= 1e-5 * max(1.0, abs(theirs)), (kind, ours, theirs)
+
+
+def test_adamw_training_and_export_agree(hf, batches, tmp_path):
+    kind, model, path = hf
+    tokens, bpath = batches
+    out = tmp_path / "trained"
+    run_tool("train", "--hf", path, "--batches", bpath, "--steps", STEPS, "--lr", LR,
+             "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps", EPS, "--weight-decay", WD,
+             "--out-losses", tmp_path / "losses.json", "--export", out)
+    report = json.loads((tmp_path / "losses.json").read_text())
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    theirs = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = ce(model, tokens[step % tokens.shape[0]])
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    diffs = [abs(a - b) for a, b in zip(report["losses"], theirs)]
+    assert len(report["losses"]) == STEPS
+    assert max(diffs) <= 1e-4, f"{kind}: losses differ by up to {max(diffs):.3g}: " \
+                               f"baton {report['losses']}, torch {theirs}"
+    # The exported model, in transformers, has the loss baton reports for it.
+    trained = load(out)
+    trained.eval()
+    with torch.no_grad():
+        exported = ce(trained, tokens[0]).item()
+    assert abs(exported - report["final_loss"]) <= 1e-5 * max(1.0, abs(exported)), \
+        (kind, exported, report["final_loss"])
+
+
+def test_round_trip_is_bit_exact(hf, tmp_path):
+    kind, model, path = hf
+    out = tmp_path / "back"
+    run_tool("roundtrip", "--hf", path, "--out", out)
+    src = load_file(str(path / "model.safetensors"))
+    back = load_file(str(out / "model.safetensors"))
+    for name, t in src.items():
+        if name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+            continue  # GPT-2's mask buffers, not parameters
+        assert name in back, f"{kind}: {name} missing after the round trip"
+        assert torch.equal(t, back[name]), f"{kind}: {name} changed"
+    assert set(back) <= set(src), f"{kind}: extra tensors {set(back) - set(src)}"
+    # And transformers reads the written directory as the same model.
+    again = load(out)
+    again.eval()
+    for (n1, p1), (n2, p2) in zip(model.named_parameters(), again.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2), f"{kind}: {n1} differs after from_pretrained"
+
+
+def test_sharded_bf16_checkpoint_loads(tmp_path):
+    """A bf16 LLaMA saved in several shards (model.safetensors.index.json), as hub files are:
+    baton's logits equal transformers' on the same weights widened to float32."""
+    model = make_model("llama").to(torch.bfloat16)
+    path = tmp_path / "hf"
+    model.save_pretrained(path, max_shard_size="100KB")
+    assert (path / "model.safetensors.index.json").exists()
+    reference = load(path)  # the bf16 weights, widened to float32
+    reference.eval()
+    assert next(reference.parameters()).dtype == torch.float32
+    tokens = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(3),
+                           dtype=torch.int32)
+    save_file({"tokens": tokens}, str(tmp_path / "tokens.safetensors"))
+    run_tool("logits", "--hf", path, "--tokens", tmp_path / "tokens.safetensors",
+             "--out", tmp_path / "logits.safetensors")
+    ours = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    with torch.no_grad():
+        theirs = reference(input_ids=tokens.long()).logits
+    rel = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    assert rel <= 1e-5, f"logits differ by {rel:.3g} relative"
+
+
+BATONCTL = os.environ.get("BATON_BATONCTL", "build/bin/batonctl")
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["reference", "pipeline"])
+@pytest.mark.parametrize("kind", ["gpt2_tied", "llama"])
+def test_batonctl_starts_from_hf_and_exports_hf(kind, pipeline, tmp_path):
+    """batonctl train-local honours init.from_hf (one process, or two pipeline stages each
+    loading its own blocks) and export --format hf writes the weights back. With a learning
+    rate far below every weight's rounding step, training leaves the weights as they were, so
+    the exported model must be the loaded one, bit for bit."""
+    if not os.access(BATONCTL, os.X_OK):
+        pytest.skip(f"no batonctl at {BATONCTL} (set BATON_BATONCTL)")
+    model = make_model(kind)
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    c = model.config
+    arch = ({"gpt": {"vocabSize": VOCAB, "context": T, "dModel": c.n_embd, "heads": c.n_head,
+                     "layers": c.n_layer}}
+            if kind.startswith("gpt2") else
+            {"llama": {"vocabSize": VOCAB, "context": T, "dModel": c.hidden_size,
+                       "heads": c.num_attention_heads, "kvHeads": c.num_key_value_heads,
+                       "layers": c.num_hidden_layers, "intermediateSize": c.intermediate_size,
+                       "rmsNormEps": c.rms_norm_eps}})
+    spec = {
+        "name": "peer", "model": arch,
+        "data": {"text": {"inlineText": "the quick brown fox jumps over the lazy dog. " * 8},
+                 "batchSize": 2},
+        "pipeline": {"stages": 2, "microbatches": 2, "schedule": "SCHEDULE_1F1B"},
+        "optimizer": {"sgd": {"learningRate": 1e-30}},
+        "init": {"fromHf": str(src)},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "everySteps": 1},
+        "steps": 1, "seed": 3,
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    cmd = [BATONCTL, "train-local", "-f", tmp_path / "spec.json", "--job-id", "peer"]
+    r = subprocess.run(cmd + (["--pipeline"] if pipeline else []), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "exported"
+    r = subprocess.run([BATONCTL, "export", "--from", tmp_path / "ckpt" / "peer", "--spec",
+                        tmp_path / "spec.json", "--format", "hf", "-o", out],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = load_file(str(src / "model.safetensors"))
+    got = load_file(str(out / "model.safetensors"))
+    for name, t in got.items():
+        w = want[name]
+        if name.endswith("wpe.weight"):
+            w = w[:T]  # the spec's context is shorter than n_positions
+        assert torch.equal(t, w), f"{kind}: {name} changed"
+    assert {n for n in want if not n.endswith((".attn.bias", ".attn.masked_bias"))} == set(got)
+    again = load(out)
+    assert again.config.model_type == c.model_type
