@@ -638,6 +638,17 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (spec.data().has_text() && spec.data().text().has_path()) {
     BATON_RETURN_IF_ERROR(ConfineDataPath(spec.data().text().path(), options_.data_roots).status());
   }
+  // So does a Hugging Face model directory: an absolute one must lie under the roots, a
+  // relative one (looked up under each root on the workers) must not climb out of them.
+  if (spec.init().has_from_hf()) {
+    const std::string& dir = spec.init().from_hf();
+    if (!dir.empty() && dir.front() == '/') {
+      BATON_RETURN_IF_ERROR(ConfineDataPath(dir, options_.data_roots, "init.from_hf").status());
+    } else if (absl::StrContains(absl::StrCat("/", dir, "/"), "/../")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init.from_hf: '", dir, "' climbs out of the data roots with '..'"));
+    }
+  }
   // The workers write checkpoints only under the checkpoint root: a spec naming /etc or
   // "ckpt/../../.." is refused now, and the job records where its directory resolved.
   if (spec.has_checkpoint() && !options_.checkpoint_root.empty()) {

@@ -7,8 +7,8 @@ PR_SET_PDEATHSIG). Jobs are tiny so the whole test runs in a few minutes on 2 co
 
 Cases (the issue's "done means"):
   1. GPipe, 1F1B, interleaved 1F1B (2 stages x 2 chunks) and ZB-H1 jobs end with the
-     same weights digest as `batonctl train-local` on the same spec; submit --watch and
-     watch in text and JSON.
+     same weights digest as `batonctl train-local` on the same spec, for the GPT (tied and
+     untied) and the LLaMA (tied and untied); submit --watch and watch in text and JSON.
   2. A job needing more workers than are idle stays QUEUED, with a reason, and runs and
      succeeds once enough workers register.
   3. Cancelling a running job: CANCELLED within a couple of seconds, its workers IDLE
@@ -101,6 +101,15 @@ def tiny_gpt(name, steps=40, microbatches=4, heads=2, **pipeline):
         "steps": steps,
         "seed": 7,
     }
+    return spec
+
+
+def tiny_llama(name, steps=40, microbatches=4, tied=True, **pipeline):
+    """A LLaMA with grouped-query attention (4 query heads on 2 key/value heads)."""
+    spec = tiny_gpt(name, steps=steps, microbatches=microbatches, **pipeline)
+    spec["model"] = {"llama": {"vocabSize": 40, "context": 16, "dModel": 32, "heads": 4,
+                               "kvHeads": 2, "layers": 3, "intermediateSize": 48,
+                               "tieEmbeddings": tied}}
     return spec
 
 
@@ -446,6 +455,16 @@ def case_invalid_specs(c):
     refused("a text file outside the data roots", "INVALID_ARGUMENT",
             "data.text.path: '/etc/shadow' is outside the directories",
             "submit", "-f", c.write_spec(shadow))
+    hf_outside = tiny_gpt("hf-outside")
+    hf_outside["init"] = {"fromHf": "/etc"}
+    refused("a Hugging Face directory outside the data roots", "INVALID_ARGUMENT",
+            "init.from_hf: '/etc' is outside the directories",
+            "submit", "-f", c.write_spec(hf_outside))
+    hf_climbs = tiny_gpt("hf-climbs")
+    hf_climbs["init"] = {"fromHf": "models/../../etc"}
+    refused("a relative Hugging Face directory that climbs out", "INVALID_ARGUMENT",
+            "init.from_hf: 'models/../../etc' climbs out",
+            "submit", "-f", c.write_spec(hf_climbs))
     malformed = os.path.join(c.tmp, "malformed.json")
     with open(malformed, "w") as f:
         f.write('{"model": ')
@@ -523,6 +542,15 @@ def case_schedules(c):
         ("1f1b recompute", tiny_gpt("gpt-1f1b-recompute"),
          ["--schedule", "1f1b", "--stages", "4", "--recompute", "full",
           "--recompute-stages", "0,1"]),
+        # The gpt above ties its embeddings (GPT-2's default); the old untied one, and the
+        # LLaMA family tied (TIE_GRAD between workers 0 and 3, or local on a V) and untied.
+        ("1f1b untied", dict(tiny_gpt("gpt-untied"), model={"gpt": dict(
+            tiny_gpt("x")["model"]["gpt"], tieEmbeddings=False)}),
+         ["--schedule", "1f1b", "--stages", "4"]),
+        ("llama 1f1b", tiny_llama("llama-1f1b"), ["--schedule", "1f1b", "--stages", "4"]),
+        ("llama zb-v", tiny_llama("llama-zbv"), ["--schedule", "zb-v", "--stages", "2"]),
+        ("llama untied", tiny_llama("llama-untied", tied=False),
+         ["--schedule", "interleaved-1f1b", "--stages", "2", "--virtual", "2"]),
     ]
     for i, (schedule, spec, flags) in enumerate(runs):
         path = c.write_spec(spec)
