@@ -40,7 +40,7 @@ set -euo pipefail
 SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 
 # The test binaries (under build/tests) with real-GPU cases. A new GPU test goes here.
-GPU_TESTS=(cuda_device_test cuda_kernels_test cuda_training_test cuda_pipeline_test
+GPU_TESTS=(cuda_device_test cuda_kernels_test llama_cuda_test cuda_training_test cuda_pipeline_test
            nccl_real_test nccl_collective_real_test)
 # Programs the check runs (build/bin).
 BUNDLE_TOOLS=(batonctl coordinator worker gpt_bench)
