@@ -610,6 +610,7 @@ absl::StatusOr<ScheduleResult> RunSchedule(const Flags& f, const std::string& na
             break;
           case ActionKind::kReduceGrad:  // not in this benchmark's clocks (one replica)
           case ActionKind::kTieGrad:     // nor this (an untied model)
+          case ActionKind::kClipGrad:    // nor this (no clipping)
             break;
           case ActionKind::kRecvF:
           case ActionKind::kRecvB: {

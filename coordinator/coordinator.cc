@@ -638,6 +638,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (spec.data().has_text() && spec.data().text().has_path()) {
     BATON_RETURN_IF_ERROR(ConfineDataPath(spec.data().text().path(), options_.data_roots).status());
   }
+  // So do token shards; the ones this host can see are checked too (header, size, window).
+  BATON_RETURN_IF_ERROR(CheckTokenDataAtSubmit(spec, options_.data_roots));
   // So does a Hugging Face model directory: an absolute one must lie under the roots, a
   // relative one (looked up under each root on the workers) must not climb out of them.
   if (spec.init().has_from_hf()) {
@@ -657,8 +659,9 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     spec.mutable_checkpoint()->set_dir(std::move(dir));
   }
   // Data the coordinator can see is checked now (inline text against the vocabulary and
-  // context, the synthetic teacher); a text file is read on the workers.
-  if (!spec.data().has_text() || spec.data().text().has_inline_text()) {
+  // context, the synthetic teacher); a text file and token shards are read on the workers.
+  if (!spec.data().has_tokens() &&
+      (!spec.data().has_text() || spec.data().text().has_inline_text())) {
     BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
   }
 
@@ -1201,9 +1204,18 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   const absl::Time now = Now();
   std::vector<std::string> worker_ids;
   for (const RankSlot& slot : j->ranks) worker_ids.push_back(slot.worker.worker_id);
+  StepExtras extras;
+  extras.learning_rate = request.learning_rate();
+  if (request.has_grad_norm()) extras.grad_norm = request.grad_norm();
+  if (request.has_val_loss()) extras.val_loss = request.val_loss();
+  extras.model_flops_per_step =
+      ModelFlopsPerStep(j->layout.blocks, j->job.spec().data().batch_size());
+  std::vector<baton::v1::DeviceInfo> devices;
+  for (const RankSlot& slot : j->ranks) devices.push_back(slot.worker.device);
+  extras.peak_flops = PeakFlopsOf(devices);
   baton::v1::StepProgress step = MakeStepProgress(
       j->job.spec(), k, request.has_loss() ? std::optional<float>(request.loss()) : std::nullopt,
-      StepDuration(request.timing(), now - j->last_step_at), j->timings[k], worker_ids);
+      StepDuration(request.timing(), now - j->last_step_at), j->timings[k], worker_ids, extras);
   j->job.set_steps_done(k);
   if (request.has_loss()) j->job.set_last_loss(request.loss());
   j->last_step_at = now;

@@ -239,18 +239,40 @@ absl::Duration StepDuration(const baton::v1::RankTiming& timing, absl::Duration 
   return d > absl::ZeroDuration() ? d : since_previous;
 }
 
+double ModelFlopsPerStep(const std::vector<BlockInfo>& blocks, int64_t batch_size) {
+  double forward = 0;
+  for (const BlockInfo& b : blocks) forward += static_cast<double>(b.forward_flops);
+  return 3.0 * forward * static_cast<double>(batch_size);
+}
+
+double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices) {
+  double sum = 0;
+  for (const baton::v1::DeviceInfo& d : devices) {
+    if (d.peak_flops() <= 0) return 0;
+    sum += d.peak_flops();
+  }
+  return sum;
+}
+
 baton::v1::StepProgress MakeStepProgress(const baton::v1::JobSpec& spec, int64_t k,
                                          std::optional<float> loss, absl::Duration d,
                                          const std::map<int, baton::v1::RankTiming>& timings,
-                                         const std::vector<std::string>& worker_ids) {
+                                         const std::vector<std::string>& worker_ids,
+                                         const StepExtras& extras) {
   const double seconds = absl::ToDoubleSeconds(d);
   baton::v1::StepProgress step;
   step.set_step(k);
   step.set_total_steps(spec.steps());
   if (loss.has_value()) step.set_loss(*loss);
+  step.set_learning_rate(extras.learning_rate);
+  if (extras.grad_norm.has_value()) step.set_grad_norm(*extras.grad_norm);
+  if (extras.val_loss.has_value()) step.set_val_loss(*extras.val_loss);
   if (seconds > 0) {
     step.set_samples_per_second(spec.data().batch_size() / seconds);
     step.set_tokens_per_second(static_cast<double>(TokensPerStep(spec)) / seconds);
+    const double flops_per_second = extras.model_flops_per_step / seconds;
+    step.set_model_tflops(flops_per_second / 1e12);
+    if (extras.peak_flops > 0) step.set_mfu(flops_per_second / extras.peak_flops);
   }
   *step.mutable_duration() = ToProtoDuration(d);
   for (const auto& [rank, t] : timings) {

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/job.pb.h"
+#include "common/nn/model.h"
 #include "baton/v1/jobs.pb.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/placement.h"
@@ -121,14 +122,35 @@ void PruneStepTimings(int64_t step, StepTimings* timings);
 // the previous step.
 absl::Duration StepDuration(const baton::v1::RankTiming& timing, absl::Duration since_previous);
 
+// What a step's report adds besides its loss and timings: what the last stage's rank said
+// (learning rate, gradient norm, validation loss) and what the job is (its model FLOPs per
+// step; the sum of its devices' peaks, 0 when any is unknown).
+struct StepExtras {
+  float learning_rate = 0;
+  std::optional<float> grad_norm;
+  std::optional<float> val_loss;
+  double model_flops_per_step = 0;
+  double peak_flops = 0;
+};
+
+// The model FLOPs of one training step: forward, backward-input and backward-weight of
+// every block, counted as 3 x the planner's forward FLOPs (DescribeBlocks: matmuls and
+// attention, per sample) x the global batch. Recomputation is not counted (MFU counts the
+// model's work, not the work done).
+double ModelFlopsPerStep(const std::vector<BlockInfo>& blocks, int64_t batch_size);
+// The sum of the devices' peaks, 0 when any is 0 (unknown).
+double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices);
+
 // What watchers get for `step` of a job with `spec`: `loss` (when known), `duration`,
 // samples/s = batch_size / duration, tokens/s = TokensPerStep(spec) / duration (both absent
-// for a zero duration), and the timings of the ranks that reported the step by then
-// (worker_ids[rank] naming each rank's worker).
+// for a zero duration), the extras (model TFLOP/s = flops per step / duration, MFU = that
+// over the peak, 0 when the peak is unknown), and the timings of the ranks that reported
+// the step by then (worker_ids[rank] naming each rank's worker).
 baton::v1::StepProgress MakeStepProgress(const baton::v1::JobSpec& spec, int64_t step,
                                          std::optional<float> loss, absl::Duration duration,
                                          const std::map<int, baton::v1::RankTiming>& timings,
-                                         const std::vector<std::string>& worker_ids);
+                                         const std::vector<std::string>& worker_ids,
+                                         const StepExtras& extras = {});
 
 // ---- Links and groups ----
 

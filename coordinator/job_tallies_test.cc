@@ -367,6 +367,43 @@ TEST(StepProgressTest, DurationThroughputAndTheRanksTimings) {
   EXPECT_EQ(bare.stages_size(), 0);
 }
 
+TEST(StepProgressTest, ModelFlopsAndMfuFromTheBlocksAndTheDevicesPeaks) {
+  baton::v1::JobSpec spec;
+  spec.set_steps(10);
+  spec.mutable_data()->set_batch_size(4);
+  // Two blocks of 1e9 and 2e9 forward FLOPs per sample: 3 x 3e9 x 4 = 3.6e10 per step.
+  const std::vector<BlockInfo> blocks = {{"a", 0, 1'000'000'000, 0}, {"b", 0, 2'000'000'000, 0}};
+  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(blocks, 4), 3.6e10);
+  baton::v1::DeviceInfo gpu;
+  gpu.set_peak_flops(67e12);
+  baton::v1::DeviceInfo unknown;
+  EXPECT_DOUBLE_EQ(PeakFlopsOf({gpu, gpu}), 134e12);
+  EXPECT_EQ(PeakFlopsOf({gpu, unknown}), 0);  // one unknown peak: no MFU, not a guess
+
+  StepExtras extras;
+  extras.learning_rate = 3e-4f;
+  extras.grad_norm = 1.25f;
+  extras.val_loss = 2.0f;
+  extras.model_flops_per_step = 3.6e10;
+  extras.peak_flops = 72e9;
+  const baton::v1::StepProgress p =
+      MakeStepProgress(spec, 2, 2.5f, absl::Milliseconds(500), {}, {}, extras);
+  EXPECT_FLOAT_EQ(p.learning_rate(), 3e-4f);
+  EXPECT_FLOAT_EQ(p.grad_norm(), 1.25f);
+  EXPECT_FLOAT_EQ(p.val_loss(), 2.0f);
+  EXPECT_DOUBLE_EQ(p.model_tflops(), 0.072);  // 3.6e10 / 0.5 s
+  EXPECT_DOUBLE_EQ(p.mfu(), 1.0);
+  // Without a peak, or a norm or validation that step: absent, not zero-valued fields.
+  extras.peak_flops = 0;
+  extras.grad_norm.reset();
+  extras.val_loss.reset();
+  const baton::v1::StepProgress q =
+      MakeStepProgress(spec, 3, 2.5f, absl::Milliseconds(500), {}, {}, extras);
+  EXPECT_EQ(q.mfu(), 0);
+  EXPECT_FALSE(q.has_grad_norm());
+  EXPECT_FALSE(q.has_val_loss());
+}
+
 TEST(StepTimingsTest, KeepsTheRecentSteps) {
   StepTimings timings;
   for (int64_t s = 1; s <= 20; ++s) timings[s][0] = baton::v1::RankTiming();

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The cluster demo. Installs what is missing and builds the three programs it runs
 # (coordinator, worker, batonctl; --local: batonctl only), then, on loopback:
-# starts a coordinator and 4 workers on free ports, submits the example GPT job
-# (client/examples/gpt.json, 4 stages, 1F1B), watches it to the end, and checks that the
-# job's weights digest equals the single-process reference trainer's. Everything it started
-# is stopped on exit, also on Ctrl-C. Exits 0 only if the job succeeded and the digests
-# match.
+# prepares BPE token shards of the GPL-3 text (scripts/prepare-data.py: a byte-level BPE of
+# 512 tokens, llm.c shards with a validation split, under the workers' data root
+# $BIN/data/gpl-bpe), starts a coordinator and 4 workers on free ports, submits the example
+# GPT job on those tokens (client/examples/gpt2-gpl-bpe.json, 4 stages, 1F1B, evaluation
+# every 50 steps), watches it to the end, and checks that the job's weights digest equals
+# the single-process reference trainer's. When the tokenizer's venv cannot be made (no
+# PyPI), it says so loudly and trains the character-level client/examples/gpt.json
+# instead. Everything it started is stopped on exit, also on Ctrl-C. Exits 0 only if the
+# job succeeded and the digests match.
 #
 #   scripts/demo.sh [--steps N] [--seed S]    the cluster demo (overrides go to the job and
 #                                             to the reference run alike)
@@ -179,6 +183,25 @@ wait_port_file() {
   die "$name did not write $file within 30 s"
 }
 
+# Real BPE tokens: a small byte-level BPE trained on the GPL-3 text, written as llm.c
+# shards (train_*.bin and a 10% validation split, val_*.bin) under the workers' default data
+# root (data/ beside their binary), which the spec names relative to it. The tokenizer runs
+# in a small venv outside the clone (scripts/data-venv.sh: Hugging Face tokenizers only).
+section "data: BPE tokens of the GPL-3 text in $BIN/data/gpl-bpe"
+DATA_DIR="$BIN/data/gpl-bpe"
+bpe=0
+if data_venv="$(scripts/data-venv.sh)" &&
+  "$data_venv/bin/python" scripts/prepare-data.py --vocab-size 512 --context 64 \
+    -o "$DATA_DIR" /usr/share/common-licenses/GPL-3; then
+  SPEC=client/examples/gpt2-gpl-bpe.json
+  bpe=1
+else
+  echo "demo: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
+  echo "demo: !!! could not prepare BPE tokens (the tokenizers venv needs PyPI once):" >&2
+  echo "demo: !!! FALLING BACK to the character-level job $SPEC" >&2
+  echo "demo: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
+fi
+
 coordinator_security=()
 worker_security=()  # plus each worker's own certificate, below
 if [[ $secure -eq 1 ]]; then
@@ -324,8 +347,22 @@ mkdir -p build
 # couple of cores, and running both at once would slow the job and hide its real timing.
 section "reference: batonctl train-local on the same spec"
 echo "training the same job in this process (about as long as the cluster took)..."
+ref_spec="$SPEC"
+if [[ $bpe -eq 1 ]]; then
+  # train-local reads files as named (it has no data roots): the same shards, by absolute path.
+  ref_spec="$tmp/reference-spec.json"
+  python3 - "$SPEC" "$BIN/data" "$ref_spec" <<'PY'
+import json, os, sys
+spec = json.load(open(sys.argv[1]))
+root = os.path.abspath(sys.argv[2])
+tokens = spec["data"]["tokens"]
+for split in ("train", "val"):
+    tokens[split] = [os.path.join(root, p) for p in tokens.get(split, [])]
+json.dump(spec, open(sys.argv[3], "w"), indent=2)
+PY
+fi
 ref_start=$SECONDS
-run "$BIN/batonctl" train-local -f "$SPEC" ${overrides[@]+"${overrides[@]}"} --output json \
+run "$BIN/batonctl" train-local -f "$ref_spec" ${overrides[@]+"${overrides[@]}"} --output json \
   >"$tmp/reference.json"
 ref_seconds=$((SECONDS - ref_start))
 

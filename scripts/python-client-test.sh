@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV="${BATON_PYTHON_CLIENT_VENV:-build/python-client-venv}"
 # Test-only: the runner, and the optional extras the tests exercise (progress bars,
 # History.to_pandas, the plotting example) and the type checker.
-TOOLS=(pytest==9.2.0 tqdm==4.70.1 pandas==3.1.1 matplotlib==3.11.2 mypy==2.4.1)
+TOOLS=(pytest==9.2.0 tqdm==4.70.1 pandas==3.1.1 matplotlib==3.11.2 mypy==2.4.1 tensorboard==2.21.0)
 
 log() { echo "python-client-test: $*" >&2; }
 

@@ -17,11 +17,11 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   libgloo-dev  # collectives between data-parallel replicas on CPU (common/collective)
   python3
+  python3-venv  # the demo's tokenizer venv (scripts/data-venv.sh), the Python client's, the peer checks'
   openssl  # scripts/make-certs.sh: the throwaway CA of `scripts/demo.sh --secure` and the TLS tests
 )
 if [[ "${1:-}" != --demo ]]; then
   PACKAGES+=(
-    python3-venv  # the Python client's and the peer checks' virtual environments
     clang libclang-rt-14-dev  # fuzzing and the thread-safety analysis (scripts/test.sh)
     prometheus docker-compose yamllint  # the deployment and dashboard checks
     iproute2  # network namespaces and links for tests/netfault_test.py

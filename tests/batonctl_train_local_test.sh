@@ -3,7 +3,8 @@
 #  - the same spec gives the same weights digest twice, and with 2 BLAS threads;
 #  - --output json is valid JSON with per-step losses and per-block digests whose
 #    combination (SHA-256 over the concatenated block digests) is the weights digest;
-#  - bad specs exit non-zero with a message naming the field, and nothing crashes.
+#  - bad specs exit non-zero with a message naming the field, and nothing crashes;
+#  - token shards train, resume to the same digest, and bad ids are refused by offset.
 set -euo pipefail
 BATONCTL="$1"
 EXAMPLES="$2"
@@ -140,5 +141,40 @@ done
 "$BATONCTL" export --from "$tmp/ckpt/local" -o "$tmp/model.safetensors" 2>/dev/null \
   || fail "export --from failed"
 [[ -s "$tmp/model.safetensors" ]] || fail "export wrote nothing"
+
+# Token shards (docs/data.md): an llm.c shard and a raw uint16 one, globbed; a run resumed
+# from a checkpoint reads the same windows as the uninterrupted one (same digest), for
+# random and sequential sampling; an id outside the vocabulary is refused naming the file
+# and the offset.
+mkdir -p "$tmp/tok"
+python3 - "$tmp/tok" <<'PY2'
+import struct, sys
+d = sys.argv[1]
+ids = [(i * 7 + i // 5) % 61 for i in range(3000)]
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2] = 20240520, 1, 2000
+open(f"{d}/train_000.bin", "wb").write(struct.pack("<256i", *hdr) + struct.pack("<2000H", *ids[:2000]))
+open(f"{d}/train_001.bin", "wb").write(struct.pack("<1000H", *ids[2000:]))
+bad = ids[:500]
+bad[321] = 700
+open(f"{d}/bad.bin", "wb").write(struct.pack("<500H", *bad))
+PY2
+for sampling in TOKEN_SAMPLING_RANDOM TOKEN_SAMPLING_SEQUENTIAL; do
+  cat >"$tmp/tok.json" <<EOF2
+{"model": {"gpt": {"vocabSize": 64, "context": 16, "dModel": 16, "heads": 2, "layers": 2}},
+ "data": {"tokens": {"train": ["$tmp/tok/train_*.bin"], "sampling": "$sampling"}, "batchSize": 4},
+ "pipeline": {"stages": 2, "microbatches": 2},
+ "optimizer": {"adamw": {"learningRate": 0.01}}, "steps": 6, "seed": 3,
+ "checkpoint": {"everySteps": 3, "dir": "$tmp/tokckpt-$sampling", "keep": 2}}
+EOF2
+  want="$("$BATONCTL" train-local -f "$tmp/tok.json" | sed -n 's/^weights digest //p')"
+  got="$("$BATONCTL" train-local -f "$tmp/tok.json" --pipeline --job-id again \
+          --resume-from "$tmp/tokckpt-$sampling/local@3" | sed -n 's/^weights digest //p')"
+  [[ -n "$want" && "$got" == "$want" ]] || fail "tokens ($sampling): resumed digest $got, uninterrupted $want"
+done
+expect_refusal token-vocab "token id 700 at token offset 321" \
+  "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 16, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/bad.bin\"], \"sampling\": \"TOKEN_SAMPLING_SEQUENTIAL\"}, \"batchSize\": 30}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
+expect_refusal token-tiny "fewer than one window" \
+  "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 600, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/bad.bin\"]}, \"batchSize\": 2}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
 
 echo "batonctl train-local: all checks passed"

@@ -7,11 +7,17 @@
 //       writes float32 "logits" [B, T, V] (safetensors).
 //   hf_peer_tool train --hf DIR --batches FILE --steps N --lr LR [--beta1 B1] [--beta2 B2]
 //                      [--eps EPS] [--weight-decay WD] --out-losses FILE [--export DIR]
+//                      [--weight-decay-scope matrices|matrices_and_embeddings|all]
+//                      [--warmup W --decay constant|cosine|linear|wsd --min-lr MIN
+//                       --decay-steps D] [--clip MAX_NORM]
 //       AdamW on the int32 "tokens" [S, B, T + 1] in FILE: step k trains on batch k mod S
-//       (inputs tokens[:, :-1], targets tokens[:, 1:], one micro-batch). Writes JSON
-//       {"losses": [the loss of every step, before its update], "final_loss": the loss of
-//       batch 0 after the last step} and, with --export, the trained weights (WriteHfModel).
-//       --steps 0 gives the loaded model's loss on batch 0.
+//       (inputs tokens[:, :-1], targets tokens[:, 1:], one micro-batch), with the training
+//       recipe of the flags (docs/training.md: LearningRateAt per step; clipping from
+//       BlockGradSquares block by block, as the pipeline's CLIP_GRAD). Writes JSON
+//       {"losses": [the loss of every step, before its update], "lrs": [each step's rate],
+//       "grad_norms": [each step's norm before clipping, when --clip], "final_loss": the loss
+//       of batch 0 after the last step} and, with --export, the trained weights
+//       (WriteHfModel). --steps 0 gives the loaded model's loss on batch 0.
 //   hf_peer_tool roundtrip --hf IN --out OUT
 //       LoadHfWeights then WriteHfModel.
 // Exits 0 on success; 1 with the error on stderr.
@@ -161,12 +167,40 @@ absl::Status Train(const Flags& f) {
   a->set_beta2(FloatFlag(f, "beta2", 0.999f));
   a->set_epsilon(FloatFlag(f, "eps", 1e-8f));
   a->set_weight_decay(FloatFlag(f, "weight-decay", 0.01f));
+  if (const auto it = f.find("weight-decay-scope"); it != f.end()) {
+    const std::map<std::string, baton::v1::WeightDecayScope> scopes = {
+        {"matrices", baton::v1::WEIGHT_DECAY_SCOPE_MATRICES},
+        {"matrices_and_embeddings", baton::v1::WEIGHT_DECAY_SCOPE_MATRICES_AND_EMBEDDINGS},
+        {"all", baton::v1::WEIGHT_DECAY_SCOPE_ALL}};
+    const auto scope = scopes.find(it->second);
+    if (scope == scopes.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown --weight-decay-scope ", it->second));
+    }
+    opt.set_weight_decay_scope(scope->second);
+  }
+  if (const auto it = f.find("decay"); it != f.end()) {
+    const std::map<std::string, baton::v1::LrDecay> decays = {
+        {"constant", baton::v1::LR_DECAY_CONSTANT},
+        {"cosine", baton::v1::LR_DECAY_COSINE},
+        {"linear", baton::v1::LR_DECAY_LINEAR},
+        {"wsd", baton::v1::LR_DECAY_WSD}};
+    const auto decay = decays.find(it->second);
+    if (decay == decays.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown --decay ", it->second));
+    }
+    baton::v1::LrSchedule* l = opt.mutable_lr_schedule();
+    l->set_decay(decay->second);
+    l->set_warmup_steps(static_cast<int32_t>(FloatFlag(f, "warmup", 0.0f)));
+    l->set_min_lr(FloatFlag(f, "min-lr", 0.0f));
+    l->set_decay_steps(static_cast<int32_t>(FloatFlag(f, "decay-steps", 0.0f)));
+  }
+  opt.set_clip_grad_norm(FloatFlag(f, "clip", 0.0f));
   std::vector<Parameter*> params = model->Parameters();
-  BATON_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, MakeOptimizer(opt, params));
   Parameter* tied_embedding = nullptr;
   Parameter* tied_output = nullptr;
   const bool tied = spec.model().has_gpt() ? spec.model().gpt().tie_embeddings()
                                            : spec.model().llama().tie_embeddings();
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, MakeOptimizer(opt, params, tied));
   if (tied) {
     tied_embedding = FindParameter(model->at(0), kTiedEmbeddingName);
     tied_output = FindParameter(model->at(model->size() - 1), kTiedOutputName);
@@ -174,7 +208,7 @@ absl::Status Train(const Flags& f) {
       return absl::InternalError("tied model without its tied parameters");
     }
   }
-  std::vector<float> losses;
+  std::vector<float> losses, lrs, norms;
   Tensor one = Tensor::Empty({1});
   one.f32()[0] = 1.0f;
   for (int step = 0; step < steps; ++step) {
@@ -187,7 +221,19 @@ absl::Status Train(const Flags& f) {
     Tensor dx;
     BATON_RETURN_IF_ERROR(model->Backward(mb, one, &dx));
     if (tied) SumTiedGradients(*tied_embedding, *tied_output, *CpuBackend());
-    optimizer->Step();
+    if (opt.clip_grad_norm() > 0.0f) {  // as the reference trainer and CLIP_GRAD do
+      std::vector<double> parts;
+      for (int b = 0; b < model->size(); ++b) {
+        BATON_ASSIGN_OR_RETURN(double part, BlockGradSquares(model->at(b), tied));
+        parts.push_back(part);
+      }
+      const GradClip clip = ClipFromBlockSquares(parts, opt.clip_grad_norm());
+      norms.push_back(static_cast<float>(clip.norm));
+      if (clip.clips()) BATON_RETURN_IF_ERROR(ScaleGradients(params, clip.coef));
+    }
+    const float lr = LearningRateAt(opt, step, steps);
+    lrs.push_back(lr);
+    optimizer->Step(lr);
     losses.push_back(loss);
     std::printf("step %d loss %.9g\n", step + 1, loss);
   }
@@ -198,6 +244,13 @@ absl::Status Train(const Flags& f) {
   std::string json = "{\"losses\": [";
   for (size_t i = 0; i < losses.size(); ++i) {
     absl::StrAppend(&json, i ? ", " : "", absl::StrFormat("%.9g", losses[i]));
+  }
+  for (const auto& [name, values] : {std::pair<const char*, const std::vector<float>*>{"lrs", &lrs},
+                                     {"grad_norms", &norms}}) {
+    absl::StrAppend(&json, "], \"", name, "\": [");
+    for (size_t i = 0; i < values->size(); ++i) {
+      absl::StrAppend(&json, i ? ", " : "", absl::StrFormat("%.9g", (*values)[i]));
+    }
   }
   absl::StrAppend(&json, "], \"final_loss\": ", absl::StrFormat("%.9g", final_loss), "}\n");
   BATON_RETURN_IF_ERROR(WriteFileAtomically(out, json));

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -143,9 +144,26 @@ def values(data):
     return [float(s["value"][1]) for s in data["result"]]
 
 
+def write_token_shards(tmp):
+    """Raw uint16 training and validation shards (ids below the tiny gpt's 40) under
+    tmp/data, the cluster's data root; returns their paths."""
+    data = os.path.join(tmp, "data")
+    os.makedirs(data, exist_ok=True)
+    paths = []
+    for name, tokens, salt in (("train.bin", 20000, 1), ("val.bin", 2000, 3)):
+        path = os.path.join(data, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack(f"<{tokens}H", *((i * 7 + salt * i // 5) % 40
+                                                for i in range(tokens))))
+        paths.append(path)
+    return paths
+
+
 def start_cluster(c, tmp):
+    os.makedirs(os.path.join(tmp, "data"), exist_ok=True)  # the data root (token shards)
     coord_metrics_file = os.path.join(tmp, "coordinator.metrics")
     argv = [os.path.join(c.bin_dir, "coordinator"), "--listen", "127.0.0.1:0",
+            "--data_root", os.path.join(tmp, "data"),
             "--db", c.db, "--port_file", os.path.join(tmp, "coordinator.port"),
             "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", coord_metrics_file,
             "--heartbeat_interval", "0.5s", "--lease_ttl", "3s"]
@@ -158,6 +176,7 @@ def start_cluster(c, tmp):
         metrics_file = os.path.join(tmp, f"w-{i}.metrics")
         argv = [os.path.join(c.bin_dir, "worker"), "--coordinator", c.address,
                 "--listen", "127.0.0.1:0", "--worker_id", f"w-{i}", "--port_file", port_file,
+                "--data_root", os.path.join(tmp, "data"),
                 "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", metrics_file]
         c._start(f"w-{i}", argv, port_file, f"worker w-{i}")
         worker_metrics.append(wait_for(lambda: _read(metrics_file), 30,
@@ -335,9 +354,18 @@ def main():
         # watches it, however fast this machine is.
         # Two replicas of a two-stage interleaved pipeline: every panel has data, the
         # data-parallel ones included.
+        # It trains on token shards with validation every 2 steps, a learning-rate schedule
+        # and clipping, so the panels of those have data too.
+        train, val = write_token_shards(tmp)
         spec = cluster_test.tiny_gpt("observed", steps=1000000, microbatches=4,
                                      schedule="SCHEDULE_INTERLEAVED_1F1B", stages=2,
                                      virtualStages=2, dataParallel=2)
+        spec["data"] = {"tokens": {"train": [train], "val": [val]}, "batchSize": 8}
+        spec["eval"] = {"every": 2, "batches": 1}
+        spec["optimizer"] = {"adamw": {"learningRate": 0.003},
+                             "lrSchedule": {"warmupSteps": 10, "decay": "LR_DECAY_COSINE",
+                                            "minLr": 0.0003},
+                             "clipGradNorm": 1.0}
         spec_path = c.write_spec(spec)
         job_id = c.submit(spec_path)["id"]
         c.wait_steps(job_id, 5, timeout=120)

@@ -56,7 +56,7 @@ absl::StatusOr<Schedule> ScheduleFromPlan(const baton::v1::JobPlan& plan) {
   s.ranks.resize(s.num_ranks);  // only this rank's clock travels; the others stay empty
   for (const baton::v1::PlanAction& p : plan.clock()) {
     BATON_ASSIGN_OR_RETURN(Action a, ActionFromProto(p));
-    if (a.kind != ActionKind::kStep &&
+    if (HasStage(a.kind) &&
         (a.stage >= s.num_stages() || s.stage_to_rank[a.stage] != plan.rank())) {
       return absl::InvalidArgumentError(
           absl::StrCat("plan: action ", a.ToString(), " is not for rank ", plan.rank()));
@@ -92,6 +92,7 @@ baton::v1::RankTiming Timing(const RankStepResult& r) {
       case ActionKind::kStep:
       case ActionKind::kReduceGrad:  // queues the reduction; its time is its own
       case ActionKind::kTieGrad:
+      case ActionKind::kClipGrad:
         break;
     }
   }
@@ -469,6 +470,20 @@ absl::Status JobRun::Build(Pipeline& p) {
     info.samples_per_step = p.spec().data().batch_size();
     if (p.collective != nullptr) info.collective = p.collective->engine();
     info.tokens_per_step = TokensPerStep(p.spec());
+    // This rank's blocks' share of the step's model FLOPs: its replica's samples.
+    const std::vector<BlockInfo> blocks = DescribeBlocks(p.spec().model());
+    double forward = 0;
+    for (int s = 0; s < static_cast<int>(schedule.stage_to_rank.size()); ++s) {
+      if (schedule.stage_to_rank[s] != plan_.rank() || s >= static_cast<int>(p.blocks.size())) {
+        continue;
+      }
+      for (int b = p.blocks[s].first; b < p.blocks[s].last; ++b) {
+        forward += static_cast<double>(blocks[b].forward_flops);
+      }
+    }
+    info.model_flops_per_step = 3.0 * forward * static_cast<double>(p.spec().data().batch_size()) /
+                                std::max(1, p.spec().pipeline().data_parallel());
+    info.peak_flops = options_.peak_flops;
     eo.observer = options_.metrics->BeginJob(info);
   }
   phase_ = absl::StrCat("building its blocks (", OwnBlocks(schedule, p.blocks, plan_.rank()), ")");
@@ -538,11 +553,18 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
   phase_ = absl::StrCat("training step ", step + 1);
   BATON_ASSIGN_OR_RETURN(RankStepResult r, p.executor->RunStep(step));
   steps_done_.store(step + 1);
+  if (p.executor->EvaluatesAfter(step)) {
+    phase_ = absl::StrCat("evaluating after step ", step + 1);
+    BATON_ASSIGN_OR_RETURN(r.val_loss, p.executor->Evaluate(step));
+  }
   baton::v1::ReportProgressRequest req;
   req.set_job_id(plan_.job_id());
   req.set_rank(GlobalRank(plan_));
   req.set_step(step + 1);
   req.set_attempt(plan_.attempt());
+  req.set_learning_rate(r.learning_rate);
+  if (r.grad_norm.has_value()) req.set_grad_norm(*r.grad_norm);
+  if (r.val_loss.has_value()) req.set_val_loss(*r.val_loss);
   std::optional<float> loss;
   if (p.owns_last) {
     StepLoss mean;

@@ -75,6 +75,7 @@ struct JobRunOptions {
   DataAccess data;                   // where text files may be read from
   WorkerMetrics* metrics = nullptr;  // not owned; may be null
   int64_t memory_bytes = 0;          // what the worker offers jobs, for out-of-memory errors
+  double peak_flops = 0;             // its device's peak (DeviceInfo.peak_flops), for MFU
 };
 
 // Receives each step's report of a JobRun, on the run's thread, in step order. The next

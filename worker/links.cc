@@ -26,6 +26,13 @@ std::set<int> Neighbours(const Schedule& schedule, int rank) {
   std::set<int> out;
   if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
   for (const Action& a : schedule.ranks[rank]) {
+    if (a.kind == ActionKind::kClipGrad) {
+      // The norm's chain: the ranks before and after this one (which hold adjacent stages
+      // under every placement baton uses, so these links exist anyway).
+      if (rank > 0) out.insert(rank - 1);
+      if (rank + 1 < schedule.num_ranks) out.insert(rank + 1);
+      continue;
+    }
     const int peer_stage = PeerStage(a, schedule.num_stages());
     const int peer = peer_stage >= 0 && peer_stage < schedule.num_stages()
                          ? schedule.stage_to_rank[peer_stage]
@@ -108,6 +115,18 @@ InboxPlan PlanInbox(const baton::v1::JobPlan& plan, const Schedule& schedule,
   const int rank = plan.rank();
   if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) return out;
   for (const Action& a : schedule.ranks[rank]) {
+    if (a.kind == ActionKind::kClipGrad) {
+      // The norm's chain (TensorKind::kGradNorm, tagged with the sending rank): the squared
+      // norms from rank - 1, the total back from rank + 1.
+      for (int from : {rank - 1, rank + 1}) {
+        if (from < 0 || from >= schedule.num_ranks) continue;
+        const InboxSource source{from, from, TensorKind::kGradNorm};
+        if (std::find(out.sources.begin(), out.sources.end(), source) == out.sources.end()) {
+          out.sources.push_back(source);
+        }
+      }
+      continue;
+    }
     if (a.kind != ActionKind::kRecvF && a.kind != ActionKind::kRecvB &&
         a.kind != ActionKind::kTieGrad) {
       continue;

@@ -149,6 +149,24 @@ TEST(PlanInboxTest, TheInboxAcceptsWhatTheClockReceives) {
                      {1, 5, static_cast<int>(TensorKind::kGradient)}}));
 }
 
+// CLIP_GRAD: the norm's chain runs between ranks r and r + 1 (adjacent stages under every
+// placement), both ways; the inbox accepts both directions' gradient-norm tensors.
+TEST(PlanInboxTest, TheGradientNormChainLinksAdjacentRanks) {
+  absl::StatusOr<Schedule> s = AddGradClips(Build(ScheduleKind::kZbV, 3, 2, 6));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Neighbours(*s, 0), (std::set<int>{1}));
+  EXPECT_EQ(Neighbours(*s, 1), (std::set<int>{0, 2}));
+  EXPECT_EQ(Neighbours(*s, 2), (std::set<int>{1}));
+  baton::v1::JobPlan plan = Plan(1, {"", "", ""}, {false, false, false});
+  const InboxPlan p = PlanInbox(plan, *s, 1000);
+  std::set<std::tuple<int, int, int>> got;
+  for (const InboxSource& src : p.sources) {
+    if (src.kind == TensorKind::kGradNorm) got.insert({src.rank, src.stage, 0});
+  }
+  EXPECT_EQ(got, (std::set<std::tuple<int, int, int>>{{0, 0, 0}, {2, 2, 0}}));
+  EXPECT_TRUE(Neighbours(*AddGradClips(Build(ScheduleKind::k1F1B, 1, 1, 2)), 0).empty());
+}
+
 TEST(RendezvousMembersTest, TheJobsRanksAndReplicasOrAnyoneWithoutCertificates) {
   baton::v1::JobPlan plan = Plan(0, {"", ""}, {false, false});
   EXPECT_TRUE(RendezvousMembers(plan).empty());  // no identities: plaintext

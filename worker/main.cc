@@ -93,6 +93,16 @@ int main(int argc, char** argv) {
   absl::StatusOr<baton::v1::DeviceInfo> device = baton::ClaimDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return Fail(absl::StrCat("--device: ", device.status().message()));
   options.device = *std::move(device);
+  // The denominator of the jobs' MFU, said once.
+  if (options.device.peak_flops() > 0) {
+    std::fprintf(stderr, "worker: %s peak %.1f GFLOP/s fp32 (%s)\n",
+                 options.device.name().c_str(), options.device.peak_flops() / 1e9,
+                 options.device.kind() == "cpu" ? "measured by a 384^3 sgemm at start"
+                                                : "datasheet");
+  } else {
+    std::fprintf(stderr, "worker: %s: peak unknown, jobs report no MFU for it\n",
+                 options.device.name().c_str());
+  }
   if (const int64_t mb = absl::GetFlag(FLAGS_memory_mb); mb > 0) {
     options.device.set_memory_bytes(mb << 20);
   }

@@ -109,6 +109,7 @@ JobRunOptions WorkerAgent::RunOptions() {
   o.data = options_.data;
   o.metrics = options_.metrics;
   o.memory_bytes = options_.device.memory_bytes();
+  o.peak_flops = options_.device.peak_flops();
   return o;
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/device_peak.h"
 #include "common/core/host_info.h"
 #include "common/spec/spec.h"
 
@@ -25,6 +26,8 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
     // What this process may still allocate: under an address-space, data or cgroup limit,
     // less than the host's RAM (the coordinator places only what fits).
     info.set_memory_bytes(UsableMemoryBytes());
+    // No datasheet for a CPU: its peak is measured, here, once (a few milliseconds).
+    info.set_peak_flops(MeasureCpuPeakFlops());
     return info;
   }
   absl::StatusOr<CudaDeviceInfo> cuda = GetCudaDeviceInfo(index);
@@ -43,6 +46,8 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
   info.set_index(index);
   info.set_compute_capability(absl::StrCat(cuda->compute_major, ".", cuda->compute_minor));
   info.set_uuid(cuda->uuid);
+  // fp32 with TF32 off is what baton computes on a GPU today.
+  info.set_peak_flops(GpuPeakFlops(cuda->name, PeakPrecision::kFp32));
   return info;
 }
 

@@ -77,6 +77,31 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                 .Name("baton_worker_loss")
                 .Help("Mean loss of the last step (the rank owning the last stage).")
                 .Register(registry)),
+      val_loss_(prometheus::BuildGauge()
+                    .Name("baton_worker_val_loss")
+                    .Help("Validation loss of the last evaluation (JobSpec.eval; the rank "
+                          "owning the last stage).")
+                    .Register(registry)),
+      learning_rate_(prometheus::BuildGauge()
+                         .Name("baton_worker_learning_rate")
+                         .Help("Learning rate of the last step (optimizer.lr_schedule).")
+                         .Register(registry)),
+      grad_norm_(prometheus::BuildGauge()
+                     .Name("baton_worker_grad_norm")
+                     .Help("Global gradient norm of the last step, before clipping (jobs "
+                           "with optimizer.clip_grad_norm).")
+                     .Register(registry)),
+      model_flops_(prometheus::BuildCounter()
+                       .Name("baton_worker_model_flops_total")
+                       .Help("Model FLOPs of this rank's blocks (3 x forward FLOPs per "
+                             "sample x samples), the numerator of MFU.")
+                       .Register(registry)),
+      peak_flops_(prometheus::BuildGauge()
+                      .Name("baton_worker_peak_flops")
+                      .Help("Peak FLOP/s of this rank's device in the job's precision (a "
+                            "GPU's datasheet, a CPU's measured at start), the denominator "
+                            "of MFU; absent when unknown.")
+                      .Register(registry)),
       memory_(prometheus::BuildGauge()
                   .Name("baton_worker_device_memory_bytes")
                   .Help("Memory of the worker's device held by its allocator: in_use by "
@@ -158,6 +183,8 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
   actions_now_.clear();
   bytes_now_.clear();
   loss_now_ = nullptr;
+  val_loss_now_ = nullptr;
+  grad_norm_now_ = nullptr;
   job_ = info;
   const prometheus::Labels rank = {{"job_id", info.job_id}, {"rank", absl::StrCat(info.rank)}};
   steps_now_ = &Track(steps_, rank);
@@ -167,6 +194,9 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
   inflight_peak_now_ = &Track(inflight_peak_, rank);
   samples_now_ = &Track(samples_, rank);
   tokens_now_ = &Track(tokens_, rank);
+  learning_rate_now_ = &Track(learning_rate_, {{"job_id", info.job_id}});
+  model_flops_now_ = &Track(model_flops_, rank);
+  if (info.peak_flops > 0) Track(peak_flops_, rank).Set(info.peak_flops);
   checkpoint_seconds_now_ = nullptr;
   checkpoint_bytes_now_ = nullptr;
   allreduce_seconds_now_ = nullptr;
@@ -264,6 +294,16 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
                        : 0.0);
   inflight_peak_now_->Set(step.peak_inflight);
   samples_now_->Increment(static_cast<double>(job_.samples_per_step));
+  model_flops_now_->Increment(job_.model_flops_per_step);
+  learning_rate_now_->Set(step.learning_rate);
+  if (step.grad_norm.has_value()) {
+    if (grad_norm_now_ == nullptr) grad_norm_now_ = &Track(grad_norm_, {{"job_id", job_.job_id}});
+    grad_norm_now_->Set(*step.grad_norm);
+  }
+  if (step.val_loss.has_value()) {
+    if (val_loss_now_ == nullptr) val_loss_now_ = &Track(val_loss_, {{"job_id", job_.job_id}});
+    val_loss_now_->Set(*step.val_loss);
+  }
   tokens_now_->Increment(static_cast<double>(job_.tokens_per_step));
   if (allreduce_seconds_now_ != nullptr && !step.reductions.empty()) {
     int64_t reduce_ns = 0;

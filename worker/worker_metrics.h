@@ -44,6 +44,11 @@ struct JobMetricsInfo {
   int64_t tokens_per_step = 0;   // TokensPerStep (spec.h): batch x context for gpt
   // The data-parallel group's engine ("gloo", "nccl"); empty without replicas.
   std::string collective;
+  // The model FLOPs of this rank's blocks per step (3 x their forward FLOPs x the samples
+  // its replica trains on), and its device's peak FLOP/s (0: unknown): the dashboard's MFU
+  // is the job's rate of the first over the sum of the second.
+  double model_flops_per_step = 0;
+  double peak_flops = 0;
 };
 
 class WorkerMetrics : private StepObserver {
@@ -89,6 +94,11 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Counter>& samples_;
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& val_loss_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Counter>& model_flops_;
+  prometheus::Family<prometheus::Gauge>& peak_flops_;
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Histogram>& checkpoint_seconds_;
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
@@ -112,6 +122,10 @@ class WorkerMetrics : private StepObserver {
   prometheus::Counter* samples_now_ = nullptr;
   prometheus::Counter* tokens_now_ = nullptr;
   prometheus::Gauge* loss_now_ = nullptr;
+  prometheus::Gauge* val_loss_now_ = nullptr;
+  prometheus::Gauge* learning_rate_now_ = nullptr;
+  prometheus::Gauge* grad_norm_now_ = nullptr;
+  prometheus::Counter* model_flops_now_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_now_ = nullptr;
   prometheus::Counter* checkpoint_bytes_now_ = nullptr;
   // Data-parallel jobs only (job_.collective set).

@@ -18,10 +18,12 @@ constexpr char kCommand[] = "history";
 
 constexpr char kUsage[] =
     "usage: batonctl history JOB [--csv] [--output text|json]\n\n"
-    "Prints the job's loss, samples/s, tokens/s and seconds of every step it reported,\n"
-    "in step order (a step trained again after a recovery shows its last run).\n"
-    "--csv: step,loss,samples_per_second,tokens_per_second,step_seconds, the loss with\n"
-    "every digit of its float.";
+    "Prints the job's loss, samples/s, tokens/s, seconds, learning rate, gradient norm,\n"
+    "validation loss, model TFLOP/s and MFU of every step it reported, in step order (a\n"
+    "step trained again after a recovery shows its last run).\n"
+    "--csv: step,loss,samples_per_second,tokens_per_second,step_seconds,learning_rate,\n"
+    "grad_norm,val_loss,model_tflops,mfu, floats with every digit, empty cells where a\n"
+    "step has no value.";
 
 int RunHistory(const Args& args, const ClusterClient& c) {
   const bool csv = args.Get("csv") == "true";

@@ -502,11 +502,16 @@ int Plan(const std::vector<std::string>& argv) {
     schedule = *std::move(built);
   }
 
-  if (data_parallel > 1 || tied) {
-    // The job's own actions, as the coordinator adds them (AddJobActions).
+  if (data_parallel > 1 || tied || (file_spec && file_spec->optimizer().clip_grad_norm() > 0)) {
+    // The job's own actions, as the coordinator adds them (AddJobActions): the spec's
+    // (tied embeddings, clipping), with the replicas the flags say.
     baton::v1::JobSpec job;
+    if (file_spec) {
+      job = *file_spec;
+    } else if (tied) {
+      job.mutable_model()->mutable_gpt();  // a gpt ties unless told not to
+    }
     job.mutable_pipeline()->set_data_parallel(data_parallel);
-    if (tied) job.mutable_model()->mutable_gpt();  // a gpt ties unless told not to
     absl::StatusOr<Schedule> with = AddJobActions(schedule, job);
     if (!with.ok()) return Fail(std::string(with.status().message()));
     schedule = *std::move(with);

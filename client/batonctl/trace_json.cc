@@ -64,7 +64,7 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
                                                        span.action(), "\": ", a.status().message()));
       }
       int stage = a->stage;
-      if (a->kind == ActionKind::kStep) {
+      if (!HasStage(a->kind)) {  // STEP, CLIP_GRAD: the rank's first stage's row
         stage = stages.empty() ? 0 : *stages.begin();
       } else {
         if (stage < 0 || (num_stages > 0 && stage >= num_stages)) {
@@ -81,7 +81,7 @@ absl::StatusOr<std::string> ChromeTraceJson(const baton::v1::JobTrace& trace) {
       const int tid = span.allreduce() ? kCommTid : stage;
       comm = comm || span.allreduce();
       std::string args = absl::StrCat("\"action\":", Quote(span.action()));
-      if (a->kind != ActionKind::kStep) {
+      if (HasStage(a->kind)) {
         absl::StrAppend(&args, ",\"stage\":", a->stage, ",\"microbatch\":", a->microbatch);
       }
       if (span.bytes() > 0) absl::StrAppend(&args, ",\"bytes\":", span.bytes());

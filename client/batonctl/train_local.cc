@@ -259,7 +259,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  const bool is_text_data = s.data().has_text();
+  const bool is_text_data = s.data().has_text() || s.data().has_tokens();
   for (int64_t i = run.steps_done(); i < s.steps(); ++i) {
     absl::StatusOr<StepStats> st = run.step();
     if (!st.ok()) return Fail(absl::StrFormat("step %d: %s", i + 1, st.status().message()));
@@ -283,11 +283,17 @@ int TrainLocal(const std::vector<std::string>& argv) {
         static_cast<int64_t>(st->seconds * 1e9));
     r->set_samples_per_second(st->samples / st->seconds);
     r->set_tokens_per_second(st->tokens / st->seconds);
+    r->set_learning_rate(st->learning_rate);
+    if (st->grad_norm.has_value()) r->set_grad_norm(*st->grad_norm);
+    if (st->val_loss.has_value()) r->set_val_loss(*st->val_loss);
     if (text) {
-      std::printf("step %5lld/%d  loss %.4f  %8.0f %s/s\n", static_cast<long long>(st->step),
+      std::string extra;
+      if (st->val_loss.has_value()) absl::StrAppendFormat(&extra, "  val %.4f", *st->val_loss);
+      if (st->grad_norm.has_value()) absl::StrAppendFormat(&extra, "  |g| %.3f", *st->grad_norm);
+      std::printf("step %5lld/%d  loss %.4f  %8.0f %s/s%s\n", static_cast<long long>(st->step),
                   s.steps(), st->loss,
                   is_text_data ? r->tokens_per_second() : r->samples_per_second(),
-                  is_text_data ? "tok" : "samples");
+                  is_text_data ? "tok" : "samples", extra.c_str());
       std::fflush(stdout);
     }
   }

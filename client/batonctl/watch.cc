@@ -106,6 +106,10 @@ class StepClock {
 std::string StepLine(const baton::v1::StepProgress& s, double seconds_per_step) {
   std::string line = absl::StrFormat("step %d/%d  loss %.4f  %.0f samples/s", s.step(),
                                      s.total_steps(), s.loss(), s.samples_per_second());
+  if (s.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", s.val_loss());
+  if (s.learning_rate() > 0) absl::StrAppendFormat(&line, "  lr %.3g", s.learning_rate());
+  if (s.has_grad_norm()) absl::StrAppendFormat(&line, "  |g| %.3f", s.grad_norm());
+  if (s.mfu() > 0) absl::StrAppendFormat(&line, "  MFU %.1f%%", 100 * s.mfu());
   const int64_t left = s.total_steps() - s.step();
   if (left <= 0) {
     absl::StrAppend(&line, "  ETA 0:00");

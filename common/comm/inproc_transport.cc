@@ -11,9 +11,10 @@ namespace baton {
 std::string TensorTag::ToString() const {
   // Not the job key: it is the secret that guards a job's tensor streams, and this text ends
   // up in errors that people and logs see.
-  const char* what = kind == TensorKind::kActivation ? " activation"
-                     : kind == TensorKind::kGradient ? " gradient"
-                                                     : " tied embedding gradient";
+  const char* what = kind == TensorKind::kActivation     ? " activation"
+                     : kind == TensorKind::kGradient     ? " gradient"
+                     : kind == TensorKind::kTiedGradient ? " tied embedding gradient"
+                                                         : " gradient norm";
   return absl::StrCat("step ", step, " microbatch ", microbatch, " stage ", stage, what);
 }
 

@@ -38,6 +38,9 @@ enum class TensorKind : uint8_t {
   kGradient = 1,    // backward: gradient of `stage`'s input, sent to stage - 1
   kTiedGradient = 2,  // TIE_GRAD: `stage`'s part of the tied embedding's gradient, to the
                       // other end (microbatch 0)
+  kGradNorm = 3,      // CLIP_GRAD: the gradient norm's chain between adjacent ranks; `stage`
+                      // is the sending RANK; microbatch 0 carries the blocks' squared norms
+                      // forward (rank r to r + 1), microbatch 1 the total back (r + 1 to r)
 };
 
 // Names one tensor of one job uniquely.

@@ -45,6 +45,10 @@ class Backend {
   // Returns the sum of x, accumulated in double (the CPU in index order; a device in a
   // fixed tree). On a device it waits for the work issued before (the result is read back).
   virtual double Sum(int64_t n, const float* x) = 0;
+  // Returns the sum of x[i]^2, each square and the sum in double, in the same order as Sum
+  // (the CPU in index order; a device in its fixed tree): the same bits for the same input on
+  // the same backend. Gradient clipping's norm is built from it (common/optim/optimizer.h).
+  virtual double SumSquares(int64_t n, const float* x) = 0;
 
   // ---- Linear ----
   // y[r,c] += bias[c].

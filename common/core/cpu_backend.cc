@@ -218,6 +218,12 @@ class CpuBackendImpl final : public Backend {
     return s;
   }
 
+  double SumSquares(int64_t n, const float* x) override {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    return s;
+  }
+
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
     for (int64_t r = 0; r < rows; ++r) {
       float* row = y + r * cols;

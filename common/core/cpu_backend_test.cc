@@ -258,6 +258,20 @@ TEST_F(CpuBackendTest, SumAccumulatesInDoubleInOrder) {
   EXPECT_EQ(be_->Sum(3, y.data()), 16777218.0);
 }
 
+// The same order for the squares, each squared in double (no float rounding of x^2).
+TEST_F(CpuBackendTest, SumSquaresAccumulatesInDoubleInOrder) {
+  const int64_t n = 10007;
+  const Vec x = Random(n, "sumsq.x", -1.0f, 3.0f);
+  double want = 0.0;
+  for (int64_t i = 0; i < n; ++i) want += static_cast<double>(x[i]) * x[i];
+  EXPECT_EQ(be_->SumSquares(n, x.data()), want);
+  EXPECT_EQ(be_->SumSquares(0, x.data()), 0.0);
+  const Vec y = {3.0f, -4.0f, 1e20f};
+  EXPECT_EQ(be_->SumSquares(2, y.data()), 25.0);
+  // 1e40 is beyond float's range; the double sum stays finite.
+  EXPECT_EQ(be_->SumSquares(3, y.data()), 25.0 + static_cast<double>(y[2]) * y[2]);
+}
+
 // ---- Linear ----
 
 // Exact: y + bias is one float addition; BiasGrad adds rows in order into the existing

@@ -799,6 +799,15 @@ class CudaBackendImpl final : public Backend {
     });
   }
 
+  double SumSquares(int64_t n, const float* x) override {
+    if (n <= 0) return 0.0;
+    return ReduceToHost([&](cudaStream_t s, double* out) {
+      ClearStaleError();
+      SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
+      CheckLaunch("SquareSumKernel");
+    });
+  }
+
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
     if (rows * cols <= 0) return;
     cudaStream_t s = Enter();

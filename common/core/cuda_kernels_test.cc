@@ -221,6 +221,12 @@ TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
   Tensor dx = Dev(x);
   const double want = cpu_->Sum(n, x.data());
   EXPECT_NEAR(cuda_->Sum(n, dx.f32()), want, 1e-12 * n);
+  // SumSquares: the same tree over the squares; deterministic on the device.
+  const double want_sq = cpu_->SumSquares(n, x.data());
+  const double got_sq = cuda_->SumSquares(n, dx.f32());
+  EXPECT_NEAR(got_sq, want_sq, 1e-12 * want_sq);
+  EXPECT_EQ(cuda_->SumSquares(n, dx.f32()), got_sq);
+  EXPECT_EQ(cuda_->SumSquares(0, nullptr), 0.0);
   const Vec t = Random(n, "se t");
   Tensor dt = Dev(t), ddiff = Dev(Vec(n));
   Vec diff(n);

@@ -38,6 +38,14 @@ absl::Status CheckRange(int64_t step, int64_t first, int64_t count, int64_t batc
 
 }  // namespace data_internal
 
+absl::StatusOr<Batch> Dataset::GetValidation(int64_t eval_batch, int64_t first,
+                                             int64_t count) const {
+  BATON_RETURN_IF_ERROR(data_internal::CheckRange(eval_batch, first, count, batch_size()));
+  return absl::FailedPreconditionError(
+      "data.tokens.val: this job's data has no validation split (only data.tokens with val "
+      "shards has one)");
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -121,6 +129,19 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& val
     BATON_ASSIGN_OR_RETURN(std::string text, LoadText(data.text(), access));
     BATON_ASSIGN_OR_RETURN(std::unique_ptr<TextDataset> dataset,
                            TextDataset::Create(std::move(text), options));
+    return std::unique_ptr<Dataset>(std::move(dataset));
+  }
+  if (data.has_tokens()) {
+    // Validation guarantees a token model (gpt or llama) here.
+    const TokenModel model = *TokenModelOf(spec.model());
+    TokenDataset::Options options;
+    options.context = model.context;
+    options.vocab_size = model.vocab_size;
+    options.batch_size = data.batch_size();
+    options.seed = spec.seed();
+    options.model_field = model.prefix;
+    BATON_ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> dataset,
+                           TokenDataset::Open(data.tokens(), options, access));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
   // Validation guarantees synthetic data and an mlp model here.

@@ -17,6 +17,9 @@
 //                                                 .Normal(i * output_dim + k)
 //    with teacher weights drawn once at construction (see SyntheticDataset).
 //
+//  - TokenDataset (gpt, llama): pre-tokenized shards (data.tokens; docs/data.md). A sample
+//    is context + 1 consecutive tokens of one shard; see TokenDataset for the windows.
+//
 // Steps are numbered by the caller (any s >= 0); sample indices run over the global batch,
 // [0, data.batch_size). Every Dataset is immutable after construction: Get may be called
 // from any number of threads at once.
@@ -58,14 +61,28 @@ class Dataset {
   virtual std::string Describe() const = 0;  // one line for logs
   // Samples per step (data.batch_size).
   virtual int64_t batch_size() const = 0;
+
+  // Validation batches, for JobSpec.eval. Samples [first, first + count) of evaluation
+  // batch `eval_batch` (0, 1, ... up to eval.batches - 1 within one evaluation; every
+  // evaluation asks for the same batches, so its loss is comparable across steps). Sample k
+  // of batch b is a pure function of (b, k) (the seed plays no part): a TokenDataset gives
+  // validation window (b * batch_size + k) mod (its number of validation windows), the
+  // windows laid out as the sequential training ones are (TokenDataset). Shapes as Get's;
+  // the same argument checks (eval_batch >= 0 like a step). FAILED_PRECONDITION naming
+  // data.tokens.val when the dataset has no validation split (has_validation() is false:
+  // text and synthetic data, or tokens without val shards); spec validation refuses
+  // JobSpec.eval in that case, so an executor honouring eval never sees it.
+  virtual absl::StatusOr<Batch> GetValidation(int64_t eval_batch, int64_t first,
+                                              int64_t count) const;
+  virtual bool has_validation() const { return false; }
 };
 
-// Builds the dataset for a spec (reads the text file, if any). The spec is validated and
+// Builds the dataset for a spec (reads the text file, or maps the token shards, if any). The spec is validated and
 // defaulted on a copy first (ValidateAndDefaultJobSpec), so its errors come back unchanged.
 // Text errors (INVALID_ARGUMENT or the file's errno code, each naming the field): an empty
 // text, a text not longer than model.gpt.context + 1 bytes, and model.gpt.vocab_size
 // smaller than the number of distinct bytes; a missing file is NOT_FOUND naming
-// data.text.path and the path.
+// data.text.path and the path. Token errors: see TokenDataset.
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec);
 
 // Where a process may read training text from. A worker reads only under its data roots
@@ -191,6 +208,128 @@ class SyntheticDataset final : public Dataset {
   Options options_;
   std::vector<float> w1_, b1_, w2_, b2_;
 };
+
+// Pre-tokenized shards for the token models (data.tokens; docs/data.md).
+//
+// Files. Each entry of data.tokens.train / .val is a path or a glob(3) pattern; a pattern's
+// matches are taken in byte order, entries in their order. A relative entry is looked up
+// under each data root in turn (the first root where it exists or matches wins; with no
+// roots, under the working directory); every file must lie under the roots
+// (ConfineDataPath, naming data.tokens.train or data.tokens.val) and be a regular file.
+// Formats (TokenFormat): nanoGPT raw little-endian uint16; raw uint32; llm.c (a header of
+// 256 little-endian int32: magic 20240520, version 1 = uint16 tokens or 2 = uint32 tokens,
+// token count; the tokens follow at byte 1024). AUTO reads llm.c when the first int32 is
+// the magic, else raw uint16. Files are memory-mapped read-only; a batch touches only the
+// windows it uses (no byte limit applies: nothing is read whole). A shard must not change
+// while a dataset maps it (a file truncated under the mapping faults the process).
+//
+// Windows. Let T = context and n_i the tokens of shard i. A sample is T + 1 consecutive
+// tokens of one shard: inputs the first T, targets the last T.
+//  - RANDOM: sample k of step s starts at global start
+//      u = RngStream(seed, "data/tokens/step/" + s).UniformInt(k, sum_i (n_i - T))
+//    where shard i owns starts [sum_{j<i} (n_j - T), sum_{j<=i} (n_j - T)) and the start's
+//    position within the shard is u minus its first (nanoGPT's randint(len - T), weighted
+//    by shard size, over the concatenation of the shards' own ranges).
+//  - SEQUENTIAL: shard i holds W_i = (n_i - 1) / T windows at positions 0, T, 2T, ...
+//    (inputs never overlap; a window's last target is the next one's first input, as llm.c
+//    reads); the windows of all shards are numbered in shard order, W = sum W_i, and sample
+//    k of step s is window (s * batch_size + k) mod W (wrapping after the last).
+//      e.g. shards of 9 and 7 tokens, T = 3: windows (0,0) (0,3) (1,0) (1,3); batch 3:
+//      step 0 -> (0,0) (0,3) (1,0); step 1 -> (1,3) (0,0) (0,3)
+//  - Validation: the SEQUENTIAL layout over the val shards; batch b, sample k is window
+//    (b * batch_size + k) mod W_val (Dataset::GetValidation).
+// Both samplings are pure functions of (seed, step, sample): the read position IS the step,
+// which every checkpoint records, so a run resumed at step k (onto any partition or number
+// of replicas) reads exactly the tokens the uninterrupted run read from step k on.
+//
+// Refusals (INVALID_ARGUMENT unless said, each naming the field and the file): a pattern
+// matching nothing or a missing file (NOT_FOUND); a file outside the roots or not regular;
+// a raw uint16 file of odd size or raw uint32 not a multiple of 4 (truncated); an llm.c
+// header with another magic (format LLMC), another version, a negative count, or a count
+// that does not match the file's size (truncated or lying); a shard of fewer than T + 1
+// tokens. A token id >= the model's vocab_size is refused when the window holding it is
+// read (Get / GetValidation), naming the shard and the token's offset in it.
+class TokenDataset final : public Dataset {
+ public:
+  struct Options {
+    int64_t context = 0;     // model.*.context, >= 1
+    int64_t vocab_size = 0;  // model.*.vocab_size, >= 1
+    int64_t batch_size = 0;  // data.batch_size, >= 1
+    uint64_t seed = 0;
+    baton::v1::TokenFormat format = baton::v1::TOKEN_FORMAT_AUTO;
+    baton::v1::TokenSampling sampling = baton::v1::TOKEN_SAMPLING_RANDOM;
+    // The model's spec fields, for messages ("model.gpt" or "model.llama").
+    std::string model_field = "model.gpt";
+  };
+  // One mapped file.
+  struct ShardInfo {
+    std::string path;         // as opened (resolved)
+    int64_t tokens = 0;       // n_i
+    int bytes_per_token = 0;  // 2 or 4
+    bool llmc = false;        // had llm.c's header
+  };
+  // One mapped file (opaque; defined in token_dataset.cc).
+  struct Shard;
+  // Where a sample comes from: shard index and the position of its first token.
+  struct Window {
+    int64_t shard = 0;
+    int64_t position = 0;
+  };
+
+  // Opens data.tokens (the entries resolved as above against access.roots).
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(const baton::v1::TokenData& tokens,
+                                                            const Options& options,
+                                                            const DataAccess& access);
+  // Opens the given files as they are (no globbing, no confinement); `val` may be empty.
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> Create(
+      const std::vector<std::string>& train, const std::vector<std::string>& val,
+      const Options& options);
+  ~TokenDataset() override;
+  TokenDataset(const TokenDataset&) = delete;
+  TokenDataset& operator=(const TokenDataset&) = delete;
+
+  absl::StatusOr<Batch> Get(int64_t step, int64_t first, int64_t count) const override;
+  absl::StatusOr<Batch> GetValidation(int64_t eval_batch, int64_t first,
+                                      int64_t count) const override;
+  bool has_validation() const override { return !val_.empty(); }
+  std::string Describe() const override;
+  int64_t batch_size() const override { return options_.batch_size; }
+
+  // The window of sample `index` of step `step` (the sampling above); of validation batch
+  // `eval_batch`.
+  Window TrainWindow(int64_t step, int64_t index) const;
+  Window ValidationWindow(int64_t eval_batch, int64_t index) const;
+  std::vector<ShardInfo> train_shards() const;
+  std::vector<ShardInfo> val_shards() const;
+  int64_t train_tokens() const;
+  // Sequential windows (W above) of the training and validation shards.
+  int64_t train_windows() const { return train_windows_.empty() ? 0 : train_windows_.back(); }
+  int64_t val_windows() const { return val_windows_.empty() ? 0 : val_windows_.back(); }
+
+ private:
+  explicit TokenDataset(const Options& options);
+  absl::StatusOr<Batch> Read(const std::vector<std::unique_ptr<Shard>>& shards,
+                             const char* field, absl::Span<const Window> windows) const;
+
+  const Options options_;
+  std::vector<std::unique_ptr<Shard>> train_, val_;
+  // Prefix sums over shards: random starts (n_i - T) and sequential windows (W_i).
+  std::vector<int64_t> train_starts_, train_windows_, val_windows_;
+};
+
+// The files data.tokens.train (`field` "data.tokens.train") or .val names: each entry
+// expanded and confined as TokenDataset's comment says, in order. Errors name `field`.
+absl::StatusOr<std::vector<std::string>> ResolveTokenFiles(
+    const google::protobuf::RepeatedPtrField<std::string>& entries,
+    const std::vector<std::string>& roots, const std::string& field);
+
+// The submit-time check of data.tokens on a service whose data roots are `roots` (the
+// coordinator): every absolute entry (and a pattern's directory) must lie under the roots
+// and a relative one must not climb out of them with ".."; the files the coordinator can
+// see are opened and their headers, sizes and window checked (not their token ids). Files
+// it cannot find are left to the workers (they live there), so NOT_FOUND is not an error.
+absl::Status CheckTokenDataAtSubmit(const baton::v1::JobSpec& spec,
+                                    const std::vector<std::string>& roots);
 
 namespace data_internal {
 // Shared argument check of Dataset::Get.

@@ -3,6 +3,7 @@
 #include "common/schedule/vocabulary.h"
 
 #include <chrono>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -120,24 +121,25 @@ absl::StatusOr<std::unique_ptr<LocalPipelineTrainer>> LocalPipelineTrainer::Crea
   return t;
 }
 
-absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
-  if (failed_) {
-    return absl::FailedPreconditionError("an earlier step failed; the pipeline is stopped");
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const int S = schedule_.num_ranks;
-  const int D = replicas();
-  const int ranks = S * D;
-  std::vector<absl::StatusOr<RankStepResult>> results(ranks, absl::UnknownError("not run"));
+namespace {
+
+// Runs fn(r) for every rank r on a thread of its own and returns the results by rank.
+template <typename T, typename Fn>
+std::vector<absl::StatusOr<T>> OnEveryRank(int ranks, Fn fn) {
+  std::vector<absl::StatusOr<T>> results(ranks, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   threads.reserve(ranks);
-  const int64_t step = steps_done_;
   for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([this, r, step, &results] { results[r] = executors_[r]->RunStep(step); });
+    threads.emplace_back([r, &fn, &results] { results[r] = fn(r); });
   }
   for (std::thread& th : threads) th.join();
+  return results;
+}
 
-  // The root cause is the first error that is not another rank's abort echo.
+// The root cause among the ranks' results: the first error that is not another rank's
+// abort echo; OK when every rank succeeded.
+template <typename T>
+absl::Status FirstError(const std::vector<absl::StatusOr<T>>& results) {
   absl::Status first_error;
   for (const auto& r : results) {
     if (r.ok()) continue;
@@ -146,9 +148,37 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
       first_error = r.status();
     }
   }
-  if (!first_error.ok()) {
+  return first_error;
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
+  if (failed_) {
+    return absl::FailedPreconditionError("an earlier step failed; the pipeline is stopped");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int S = schedule_.num_ranks;
+  const int D = replicas();
+  const int ranks = S * D;
+  const int64_t step = steps_done_;
+  std::vector<absl::StatusOr<RankStepResult>> results = OnEveryRank<RankStepResult>(
+      ranks, [this, step](int r) { return executors_[r]->RunStep(step); });
+  if (absl::Status s = FirstError(results); !s.ok()) {
     failed_ = true;
-    return first_error;
+    return s;
+  }
+  // Validation after the step, when the spec asks: every rank, like a step.
+  std::optional<float> val_loss;
+  if (executors_[0]->EvaluatesAfter(step)) {
+    std::vector<absl::StatusOr<std::optional<float>>> evals =
+        OnEveryRank<std::optional<float>>(
+            ranks, [this, step](int r) { return executors_[r]->Evaluate(step); });
+    if (absl::Status s = FirstError(evals); !s.ok()) {
+      failed_ = true;
+      return s;
+    }
+    val_loss = *evals[schedule_.stage_to_rank.back()];
   }
 
   PipelineStepStats stats;
@@ -164,6 +194,10 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.samples = spec_.data().batch_size();
   stats.tokens = TokensPerStep(spec_);
+  // Every rank computes the same rate and norm: rank 0's (the tests check they agree).
+  stats.learning_rate = results[0]->learning_rate;
+  stats.grad_norm = results[0]->grad_norm;
+  stats.val_loss = val_loss;
   for (auto& r : results) {
     stats.peak_inflight.push_back(r->peak_inflight);
     stats.ranks.push_back(*std::move(r));

@@ -9,12 +9,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_device.h"
+#include "common/core/status.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/generators.h"
 #include "common/spec/spec.h"
@@ -120,6 +123,8 @@ struct TrainRun {
   std::vector<float> losses;
   std::string digest;
   std::vector<int> peak_inflight;  // max over steps, per rank (pipeline only)
+  std::vector<float> learning_rates;  // per step
+  std::vector<float> grad_norms;      // per step; -1 when the job does not clip
 };
 
 TrainRun Reference(const baton::v1::JobSpec& spec) {
@@ -132,6 +137,8 @@ TrainRun Reference(const baton::v1::JobSpec& spec) {
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return out;
     out.losses.push_back(s->loss);
+    out.learning_rates.push_back(s->learning_rate);
+    out.grad_norms.push_back(s->grad_norm.value_or(-1.0f));
   }
   out.digest = DigestHex((*t)->WeightsDigest());
   return out;
@@ -150,6 +157,12 @@ absl::StatusOr<TrainRun> Pipeline(const baton::v1::JobSpec& spec, LocalPipelineO
       out.peak_inflight[r] = std::max(out.peak_inflight[r], s->peak_inflight[r]);
     }
     EXPECT_EQ((*t)->hub().Pending(), 0) << "tensors left undelivered after step " << i;
+    out.learning_rates.push_back(s->learning_rate);
+    out.grad_norms.push_back(s->grad_norm.value_or(-1.0f));
+    for (const RankStepResult& r : s->ranks) {  // every rank the same numbers
+      EXPECT_EQ(r.learning_rate, s->learning_rate) << "rank " << r.rank << " step " << i;
+      EXPECT_EQ(r.grad_norm, s->grad_norm) << "rank " << r.rank << " step " << i;
+    }
   }
   out.digest = DigestHex((*t)->WeightsDigest());
   return out;
@@ -234,12 +247,74 @@ TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases()), CaseName);
 
+// The training recipe (docs/training.md): warmup then cosine decay, global-norm clipping
+// with a bound the gradients exceed (so every step scales them), AdamW's weight decay on
+// the matrices only. The norm's exchange (CLIP_GRAD) and the schedule give the reference
+// trainer's bits under every schedule and partition, tied (gpt, llama) or not.
+void AddRecipe(baton::v1::JobSpec* spec) {
+  baton::v1::OptimizerSpec* o = spec->mutable_optimizer();
+  o->mutable_adamw()->set_weight_decay(0.1f);
+  o->set_weight_decay_scope(baton::v1::WEIGHT_DECAY_SCOPE_MATRICES);
+  o->set_clip_grad_norm(0.05f);
+  baton::v1::LrSchedule* l = o->mutable_lr_schedule();
+  l->set_warmup_steps(2);
+  l->set_decay(baton::v1::LR_DECAY_COSINE);
+  l->set_min_lr(0.001f);
+  spec->set_steps(4);  // two of warmup, the peak, half way down
+}
+
+std::vector<Case> RecipeCases() {
+  std::vector<Case> out;
+  for (const Case& c : AllCases()) {
+    // A representative subset (the runtime): M of 2 and 4, every schedule and S.
+    if (c.model == Model::kMlp || (c.microbatches != 2 && c.microbatches != 4)) continue;
+    out.push_back(c);
+  }
+  return out;
+}
+
+class RecipeBitExactTest : public testing::TestWithParam<Case> {};
+
+TEST_P(RecipeBitExactTest, SameWeightsLossesRatesAndNormsAsTheReferenceTrainer) {
+  baton::v1::JobSpec spec = SpecFor(GetParam());
+  AddRecipe(&spec);
+  const TrainRun ref = Reference(spec);
+  ASSERT_EQ(ref.grad_norms.size(), 4u);
+  for (float n : ref.grad_norms) EXPECT_GT(n, 0.05f) << "the bound must clip";
+  EXPECT_LT(ref.learning_rates[0], ref.learning_rates[1]);  // warmup
+  EXPECT_GT(ref.learning_rates[2], ref.learning_rates[3]);  // cosine
+  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  EXPECT_EQ(pipe->losses, ref.losses);
+  EXPECT_EQ(pipe->learning_rates, ref.learning_rates);
+  EXPECT_EQ(pipe->grad_norms, ref.grad_norms);
+  EXPECT_EQ(pipe->digest, ref.digest);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchedules, RecipeBitExactTest, testing::ValuesIn(RecipeCases()),
+                         CaseName);
+
+// Clipping changes the bits (a control: the recipe tests would pass vacuously otherwise),
+// and so does the weight-decay scope.
+TEST(RecipeControlTest, ClippingAndTheDecayScopeChangeTheWeights) {
+  baton::v1::JobSpec spec = JobFor(Model::kGpt);
+  AddRecipe(&spec);
+  const std::string clipped = Reference(spec).digest;
+  baton::v1::JobSpec unclipped = spec;
+  unclipped.mutable_optimizer()->set_clip_grad_norm(0.0f);
+  EXPECT_NE(Reference(unclipped).digest, clipped);
+  baton::v1::JobSpec all = spec;
+  all.mutable_optimizer()->set_weight_decay_scope(baton::v1::WEIGHT_DECAY_SCOPE_ALL);
+  EXPECT_NE(Reference(all).digest, clipped);
+}
+
 // Data parallelism: D replicas of the pipeline, each stage's gradients summed over its
 // replicas in replica order. Every replica ends with the reference trainer's weights for
 // the same data_parallel grouping, bit for bit, under every schedule.
 struct DpCase {
   Case pipeline;
   int replicas;
+  bool recipe = false;  // AddRecipe: the norm is of the replica sums, no exchange across them
 };
 
 std::vector<DpCase> DataParallelCases() {
@@ -247,6 +322,7 @@ std::vector<DpCase> DataParallelCases() {
   for (const Case& c : AllCases()) {
     if (c.stages > 2 || c.microbatches != 2) continue;
     for (int d : {1, 2, 3}) out.push_back({c, d});
+    if (c.model == Model::kGpt || c.model == Model::kLlama) out.push_back({c, 2, true});
   }
   return out;
 }
@@ -256,6 +332,7 @@ class DataParallelBitExactTest : public testing::TestWithParam<DpCase> {};
 TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
   const DpCase& c = GetParam();
   baton::v1::JobSpec spec = SpecFor(c.pipeline);
+  if (c.recipe) AddRecipe(&spec);
   auto* p = spec.mutable_pipeline();
   p->set_data_parallel(c.replicas);
   p->set_reduce_bucket_bytes(256);  // several buckets per stage, one parameter each at most
@@ -270,6 +347,10 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
     ASSERT_TRUE(st.ok()) << st.status();
     losses.push_back(st->loss);
     ASSERT_EQ(st->ranks.size(), static_cast<size_t>(c.replicas * c.pipeline.stages));
+    for (const RankStepResult& r : st->ranks) {  // every rank of every replica
+      EXPECT_EQ(r.grad_norm.value_or(-1.0f), ref.grad_norms[i]) << "rank " << r.rank;
+      EXPECT_EQ(r.learning_rate, ref.learning_rates[i]) << "rank " << r.rank;
+    }
     if (c.replicas > 1) {
       // With 256-byte buckets, at least one reduction per block the rank holds, and
       // together they sum every gradient once.
@@ -297,7 +378,7 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
 
 std::string DpCaseName(const testing::TestParamInfo<DpCase>& info) {
   return absl::StrCat(CaseName(testing::TestParamInfo<Case>(info.param.pipeline, info.index)),
-                      "D", info.param.replicas);
+                      "D", info.param.replicas, info.param.recipe ? "Recipe" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, DataParallelBitExactTest,
@@ -561,16 +642,97 @@ TEST(PipelineMemoryTest, RecomputeHoldsFarLessDuringAStep) {
 // stages, or the reference trainer) and finishes on another (2 stages of the same schedule,
 // or the reference trainer); the final weights are the uninterrupted reference run's, bit
 // for bit.
+// Validation (JobSpec.eval) on token shards: after steps 2 and 4 (and the last, 5) every
+// rank runs the validation batches forward, activations crossing ranks as in training;
+// the loss equals the reference trainer's bit for bit, under every kind of placement and
+// with replicas, and the weights are untouched by it (the digest is the training's).
+TEST(PipelineEvalTest, ValidationLossEqualsTheReferenceTrainers) {
+  const std::string dir = testing::TempDir() + "/pipeline-eval";
+  std::filesystem::create_directories(dir);
+  auto write_shard = [&](const std::string& name, int tokens, int salt) {
+    std::vector<uint16_t> ids(tokens);
+    for (int i = 0; i < tokens; ++i) ids[i] = static_cast<uint16_t>((i * 7 + salt * i / 5) % 30);
+    const std::string path = dir + "/" + name;
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(ids.data(), sizeof(uint16_t), ids.size(), f);
+    std::fclose(f);
+    return path;
+  };
+  const std::string train = write_shard("train.bin", 4000, 1);
+  const std::string val = write_shard("val.bin", 600, 3);
+  for (Model model : {Model::kGpt, Model::kLlama}) {
+    baton::v1::JobSpec spec = JobFor(model);
+    spec.set_steps(5);
+    spec.mutable_data()->clear_text();
+    spec.mutable_data()->mutable_tokens()->add_train(train);
+    spec.mutable_data()->mutable_tokens()->add_val(val);
+    spec.mutable_eval()->set_every(2);
+    spec.mutable_eval()->set_batches(2);
+    spec.mutable_pipeline()->set_microbatches(4);
+    // The reference of each replica count (replicas group the batch differently).
+    std::map<int, std::vector<std::optional<float>>> wants;
+    std::map<int, std::string> digests;
+    for (int replicas : {1, 2}) {
+      baton::v1::JobSpec r = spec;
+      r.mutable_pipeline()->set_data_parallel(replicas);
+      auto ref = ReferenceTrainer::Create(r);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      for (int i = 0; i < spec.steps(); ++i) {
+        auto s = (*ref)->Step();
+        ASSERT_TRUE(s.ok()) << s.status();
+        wants[replicas].push_back(s->val_loss);
+      }
+      digests[replicas] = DigestHex((*ref)->WeightsDigest());
+    }
+    const std::vector<std::optional<float>>& want = wants[1];
+    ASSERT_TRUE(want[1].has_value() && want[3].has_value() && want[4].has_value());
+    EXPECT_FALSE(want[0].has_value() || want[2].has_value());
+    EXPECT_NE(*want[1], *want[3]) << "the weights changed between evaluations";
+    struct Placement {
+      baton::v1::Schedule schedule;
+      int stages, virtual_stages, replicas;
+    };
+    for (const Placement& pl : {Placement{baton::v1::SCHEDULE_1F1B, 3, 1, 1},
+                                Placement{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 2, 2, 1},
+                                Placement{baton::v1::SCHEDULE_ZB_V, 2, 2, 1},
+                                Placement{baton::v1::SCHEDULE_1F1B, 2, 1, 2}}) {
+      baton::v1::JobSpec p = spec;
+      p.mutable_pipeline()->set_schedule(pl.schedule);
+      p.mutable_pipeline()->set_stages(pl.stages);
+      p.mutable_pipeline()->set_virtual_stages(pl.virtual_stages);
+      p.mutable_pipeline()->set_data_parallel(pl.replicas);
+      auto t = LocalPipelineTrainer::Create(p);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int i = 0; i < spec.steps(); ++i) {
+        auto s = (*t)->Step();
+        ASSERT_TRUE(s.ok()) << s.status();
+        EXPECT_EQ(s->val_loss, wants[pl.replicas][i]) << ModelName(model) << " "
+                                        << baton::v1::Schedule_Name(pl.schedule) << " S="
+                                        << pl.stages << " D=" << pl.replicas << " step " << i;
+        EXPECT_EQ((*t)->hub().Pending(), 0) << "evaluation left tensors undelivered";
+      }
+      EXPECT_EQ(DigestHex((*t)->WeightsDigest()), digests[pl.replicas]);
+    }
+  }
+}
+
 TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDigest) {
   const std::string dir = testing::TempDir() + "/pipeline-ckpt";
-  for (Model model : {Model::kMlp, Model::kGpt, Model::kLlama}) {
+  // The recipe's runs also continue the learning-rate schedule from the checkpoint's step.
+  for (auto [model, recipe] : std::vector<std::pair<Model, bool>>{{Model::kMlp, false},
+                                                                  {Model::kGpt, false},
+                                                                  {Model::kLlama, false},
+                                                                  {Model::kGpt, true},
+                                                                  {Model::kLlama, true}}) {
     baton::v1::JobSpec spec = JobFor(model);
+    if (recipe) AddRecipe(&spec);
     spec.set_steps(4);
     spec.mutable_pipeline()->set_microbatches(4);
     const std::string want = Reference(spec).digest;
     for (auto sched : {baton::v1::SCHEDULE_GPIPE, baton::v1::SCHEDULE_1F1B,
                        baton::v1::SCHEDULE_INTERLEAVED_1F1B, baton::v1::SCHEDULE_ZB_H1}) {
       const bool interleaved = sched == baton::v1::SCHEDULE_INTERLEAVED_1F1B;
+      if (recipe && sched != baton::v1::SCHEDULE_1F1B && !interleaved) continue;  // runtime
       for (int stop : {1, 2}) {
         std::filesystem::remove_all(dir);
         baton::v1::JobSpec first = spec;
@@ -595,8 +757,8 @@ TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDig
         EXPECT_EQ((*b)->steps_done(), stop);
         for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
         EXPECT_EQ(DigestHex((*b)->WeightsDigest()), want)
-            << baton::v1::Schedule_Name(sched) << " " << ModelName(model) << ", stopped after "
-            << stop;
+            << baton::v1::Schedule_Name(sched) << " " << ModelName(model)
+            << (recipe ? " with the recipe" : "") << ", stopped after " << stop;
         // ... and so does the reference trainer.
         auto r = ReferenceTrainer::Create(spec);
         ASSERT_TRUE(r.ok());
@@ -897,6 +1059,31 @@ TEST(PipelineTimelineTest, DeviceTimeFramesComputeActionsOnly) {
     ASSERT_TRUE(results[r].ok()) << results[r].status();
     for (const ActionTiming& t : results[r]->timeline) EXPECT_EQ(t.device_ns, -1);
   }
+}
+
+// A non-finite global gradient norm fails the step as divergence at CLIP_GRAD, naming it,
+// before any weight changes; every rank computed the same norm, so none waits for another.
+TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
+  baton::v1::JobSpec spec = GptJob();
+  AddRecipe(&spec);
+  auto* p = spec.mutable_pipeline();
+  p->set_stages(3);
+  p->set_microbatches(2);
+  auto t = LocalPipelineTrainer::Create(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->schedule().clips_grads());
+  // A NaN in a middle block's weight makes every later activation, and the gradients, NaN.
+  const std::vector<Parameter*>& mid = (*t)->executor(1).parameters();
+  ASSERT_FALSE(mid.empty());
+  mid.front()->value.f32()[0] = std::nanf("");
+  const absl::Time start = absl::Now();
+  auto s = (*t)->Step();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(IsDiverged(s.status())) << s.status();
+  EXPECT_NE(s.status().message().find("global gradient norm"), absl::string_view::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find("CLIP_GRAD"), absl::string_view::npos) << s.status();
 }
 
 TEST(PipelineFailureTest, PeerAbortStopsEveryRank) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
+#include "common/train/reference_trainer.h"
 #include "common/core/mutex.h"
 
 namespace baton {
@@ -72,6 +74,8 @@ class StageExecutor::StepState {
   int inflight = 0;
   int peak_inflight = 0;
   bool tied = false;  // the tied embedding's gradient is summed (TIE_GRAD)
+  std::optional<float> grad_norm;  // CLIP_GRAD's norm, once it ran
+  float learning_rate = 0.0f;      // STEP's
   bool stepped = false;
 };
 
@@ -324,6 +328,20 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   // holds an end (a worker's plan carries its own clock only).
   const std::optional<TokenModel> token_model = TokenModelOf(spec.model());
   const bool tied = token_model && token_model->tie_embeddings;
+  ex->tied_ = tied;
+  // The clock clips exactly when the optimizer does (AddJobActions), on every rank.
+  if (rank >= 0 && rank < static_cast<int>(schedule.ranks.size())) {
+    const std::vector<Action>& clock = schedule.ranks[rank];
+    const bool clips = spec.optimizer().clip_grad_norm() > 0.0f;
+    const bool has = std::find(clock.begin(), clock.end(),
+                               Action{ActionKind::kClipGrad, 0, 0}) != clock.end();
+    if (has != clips) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          clips ? "the optimizer clips gradients (optimizer.clip_grad_norm) but rank "
+                : "the optimizer does not clip gradients but rank ",
+          rank, "'s clock ", clips ? "has no CLIP_GRAD (AddJobActions)" : "has CLIP_GRAD"));
+    }
+  }
   const int n = schedule.num_stages();
   if (rank >= 0 && rank < static_cast<int>(schedule.ranks.size())) {
     for (int end : {0, n - 1}) {
@@ -360,7 +378,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     c.model->CollectParameters(&ex->params_);
     ex->chunks_.push_back(std::move(c));
   }
-  BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), ex->params_));
+  BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), ex->params_, tied));
   return ex;
 }
 
@@ -487,6 +505,8 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   result.reductions = std::move(st.reductions);
   result.reduce_wait_ns = st.reduce_wait_ns;
   result.peak_inflight = st.peak_inflight;
+  result.grad_norm = st.grad_norm;
+  result.learning_rate = st.learning_rate;
   return result;
 }
 
@@ -661,6 +681,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
     }
     case ActionKind::kTieGrad:
       return SumTiedGradient(a, st, deadline, bytes);
+    case ActionKind::kClipGrad:
+      return ClipGradients(a, st, deadline, bytes);
     case ActionKind::kStep: {
       for (const Chunk& c : chunks_) {
         const int done = st.next_w[c.stage];
@@ -691,7 +713,9 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
           }
         }
       }
-      optimizer_->Step();
+      // The schedule's rate for this step (a resume continues it from the checkpoint's step).
+      st.learning_rate = LearningRateAt(spec_.optimizer(), st.step, spec_.steps());
+      optimizer_->Step(st.learning_rate);
       st.stepped = true;
       // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.
       if (options_.device != Device::kCpu) return DeviceSynchronize(options_.device);
@@ -766,6 +790,91 @@ absl::Status StageExecutor::SumTiedGradient(const Action& a, StepState& st, absl
   return absl::OkStatus();
 }
 
+namespace {
+
+// The gradient norm's messages carry doubles bit for bit, as int32 pairs.
+Tensor DoublesTensor(const std::vector<double>& v) {
+  Tensor t = Tensor::Empty({static_cast<int64_t>(2 * v.size())}, DType::kInt32);
+  if (!v.empty()) std::memcpy(t.i32(), v.data(), v.size() * sizeof(double));
+  return t;
+}
+
+absl::StatusOr<std::vector<double>> DoublesOf(const Tensor& t, size_t want, const Action& a,
+                                              const char* what) {
+  if (t.dtype() != DType::kInt32 || t.shape() != Shape{static_cast<int64_t>(2 * want)}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "received ", what, " for ", a.ToString(), " is ", ShapeString(t.shape()), " of ",
+        DTypeName(t.dtype()), "; the plan expects [", 2 * want, "] of int32"));
+  }
+  BATON_ASSIGN_OR_RETURN(Tensor host, t.On(Device::kCpu));
+  std::vector<double> out(want);
+  if (want > 0) std::memcpy(out.data(), host.i32(), want * sizeof(double));
+  return out;
+}
+
+}  // namespace
+
+absl::Status StageExecutor::ClipGradients(const Action& a, StepState& st, absl::Time deadline,
+                                          int64_t* bytes) {
+  for (const Chunk& c : chunks_) {
+    if (st.next_w[c.stage] != st.M) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(a.ToString(), " before every weight gradient of stage ", c.stage,
+                       " ran (", st.next_w[c.stage], " of ", st.M, ")"));
+    }
+  }
+  // The norm is of the final gradients: this step's replica sums first.
+  if (reducer_ != nullptr) BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+  const size_t num_blocks = static_cast<size_t>(ModelBlockCount(spec_.model()));
+  std::vector<double> parts(num_blocks, 0.0);
+  auto fill_mine = [&]() -> absl::Status {
+    for (Chunk& c : chunks_) {
+      for (int i = 0; i < c.model->size(); ++i) {
+        const size_t b = static_cast<size_t>(c.blocks.first + i);
+        if (b >= num_blocks) return absl::InternalError("a block outside the model");
+        BATON_ASSIGN_OR_RETURN(parts[b], BlockGradSquares(c.model->at(i), tied_));
+      }
+    }
+    return absl::OkStatus();
+  };
+  // The chain: rank r receives ranks 0..r-1's parts from r - 1, adds its own, hands them to
+  // r + 1; the last rank sums them in block order and the total comes back down the chain.
+  const int last = schedule_.num_ranks - 1;
+  auto tag = [&](int from, int direction) {
+    return TensorTag{options_.job_id, st.step, direction, from, TensorKind::kGradNorm};
+  };
+  auto send = [&](int to, int direction, const Tensor& t) -> absl::Status {
+    *bytes += static_cast<int64_t>(t.nbytes());
+    return transport_->Send(to, tag(rank_, direction), t)->Wait(deadline);
+  };
+  if (rank_ > 0) {
+    BATON_ASSIGN_OR_RETURN(Tensor got, transport_->Recv(rank_ - 1, tag(rank_ - 1, 0), deadline));
+    *bytes += static_cast<int64_t>(got.nbytes());
+    BATON_ASSIGN_OR_RETURN(parts, DoublesOf(got, num_blocks, a, "gradient norm parts"));
+  }
+  BATON_RETURN_IF_ERROR(fill_mine());
+  double squared = 0.0;
+  if (rank_ < last) {
+    BATON_RETURN_IF_ERROR(send(rank_ + 1, 0, DoublesTensor(parts)));
+    BATON_ASSIGN_OR_RETURN(Tensor got, transport_->Recv(rank_ + 1, tag(rank_ + 1, 1), deadline));
+    *bytes += static_cast<int64_t>(got.nbytes());
+    BATON_ASSIGN_OR_RETURN(std::vector<double> total,
+                           DoublesOf(got, 1, a, "gradient norm total"));
+    squared = total[0];
+  } else {
+    for (double part : parts) squared += part;  // block order, whatever the partition
+  }
+  if (rank_ > 0) BATON_RETURN_IF_ERROR(send(rank_ - 1, 1, DoublesTensor({squared})));
+  const GradClip clip = ClipFromSquaredNorm(squared, spec_.optimizer().clip_grad_norm());
+  st.grad_norm = static_cast<float>(clip.norm);
+  if (!clip.finite()) {
+    return DivergedError(absl::StrCat("training diverged: the global gradient norm is ",
+                                      clip.norm, " (CLIP_GRAD, step ", st.step + 1, ")"));
+  }
+  if (clip.clips()) BATON_RETURN_IF_ERROR(ScaleGradients(params_, clip.coef));
+  return absl::OkStatus();
+}
+
 absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepState& st) {
   Chunk* c = ChunkFor(stage);
   if (c == nullptr) return absl::InternalError("stage not on this rank");
@@ -811,6 +920,91 @@ std::vector<std::pair<int, Digest>> StageExecutor::BlockDigests() {
     }
   }
   return out;
+}
+
+bool StageExecutor::EvaluatesAfter(int64_t step) const {
+  if (!spec_.has_eval() || spec_.eval().every() < 1) return false;
+  return (step + 1) % spec_.eval().every() == 0 || step + 1 == spec_.steps();
+}
+
+absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
+  const int M = schedule_.num_microbatches;
+  const int n = schedule_.num_stages();
+  const int batches = std::max(1, spec_.eval().batches());
+  const int64_t per_mb = spec_.data().batch_size() / M;
+  StepLoss loss;
+  std::vector<std::unique_ptr<SendWork>> sends;
+  absl::Status status;
+  auto run = [&]() -> absl::Status {
+    for (int b = 0; b < batches; ++b) {
+      const int64_t eval_step = -(index * batches + b) - 1;  // never a training step
+      for (int m = 0; m < M; ++m) {
+        const absl::Time deadline = absl::Now() + options_.recv_timeout;
+        std::optional<Batch> batch;
+        auto data = [&]() -> absl::StatusOr<const Batch*> {
+          if (!batch.has_value()) {
+            BATON_ASSIGN_OR_RETURN(batch, dataset_->GetValidation(b, m * per_mb, per_mb));
+          }
+          return &*batch;
+        };
+        Tensor carried;  // a chunk's output handed to the next chunk on this rank
+        for (Chunk& c : chunks_) {
+          const int s = c.stage;
+          Tensor x;
+          if (s == 0) {
+            BATON_ASSIGN_OR_RETURN(const Batch* d, data());
+            x = d->inputs;
+          } else if (schedule_.stage_to_rank[s - 1] == rank_) {
+            x = std::move(carried);
+          } else {
+            BATON_ASSIGN_OR_RETURN(
+                x, transport_->Recv(schedule_.stage_to_rank[s - 1],
+                                    TensorTag{options_.job_id, eval_step, m, s - 1,
+                                              TensorKind::kActivation},
+                                    deadline));
+            BATON_RETURN_IF_ERROR(CheckReceived(
+                x, BlockInputShape(spec_.model(), c.blocks.first, per_mb), "activation",
+                Action{ActionKind::kRecvF, s, m}));
+            BATON_ASSIGN_OR_RETURN(x, x.On(options_.device));
+          }
+          const Tensor* targets = nullptr;
+          if (s == n - 1) {
+            BATON_ASSIGN_OR_RETURN(const Batch* d, data());
+            targets = &d->targets;
+          }
+          Tensor y;
+          absl::Status f = c.model->Forward(MicroBatch{m, targets}, x, &y);
+          c.model->Discard(m);  // forward only: nothing is kept for a backward
+          BATON_RETURN_IF_ERROR(f);
+          if (s == n - 1) {
+            loss.Add(y.f32()[0]);
+          } else if (schedule_.stage_to_rank[s + 1] == rank_) {
+            carried = std::move(y);
+          } else {
+            sends.push_back(transport_->Send(
+                schedule_.stage_to_rank[s + 1],
+                TensorTag{options_.job_id, eval_step, m, s, TensorKind::kActivation}, y));
+          }
+        }
+      }
+    }
+    for (auto& w : sends) {
+      BATON_RETURN_IF_ERROR(w->Wait(absl::Now() + options_.recv_timeout));
+    }
+    return absl::OkStatus();
+  };
+  status = run();
+  if (!status.ok()) {
+    status = WithMessage(status, absl::StrCat("rank ", rank_, " evaluation ", index + 1, ": ",
+                                              status.message()));
+    transport_->Abort(status);
+    for (Chunk& c : chunks_) {
+      for (int m = 0; m < M; ++m) c.model->Discard(m);
+    }
+    return status;
+  }
+  if (ChunkFor(n - 1) == nullptr) return std::optional<float>();
+  return std::optional<float>(loss.Mean());
 }
 
 }  // namespace baton

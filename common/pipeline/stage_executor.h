@@ -36,6 +36,20 @@
 // token embedding; TIE_GRAD, after every other action of their ranks, sums the two copies'
 // gradients (their replica sums, when there are replicas) so both take the same update.
 //
+// Gradient clipping (clocks with CLIP_GRAD, optimizer.clip_grad_norm > 0; docs/training.md):
+// on every rank right before STEP, once the gradients are final (replica sums, TIE_GRAD).
+// Each rank computes its blocks' squared gradient norms (BlockGradSquares: one double per
+// model block, the tied output projection not counted); the vector of every block's part
+// travels along the ranks 0 -> 1 -> ... -> S-1, each filling its blocks' entries; the last
+// sums them in block order, and that total travels back S-1 -> ... -> 0
+// (TensorKind::kGradNorm, the doubles' bits in an int32 tensor). The sum's order is the
+// blocks', not the ranks', so the norm and the coefficient do not depend on the partition
+// and equal the reference trainer's. A non-finite norm fails
+// the step as divergence. Replicas need no exchange: their gradients are already summed.
+//
+// The learning rate of step s is LearningRateAt(spec.optimizer, s, spec.steps): a resumed
+// run continues the schedule from its checkpoint's step.
+//
 // Errors: any failure (a deadline, a bad tensor, an aborted peer) aborts the transport so
 // the other ranks stop too, drops everything stashed for the step, and is returned. Weights
 // are unchanged unless the failure came after the STEP action (only the final send waits
@@ -46,6 +60,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -124,6 +139,14 @@ struct RankStepResult {
   int64_t reduce_wait_ns = 0;
   absl::Time start;    // wall clock when the step started on this rank
   int64_t end_ns = 0;  // when the step ended (every send gone), since start
+  // The learning rate the step used (LearningRateAt), and the global gradient norm before
+  // clipping (CLIP_GRAD; set when the job clips: optimizer.clip_grad_norm); the same on
+  // every rank.
+  float learning_rate = 0;
+  std::optional<float> grad_norm;
+  // The validation loss, on steps that evaluated (JobSpec.eval), on the rank owning the
+  // last stage.
+  std::optional<float> val_loss;
 };
 
 class StageExecutor {
@@ -144,6 +167,20 @@ class StageExecutor {
 
   // Runs the clock once for training step `step` (0-based).
   absl::StatusOr<RankStepResult> RunStep(int64_t step);
+
+  // Validation (JobSpec.eval), between steps: the evaluation after step `index` (0-based;
+  // its tensors' tags use negative steps, never a training step's) runs eval.batches
+  // validation batches forward through this rank's chunks, every micro-batch in order,
+  // stage by stage: the first stage reads the inputs (Dataset::GetValidation), the last
+  // the targets, and activations travel between ranks as in training; nothing is stashed
+  // and no weight changes. Each replica evaluates the whole batch (the same loss on each).
+  // Returns the mean loss over the batches' micro-batches (StepLoss) on the rank owning
+  // the last stage, nullopt elsewhere. Every rank of the job must call it with the same
+  // index. Errors abort the transport, like a step's.
+  absl::StatusOr<std::optional<float>> Evaluate(int64_t index);
+  // Whether step `step` (0-based, just trained) is followed by an evaluation: every
+  // eval.every steps and after the last; false without JobSpec.eval.
+  bool EvaluatesAfter(int64_t step) const;
 
   int rank() const { return rank_; }
   // Digests of the blocks this rank owns, by global block index.
@@ -181,6 +218,9 @@ class StageExecutor {
   // TIE_GRAD (action.h): sums the tied embedding's gradient with the other end's.
   absl::Status SumTiedGradient(const Action& a, StepState& st, absl::Time deadline,
                                int64_t* bytes);
+  // CLIP_GRAD (action.h): the global gradient norm's exchange, then the scaling.
+  absl::Status ClipGradients(const Action& a, StepState& st, absl::Time deadline,
+                             int64_t* bytes);
   // The token embedding (first block of `stage`) or the output projection (its last block,
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);
@@ -196,6 +236,7 @@ class StageExecutor {
   std::vector<Chunk> chunks_;  // ascending stage order
   std::vector<Parameter*> params_;
   std::unique_ptr<Optimizer> optimizer_;
+  bool tied_ = false;  // the model ties its embeddings (TokenModel::tie_embeddings)
   // By global stage: whether it recomputes (spec.pipeline.recompute is RECOMPUTE_FULL and
   // the stage is in recompute_stages, or that list is empty).
   std::vector<bool> recompute_;

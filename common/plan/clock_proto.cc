@@ -16,7 +16,7 @@ baton::v1::PlanAction ActionToProto(const Action& a) {
 
 absl::StatusOr<Action> ActionFromProto(const baton::v1::PlanAction& a) {
   const int kind = static_cast<int>(a.kind()) - 1;
-  if (kind < 0 || kind > static_cast<int>(ActionKind::kTieGrad)) {
+  if (kind < 0 || kind > static_cast<int>(ActionKind::kClipGrad)) {
     return absl::InvalidArgumentError(absl::StrCat("plan: action of unknown kind ",
                                                    static_cast<int>(a.kind()), " (stage ",
                                                    a.stage(), ", micro-batch ", a.microbatch(),

@@ -10,8 +10,8 @@
 namespace baton {
 namespace {
 
-// The kinds with a stage and a micro-batch in the text form ("2F0"); STEP, REDUCE_GRAD
-// and TIE_GRAD follow. Parse matches a kind against the whole text between the two numbers.
+// The kinds with a stage and a micro-batch in the text form ("2F0"); STEP, REDUCE_GRAD,
+// TIE_GRAD and CLIP_GRAD follow. Parse matches a kind against the whole text between the two numbers.
 constexpr ActionKindNames kKinds[] = {
     {ActionKind::kForward, "F", "F", "forward"},
     {ActionKind::kBackward, "B", "B", "backward"},
@@ -24,6 +24,7 @@ constexpr ActionKindNames kKinds[] = {
     {ActionKind::kStep, "STEP", "optimizer", "optimizer"},
     {ActionKind::kReduceGrad, "REDUCE_GRAD", "reduce_grad", "reduce_grad"},
     {ActionKind::kTieGrad, "TIE_GRAD", "tie_grad", "tie_grad"},
+    {ActionKind::kClipGrad, "CLIP_GRAD", "clip_grad", "clip_grad"},
 };
 constexpr int kStagedKinds = 8;  // kKinds[0, 8) have the text form <stage><kind><mb>
 
@@ -60,6 +61,7 @@ bool IsComm(ActionKind k) {
 
 std::string Action::ToString() const {
   if (kind == ActionKind::kStep) return "STEP";
+  if (kind == ActionKind::kClipGrad) return "CLIP_GRAD";
   if (kind == ActionKind::kReduceGrad) return absl::StrCat(stage, kReduceGradText);
   if (kind == ActionKind::kTieGrad) return absl::StrCat(stage, kTieGradText);
   return absl::StrCat(stage, ActionKindName(kind), microbatch);
@@ -73,10 +75,11 @@ absl::StatusOr<Action> Action::Parse(const std::string& text) {
   const std::string t = text.substr(begin, end - begin);
   auto error = [&](const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1, 1REDUCE_GRAD, 0TIE_GRAD or STEP)"));
+        absl::StrCat("action '", t, "': ", why, " (expected e.g. 2F0, 1I3, 0SEND_F1, 1REDUCE_GRAD, 0TIE_GRAD, CLIP_GRAD or STEP)"));
   };
   if (t.empty()) return error("empty");
   if (t == "STEP") return Action{ActionKind::kStep, 0, 0};
+  if (t == "CLIP_GRAD") return Action{ActionKind::kClipGrad, 0, 0};
 
   size_t i = 0;
   int64_t stage = 0;

@@ -26,6 +26,12 @@
 //                local sum. The first stage sends its part and then receives; the last
 //                receives and then sends (no deadlock on any transport).
 //
+//   CLIP_GRAD    global-norm gradient clipping (docs/training.md), on every rank right
+//                before STEP (after TIE_GRAD): the ranks pass their blocks' squared
+//                gradient norms along the pipeline 0 -> 1 -> ... -> S-1, the last sums
+//                them in block order and the norm travels back; every rank then scales its
+//                gradients by the same coefficient. No stage, no micro-batch, like STEP.
+//
 // One action has no PyTorch text form: the optimizer step, written "STEP" (no stage, no
 // micro-batch). Every lowered clock ends with it on every rank; CSV files omit it and
 // import appends it (see schedule.h).
@@ -51,6 +57,7 @@ enum class ActionKind : uint8_t {
   kStep,            // STEP: the optimizer update, once per rank per step
   kReduceGrad,      // REDUCE_GRAD: a stage's gradients summed over its replicas
   kTieGrad,         // TIE_GRAD: the tied embedding's gradient summed across the two ends
+  kClipGrad,        // CLIP_GRAD: global-norm gradient clipping, on every rank before STEP
 };
 
 // Every name an action kind goes by, from one table (action.cc): its clock text, the `kind`
@@ -60,7 +67,7 @@ struct ActionKindNames {
   ActionKind kind;
   const char* text;    // "F", "SEND_F", "STEP", "REDUCE_GRAD"
   const char* metric;  // "F", "B", "I", "W", "send", "recv_wait", "optimizer", "reduce_grad",
-                       // "tie_grad"
+                       // "tie_grad", "clip_grad"
   const char* trace;   // "forward", "backward_input", "send", "recv_wait", "optimizer", ...
 };
 const ActionKindNames& NamesOf(ActionKind k);
@@ -68,13 +75,17 @@ const ActionKindNames& NamesOf(ActionKind k);
 const char* ActionKindName(ActionKind k);  // NamesOf(k).text
 bool IsCompute(ActionKind k);               // F, B, I, W
 bool IsComm(ActionKind k);                  // SEND_*, RECV_*
+// Whether an action belongs to a stage: all but STEP and CLIP_GRAD, which belong to the
+// rank (their stage field is 0 whatever stages the rank holds).
+inline bool HasStage(ActionKind k) { return k != ActionKind::kStep && k != ActionKind::kClipGrad; }
 
 struct Action {
   ActionKind kind = ActionKind::kForward;
-  int32_t stage = 0;       // global stage index; 0 for STEP
-  int32_t microbatch = 0;  // 0 for STEP, REDUCE_GRAD and TIE_GRAD
+  int32_t stage = 0;       // global stage index; 0 for STEP and CLIP_GRAD
+  int32_t microbatch = 0;  // 0 for STEP, REDUCE_GRAD, TIE_GRAD and CLIP_GRAD
 
-  std::string ToString() const;  // "2F0", "0SEND_F1", "1REDUCE_GRAD", "0TIE_GRAD", "STEP"
+  // "2F0", "0SEND_F1", "1REDUCE_GRAD", "0TIE_GRAD", "CLIP_GRAD", "STEP"
+  std::string ToString() const;
   // Parses the text form; surrounding spaces are ignored. Errors name the text.
   static absl::StatusOr<Action> Parse(const std::string& text);
 

@@ -26,6 +26,18 @@ TEST(ActionTest, TextRoundTripsForEveryKind) {
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->kind, ActionKind::kStep);
   EXPECT_EQ(step->ToString(), "STEP");
+  // CLIP_GRAD, like STEP, belongs to the rank: no stage, no micro-batch.
+  absl::StatusOr<Action> clip = Action::Parse(" CLIP_GRAD ");
+  ASSERT_TRUE(clip.ok()) << clip.status();
+  EXPECT_EQ(*clip, (Action{ActionKind::kClipGrad, 0, 0}));
+  EXPECT_EQ(clip->ToString(), "CLIP_GRAD");
+  EXPECT_FALSE(HasStage(ActionKind::kClipGrad));
+  EXPECT_FALSE(HasStage(ActionKind::kStep));
+  EXPECT_TRUE(HasStage(ActionKind::kTieGrad));
+  EXPECT_STREQ(NamesOf(ActionKind::kClipGrad).metric, "clip_grad");
+  EXPECT_STREQ(NamesOf(ActionKind::kClipGrad).trace, "clip_grad");
+  EXPECT_FALSE(Action::Parse("0CLIP_GRAD").ok());
+  EXPECT_EQ(PeerStage(*clip, 4), -1);
   // REDUCE_GRAD carries a stage and no micro-batch (torch's text for it).
   const Action reduce{ActionKind::kReduceGrad, 3, 0};
   EXPECT_EQ(reduce.ToString(), "3REDUCE_GRAD");

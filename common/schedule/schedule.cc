@@ -129,6 +129,35 @@ bool Schedule::ties_grads() const {
   return false;
 }
 
+bool Schedule::clips_grads() const {
+  for (const auto& rank : ranks) {
+    for (const Action& a : rank) {
+      if (a.kind == ActionKind::kClipGrad) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Schedule> AddGradClips(const Schedule& lowered) {
+  if (!lowered.lowered()) {
+    return absl::FailedPreconditionError("AddGradClips: the schedule is not lowered");
+  }
+  if (lowered.clips_grads()) {
+    return absl::FailedPreconditionError(
+        "AddGradClips: the schedule already has CLIP_GRAD actions");
+  }
+  Schedule out = lowered;
+  for (int r = 0; r < out.num_ranks && r < static_cast<int>(out.ranks.size()); ++r) {
+    std::vector<Action>& clock = out.ranks[r];
+    if (clock.empty() || clock.back().kind != ActionKind::kStep) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AddGradClips: rank ", r, "'s clock does not end with STEP"));
+    }
+    clock.insert(clock.end() - 1, Action{ActionKind::kClipGrad, 0, 0});
+  }
+  return out;
+}
+
 absl::StatusOr<Schedule> AddTiedGradSums(const Schedule& lowered) {
   if (!lowered.lowered()) {
     return absl::FailedPreconditionError("AddTiedGradSums: the schedule is not lowered");
@@ -366,7 +395,7 @@ absl::StatusOr<Schedule> FromCsv(const std::string& csv) {
                                                        "), column ", col, ": ",
                                                        a.status().message()));
       }
-      if (a->kind != ActionKind::kStep) {
+      if (a->kind != ActionKind::kStep && a->kind != ActionKind::kClipGrad) {
         max_stage = std::max(max_stage, a->stage);
         max_mb = std::max(max_mb, a->microbatch);
       }
@@ -388,7 +417,7 @@ absl::StatusOr<Schedule> FromCsv(const std::string& csv) {
   std::vector<Action> first_seen(n);
   for (int r = 0; r < s.num_ranks; ++r) {
     for (const Action& a : s.ranks[r]) {
-      if (a.kind == ActionKind::kStep) continue;
+      if (a.kind == ActionKind::kStep || a.kind == ActionKind::kClipGrad) continue;
       int& owner = s.stage_to_rank[a.stage];
       if (owner == -1) {
         owner = r;

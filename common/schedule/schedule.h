@@ -46,6 +46,7 @@ struct Schedule {
   bool lowered() const;        // has any communication or STEP action
   bool reduces_grads() const;  // has REDUCE_GRAD actions (a data-parallel clock)
   bool ties_grads() const;     // has TIE_GRAD actions (a model with tied embeddings)
+  bool clips_grads() const;    // has CLIP_GRAD actions (optimizer.clip_grad_norm > 0)
 };
 
 // The usual placement: stage s on rank s % S (V chunks per rank, looping; Megatron's
@@ -83,6 +84,11 @@ absl::StatusOr<Schedule> AddGradReductions(const Schedule& lowered);
 // precede the exchange); one TIE_GRAD(0) when there is one stage. Errors if `lowered` is
 // not lowered, already ties, or a rank's clock does not end with STEP.
 absl::StatusOr<Schedule> AddTiedGradSums(const Schedule& lowered);
+
+// Gradient clipping (action.h): inserts CLIP_GRAD on every rank right before its STEP
+// (after its TIE_GRAD and REDUCE_GRADs: the norm is of the final gradients). Errors if
+// `lowered` is not lowered, already clips, or a rank's clock does not end with STEP.
+absl::StatusOr<Schedule> AddGradClips(const Schedule& lowered);
 
 // PyTorch's CSV form: one row per rank, one action string per cell, in order. STEP is not
 // written. Import of a compute-only CSV lowers it; import of a lowered CSV keeps its

@@ -53,6 +53,7 @@ Slot SlotOf(ActionKind k) {
     case ActionKind::kStep:
     case ActionKind::kReduceGrad:
     case ActionKind::kTieGrad:
+    case ActionKind::kClipGrad:
       break;
   }
   return kNumSlots;
@@ -71,6 +72,7 @@ class Checker {
     BATON_RETURN_IF_ERROR(CheckCells());
     BATON_RETURN_IF_ERROR(CheckReductions());
     BATON_RETURN_IF_ERROR(CheckTies());
+    BATON_RETURN_IF_ERROR(CheckClips());
     return CheckChannelOrder();
   }
 
@@ -120,6 +122,7 @@ class Checker {
     for (auto& table : pos_) table.assign(static_cast<size_t>(n_) * m_, -1);
     reduce_pos_.assign(n_, -1);
     tie_pos_.assign(n_, -1);
+    clip_pos_.assign(s_.num_ranks, -1);
     for (int r = 0; r < s_.num_ranks; ++r) {
       const auto& clock = s_.ranks[r];
       const int len = static_cast<int>(clock.size());
@@ -135,6 +138,17 @@ class Checker {
                                       " is not the rank's last action"),
                          {{r, j}});
           }
+          continue;
+        }
+        if (a.kind == ActionKind::kClipGrad) {
+          int& p = clip_pos_[r];
+          if (p >= 0) {
+            return Error(absl::StrCat("CLIP_GRAD appears twice on rank ", r, " (positions ", p,
+                                      " and ", j, ")"),
+                         {{r, p}, {r, j}});
+          }
+          p = j;
+          ++clips_;
           continue;
         }
         if (a.stage < 0 || a.stage >= n_) {
@@ -277,11 +291,35 @@ class Checker {
       }
       const auto& clock = s_.ranks[rank_of_[st]];
       for (int j = tie_pos_[st] + 1; j + 1 < static_cast<int>(clock.size()); ++j) {
-        if (clock[j].kind != ActionKind::kTieGrad) {
+        if (clock[j].kind != ActionKind::kTieGrad && clock[j].kind != ActionKind::kClipGrad) {
           return Error(absl::StrCat(tie.ToString(), " runs before ", clock[j].ToString(),
-                                    ": it must come after every other action but STEP"),
+                                    ": it must come after every other action but CLIP_GRAD "
+                                    "and STEP"),
                        {Mark(st, tie_pos_[st]), Mark(st, j)});
         }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Gradient clipping: either no CLIP_GRAD, or one on every rank (every rank takes part in
+  // the norm's exchange), its rank's last action before STEP (the norm is of the final
+  // gradients: after every weight gradient, REDUCE_GRAD and TIE_GRAD).
+  absl::Status CheckClips() {
+    if (clips_ == 0) return absl::OkStatus();
+    for (int r = 0; r < s_.num_ranks; ++r) {
+      const int len = static_cast<int>(s_.ranks[r].size());
+      if (clip_pos_[r] < 0) {
+        return Error(absl::StrCat("CLIP_GRAD is missing on rank ", r,
+                                  ": the clock clips gradients, so every rank must (the norm "
+                                  "is over every stage)"),
+                     {});
+      }
+      if (clip_pos_[r] != len - 2) {
+        return Error(absl::StrCat("CLIP_GRAD on rank ", r, " runs before ",
+                                  s_.ranks[r][clip_pos_[r] + 1].ToString(),
+                                  ": it must be the last action before STEP"),
+                     {{r, clip_pos_[r]}, {r, clip_pos_[r] + 1}});
       }
     }
     return absl::OkStatus();
@@ -496,7 +534,9 @@ class Checker {
   std::vector<int32_t> pos_[kNumSlots];
   std::vector<int32_t> reduce_pos_;  // by stage: position of its REDUCE_GRAD, -1 if none
   std::vector<int32_t> tie_pos_;     // by stage: position of its TIE_GRAD, -1 if none
+  std::vector<int32_t> clip_pos_;    // by rank: position of its CLIP_GRAD, -1 if none
   int reductions_ = 0;
+  int clips_ = 0;
 };
 
 absl::Status CheckCosts(const Costs& c, int num_stages, bool top_level) {
@@ -564,6 +604,9 @@ absl::StatusOr<SimResult> RunClocks(const Schedule& s, const Costs& costs, bool 
         return 0.0;
       case ActionKind::kTieGrad:
         // One embedding-sized exchange right before STEP; not modelled.
+        return 0.0;
+      case ActionKind::kClipGrad:
+        // A few doubles along the chain of ranks right before STEP; not modelled.
         return 0.0;
     }
     return 0.0;

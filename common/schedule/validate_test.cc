@@ -291,3 +291,66 @@ TEST(SimulateTest, SingleRankHasNoBubble) {
 
 }  // namespace
 }  // namespace baton
+
+namespace baton {
+namespace {
+
+// CLIP_GRAD (action.h): on every rank or none, each rank's last action before STEP.
+TEST(ValidateClipTest, EveryRankOrNoneRightBeforeStep) {
+  // Accepted: on both ranks, after TIE_GRAD where there is one.
+  const std::string good =
+      "0F0,0SEND_F0,0RECV_B0,0B0,0TIE_GRAD,CLIP_GRAD\n"
+      "1RECV_F0,1F0,1B0,1SEND_B0,1TIE_GRAD,CLIP_GRAD\n";
+  absl::StatusOr<Schedule> s = FromCsv(good);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->clips_grads());
+  EXPECT_TRUE(Validate(*s).ok()) << Validate(*s);
+  ASSERT_EQ(s->ranks[0].size(), 7u);  // STEP appended after CLIP_GRAD
+  EXPECT_EQ(s->ranks[0][5].ToString(), "CLIP_GRAD");
+  EXPECT_EQ(s->stage_to_rank, (std::vector<int>{0, 1}));  // CLIP_GRAD names no stage
+
+  ExpectContains(Refusal("0F0,0SEND_F0,0RECV_B0,0B0,CLIP_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0\n"),
+                 "CLIP_GRAD is missing on rank 1");
+  const std::string early = Refusal(
+      "0F0,0SEND_F0,CLIP_GRAD,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0,CLIP_GRAD\n");
+  ExpectContains(early, "CLIP_GRAD on rank 0 runs before 0RECV_B0");
+  ExpectContains(early, ">CLIP_GRAD<");
+  ExpectContains(Refusal("0F0,0SEND_F0,0RECV_B0,0B0,0TIE_GRAD,CLIP_GRAD\n"
+                         "1RECV_F0,1F0,1B0,1SEND_B0,CLIP_GRAD,1TIE_GRAD\n"),
+                 "CLIP_GRAD on rank 1 runs before 1TIE_GRAD");
+  ExpectContains(Refusal("0F0,0SEND_F0,0RECV_B0,0B0,CLIP_GRAD,CLIP_GRAD\n"
+                         "1RECV_F0,1F0,1B0,1SEND_B0,CLIP_GRAD\n"),
+                 "CLIP_GRAD appears twice on rank 0");
+}
+
+TEST(ValidateClipTest, AddGradClipsPutsItLastBeforeStepAndTheSimulatorGivesItNoTime) {
+  ScheduleOptions o;
+  o.kind = ScheduleKind::k1F1B;
+  o.num_ranks = 3;
+  o.num_microbatches = 4;
+  absl::StatusOr<Schedule> plain = BuildSchedule(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<Schedule> tied = AddTiedGradSums(*plain);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  absl::StatusOr<Schedule> clipped = AddGradClips(*tied);
+  ASSERT_TRUE(clipped.ok()) << clipped.status();
+  for (const auto& clock : clipped->ranks) {
+    ASSERT_GE(clock.size(), 2u);
+    EXPECT_EQ(clock[clock.size() - 2].kind, ActionKind::kClipGrad);
+    EXPECT_EQ(clock.back().kind, ActionKind::kStep);
+  }
+  EXPECT_EQ(clipped->ranks[0][clipped->ranks[0].size() - 3].ToString(), "0TIE_GRAD");
+  EXPECT_TRUE(Validate(*clipped).ok()) << Validate(*clipped);
+  EXPECT_EQ(AddGradClips(*clipped).status().code(), absl::StatusCode::kFailedPrecondition);
+  Costs c;
+  c.f = 1;
+  c.b = 2;
+  c.step = 0.5;
+  absl::StatusOr<SimResult> with = Simulate(*clipped, c);
+  absl::StatusOr<SimResult> without = Simulate(*tied, c);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_DOUBLE_EQ(with->makespan, without->makespan);
+}
+
+}  // namespace
+}  // namespace baton

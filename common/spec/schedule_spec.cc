@@ -24,6 +24,10 @@ absl::StatusOr<Schedule> AddJobActions(const Schedule& lowered, const baton::v1:
   if (model && model->tie_embeddings && !out.ties_grads()) {
     BATON_ASSIGN_OR_RETURN(out, AddTiedGradSums(out));
   }
+  // Clipping, after both: the norm is of the replica-summed, tied-summed gradients.
+  if (spec.optimizer().clip_grad_norm() > 0.0f && !out.clips_grads()) {
+    BATON_ASSIGN_OR_RETURN(out, AddGradClips(out));
+  }
   BATON_RETURN_IF_ERROR(Validate(out));
   return out;
 }

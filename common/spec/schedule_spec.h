@@ -17,7 +17,8 @@ absl::StatusOr<ScheduleKind> ScheduleKindFromSpec(const baton::v1::PipelineSpec&
 // The job's own actions added to a lowered clock: REDUCE_GRAD per stage when the job has
 // replicas (pipeline.data_parallel > 1) and the clock has none yet; TIE_GRAD on both ends
 // when the model ties its embeddings (TokenModel::tie_embeddings) and the clock has none
-// yet. The result is validated. Every trainer that runs a job's clock goes through here.
+// yet; CLIP_GRAD on every rank, after those, when the optimizer clips
+// (optimizer.clip_grad_norm > 0) and the clock has none yet. The result is validated. Every trainer that runs a job's clock goes through here.
 absl::StatusOr<Schedule> AddJobActions(const Schedule& lowered, const baton::v1::JobSpec& spec);
 
 }  // namespace baton

@@ -169,8 +169,33 @@ absl::Status ValidateData(baton::v1::DataSpec* data) {
       BATON_RETURN_IF_ERROR(NonNegative("data.synthetic.noise", s->noise()));
       break;
     }
+    case baton::v1::DataSpec::kTokens: {
+      const auto& t = data->tokens();
+      if (t.train_size() == 0) {
+        return Invalid("data.tokens.train", "required: at least one shard (a path or a glob)");
+      }
+      for (const auto* entries : {&t.train(), &t.val()}) {
+        const char* field = entries == &t.train() ? "data.tokens.train" : "data.tokens.val";
+        for (const std::string& entry : *entries) {
+          if (entry.empty() || entry.find('\0') != std::string::npos || entry.size() > 4096) {
+            return Invalid(field, "not a usable path");
+          }
+        }
+      }
+      if (!baton::v1::TokenFormat_IsValid(t.format())) {
+        return Invalid("data.tokens.format",
+                       absl::StrCat("unknown format ", t.format(),
+                                    " (want TOKEN_FORMAT_AUTO, _UINT16, _UINT32 or _LLMC)"));
+      }
+      if (!baton::v1::TokenSampling_IsValid(t.sampling())) {
+        return Invalid("data.tokens.sampling",
+                       absl::StrCat("unknown sampling ", t.sampling(),
+                                    " (want TOKEN_SAMPLING_RANDOM or TOKEN_SAMPLING_SEQUENTIAL)"));
+      }
+      break;
+    }
     case baton::v1::DataSpec::SOURCE_NOT_SET:
-      return Invalid("data", "no source set (want text or synthetic)");
+      return Invalid("data", "no source set (want text, tokens or synthetic)");
   }
   return AtLeastOne("data.batch_size", data->batch_size());
 }
@@ -272,7 +297,7 @@ absl::Status ValidatePipeline(baton::v1::PipelineSpec* p) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateOptimizer(baton::v1::OptimizerSpec* opt) {
+absl::Status ValidateAlgorithm(baton::v1::OptimizerSpec* opt) {
   switch (opt->algorithm_case()) {
     case baton::v1::OptimizerSpec::kSgd: {
       const auto& s = opt->sgd();
@@ -298,6 +323,53 @@ absl::Status ValidateOptimizer(baton::v1::OptimizerSpec* opt) {
       break;
   }
   return Invalid("optimizer", "no algorithm set (want sgd or adamw)");
+}
+
+// The recipe around the algorithm (docs/training.md): the learning-rate schedule, clipping
+// and the weight-decay scope. `steps` is the job's (validated) step count.
+absl::Status ValidateOptimizer(baton::v1::OptimizerSpec* opt, int64_t steps) {
+  BATON_RETURN_IF_ERROR(ValidateAlgorithm(opt));
+  const float peak = opt->has_sgd() ? opt->sgd().learning_rate() : opt->adamw().learning_rate();
+  if (opt->has_lr_schedule()) {
+    const baton::v1::LrSchedule& l = opt->lr_schedule();
+    if (l.warmup_steps() < 0) {
+      return Invalid("optimizer.lr_schedule.warmup_steps",
+                     absl::StrCat("must be >= 0, got ", l.warmup_steps()));
+    }
+    if (!baton::v1::LrDecay_IsValid(l.decay())) {
+      return Invalid("optimizer.lr_schedule.decay",
+                     absl::StrCat("unknown decay ", l.decay(),
+                                  " (LR_DECAY_CONSTANT, _COSINE, _LINEAR or _WSD)"));
+    }
+    BATON_RETURN_IF_ERROR(NonNegative("optimizer.lr_schedule.min_lr", l.min_lr()));
+    if (l.min_lr() > peak) {
+      return Invalid("optimizer.lr_schedule.min_lr",
+                     absl::StrCat("must be at most the learning rate (the peak, ", peak,
+                                  "), got ", l.min_lr()));
+    }
+    if (l.decay_steps() < 0) {
+      return Invalid("optimizer.lr_schedule.decay_steps",
+                     absl::StrCat("must be >= 0, got ", l.decay_steps()));
+    }
+    if (l.decay() == baton::v1::LR_DECAY_WSD && l.decay_steps() > steps) {
+      return Invalid("optimizer.lr_schedule.decay_steps",
+                     absl::StrCat("the decay of LR_DECAY_WSD is ", l.decay_steps(),
+                                  " steps, longer than the job's ", steps, " (steps)"));
+    }
+    if (l.decay() != baton::v1::LR_DECAY_WSD && l.decay_steps() != 0) {
+      return Invalid("optimizer.lr_schedule.decay_steps",
+                     "only LR_DECAY_WSD has a decay length (the others decay over every step "
+                     "after warmup)");
+    }
+  }
+  BATON_RETURN_IF_ERROR(NonNegative("optimizer.clip_grad_norm", opt->clip_grad_norm()));
+  if (!baton::v1::WeightDecayScope_IsValid(opt->weight_decay_scope())) {
+    return Invalid("optimizer.weight_decay_scope",
+                   absl::StrCat("unknown scope ", opt->weight_decay_scope(),
+                                " (WEIGHT_DECAY_SCOPE_MATRICES, _MATRICES_AND_EMBEDDINGS or "
+                                "_ALL)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -475,7 +547,7 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("pipeline.collective_engine",
                    "COLLECTIVE_ENGINE_NCCL needs GPUs, but device is DEVICE_KIND_CPU");
   }
-  BATON_RETURN_IF_ERROR(ValidateOptimizer(spec->mutable_optimizer()));
+  BATON_RETURN_IF_ERROR(ValidateOptimizer(spec->mutable_optimizer(), spec->steps()));
   if (spec->has_checkpoint()) {
     baton::v1::CheckpointSpec* c = spec->mutable_checkpoint();
     BATON_RETURN_IF_ERROR(AtLeastOne("checkpoint.every_steps", c->every_steps()));
@@ -528,9 +600,28 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
   const auto& data = spec->data();
   const auto& pipeline = spec->pipeline();
   const std::optional<TokenModel> token_model = TokenModelOf(spec->model());
-  if (token_model && !data.has_text()) {
+  if (token_model && !data.has_text() && !data.has_tokens()) {
     return Invalid(token_model->prefix,
-                   "needs data.text (a token model trains on character-level text)");
+                   "needs data.text or data.tokens (a token model trains on token sequences)");
+  }
+  if (data.has_tokens() && !token_model) {
+    return Invalid("data.tokens", "needs a token model (model.gpt or model.llama)");
+  }
+  if (spec->has_eval()) {
+    if (spec->eval().every() < 1) {
+      return Invalid("eval.every",
+                     absl::StrCat("must be at least 1 (steps between evaluations), got ",
+                                  spec->eval().every()));
+    }
+    if (spec->eval().batches() < 0) {
+      return Invalid("eval.batches",
+                     absl::StrCat("must be at least 0 (0: 1 batch), got ", spec->eval().batches()));
+    }
+    if (!data.has_tokens() || data.tokens().val_size() == 0) {
+      return Invalid("eval.every",
+                     "evaluation needs a validation split: set data.tokens.val (validation "
+                     "shards)");
+    }
   }
   if (spec->model().has_mlp() && !data.has_synthetic()) {
     return Invalid("model.mlp", "needs data.synthetic (an mlp trains on synthetic regression)");

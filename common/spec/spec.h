@@ -13,8 +13,8 @@
 //   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
 //
 // Validation never reads files: checks that need the training text (its length, its
-// distinct characters against model.gpt.vocab_size) happen when the dataset is built
-// (common/data/dataset.h).
+// distinct characters against model.gpt.vocab_size) or the token shards (headers, sizes,
+// ids) happen when the dataset is built or read (common/data/dataset.h, docs/data.md).
 #ifndef BATON_COMMON_SPEC_SPEC_H_
 #define BATON_COMMON_SPEC_SPEC_H_
 
@@ -87,8 +87,10 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 //   data.synthetic.teacher_width 32,
 //   optimizer.adamw beta1 0.9, beta2 0.999, epsilon 1e-8, weight_decay 0.01.
 // Refuses (INVALID_ARGUMENT, message "<field path>: <reason>") among others: a missing
-// model, data source or optimizer; sizes below 1; heads not dividing d_model; a gpt without
-// text data or an mlp without synthetic data; batch_size not divisible by microbatches;
+// model, data source or optimizer; sizes below 1; heads not dividing d_model; a gpt or llama
+// without text or token data, token data without a token model (or without a train entry,
+// or with an unknown format or sampling), eval without data.tokens.val or with every < 1,
+// an mlp without synthetic data; batch_size not divisible by microbatches;
 // steps below 1; a learning rate not > 0; momentum/betas outside [0, 1); epsilon not > 0;
 // negative weight decay or noise; non-finite floats; a name over kMaxJobNameChars; more
 // pipeline chunks (stages * virtual_stages) than the model has blocks; anything past the

@@ -174,6 +174,33 @@ TEST(ValidateTest, UnknownDeviceKindIsRefused) {
   EXPECT_EQ(st.message().rfind("device:", 0), 0u) << st;
 }
 
+TEST(ValidateTest, TokenModelsTrainOnTokenShardsWithEval) {
+  JobSpec gpt = ValidGpt();
+  v1::TokenData* t = gpt.mutable_data()->mutable_tokens();
+  t->add_train("shards/train_*.bin");
+  t->add_val("shards/val.bin");
+  t->set_format(v1::TOKEN_FORMAT_LLMC);
+  t->set_sampling(v1::TOKEN_SAMPLING_SEQUENTIAL);
+  gpt.mutable_eval()->set_every(5);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
+  JobSpec again = gpt;
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&again).ok());
+  EXPECT_EQ(again.SerializeAsString(), gpt.SerializeAsString());
+
+  v1::LlamaSpec* l = gpt.mutable_model()->mutable_llama();  // a llama on the same shards
+  l->set_vocab_size(64);
+  l->set_context(16);
+  l->set_d_model(32);
+  l->set_heads(4);
+  l->set_layers(2);
+  l->set_intermediate_size(48);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
+
+  JobSpec no_eval = ValidGpt();  // val may be empty when the job does not evaluate
+  no_eval.mutable_data()->mutable_tokens()->add_train("a.bin");
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&no_eval).ok());
+}
+
 TEST(ValidateTest, ValidSpecsPass) {
   JobSpec mlp = ValidMlp();
   EXPECT_TRUE(ValidateAndDefaultJobSpec(&mlp).ok());
@@ -417,6 +444,102 @@ const std::vector<Refusal>& Refusals() {
       {"AdamWeightDecayNegative", true,
        [](JobSpec* s) { s->mutable_optimizer()->mutable_adamw()->set_weight_decay(-0.01f); },
        "optimizer.adamw.weight_decay", ""},
+      {"WarmupNegative", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_lr_schedule()->set_warmup_steps(-1); },
+       "optimizer.lr_schedule.warmup_steps", "must be >= 0"},
+      {"UnknownDecay", true,
+       [](JobSpec* s) {
+         s->mutable_optimizer()->mutable_lr_schedule()->set_decay(static_cast<v1::LrDecay>(9));
+       },
+       "optimizer.lr_schedule.decay", "unknown decay 9"},
+      {"MinLrNegative", false,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_lr_schedule()->set_min_lr(-1e-5f); },
+       "optimizer.lr_schedule.min_lr", "must be >= 0"},
+      {"MinLrNan", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_lr_schedule()->set_min_lr(kNan); },
+       "optimizer.lr_schedule.min_lr", "finite"},
+      {"MinLrAboveThePeak", true,
+       [](JobSpec* s) { s->mutable_optimizer()->mutable_lr_schedule()->set_min_lr(1e3f); },
+       "optimizer.lr_schedule.min_lr", "at most the learning rate"},
+      {"DecayStepsNegative", true,
+       [](JobSpec* s) {
+         auto* l = s->mutable_optimizer()->mutable_lr_schedule();
+         l->set_decay(v1::LR_DECAY_WSD);
+         l->set_decay_steps(-2);
+       },
+       "optimizer.lr_schedule.decay_steps", "must be >= 0"},
+      {"WsdDecayLongerThanTheJob", true,
+       [](JobSpec* s) {
+         auto* l = s->mutable_optimizer()->mutable_lr_schedule();
+         l->set_decay(v1::LR_DECAY_WSD);
+         l->set_decay_steps(1000000);
+       },
+       "optimizer.lr_schedule.decay_steps", "longer than the job's"},
+      {"DecayStepsWithoutWsd", true,
+       [](JobSpec* s) {
+         auto* l = s->mutable_optimizer()->mutable_lr_schedule();
+         l->set_decay(v1::LR_DECAY_COSINE);
+         l->set_decay_steps(1);
+       },
+       "optimizer.lr_schedule.decay_steps", "only LR_DECAY_WSD"},
+      {"ClipNegative", false,
+       [](JobSpec* s) { s->mutable_optimizer()->set_clip_grad_norm(-1.0f); },
+       "optimizer.clip_grad_norm", "must be >= 0"},
+      {"ClipInfinite", true,
+       [](JobSpec* s) { s->mutable_optimizer()->set_clip_grad_norm(kInf); },
+       "optimizer.clip_grad_norm", "finite"},
+      {"UnknownWeightDecayScope", true,
+       [](JobSpec* s) {
+         s->mutable_optimizer()->set_weight_decay_scope(static_cast<v1::WeightDecayScope>(5));
+       },
+       "optimizer.weight_decay_scope", "unknown scope 5"},
+      {"TokensNeedATrainShard", true,
+       [](JobSpec* s) { s->mutable_data()->mutable_tokens()->add_val("val.bin"); },
+       "data.tokens.train", "at least one"},
+      {"TokensEmptyPath", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->add_val("");
+       },
+       "data.tokens.val", "not a usable path"},
+      {"TokensUnknownFormat", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->set_format(static_cast<v1::TokenFormat>(9));
+       },
+       "data.tokens.format", "unknown format 9"},
+      {"TokensUnknownSampling", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->set_sampling(static_cast<v1::TokenSampling>(7));
+       },
+       "data.tokens.sampling", "unknown sampling 7"},
+      {"MlpWithTokens", false,
+       [](JobSpec* s) { s->mutable_data()->mutable_tokens()->add_train("a.bin"); }, "data.tokens",
+       "needs a token model"},
+      {"EvalNeedsValShards", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_eval()->set_every(10);
+       },
+       "eval.every", "data.tokens.val"},
+      {"EvalOnTextIsRefused", true, [](JobSpec* s) { s->mutable_eval()->set_every(10); },
+       "eval.every", "data.tokens.val"},
+      {"EvalEveryZero", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->add_val("v.bin");
+         s->mutable_eval()->set_batches(2);
+       },
+       "eval.every", "at least 1"},
+      {"EvalBatchesNegative", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->add_val("v.bin");
+         s->mutable_eval()->set_every(5);
+         s->mutable_eval()->set_batches(-1);
+       },
+       "eval.batches", ""},
   };
   return *refusals;
 }
@@ -789,6 +912,18 @@ TEST(ExamplesTest, LlamaTinyAndTiedGpt2Tiny) {
   EXPECT_TRUE(TokenModelOf(tiny.model())->tie_embeddings);
   EXPECT_EQ(DescribeModel(tiny.model()),
             "gpt (vocab 96, context 32, d_model 64, heads 4, layers 2, tied)");
+}
+
+// The demo's BPE job (scripts/demo.sh prepares its shards under the workers' data root).
+TEST(ExamplesTest, Gpt2GplBpeTrainsOnTokenShardsAndEvaluates) {
+  const JobSpec spec = LoadExample("gpt2-gpl-bpe.json");
+  ASSERT_TRUE(spec.model().has_gpt());
+  EXPECT_EQ(spec.model().gpt().vocab_size(), 512);
+  ASSERT_TRUE(spec.data().has_tokens());
+  EXPECT_EQ(spec.data().tokens().train(0), "gpl-bpe/train_*.bin");
+  EXPECT_EQ(spec.data().tokens().val(0), "gpl-bpe/val_*.bin");
+  EXPECT_EQ(spec.data().tokens().format(), v1::TOKEN_FORMAT_LLMC);
+  EXPECT_EQ(spec.eval().every(), 50);
 }
 
 TEST(ExamplesTest, Gpt) {

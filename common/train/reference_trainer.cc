@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
@@ -35,7 +36,8 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
       return absl::InternalError("the model ties its embeddings but has no tied parameters");
     }
   }
-  BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_));
+  BATON_ASSIGN_OR_RETURN(t->optimizer_, MakeOptimizer(t->spec_.optimizer(), t->params_,
+                                                      t->tied_embedding_ != nullptr));
   return t;
 }
 
@@ -113,7 +115,25 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
     BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device_));
     SumTiedGradients(*tied_embedding_, *tied_output_, *be);
   }
-  optimizer_->Step();
+  std::optional<float> grad_norm;
+  if (const float max_norm = spec_.optimizer().clip_grad_norm(); max_norm > 0.0f) {
+    // What the pipeline's CLIP_GRAD does: per block, then the parts in block order.
+    std::vector<double> parts;
+    parts.reserve(blocks_.size());
+    for (Module* b : blocks_) {
+      BATON_ASSIGN_OR_RETURN(double part, BlockGradSquares(*b, tied_embedding_ != nullptr));
+      parts.push_back(part);
+    }
+    const GradClip clip = ClipFromBlockSquares(parts, max_norm);
+    grad_norm = static_cast<float>(clip.norm);
+    if (!clip.finite()) {
+      return DivergedError(absl::StrCat("training diverged: the global gradient norm is ",
+                                        clip.norm, " (step ", step + 1, ")"));
+    }
+    if (clip.clips()) BATON_RETURN_IF_ERROR(ScaleGradients(params_, clip.coef));
+  }
+  const float lr = LearningRateAt(spec_.optimizer(), step, spec_.steps());
+  optimizer_->Step(lr);
   // Kernels run asynchronously on a device: a fault or a failed launch shows here, as
   // this step's error, rather than in a later step or not at all.
   if (device_ != Device::kCpu) BATON_RETURN_IF_ERROR(DeviceSynchronize(device_));
@@ -125,7 +145,31 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.samples = batch;
   s.tokens = tokens;
+  s.learning_rate = lr;
+  s.grad_norm = grad_norm;
+  const int every = spec_.has_eval() ? spec_.eval().every() : 0;
+  if (every > 0 && (steps_done_ % every == 0 || steps_done_ == spec_.steps())) {
+    BATON_ASSIGN_OR_RETURN(s.val_loss, Evaluate());
+  }
   return s;
+}
+
+absl::StatusOr<float> ReferenceTrainer::Evaluate() {
+  const int M = std::max(1, spec_.pipeline().microbatches());
+  const int batches = std::max(1, spec_.eval().batches());
+  const int64_t per_mb = spec_.data().batch_size() / M;
+  StepLoss loss;
+  for (int b = 0; b < batches; ++b) {
+    for (int m = 0; m < M; ++m) {
+      BATON_ASSIGN_OR_RETURN(Batch batch, dataset_->GetValidation(b, m * per_mb, per_mb));
+      Tensor y;
+      const absl::Status f = model_->Forward(MicroBatch{m, &batch.targets}, batch.inputs, &y);
+      model_->Discard(m);  // forward only
+      BATON_RETURN_IF_ERROR(f);
+      loss.Add(y.f32()[0]);
+    }
+  }
+  return loss.Mean();
 }
 
 }  // namespace baton

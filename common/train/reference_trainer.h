@@ -21,11 +21,18 @@
 // With tied embeddings (a gpt by default, a llama when asked), after the replica sums the
 // token embedding's and the output projection's gradients are summed and given to both
 // (SumTiedGradients, model.h), before the update: the rule a pipeline's TIE_GRAD follows.
+//
+// With clipping (optimizer.clip_grad_norm > 0), after those sums: each block's squared
+// gradient norm (BlockGradSquares, optimizer.h), their sum in block order, and every
+// gradient scaled by the coefficient when it is below 1: what a pipeline's CLIP_GRAD
+// computes from the same parts, whatever its partition. The update then uses step s's
+// learning rate, LearningRateAt(spec.optimizer, s, spec.steps).
 #ifndef BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 #define BATON_COMMON_TRAIN_REFERENCE_TRAINER_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +69,9 @@ struct StepStats {
   double seconds = 0.0;     // wall time of the step
   int64_t samples = 0;      // samples in the step (the global batch)
   int64_t tokens = 0;       // tokens in the step (gpt), or samples (mlp)
+  float learning_rate = 0.0f;      // the rate the update used (LearningRateAt)
+  std::optional<float> grad_norm;  // the global gradient norm before clipping, when clipping
+  std::optional<float> val_loss;   // the validation loss, when the step evaluated (JobSpec.eval)
 };
 
 class ReferenceTrainer {
@@ -72,8 +82,15 @@ class ReferenceTrainer {
   // device this process does not have.
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(baton::v1::JobSpec spec);
 
-  // Trains one step. Errors leave the trainer unusable (the step is not rolled back).
+  // Trains one step, and evaluates after it when JobSpec.eval says so (every eval.every
+  // steps and after the last: StepStats::val_loss). Errors leave the trainer unusable (the
+  // step is not rolled back).
   absl::StatusOr<StepStats> Step();
+  // The validation loss now: eval.batches validation batches (Dataset::GetValidation), each
+  // in pipeline.microbatches micro-batches of batch / M samples forward through the whole
+  // model, the losses averaged as a step's (StepLoss, in batch then micro-batch order).
+  // No weight changes. What a pipeline's StageExecutor::Evaluate computes, bit for bit.
+  absl::StatusOr<float> Evaluate();
 
   int64_t steps_done() const { return steps_done_; }
   Device device() const { return device_; }

@@ -48,6 +48,8 @@ baton::v1::TensorKind ToProtoKind(TensorKind k) {
       return baton::v1::TENSOR_KIND_GRADIENT;
     case TensorKind::kTiedGradient:
       return baton::v1::TENSOR_KIND_TIED_GRADIENT;
+    case TensorKind::kGradNorm:
+      return baton::v1::TENSOR_KIND_GRAD_NORM;
   }
   return baton::v1::TENSOR_KIND_UNSPECIFIED;
 }
@@ -60,6 +62,8 @@ absl::StatusOr<TensorKind> FromProtoKind(baton::v1::TensorKind k) {
       return TensorKind::kGradient;
     case baton::v1::TENSOR_KIND_TIED_GRADIENT:
       return TensorKind::kTiedGradient;
+    case baton::v1::TENSOR_KIND_GRAD_NORM:
+      return TensorKind::kGradNorm;
     default:
       break;
   }

@@ -166,7 +166,8 @@ absl::StatusOr<Header> DecodeHeader(const void* in) {
   h.hello = w.kind == kHelloKind;
   if (!h.hello && w.kind != static_cast<uint8_t>(TensorKind::kActivation) &&
       w.kind != static_cast<uint8_t>(TensorKind::kGradient) &&
-      w.kind != static_cast<uint8_t>(TensorKind::kTiedGradient)) {
+      w.kind != static_cast<uint8_t>(TensorKind::kTiedGradient) &&
+      w.kind != static_cast<uint8_t>(TensorKind::kGradNorm)) {
     return absl::DataLossError(absl::StrCat("tensor header with kind ", w.kind));
   }
   h.tag.job = w.job;

@@ -7,7 +7,12 @@ writes with WriteHfModel. Checked, all in float32 on the CPU with eager attentio
   - logits agree within 1e-5 relative (to the largest logit);
   - the mean cross-entropy loss agrees within 1e-5;
   - 20 AdamW steps (torch.optim.AdamW, same lr, betas, eps, weight decay: decoupled decay
-    on every parameter, as baton's) give losses within 1e-4;
+    on every parameter, baton's WEIGHT_DECAY_SCOPE_ALL) give losses within 1e-4;
+  - the training recipe (docs/training.md): 20 AdamW steps with warmup then cosine decay
+    (torch's SequentialLR(LinearLR, CosineAnnealingLR)), global-norm clipping
+    (torch.nn.utils.clip_grad_norm_) and weight decay on the matrices only (two parameter
+    groups) give the same learning rates (1e-6 relative), gradient norms (1e-4 relative) and
+    losses (1e-4);
   - HF -> baton -> HF is bit-exact (torch.equal on every tensor);
   - the trained model baton exports has, in transformers, the loss baton reports.
 Run by scripts/peer-test.sh (ctest hf_peer).
@@ -123,6 +128,7 @@ def test_adamw_training_and_export_agree(hf, batches, tmp_path):
     out = tmp_path / "trained"
     run_tool("train", "--hf", path, "--batches", bpath, "--steps", STEPS, "--lr", LR,
              "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps", EPS, "--weight-decay", WD,
+             "--weight-decay-scope", "all",
              "--out-losses", tmp_path / "losses.json", "--export", out)
     report = json.loads((tmp_path / "losses.json").read_text())
     model.train()
@@ -145,6 +151,58 @@ def test_adamw_training_and_export_agree(hf, batches, tmp_path):
         exported = ce(trained, tokens[0]).item()
     assert abs(exported - report["final_loss"]) <= 1e-5 * max(1.0, abs(exported)), \
         (kind, exported, report["final_loss"])
+
+
+WARMUP, MIN_LR, CLIP = 4, 1e-4, 0.5
+
+
+def matrices(kind, model):
+    """WEIGHT_DECAY_SCOPE_MATRICES in transformers' names: 2-D weights but the embeddings (a
+    tied lm_head is the embedding, and named_parameters lists it once, as wte)."""
+    embeddings = ("wte.weight", "wpe.weight", "embed_tokens.weight")
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and not name.endswith(embeddings) else rest).append(p)
+    return decay, rest
+
+
+def test_recipe_matches_torch(hf, batches, tmp_path):
+    kind, model, path = hf
+    tokens, bpath = batches
+    run_tool("train", "--hf", path, "--batches", bpath, "--steps", STEPS, "--lr", LR,
+             "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps", EPS, "--weight-decay", 0.1,
+             "--weight-decay-scope", "matrices", "--warmup", WARMUP, "--decay", "cosine",
+             "--min-lr", MIN_LR, "--clip", CLIP, "--out-losses", tmp_path / "losses.json")
+    report = json.loads((tmp_path / "losses.json").read_text())
+    model.train()
+    decay, rest = matrices(kind, model)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / WARMUP, end_factor=1.0,
+                                               total_iters=WARMUP - 1)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - WARMUP,
+                                                        eta_min=MIN_LR)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, cosine], milestones=[WARMUP])
+    losses, lrs, norms = [], [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = ce(model, tokens[step % tokens.shape[0]])
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    assert len(report["lrs"]) == STEPS and len(report["grad_norms"]) == STEPS
+    for step, (ours, theirs) in enumerate(zip(report["lrs"], lrs)):
+        assert abs(ours - theirs) <= 1e-6 * theirs, (kind, step, ours, theirs)
+    assert sum(n > CLIP for n in norms) >= STEPS // 2, f"{kind}: the bound seldom clips: {norms}"
+    for step, (ours, theirs) in enumerate(zip(report["grad_norms"], norms)):
+        assert abs(ours - theirs) <= 1e-4 * theirs, (kind, step, ours, theirs)
+    diffs = [abs(a - b) for a, b in zip(report["losses"], losses)]
+    assert max(diffs) <= 1e-4, f"{kind}: losses differ by up to {max(diffs):.3g}: " \
+                               f"baton {report['losses']}, torch {losses}"
 
 
 def test_round_trip_is_bit_exact(hf, tmp_path):

@@ -46,8 +46,11 @@ def test_history_to_pandas(client, idle):
     assert isinstance(frame, pandas.DataFrame)
     assert list(frame.index) == [1, 2, 3] and frame.index.name == "step"
     assert list(frame.columns) == ["loss", "samples_per_second", "tokens_per_second",
-                                   "duration"]
+                                   "duration", "learning_rate", "grad_norm", "val_loss",
+                                   "model_tflops", "mfu"]
     assert frame.loc[3, "loss"] == pytest.approx(job.last_loss)
+    # The CPU workers measured their peak at start: every step has an MFU.
+    assert all(frame["model_tflops"] > 0) and all(0 < m < 1 for m in frame["mfu"]), frame
 
 
 def test_dict_message_and_overrides_train_the_same_weights(client, idle):

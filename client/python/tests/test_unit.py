@@ -127,3 +127,29 @@ def test_a_progress_bar_on_a_job_that_already_ended_shows_its_steps(capsys):
     assert asked == ["job-000007"]
     err = capsys.readouterr().err
     assert "3/3" in err and "loss=2.5000" in err and "SUCCEEDED" in err, err
+
+
+def test_history_columns_and_a_tensorboard_file_that_tensorboard_reads(tmp_path):
+    h = baton.History("job-000009")
+    for step in (1, 2, 3):
+        p = jobs_pb2.StepProgress(step=step, loss=4.0 - step, learning_rate=1e-3 * step,
+                                  model_tflops=0.5, mfu=0.25)
+        if step == 2:
+            p.val_loss = 2.5
+        p.grad_norm = 0.5 * step
+        h.append(p)
+    assert h.val_loss == [None, 2.5, None] and h.grad_norm == [0.5, 1.0, 1.5]
+    assert h.learning_rate == pytest.approx([1e-3, 2e-3, 3e-3])
+    path = h.to_tensorboard(str(tmp_path))
+    assert path.startswith(str(tmp_path / "job-000009"))
+    # TensorBoard's own reader gets every series back, each step where it had a value.
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator")
+    acc = accumulator.EventAccumulator(str(tmp_path / "job-000009"))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm",
+            "perf/mfu"} <= set(scalars)
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 3.0), (2, 2.0),
+                                                                       (3, 1.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("val/loss")] == [(2, 2.5)]

@@ -15,14 +15,15 @@ from baton.v1 import jobs_pb2
 
 _COMM_TID = 100000
 
-# "{stage}{kind}{microbatch}", "{stage}REDUCE_GRAD", "{stage}TIE_GRAD" or "STEP"
+# "{stage}{kind}{microbatch}", "{stage}REDUCE_GRAD", "{stage}TIE_GRAD", "CLIP_GRAD" or "STEP"
 # (common/schedule/action.h).
 _ACTION = re.compile(r"^(\d+)(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|TIE_GRAD)(\d*)$")
 _NO_MICROBATCH = ("REDUCE_GRAD", "TIE_GRAD")
 
 _CATEGORY = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight",
              "SEND_F": "send", "SEND_B": "send", "RECV_F": "recv_wait", "RECV_B": "recv_wait",
-             "REDUCE_GRAD": "reduce_grad", "TIE_GRAD": "tie_grad", "STEP": "optimizer"}
+             "REDUCE_GRAD": "reduce_grad", "TIE_GRAD": "tie_grad", "CLIP_GRAD": "clip_grad",
+             "STEP": "optimizer"}
 
 
 def _us(ns: int) -> float:
@@ -31,8 +32,8 @@ def _us(ns: int) -> float:
 
 def _parse(text: str, rank: int):
     t = text.strip()
-    if t == "STEP":
-        return "STEP", 0, 0
+    if t in ("STEP", "CLIP_GRAD"):  # the rank's, no stage (like STEP)
+        return t, 0, 0
     m = _ACTION.match(t)
     if m is None or (m.group(2) in _NO_MICROBATCH) != (m.group(3) == ""):
         raise ValueError(f"rank {rank}: action {text!r} does not parse")
@@ -52,7 +53,7 @@ def chrome_trace(trace: jobs_pb2.JobTrace) -> dict:
         comm = False
         for span in r.actions:
             kind, stage, mb = _parse(span.action, r.rank)
-            if kind == "STEP":
+            if kind in ("STEP", "CLIP_GRAD"):  # the rank's: its first stage's row
                 stage = min(stages) if stages else 0
             else:
                 if stage < 0 or (num_stages > 0 and stage >= num_stages):
@@ -67,7 +68,7 @@ def chrome_trace(trace: jobs_pb2.JobTrace) -> dict:
                 name, cat = span.action, _CATEGORY[kind]
             comm = comm or span.allreduce
             args = {"action": span.action}
-            if kind != "STEP":
+            if kind not in ("STEP", "CLIP_GRAD"):
                 args["stage"] = stage
                 args["microbatch"] = mb
             if span.bytes > 0:

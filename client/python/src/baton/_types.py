@@ -185,7 +185,10 @@ class StateEvent:
 @dataclass(frozen=True)
 class StepEvent:
     """A step finished: its mean loss over the micro-batches, throughput and duration (s),
-    and per-rank timings (`stages`: baton.v1.StageTiming messages)."""
+    the learning rate it used, the gradient norm before clipping (None when the job does
+    not clip), the validation loss (None on steps that did not evaluate), model TFLOP/s and
+    MFU (0 when a device's peak is unknown), and per-rank timings (`stages`:
+    baton.v1.StageTiming messages)."""
 
     job_id: str
     time: Optional[datetime.datetime]
@@ -196,6 +199,11 @@ class StepEvent:
     tokens_per_second: float
     duration: float
     stages: Tuple[Any, ...] = field(default=(), repr=False)
+    learning_rate: float = 0.0
+    grad_norm: Optional[float] = None
+    val_loss: Optional[float] = None
+    model_tflops: float = 0.0
+    mfu: float = 0.0
 
 
 # What watch() yields.
@@ -212,7 +220,10 @@ def event_from_proto(e: jobs_pb2.JobEvent) -> Optional[Event]:
         s = e.step
         return StepEvent(e.job_id, _time(e.time), s.step, s.total_steps, s.loss,
                          s.samples_per_second, s.tokens_per_second, _seconds(s.duration),
-                         tuple(s.stages))
+                         tuple(s.stages), s.learning_rate,
+                         s.grad_norm if s.HasField("grad_norm") else None,
+                         s.val_loss if s.HasField("val_loss") else None,
+                         s.model_tflops, s.mfu)
     return None  # a kind of event newer than this client: skipped
 
 
@@ -230,6 +241,12 @@ class History:
     samples_per_second: List[float] = field(default_factory=list)
     tokens_per_second: List[float] = field(default_factory=list)
     duration: List[float] = field(default_factory=list)
+    learning_rate: List[float] = field(default_factory=list)
+    # None where the step had none (no clipping; no evaluation that step).
+    grad_norm: List[Optional[float]] = field(default_factory=list)
+    val_loss: List[Optional[float]] = field(default_factory=list)
+    model_tflops: List[float] = field(default_factory=list)
+    mfu: List[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.step)
@@ -240,6 +257,32 @@ class History:
         self.samples_per_second.append(p.samples_per_second)
         self.tokens_per_second.append(p.tokens_per_second)
         self.duration.append(_seconds(p.duration))
+        self.learning_rate.append(p.learning_rate)
+        self.grad_norm.append(p.grad_norm if p.HasField("grad_norm") else None)
+        self.val_loss.append(p.val_loss if p.HasField("val_loss") else None)
+        self.model_tflops.append(p.model_tflops)
+        self.mfu.append(p.mfu)
+
+    def _columns(self) -> dict:
+        return {"loss": self.loss, "samples_per_second": self.samples_per_second,
+                "tokens_per_second": self.tokens_per_second, "duration": self.duration,
+                "learning_rate": self.learning_rate, "grad_norm": self.grad_norm,
+                "val_loss": self.val_loss, "model_tflops": self.model_tflops, "mfu": self.mfu}
+
+    def to_tensorboard(self, logdir: str) -> str:
+        """Writes the history as a TensorBoard event file under `logdir` (made if missing)
+        and returns its path: one scalar series per column (train/loss, val/loss,
+        train/learning_rate, train/grad_norm, perf/tokens_per_second, perf/model_tflops,
+        perf/mfu, ...), steps as reported. No TensorBoard needed to write it; `tensorboard
+        --logdir` (baton-client[tensorboard]) shows it."""
+        from baton._tensorboard import write_scalars
+        tags = {"loss": "train/loss", "val_loss": "val/loss",
+                "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
+                "samples_per_second": "perf/samples_per_second",
+                "tokens_per_second": "perf/tokens_per_second", "duration": "perf/step_seconds",
+                "model_tflops": "perf/model_tflops", "mfu": "perf/mfu"}
+        series = {tags[name]: values for name, values in self._columns().items()}
+        return write_scalars(logdir, self.job_id, self.step, series)
 
     def to_pandas(self):
         """A pandas DataFrame indexed by step, one column per list. Needs pandas."""
@@ -248,10 +291,7 @@ class History:
         except ImportError:
             raise ImportError("History.to_pandas() needs pandas: pip install pandas "
                               "(or baton-client[pandas])") from None
-        return pandas.DataFrame(
-            {"loss": self.loss, "samples_per_second": self.samples_per_second,
-             "tokens_per_second": self.tokens_per_second, "duration": self.duration},
-            index=pandas.Index(self.step, name="step"))
+        return pandas.DataFrame(self._columns(), index=pandas.Index(self.step, name="step"))
 
 
 @dataclass(frozen=True)
