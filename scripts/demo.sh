@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cluster demo. Installs what is missing and builds the three programs it runs
 # (coordinator, worker, batonctl; --local: batonctl only), then, on loopback:
-# prepares BPE token shards of the GPL-3 text (scripts/prepare-data.py: a byte-level BPE of
+# prepares BPE token shards of the GNU licence texts (GPL, LGPL, GFDL) (scripts/prepare-data.py: a byte-level BPE of
 # 512 tokens, llm.c shards with a validation split, under the workers' data root
 # $BIN/data/gpl-bpe), starts a coordinator and 4 workers on free ports, submits the example
 # GPT job on those tokens (client/examples/gpt2-gpl-bpe.json, 4 stages, 1F1B, evaluation
@@ -183,16 +183,16 @@ wait_port_file() {
   die "$name did not write $file within 30 s"
 }
 
-# Real BPE tokens: a small byte-level BPE trained on the GPL-3 text, written as llm.c
+# Real BPE tokens: a small byte-level BPE trained on the GNU licence texts (GPL, LGPL, GFDL), written as llm.c
 # shards (train_*.bin and a 10% validation split, val_*.bin) under the workers' default data
 # root (data/ beside their binary), which the spec names relative to it. The tokenizer runs
 # in a small venv outside the clone (scripts/data-venv.sh: Hugging Face tokenizers only).
-section "data: BPE tokens of the GPL-3 text in $BIN/data/gpl-bpe"
+section "data: BPE tokens of the GNU licence texts in $BIN/data/gpl-bpe"
 DATA_DIR="$BIN/data/gpl-bpe"
 bpe=0
 if data_venv="$(scripts/data-venv.sh)" &&
   "$data_venv/bin/python" scripts/prepare-data.py --vocab-size 512 --context 64 \
-    -o "$DATA_DIR" /usr/share/common-licenses/GPL-3; then
+    -o "$DATA_DIR" /usr/share/common-licenses/{GPL-1,GPL-2,GPL-3,LGPL-2,LGPL-2.1,LGPL-3,GFDL-1.2,GFDL-1.3}; then
   SPEC=client/examples/gpt2-gpl-bpe.json
   bpe=1
 else
