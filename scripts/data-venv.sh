@@ -13,37 +13,13 @@
 # stderr, the path alone to stdout.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/venv-lib.sh
 
-REQ=scripts/data-requirements.txt
-HASH="$(sha256sum "$REQ" | cut -c1-12)"
-VENV="${BATON_DATA_VENV:-$HOME/.cache/baton/data-venv-$HASH}"
-MARK="$VENV/.baton-complete"
+install_tokenizers() {
+  echo "data-venv: installing -r $2" >&2
+  "$1/bin/python" -m pip install --disable-pip-version-check --progress-bar off --quiet \
+    --timeout 30 --retries 1 -r "$2" >&2 ||
+    { echo "data-venv: could not install $2 (is PyPI reachable?)" >&2; return 1; }
+}
 
-log() { echo "data-venv: $*" >&2; }
-
-mkdir -p "$(dirname "$VENV")"
-# One install at a time for a venv path: concurrent runs wait here.
-exec 9>"$VENV.lock"
-flock 9
-
-if [[ -f "$MARK" && "$(cat "$MARK")" == "$HASH" ]]; then
-  echo "$VENV"
-  exit 0
-fi
-
-rm -rf "$VENV"
-log "creating $VENV"
-if ! python3 -m venv "$VENV" >&2; then
-  log "python3 -m venv failed (on Debian's python3 it needs the python3-venv package)"
-  exit 1
-fi
-log "installing -r $REQ"
-if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --quiet \
-    --timeout 30 --retries 1 -r "$REQ" >&2; then
-  log "could not install $REQ (is PyPI reachable?)"
-  rm -rf "$VENV"
-  exit 1
-fi
-echo "$HASH" >"$MARK"
-log "ready: $VENV"
-echo "$VENV"
+cached_venv data-venv scripts/data-requirements.txt "${BATON_DATA_VENV:-}" install_tokenizers

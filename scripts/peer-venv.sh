@@ -11,41 +11,22 @@
 # version, with its CUDA libraries). Progress goes to stderr, the path alone to stdout.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/venv-lib.sh
 
-REQ=tests/peer/requirements.txt
-HASH="$(sha256sum "$REQ" | cut -c1-12)"
-VENV="${BATON_PEER_VENV:-$HOME/.cache/baton/peer-venv-$HASH}"
-MARK="$VENV/.baton-complete"
+install_peer_tools() {
+  local venv="$1" req="$2" torch
+  local pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
+  torch="$(grep -E '^torch[=<>~ ]' "$req" | head -1 | tr -d ' ')"
+  torch="${torch:-torch}"
+  echo "peer-venv: installing $torch (CPU-only index first)" >&2
+  if ! "${pip[@]}" --quiet --timeout 30 --retries 1 \
+      --index-url https://download.pytorch.org/whl/cpu "$torch" >&2 2>/dev/null; then
+    echo "peer-venv: PyTorch's CPU index is not reachable: installing $torch from PyPI" >&2
+    "${pip[@]}" --quiet "$torch" >&2 || { echo "peer-venv: could not install $torch" >&2; return 1; }
+  fi
+  echo "peer-venv: installing -r $req" >&2
+  "${pip[@]}" --quiet -r "$req" >&2 ||
+    { echo "peer-venv: could not install $req (is PyPI reachable?)" >&2; return 1; }
+}
 
-log() { echo "peer-venv: $*" >&2; }
-
-mkdir -p "$(dirname "$VENV")"
-# One install at a time for a venv path: concurrent test runs wait here.
-exec 9>"$VENV.lock"
-flock 9
-
-if [[ -f "$MARK" && "$(cat "$MARK")" == "$HASH" ]]; then
-  echo "$VENV"
-  exit 0
-fi
-
-rm -rf "$VENV"
-log "creating $VENV"
-if ! python3 -m venv "$VENV" >&2; then
-  log "python3 -m venv failed (on Debian's python3 it needs the python3-venv package)"
-  exit 1
-fi
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
-TORCH="$(grep -E '^torch[=<>~ ]' "$REQ" | head -1 | tr -d ' ')"
-TORCH="${TORCH:-torch}"
-log "installing $TORCH (CPU-only index first)"
-if ! "${PIP[@]}" --quiet --timeout 30 --retries 1 \
-    --index-url https://download.pytorch.org/whl/cpu "$TORCH" >&2 2>/dev/null; then
-  log "PyTorch's CPU index is not reachable: installing $TORCH from PyPI"
-  "${PIP[@]}" --quiet "$TORCH" >&2 || { log "could not install $TORCH"; exit 1; }
-fi
-log "installing -r $REQ"
-"${PIP[@]}" --quiet -r "$REQ" >&2 || { log "could not install $REQ (is PyPI reachable?)"; exit 1; }
-echo "$HASH" >"$MARK"
-log "ready: $VENV"
-echo "$VENV"
+cached_venv peer-venv tests/peer/requirements.txt "${BATON_PEER_VENV:-}" install_peer_tools
