@@ -379,7 +379,8 @@ def states_of(job):
 # ---- cases -----------------------------------------------------------------------------
 
 
-HISTORY_HEADER = "step,loss,samples_per_second,tokens_per_second,step_seconds"
+HISTORY_HEADER = ("step,loss,samples_per_second,tokens_per_second,step_seconds,learning_rate,"
+                  "grad_norm,val_loss,model_tflops,mfu")
 
 
 def float32(x):
@@ -392,7 +393,7 @@ def history_rows(c, job_id):
     check(lines and lines[0] == HISTORY_HEADER,
           f"batonctl history {job_id} --csv: the header is {lines[:1]}, not {HISTORY_HEADER}")
     rows = [line.split(",") for line in lines[1:]]
-    check(all(len(row) == 5 for row in rows), f"history rows of other than 5 cells: {rows[:3]}")
+    check(all(len(row) == 10 for row in rows), f"history rows of other than 10 cells: {rows[:3]}")
     return rows
 
 
@@ -407,6 +408,10 @@ def check_history(c, job):
           f"history of {job_id}: steps {steps[:5]}...{steps[-3:]}, want 1..{total}")
     check(all(float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0 for row in rows),
           f"history of {job_id}: a step without throughput or time: {rows[:3]}")
+    # The learning rate every step used, model TFLOP/s and MFU (the CPU workers measured
+    # their peak at start).
+    check(all(float(row[5]) > 0 and float(row[8]) > 0 and 0 < float(row[9]) < 1 for row in rows),
+          f"history of {job_id}: a step without learning rate, TFLOP/s or MFU: {rows[:3]}")
     check(float32(rows[-1][1]) == float32(job["last_loss"]),
           f"history of {job_id}: the last loss {rows[-1][1]} is not last_loss "
           f"{job['last_loss']}")
