@@ -1209,7 +1209,8 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   if (request.has_grad_norm()) extras.grad_norm = request.grad_norm();
   if (request.has_val_loss()) extras.val_loss = request.val_loss();
   extras.model_flops_per_step =
-      ModelFlopsPerStep(j->layout.blocks, j->job.spec().data().batch_size());
+      TrainingFlops(j->layout.blocks, 0, static_cast<int>(j->layout.blocks.size()),
+                    j->job.spec().data().batch_size());
   std::vector<baton::v1::DeviceInfo> devices;
   for (const RankSlot& slot : j->ranks) devices.push_back(slot.worker.device);
   extras.peak_flops = PeakFlopsOf(devices);

@@ -239,12 +239,6 @@ absl::Duration StepDuration(const baton::v1::RankTiming& timing, absl::Duration 
   return d > absl::ZeroDuration() ? d : since_previous;
 }
 
-double ModelFlopsPerStep(const std::vector<BlockInfo>& blocks, int64_t batch_size) {
-  double forward = 0;
-  for (const BlockInfo& b : blocks) forward += static_cast<double>(b.forward_flops);
-  return 3.0 * forward * static_cast<double>(batch_size);
-}
-
 double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices) {
   double sum = 0;
   for (const baton::v1::DeviceInfo& d : devices) {

@@ -133,11 +133,6 @@ struct StepExtras {
   double peak_flops = 0;
 };
 
-// The model FLOPs of one training step: forward, backward-input and backward-weight of
-// every block, counted as 3 x the planner's forward FLOPs (DescribeBlocks: matmuls and
-// attention, per sample) x the global batch. Recomputation is not counted (MFU counts the
-// model's work, not the work done).
-double ModelFlopsPerStep(const std::vector<BlockInfo>& blocks, int64_t batch_size);
 // The sum of the devices' peaks, 0 when any is 0 (unknown).
 double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices);
 

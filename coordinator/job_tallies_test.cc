@@ -373,7 +373,7 @@ TEST(StepProgressTest, ModelFlopsAndMfuFromTheBlocksAndTheDevicesPeaks) {
   spec.mutable_data()->set_batch_size(4);
   // Two blocks of 1e9 and 2e9 forward FLOPs per sample: 3 x 3e9 x 4 = 3.6e10 per step.
   const std::vector<BlockInfo> blocks = {{"a", 0, 1'000'000'000, 0}, {"b", 0, 2'000'000'000, 0}};
-  EXPECT_DOUBLE_EQ(ModelFlopsPerStep(blocks, 4), 3.6e10);
+  EXPECT_DOUBLE_EQ(TrainingFlops(blocks, 0, 2, 4), 3.6e10);
   baton::v1::DeviceInfo gpu;
   gpu.set_peak_flops(67e12);
   baton::v1::DeviceInfo unknown;

@@ -470,19 +470,16 @@ absl::Status JobRun::Build(Pipeline& p) {
     info.samples_per_step = p.spec().data().batch_size();
     if (p.collective != nullptr) info.collective = p.collective->engine();
     info.tokens_per_step = TokensPerStep(p.spec());
-    // This rank's blocks' share of the step's model FLOPs: its replica's samples.
+    // This rank's blocks' share of the step's model FLOPs, on its replica's samples.
     const std::vector<BlockInfo> blocks = DescribeBlocks(p.spec().model());
-    double forward = 0;
+    const double samples = static_cast<double>(p.spec().data().batch_size()) /
+                           std::max(1, p.spec().pipeline().data_parallel());
     for (int s = 0; s < static_cast<int>(schedule.stage_to_rank.size()); ++s) {
-      if (schedule.stage_to_rank[s] != plan_.rank() || s >= static_cast<int>(p.blocks.size())) {
-        continue;
-      }
-      for (int b = p.blocks[s].first; b < p.blocks[s].last; ++b) {
-        forward += static_cast<double>(blocks[b].forward_flops);
+      if (schedule.stage_to_rank[s] == plan_.rank() && s < static_cast<int>(p.blocks.size())) {
+        info.model_flops_per_step +=
+            TrainingFlops(blocks, p.blocks[s].first, p.blocks[s].last, samples);
       }
     }
-    info.model_flops_per_step = 3.0 * forward * static_cast<double>(p.spec().data().batch_size()) /
-                                std::max(1, p.spec().pipeline().data_parallel());
     info.peak_flops = options_.peak_flops;
     eo.observer = options_.metrics->BeginJob(info);
   }

@@ -188,6 +188,12 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
   return out;
 }
 
+double TrainingFlops(const std::vector<BlockInfo>& blocks, int first, int last, double samples) {
+  double forward = 0;
+  for (int b = first; b < last; ++b) forward += static_cast<double>(blocks[b].forward_flops);
+  return 3.0 * forward * samples;
+}
+
 Shape BlockInputShape(const baton::v1::ModelSpec& spec, int /*block*/, int64_t rows) {
   // Every block after the first takes the hidden representation; only block 0 differs.
   if (spec.has_mlp()) return {rows, spec.mlp().width()};

@@ -36,6 +36,12 @@ struct BlockInfo {
   int64_t activation_floats = 0;
 };
 
+// The model FLOPs of training blocks [first, last) on `samples` samples: forward,
+// backward-input and backward-weight, counted as 3 x their forward_flops x samples (the
+// numerator of MFU). Recomputation is not counted: MFU counts the model's work, not the
+// work done.
+double TrainingFlops(const std::vector<BlockInfo>& blocks, int first, int last, double samples);
+
 // The blocks of a (validated) model spec, in canonical order.
 std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec);
 
