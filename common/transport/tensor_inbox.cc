@@ -174,7 +174,10 @@ void TensorInbox::AbortLocked(const absl::Status& reason) {
 
 absl::Status TensorInbox::CheckAcceptsLocked(int source_rank, const TensorTag& tag) const {
   if (!open_) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // This worker is not running the sender's job: it has not opened it yet or has ended it
+    // (a rank that failed closes its inbox). The sender's job cannot go on with this rank,
+    // but nothing in its configuration is wrong: UNAVAILABLE, a failure a recovery may cure.
+    return absl::UnavailableError(absl::StrCat(
         "unexpected tag ", tag.ToString(), " from rank ", source_rank, ": no job is open"));
   }
   if (tag.job != job_key_) {

@@ -19,8 +19,10 @@
 // else in).
 //
 // Errors name the source rank and the tag, never a job key (the secret that guards the
-// job's streams): a tag whose job key is not the open job's (or no job open) is
-// FAILED_PRECONDITION "unexpected tag ... from rank N"; a source rank outside the plan, a
+// job's streams): a tag whose job key is not the open job's is FAILED_PRECONDITION
+// "unexpected tag ... from rank N", and one when no job is open UNAVAILABLE (this worker has
+// not opened the sender's job yet, or has ended it: a failure a recovery may cure); a
+// source rank outside the plan, a
 // tensor the plan has that rank send none of, or a sender whose certificate is not the
 // rank's, PERMISSION_DENIED; a tag filed twice ALREADY_EXISTS; a receive that times out
 // DEADLINE_EXCEEDED; and after Abort(reason) every pending and later delivery and take
