@@ -31,6 +31,12 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
 
+  // Lets Gemm use TF32 tensor cores (inputs rounded to 10 mantissa bits, float32
+  // accumulation) instead of IEEE float32 products: a GPU setting (JobSpec.allow_tf32, and
+  // bf16 jobs, whose operands TF32 holds exactly); backends without it ignore it. It holds
+  // for the whole process until set again: a worker runs one job at a time.
+  virtual void SetAllowTf32(bool allow) {}
+
   // ---- Dense algebra ----
   // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C[m,n]; op(X) = X or X^T.
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -49,6 +55,13 @@ class Backend {
   // (the CPU in index order; a device in its fixed tree): the same bits for the same input on
   // the same backend. Gradient clipping's norm is built from it (common/optim/optimizer.h).
   virtual double SumSquares(int64_t n, const float* x) = 0;
+
+  // ---- bf16 mixed precision (common/core/bf16.h: round to nearest even, NaN kept) ----
+  // Writes y[i] = x[i] rounded to the nearest bf16 value, as a float. `y` may alias `x`.
+  virtual void RoundToBf16(int64_t n, const float* x, float* y) = 0;
+  // Writes the bf16 bits of x[i] (rounded as RoundToBf16) / the floats that bits x[i] are.
+  virtual void ToBf16(int64_t n, const float* x, uint16_t* y) = 0;
+  virtual void FromBf16(int64_t n, const uint16_t* x, float* y) = 0;
 
   // ---- Linear ----
   // y[r,c] += bias[c].

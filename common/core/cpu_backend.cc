@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/bf16.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/gelu_math.h"
@@ -210,6 +211,16 @@ class CpuBackendImpl final : public Backend {
 
   void Copy(int64_t n, const float* x, float* y) override {
     if (n > 0) std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
+  }
+
+  void RoundToBf16(int64_t n, const float* x, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = baton::RoundToBf16(x[i]);
+  }
+  void ToBf16(int64_t n, const float* x, uint16_t* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16Bits(x[i]);
+  }
+  void FromBf16(int64_t n, const uint16_t* x, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = Bf16BitsToFloat(x[i]);
   }
 
   double Sum(int64_t n, const float* x) override {

@@ -1045,5 +1045,44 @@ TEST_F(CpuBackendTest, AdamWStepMatchesFormulaOnRandomInputs) {
   ExpectClose(w, want_w, 1e-6, 1e-5, "AdamW w");
 }
 
+// bf16 rounding is PyTorch's: nearest, ties to even, NaN kept (quiet), overflow to inf.
+TEST(Bf16Test, RoundsToNearestEvenKeepsNanAndOverflowsToInfinity) {
+  Backend* be = CpuBackend();
+  const float ulp = std::ldexp(1.0f, -7);  // bf16's spacing in [1, 2)
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float max = std::numeric_limits<float>::max();
+  const std::vector<float> x = {1.0f,
+                                1.0f + ulp / 2,             // a tie: to even (1)
+                                1.0f + 3 * ulp / 2,         // a tie: to even (1 + 2 ulp)
+                                1.0f + ulp / 2 + ulp / 64,  // above the tie: up
+                                -1.0f - ulp / 4,            // below half: down in magnitude
+                                inf, -inf, max, 0.0f, -0.0f, 1e-40f};
+  const std::vector<float> want = {1.0f, 1.0f, 1.0f + 2 * ulp, 1.0f + ulp, -1.0f, inf, -inf,
+                                   inf, 0.0f, -0.0f, 0.0f};
+  std::vector<float> y(x.size());
+  be->RoundToBf16(static_cast<int64_t>(x.size()), x.data(), y.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i == x.size() - 1) {  // a subnormal keeps its upper bits: not zero, but bf16-exact
+      uint32_t u;
+      std::memcpy(&u, &y[i], 4);
+      EXPECT_EQ(u & 0xffffu, 0u);
+      continue;
+    }
+    EXPECT_EQ(std::signbit(y[i]), std::signbit(want[i])) << i;
+    EXPECT_EQ(y[i], want[i]) << "element " << i << " = " << x[i];
+  }
+  float n = nan;
+  be->RoundToBf16(1, &n, &n);
+  EXPECT_TRUE(std::isnan(n));
+  // The bits and back: exactly the rounded values, half the bytes.
+  std::vector<uint16_t> bits(x.size());
+  std::vector<float> back(x.size());
+  be->ToBf16(static_cast<int64_t>(x.size()), x.data(), bits.data());
+  be->FromBf16(static_cast<int64_t>(x.size()), bits.data(), back.data());
+  EXPECT_EQ(bits[0], 0x3f80);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(std::memcmp(&back[i], &y[i], 4), 0) << i;
+}
+
 }  // namespace
 }  // namespace baton

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/core/backend.h"
+#include "common/core/bf16.h"
 #include "common/core/caching_allocator.h"
 #include "common/core/cuda_context.h"
 #include "common/core/dynamic_library.h"
@@ -131,7 +132,11 @@ struct Context {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   std::mutex blas_mu;  // one cuBLAS call at a time on the shared handle
+  cublasMath_t math_mode = CUBLAS_PEDANTIC_MATH;  // the handle's; guarded by blas_mu
+  std::atomic<bool> allow_tf32{false};            // what Gemm should use (SetAllowTf32)
 };
+
+
 
 // Errors belong to the thread that caused them: a failed launch or call is kept for that
 // thread's next CudaSynchronize (the first one since the last), so one thread's sync never
@@ -180,6 +185,20 @@ void RecordCudaError(cudaError_t err, const char* what) {
                                "): nothing more can run on it in this process")));
   }
   RecordError(s);
+}
+
+// Puts the handle in the math mode SetAllowTf32 asked for. Called with ctx.blas_mu held,
+// right before a product; false when cuBLAS refused (recorded).
+bool UseRequestedMathMode(Context& ctx) {
+  const cublasMath_t want =
+      ctx.allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+  if (want == ctx.math_mode) return true;
+  if (ctx.blas_api->set_math_mode(ctx.blas, want) != CUBLAS_STATUS_SUCCESS) {
+    RecordError(absl::InternalError("cublasSetMathMode failed"));
+    return false;
+  }
+  ctx.math_mode = want;
+  return true;
 }
 
 // Makes `c.device` current on the calling thread (once per thread and device) and starts
@@ -381,6 +400,16 @@ __global__ void AddKernel(int64_t n, const float* a, const float* b, float* out)
 
 __global__ void ScaleKernel(int64_t n, float scale, const float* x, float* y) {
   GRID_STRIDE(i, n) { y[i] = x[i] * scale; }
+}
+
+__global__ void RoundToBf16Kernel(int64_t n, const float* x, float* y) {
+  GRID_STRIDE(i, n) { y[i] = baton::RoundToBf16(x[i]); }
+}
+__global__ void ToBf16Kernel(int64_t n, const float* x, uint16_t* y) {
+  GRID_STRIDE(i, n) { y[i] = FloatToBf16Bits(x[i]); }
+}
+__global__ void FromBf16Kernel(int64_t n, const uint16_t* x, float* y) {
+  GRID_STRIDE(i, n) { y[i] = Bf16BitsToFloat(x[i]); }
 }
 
 // dst[i] = ((src[i] + src[n + i]) + src[2n + i]) + ...: members in order (collective.h).
@@ -729,6 +758,7 @@ __global__ void AdamWKernel(int64_t n, float lr, float beta1, float beta2, float
 class CudaBackendImpl final : public Backend {
  public:
   Device device() const override { return Device::kCuda; }
+  void SetAllowTf32(bool allow) override { Ctx().allow_tf32.store(allow); }
 
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -745,6 +775,7 @@ class CudaBackendImpl final : public Backend {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     Context& ctx = Ctx();
     std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    if (!UseRequestedMathMode(ctx)) return;
     const cublasStatus_t st = ctx.blas_api->sgemm(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -770,6 +801,31 @@ class CudaBackendImpl final : public Backend {
     ClearStaleError();
     ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(n, scale, x, y);
     CheckLaunch("ScaleKernel");
+  }
+
+  void RoundToBf16(int64_t n, const float* x, float* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    RoundToBf16Kernel<<<Blocks(n), kThreads, 0, s>>>(n, x, y);
+    CheckLaunch("RoundToBf16Kernel");
+  }
+  void ToBf16(int64_t n, const float* x, uint16_t* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    ToBf16Kernel<<<Blocks(n), kThreads, 0, s>>>(n, x, y);
+    CheckLaunch("ToBf16Kernel");
+  }
+  void FromBf16(int64_t n, const uint16_t* x, float* y) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    FromBf16Kernel<<<Blocks(n), kThreads, 0, s>>>(n, x, y);
+    CheckLaunch("FromBf16Kernel");
   }
 
   void Fill(int64_t n, float value, float* y) override {
@@ -1123,6 +1179,7 @@ class CudaBackendImpl final : public Backend {
                    int64_t count) {
     Context& ctx = Ctx();
     std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    if (!UseRequestedMathMode(ctx)) return;
     const cublasStatus_t st = ctx.blas_api->sgemm_strided_batched(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,

@@ -32,6 +32,8 @@ const char* DTypeName(DType t) {
       return "f32";
     case DType::kInt32:
       return "i32";
+    case DType::kBFloat16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -41,6 +43,8 @@ size_t DTypeSize(DType t) {
     case DType::kFloat32:
     case DType::kInt32:
       return 4;
+    case DType::kBFloat16:
+      return 2;
   }
   return 0;
 }
@@ -184,6 +188,15 @@ int32_t* Tensor::i32() {
 const int32_t* Tensor::i32() const {
   BATON_DCHECK(dtype_ == DType::kInt32);
   return static_cast<const int32_t*>(data_);
+}
+
+uint16_t* Tensor::bf16() {
+  BATON_DCHECK(dtype_ == DType::kBFloat16);
+  return static_cast<uint16_t*>(data_);
+}
+const uint16_t* Tensor::bf16() const {
+  BATON_DCHECK(dtype_ == DType::kBFloat16);
+  return static_cast<const uint16_t*>(data_);
 }
 
 absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {

@@ -29,7 +29,9 @@
 namespace baton {
 
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
-enum class DType : uint8_t { kFloat32 = 0, kInt32 = 1 };
+// kBFloat16 is storage only (common/core/bf16.h): kernels compute in float32, and bf16
+// tensors exist to carry bf16 values between stages and in checkpoints' exports.
+enum class DType : uint8_t { kFloat32 = 0, kInt32 = 1, kBFloat16 = 2 };
 
 const char* DeviceName(Device d);
 const char* DTypeName(DType t);
@@ -107,6 +109,8 @@ class Tensor {
   const float* f32() const;
   int32_t* i32();
   const int32_t* i32() const;
+  uint16_t* bf16();  // the raw bf16 bits
+  const uint16_t* bf16() const;
   void* raw() { return data_; }
   const void* raw() const { return data_; }
 

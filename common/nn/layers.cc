@@ -60,15 +60,20 @@ Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options
   }
 }
 
+absl::StatusOr<Tensor> Linear::WeightOperand(const MicroBatch& mb) {
+  return GemmOperand(name_, mb, be_, weight_.value);
+}
+
 absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* y) {
   BATON_RETURN_IF_ERROR(CheckActivation(name_, input, in_));
-  BATON_ASSIGN_OR_RETURN(const Tensor x, input.On(device_));  // data may come from the host
+  BATON_ASSIGN_OR_RETURN(const Tensor on_device, input.On(device_));  // data may come from the host
+  BATON_ASSIGN_OR_RETURN(const Tensor x, GemmOperand(name_, mb, be_, on_device));
+  BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
   const int64_t rows = x.numel() / in_;
   Saved saved;
   saved.x = x;
   BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
-  be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, weight_.value.f32(), in_, 0.0f,
-            z.f32(), out_);
+  be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, w.f32(), in_, 0.0f, z.f32(), out_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
   if (options_.gelu) {
     BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, z.shape(), device_));
@@ -79,6 +84,7 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
     if (b != nullptr) be_->AddBias(rows, out_, b, z.f32());
     *y = std::move(z);
   }
+  if (options_.round_output) RoundIfBf16(mb, be_, y);
   return stash_.Put(mb.index, std::move(saved));
 }
 
@@ -95,13 +101,16 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
     BATON_ASSIGN_OR_RETURN(s->dz, NewTensor(name_, dy.shape(), device_));
     be_->GeluBackward(dy.numel(), s->pre.f32(), dy.f32(), s->dz.f32());
     s->pre = Tensor();
+    RoundIfBf16(mb, be_, &s->dz);
   } else {
-    s->dz = dy;
+    BATON_ASSIGN_OR_RETURN(s->dz, GemmOperand(name_, mb, be_, dy));
   }
   if (options_.compute_input_grad) {
+    BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
     BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, s->x.shape(), device_));
-    be_->Gemm(false, false, rows, in_, out_, 1.0f, s->dz.f32(), out_, weight_.value.f32(), in_,
-              0.0f, g.f32(), in_);
+    be_->Gemm(false, false, rows, in_, out_, 1.0f, s->dz.f32(), out_, w.f32(), in_, 0.0f,
+              g.f32(), in_);
+    RoundIfBf16(mb, be_, &g);
     *dx = std::move(g);
   } else {
     *dx = Tensor();
@@ -116,7 +125,8 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
   const int64_t rows = s->dz.numel() / out_;
-  // dW[out, in] += dz^T x; db += column sums of dz.
+  // dW[out, in] += dz^T x; db += column sums of dz (both float32; the operands were rounded
+  // in bf16 when they were saved).
   be_->Gemm(true, false, out_, in_, rows, 1.0f, s->dz.f32(), out_, s->x.f32(), in_, 1.0f,
             weight_.grad.f32(), in_);
   if (options_.bias) be_->BiasGrad(rows, out_, s->dz.f32(), bias_.grad.f32());
@@ -142,6 +152,7 @@ absl::Status Gelu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   BATON_ASSIGN_OR_RETURN(Tensor pre, NewTensor(name_, x.shape(), device_));
   be_->BiasGelu(1, x.numel(), x.f32(), nullptr, pre.f32(), out.f32());
+  RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(pre));
 }
@@ -154,6 +165,7 @@ absl::Status Gelu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor*
   }
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
   be_->GeluBackward(dy.numel(), pre->f32(), dy.f32(), g.f32());
+  RoundIfBf16(mb, be_, &g);
   *dx = std::move(g);
   stash_.Erase(mb.index);  // no weights: nothing left for BackwardWeight
   return absl::OkStatus();
@@ -183,6 +195,7 @@ absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
                         out.f32(), s.mean.f32(), s.rstd.f32());
+  RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(s));
 }
@@ -197,6 +210,7 @@ absl::Status LayerNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Te
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
   be_->LayerNormBackwardInput(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
                               gamma_.value.f32(), dy.f32(), g.f32());
+  RoundIfBf16(mb, be_, &g);
   s->dy = dy;
   *dx = std::move(g);
   return absl::OkStatus();
@@ -252,6 +266,7 @@ absl::Status Embedding::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, {B, T, channels_}, device_));
   be_->EmbeddingForward(B, T, channels_, tokens.i32(), wte_.value.f32(),
                         positions_ ? wpe_.value.f32() : nullptr, out.f32());
+  RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
   return stash_.Put(mb.index, Saved{tokens, Tensor()});
 }

@@ -18,7 +18,9 @@
 namespace baton {
 
 // y = x W^T + b, optionally followed by GELU (fused with the bias add). W is [out, in] as
-// in PyTorch, b is [out].
+// in PyTorch, b is [out]. In bf16 (module.h's Precision) x, W and the output gradient are
+// rounded to bf16 before their products, which accumulate in float32; the bias add and
+// GELU are float32 and the output is rounded (unless Options::round_output is false).
 class Linear final : public Module {
  public:
   struct Options {
@@ -28,6 +30,9 @@ class Linear final : public Module {
     float init_stddev = 0.02f;       // W ~ N(0, init_stddev); b = 0
     // The parameter name whose draw initialises W (MakeParameter); empty: W's own name.
     std::string init_name;
+    // In bf16, round the output to bf16 like every activation; false keeps it float32
+    // (the logits, whose softmax and loss are float32).
+    bool round_output = true;
   };
   Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed,
          Device device = Device::kCpu);
@@ -45,10 +50,12 @@ class Linear final : public Module {
 
  private:
   struct Saved {
-    Tensor x;    // input
-    Tensor pre;  // pre-activation (gelu only)
-    Tensor dz;   // dL/d(x W^T + b), set by BackwardInput
+    Tensor x;    // input (in bf16: rounded)
+    Tensor pre;  // pre-activation (gelu only; float32)
+    Tensor dz;   // dL/d(x W^T + b), set by BackwardInput (in bf16: rounded)
   };
+  // W as a product operand: the parameter itself, in bf16 a rounded copy.
+  absl::StatusOr<Tensor> WeightOperand(const MicroBatch& mb);
   const std::string name_;
   const int64_t in_, out_;
   const Options options_;

@@ -4,6 +4,7 @@
 #include "common/nn/layers.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,55 @@ TEST(LinearTest, ForwardMatchesDoubleReference) {
         const double want = gelu ? GeluRef(z) : z;
         EXPECT_NEAR(y.f32()[r * 4 + o], want, 1e-5) << "row " << r << " out " << o;
       }
+    }
+  }
+}
+
+// bf16 (module.h's Precision): the Linear is the fp32 Linear on rounded operands (input,
+// weight, output gradient), with its output and input gradient rounded; its weight
+// gradient is float32.
+TEST(LinearTest, Bf16IsFp32OnRoundedOperandsWithRoundedOutputs) {
+  Backend* be = CpuBackend();
+  auto rounded = [&](const Tensor& t) {
+    Tensor r = t.Clone();
+    be->RoundToBf16(r.numel(), r.f32(), r.f32());
+    return r;
+  };
+  for (bool gelu : {false, true}) {
+    Linear bf("fc", 5, 4, LinearOptions(true, gelu), 11);
+    Linear fp("fc", 5, 4, LinearOptions(true, gelu), 11);
+    PerturbParameters(bf, 1, 0.3f);
+    PerturbParameters(fp, 1, 0.3f);
+    Tensor& w = fp.Parameters()[0]->value;
+    be->RoundToBf16(w.numel(), w.f32(), w.f32());
+    const Tensor x = RandomTensor({2, 3, 5}, 1, "x");
+    const Tensor dy = RandomTensor({2, 3, 4}, 2, "dy");
+    MicroBatch b16{0, nullptr, Precision::kBf16};
+    Tensor y_bf, y_fp, dx_bf, dx_fp;
+    ASSERT_TRUE(bf.Forward(b16, x, &y_bf).ok());
+    ASSERT_TRUE(fp.Forward({0, nullptr}, rounded(x), &y_fp).ok());
+    ASSERT_TRUE(bf.Backward(b16, dy, &dx_bf).ok());
+    // Through GELU the output gradient dz is rounded after GELU's backward; without, dy is.
+    ASSERT_TRUE(fp.Backward({0, nullptr}, gelu ? dy : rounded(dy), &dx_fp).ok());
+    const Tensor want_y = rounded(y_fp);
+    ASSERT_EQ(y_bf.numel(), want_y.numel());
+    bool any_changed = false;
+    for (int64_t i = 0; i < y_bf.numel(); ++i) {
+      EXPECT_EQ(y_bf.f32()[i], want_y.f32()[i]) << i;
+      any_changed |= y_fp.f32()[i] != want_y.f32()[i];
+    }
+    EXPECT_TRUE(any_changed) << "rounding the output must change some fp32 outputs";
+    if (!gelu) {  // (with GELU the fp32 run's dz is not rounded: only y and shapes compare)
+      const Tensor want_dx = rounded(dx_fp);
+      for (int64_t i = 0; i < dx_bf.numel(); ++i) EXPECT_EQ(dx_bf.f32()[i], want_dx.f32()[i]);
+      const std::vector<Parameter*> pb = bf.Parameters(), pf = fp.Parameters();
+      for (size_t k = 0; k < pb.size(); ++k) {
+        for (int64_t i = 0; i < pb[k]->grad.numel(); ++i) {
+          EXPECT_EQ(pb[k]->grad.f32()[i], pf[k]->grad.f32()[i]) << pb[k]->name << " " << i;
+        }
+      }
+      // The master weight itself stays float32 (not rounded by the forward).
+      EXPECT_NE(std::memcmp(pb[0]->value.f32(), pf[0]->value.f32(), pb[0]->value.nbytes()), 0);
     }
   }
 }

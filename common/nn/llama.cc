@@ -37,6 +37,7 @@ absl::Status RmsNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) 
   BATON_ASSIGN_OR_RETURN(s.rstd, NewTensor(name_, {rows}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   be_->RmsNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), out.f32(), s.rstd.f32());
+  RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(s));
 }
@@ -51,6 +52,7 @@ absl::Status RmsNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tens
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
   be_->RmsNormBackwardInput(rows, channels_, s->x.f32(), s->rstd.f32(), gamma_.value.f32(),
                             dy.f32(), g.f32());
+  RoundIfBf16(mb, be_, &g);
   s->dy = dy;
   *dx = std::move(g);
   return absl::OkStatus();
@@ -120,6 +122,7 @@ absl::Status LlamaAttention::ForwardSteps(const MicroBatch& mb, const Tensor& x,
   // Linear keeps its input, not this output.
   be_->RotaryForward(B, T, H, D, W, rope_theta_, s.qkv.f32());
   be_->RotaryForward(B, T, KVH, D, W, rope_theta_, s.qkv.f32() + H * D);
+  RoundIfBf16(mb, be_, &s.qkv);  // the rotated q and k are bf16 too (v already is)
   BATON_ASSIGN_OR_RETURN(s.att, NewTensor(name_, {B, H, T, T}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor mixed, NewTensor(name_, {B, T, channels_}, device_));
   be_->AttentionForward(B, T, H, KVH, D, s.qkv.f32(), s.att.f32(), mixed.f32());
@@ -174,6 +177,7 @@ absl::Status SwiGlu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   shape.back() = intermediate_;
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, shape, device_));
   be_->SwiGluForward(rows, intermediate_, x.f32(), out.f32());
+  RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
   return stash_.Put(mb.index, x);
 }
@@ -188,6 +192,7 @@ absl::Status SwiGlu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   }
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, x->shape(), device_));
   be_->SwiGluBackward(rows, intermediate_, x->f32(), dy.f32(), g.f32());
+  RoundIfBf16(mb, be_, &g);
   *dx = std::move(g);
   stash_.Erase(mb.index);  // no weights: nothing left for BackwardWeight
   return absl::OkStatus();
@@ -237,12 +242,14 @@ absl::Status LlamaBlock::ForwardSteps(const MicroBatch& mb, const Tensor& x, Ten
   BATON_RETURN_IF_ERROR(attn_.Forward(mb, n1, &a));
   BATON_ASSIGN_OR_RETURN(Tensor h, NewTensor(name_, x.shape(), device_));
   be_->Add(x.numel(), x.f32(), a.f32(), h.f32());
+  RoundIfBf16(mb, be_, &h);
   Tensor n2, gu, act, m;
   BATON_RETURN_IF_ERROR(mlp_norm_.Forward(mb, h, &n2));
   BATON_RETURN_IF_ERROR(gate_up_.Forward(mb, n2, &gu));
   BATON_RETURN_IF_ERROR(act_.Forward(mb, gu, &act));
   BATON_RETURN_IF_ERROR(down_.Forward(mb, act, &m));
   be_->Add(x.numel(), h.f32(), m.f32(), m.f32());  // m becomes the block output
+  RoundIfBf16(mb, be_, &m);
   *y = std::move(m);
   return absl::OkStatus();
 }
@@ -256,11 +263,13 @@ absl::Status LlamaBlock::BackwardInput(const MicroBatch& mb, const Tensor& dy, T
   BATON_RETURN_IF_ERROR(gate_up_.BackwardInput(mb, dgu, &dn2));
   BATON_RETURN_IF_ERROR(mlp_norm_.BackwardInput(mb, dn2, &dh));
   be_->Add(dy.numel(), dy.f32(), dh.f32(), dh.f32());
+  RoundIfBf16(mb, be_, &dh);
   // Attention branch: dx = dh + attn_norm'(attn'(dh)).
   Tensor dn1, dxa;
   BATON_RETURN_IF_ERROR(attn_.BackwardInput(mb, dh, &dn1));
   BATON_RETURN_IF_ERROR(attn_norm_.BackwardInput(mb, dn1, &dxa));
   be_->Add(dy.numel(), dh.f32(), dxa.f32(), dxa.f32());
+  RoundIfBf16(mb, be_, &dxa);
   *dx = std::move(dxa);
   return absl::OkStatus();
 }

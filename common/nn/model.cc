@@ -266,4 +266,12 @@ void ZeroGrad(const std::vector<Parameter*>& params) {
   for (Parameter* p : params) p->grad.SetZero();
 }
 
+Precision PrecisionOf(const baton::v1::JobSpec& spec) {
+  return spec.precision() == baton::v1::PRECISION_BF16 ? Precision::kBf16 : Precision::kFp32;
+}
+
+bool UsesTf32(const baton::v1::JobSpec& spec) {
+  return spec.allow_tf32() || PrecisionOf(spec) == Precision::kBf16;
+}
+
 }  // namespace baton

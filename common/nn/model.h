@@ -99,6 +99,12 @@ Parameter* FindParameter(Module& block, const std::string& name);
 // device, same shape).
 void SumTiedGradients(Parameter& embedding, Parameter& output, Backend& backend);
 
+// The arithmetic a job's blocks compute in (JobSpec.precision; unspecified is fp32).
+Precision PrecisionOf(const baton::v1::JobSpec& spec);
+// Whether a job's products on a GPU use TF32 tensor cores (Backend::SetAllowTf32): when the
+// spec allows it for fp32, and always in bf16, whose product operands TF32 holds exactly.
+bool UsesTf32(const baton::v1::JobSpec& spec);
+
 // Zeroes every parameter's gradient.
 void ZeroGrad(const std::vector<Parameter*>& params);
 

@@ -98,4 +98,16 @@ absl::StatusOr<Tensor> NewTensor(const std::string& who, const Shape& shape, Dev
   return t;
 }
 
+void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t) {
+  if (mb.bf16() && t->defined()) be->RoundToBf16(t->numel(), t->f32(), t->f32());
+}
+
+absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
+                                   const Tensor& t) {
+  if (!mb.bf16()) return t;
+  BATON_ASSIGN_OR_RETURN(Tensor r, NewTensor(who, t.shape(), t.device()));
+  be->RoundToBf16(t.numel(), t.f32(), r.f32());
+  return r;
+}
+
 }  // namespace baton

@@ -40,10 +40,23 @@ struct Parameter {
   absl::Status init_status;
 };
 
+// The arithmetic of a job (JobSpec.precision; docs/precision.md).
+//  kFp32: every tensor float32.
+//  kBf16: mixed precision. Tensors stay float32 in memory, but these hold bf16 values
+//    (rounded to nearest even, common/core/bf16.h): the operands of every Linear's matrix
+//    products (its input, its weight, its output gradient), every Linear's output but the
+//    logits, and what crosses a block boundary (block outputs and input gradients: the
+//    tensors between stages, sent as bf16). Products accumulate in float32; parameters,
+//    gradients, optimizer state, norms, softmax and the loss stay float32. The rounding
+//    points are fixed, so a pipeline and the reference trainer round the same values.
+enum class Precision : uint8_t { kFp32 = 0, kBf16 = 1 };
+
 // What a module sees of the micro-batch it is processing.
 struct MicroBatch {
   int index = 0;                    // 0 .. M-1 within the step; the stash key
   const Tensor* targets = nullptr;  // for loss modules: int32 [b,T] tokens or f32 [b,out]
+  Precision precision = Precision::kFp32;
+  bool bf16() const { return precision == Precision::kBf16; }
 };
 
 class Module {
@@ -138,6 +151,14 @@ absl::Status CheckParameters(const std::vector<Parameter*>& params);
 // The backend modules on `device` compute with. Callers check BackendFor(device) first
 // (BuildBlocks does); a device without a backend here is a programming error and aborts.
 Backend* BackendOrDie(Device device);
+
+// In bf16 (mb.bf16()), rounds the values of `t` to bf16 in place; nothing in fp32. `t` must
+// be the caller's own tensor (not an input it shares with others).
+void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t);
+// The operand of a matrix product: `t` itself in fp32; in bf16, a copy of it rounded to
+// bf16 on the same device (RESOURCE_EXHAUSTED naming `who` when out of memory).
+absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
+                                   const Tensor& t);
 
 // An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
 // module, the bytes and the device when the device is out of memory.

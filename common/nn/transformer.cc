@@ -143,11 +143,13 @@ absl::Status TransformerBlock::ForwardSteps(const MicroBatch& mb, const Tensor& 
   BATON_RETURN_IF_ERROR(attn_.Forward(mb, h, &a));
   BATON_ASSIGN_OR_RETURN(Tensor x1, NewTensor(name_, x.shape(), device_));
   be_->Add(x.numel(), x.f32(), a.f32(), x1.f32());
+  RoundIfBf16(mb, be_, &x1);
   Tensor h2, f, m;
   BATON_RETURN_IF_ERROR(ln2_.Forward(mb, x1, &h2));
   BATON_RETURN_IF_ERROR(fc_.Forward(mb, h2, &f));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, f, &m));
   be_->Add(x.numel(), x1.f32(), m.f32(), m.f32());  // m becomes the block output
+  RoundIfBf16(mb, be_, &m);
   *y = std::move(m);
   return absl::OkStatus();
 }
@@ -161,11 +163,13 @@ absl::Status TransformerBlock::BackwardInput(const MicroBatch& mb, const Tensor&
   BATON_RETURN_IF_ERROR(fc_.BackwardInput(mb, df, &dh2));
   BATON_RETURN_IF_ERROR(ln2_.BackwardInput(mb, dh2, &dx1));
   be_->Add(dy.numel(), dy.f32(), dx1.f32(), dx1.f32());
+  RoundIfBf16(mb, be_, &dx1);
   // Attention branch: dx = dx1 + ln1'(attn'(dx1)).
   Tensor dh, dxa;
   BATON_RETURN_IF_ERROR(attn_.BackwardInput(mb, dx1, &dh));
   BATON_RETURN_IF_ERROR(ln1_.BackwardInput(mb, dh, &dxa));
   be_->Add(dy.numel(), dx1.f32(), dxa.f32(), dxa.f32());
+  RoundIfBf16(mb, be_, &dxa);
   *dx = std::move(dxa);
   return absl::OkStatus();
 }
@@ -193,6 +197,14 @@ int TransformerBlock::InFlight() const {
 
 // ---------------------------------------------------------------- LmHead
 
+namespace {
+// The logits stay float32 in bf16: their softmax and the loss are float32.
+Linear::Options FloatLogits(Linear::Options o) {
+  o.round_output = false;
+  return o;
+}
+}  // namespace
+
 LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, std::unique_ptr<Module> norm,
                const Linear::Options& logits, uint64_t seed, Device device)
     : name_(std::move(name)),
@@ -201,14 +213,14 @@ LmHead::LmHead(std::string name, int64_t channels, int64_t vocab, std::unique_pt
       device_(device),
       be_(BackendOrDie(device)),
       norm_(std::move(norm)),
-      logits_(name_ + ".logits", channels, vocab, logits, seed, device),
+      logits_(name_ + ".logits", channels, vocab, FloatLogits(logits), seed, device),
       stash_(name_) {}
 
-absl::StatusOr<Tensor> LmHead::Logits(const Tensor& x) {
+absl::StatusOr<Tensor> LmHead::Logits(const Tensor& x, Precision precision) {
   // Runs the norm and the projection under a micro-batch index no training step uses, and
   // drops their stash at once.
   constexpr int kEval = -1;
-  const MicroBatch mb{kEval, nullptr};
+  const MicroBatch mb{kEval, nullptr, precision};
   Tensor h, logits;
   absl::Status s = norm_->Forward(mb, x, &h);
   if (s.ok()) s = logits_.Forward(mb, h, &logits);
@@ -317,6 +329,7 @@ absl::Status MseLoss::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tens
   // d/dpred mean((pred - target)^2) = 2 (pred - target) / n.
   Tensor g = *diff;
   be_->Scale(g.numel(), 2.0f * scale / static_cast<float>(g.numel()), g.f32(), g.f32());
+  RoundIfBf16(mb, be_, &g);
   stash_.Erase(mb.index);
   *dx = std::move(g);
   return absl::OkStatus();

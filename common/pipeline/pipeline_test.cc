@@ -247,6 +247,113 @@ TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases()), CaseName);
 
+void AddRecipe(baton::v1::JobSpec* spec);  // below, with the recipe's tests
+
+// bf16 mixed precision (docs/precision.md): the same rounding points in the pipeline and
+// the reference trainer, so the same bits, under every schedule and partition; the
+// activations and gradients between stages travel as bf16 and lose nothing.
+void UseBf16(baton::v1::JobSpec* spec) { spec->set_precision(baton::v1::PRECISION_BF16); }
+
+std::vector<Case> Bf16Cases() {
+  std::vector<Case> out;
+  for (const Case& c : AllCases()) {
+    if (c.microbatches != 2 && c.microbatches != 4) continue;  // the runtime
+    out.push_back(c);
+  }
+  return out;
+}
+
+class Bf16BitExactTest : public testing::TestWithParam<Case> {};
+
+TEST_P(Bf16BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
+  baton::v1::JobSpec spec = SpecFor(GetParam());
+  UseBf16(&spec);
+  const TrainRun ref = Reference(spec);
+  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  ASSERT_EQ(ref.losses.size(), 3u);
+  EXPECT_EQ(pipe->losses, ref.losses);
+  EXPECT_EQ(pipe->digest, ref.digest);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchedules, Bf16BitExactTest, testing::ValuesIn(Bf16Cases()),
+                         CaseName);
+
+// A control for the above: bf16 really rounds (other weights than fp32), yet trains the
+// same model (losses within a bf16-sized tolerance of fp32's).
+TEST(Bf16ControlTest, RoundsButStaysCloseToFp32) {
+  for (Model model : {Model::kMlp, Model::kGpt, Model::kLlama}) {
+    baton::v1::JobSpec spec = JobFor(model);
+    const TrainRun fp32 = Reference(spec);
+    UseBf16(&spec);
+    const TrainRun bf16 = Reference(spec);
+    ASSERT_EQ(fp32.losses.size(), bf16.losses.size());
+    EXPECT_NE(fp32.digest, bf16.digest) << ModelName(model);
+    for (size_t i = 0; i < fp32.losses.size(); ++i) {
+      EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * std::abs(fp32.losses[i]) + 1e-3)
+          << ModelName(model) << " step " << i;
+    }
+  }
+}
+
+// The tensors between stages are bf16: half the bytes of fp32, and a receiver refuses a
+// float32 tensor where its plan says bf16.
+TEST(Bf16WireTest, StagesExchangeHalfTheBytes) {
+  auto wire_bytes = [](baton::v1::JobSpec spec) -> int64_t {
+    spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
+    spec.mutable_pipeline()->set_stages(2);
+    auto t = LocalPipelineTrainer::Create(spec);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return -1;
+    auto st = (*t)->Step();
+    EXPECT_TRUE(st.ok()) << st.status();
+    if (!st.ok()) return -1;
+    int64_t bytes = 0;
+    for (const RankStepResult& r : st->ranks) {
+      for (const ActionTiming& a : r.timeline) {
+        if (a.action.kind == ActionKind::kSendF || a.action.kind == ActionKind::kSendB) {
+          bytes += a.bytes;
+        }
+      }
+    }
+    return bytes;
+  };
+  baton::v1::JobSpec spec = JobFor(Model::kGpt);
+  const int64_t fp32 = wire_bytes(spec);
+  UseBf16(&spec);
+  const int64_t bf16 = wire_bytes(spec);
+  EXPECT_GT(fp32, 0);
+  EXPECT_EQ(2 * bf16, fp32);
+}
+
+// Data parallelism and recomputation in bf16: the replica sums and the rerun forwards are
+// the reference trainer's bits too.
+TEST(Bf16BitExactTest, ReplicasAndRecomputeGiveTheReferenceBits) {
+  for (Model model : {Model::kGpt, Model::kLlama}) {
+    for (auto sched : {baton::v1::SCHEDULE_1F1B, baton::v1::SCHEDULE_ZB_V}) {
+      Case c{sched, 2, sched == baton::v1::SCHEDULE_ZB_V ? 2 : 1, 2, model};
+      baton::v1::JobSpec spec = SpecFor(c);
+      UseBf16(&spec);
+      AddRecipe(&spec);
+      spec.mutable_pipeline()->set_data_parallel(2);
+      spec.mutable_pipeline()->set_recompute(baton::v1::RECOMPUTE_FULL);
+      const TrainRun ref = Reference(spec);
+      auto t = LocalPipelineTrainer::Create(spec);
+      ASSERT_TRUE(t.ok()) << t.status();
+      std::vector<float> losses;
+      for (int i = 0; i < spec.steps(); ++i) {
+        auto st = (*t)->Step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        losses.push_back(st->loss);
+      }
+      EXPECT_EQ(losses, ref.losses) << ModelName(model);
+      for (int d = 0; d < 2; ++d) {
+        EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest) << ModelName(model);
+      }
+    }
+  }
+}
+
 // The training recipe (docs/training.md): warmup then cosine decay, global-norm clipping
 // with a bound the gradients exceed (so every step scales them), AdamW's weight decay on
 // the matrices only. The norm's exchange (CLIP_GRAD) and the schedule give the reference
@@ -719,20 +826,29 @@ TEST(PipelineEvalTest, ValidationLossEqualsTheReferenceTrainers) {
 TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDigest) {
   const std::string dir = testing::TempDir() + "/pipeline-ckpt";
   // The recipe's runs also continue the learning-rate schedule from the checkpoint's step.
-  for (auto [model, recipe] : std::vector<std::pair<Model, bool>>{{Model::kMlp, false},
-                                                                  {Model::kGpt, false},
-                                                                  {Model::kLlama, false},
-                                                                  {Model::kGpt, true},
-                                                                  {Model::kLlama, true}}) {
+  // bf16 jobs keep float32 masters in their checkpoints, so they resume bit-exact too.
+  struct Run {
+    Model model;
+    bool recipe;
+    bool bf16;
+  };
+  for (auto [model, recipe, bf16] : std::vector<Run>{{Model::kMlp, false, false},
+                                                     {Model::kGpt, false, false},
+                                                     {Model::kLlama, false, false},
+                                                     {Model::kGpt, true, false},
+                                                     {Model::kLlama, true, false},
+                                                     {Model::kGpt, true, true},
+                                                     {Model::kLlama, false, true}}) {
     baton::v1::JobSpec spec = JobFor(model);
     if (recipe) AddRecipe(&spec);
+    if (bf16) UseBf16(&spec);
     spec.set_steps(4);
     spec.mutable_pipeline()->set_microbatches(4);
     const std::string want = Reference(spec).digest;
     for (auto sched : {baton::v1::SCHEDULE_GPIPE, baton::v1::SCHEDULE_1F1B,
                        baton::v1::SCHEDULE_INTERLEAVED_1F1B, baton::v1::SCHEDULE_ZB_H1}) {
       const bool interleaved = sched == baton::v1::SCHEDULE_INTERLEAVED_1F1B;
-      if (recipe && sched != baton::v1::SCHEDULE_1F1B && !interleaved) continue;  // runtime
+      if ((recipe || bf16) && sched != baton::v1::SCHEDULE_1F1B && !interleaved) continue;
       for (int stop : {1, 2}) {
         std::filesystem::remove_all(dir);
         baton::v1::JobSpec first = spec;
@@ -758,7 +874,8 @@ TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDig
         for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
         EXPECT_EQ(DigestHex((*b)->WeightsDigest()), want)
             << baton::v1::Schedule_Name(sched) << " " << ModelName(model)
-            << (recipe ? " with the recipe" : "") << ", stopped after " << stop;
+            << (recipe ? " with the recipe" : "") << (bf16 ? " in bf16" : "")
+            << ", stopped after " << stop;
         // ... and so does the reference trainer.
         auto r = ReferenceTrainer::Create(spec);
         ASSERT_TRUE(r.ok());
@@ -915,6 +1032,30 @@ TEST(PipelineFailureTest, AWrongShapedTensorFromAPeerFailsTheStepBeforeAnyBlockS
             absl::string_view::npos)
       << r.status();
   EXPECT_NE(r.status().message().find("the plan expects"), absl::string_view::npos);
+}
+
+// A bf16 job's receiver plans bf16 tensors: a float32 one of the right shape is refused,
+// naming both dtypes, before any block sees it.
+TEST(PipelineFailureTest, ATensorOfAnotherDtypeThanPlannedFailsTheStep) {
+  TwoStageMlp job;
+  job.spec.set_precision(baton::v1::PRECISION_BF16);
+  InProcessHub hub(2);
+  StageExecutorOptions opts;
+  opts.recv_timeout = absl::Seconds(5);
+  auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  const int64_t rows = job.spec.data().batch_size() / job.spec.pipeline().microbatches();
+  const Tensor f32 = Tensor::Zeros({rows, job.spec.model().mlp().width()});
+  ASSERT_TRUE(hub.transport(0)
+                  ->Send(1, TensorTag{0, 0, 0, 0, TensorKind::kActivation}, f32)
+                  ->Wait(absl::Now() + absl::Seconds(5))
+                  .ok());
+  auto r = (*rank1)->RunStep(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("of f32; the plan expects"), absl::string_view::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("of bf16"), absl::string_view::npos) << r.status();
 }
 
 // What the worker's metrics and traces read: per action times and payload bytes, the

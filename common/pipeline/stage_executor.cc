@@ -288,6 +288,9 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   }
   std::unique_ptr<StageExecutor> ex(new StageExecutor());
   ex->spec_ = spec;
+  ex->precision_ = PrecisionOf(spec);
+  BATON_ASSIGN_OR_RETURN(Backend * backend, BackendFor(options.device));
+  backend->SetAllowTf32(UsesTf32(spec));
   ex->schedule_ = schedule;
   ex->rank_ = rank;
   ex->transport_ = transport;
@@ -512,15 +515,39 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
 
 namespace {
 
-// A received tensor must be float32 of the shape the plan implies before any block sees it:
-// a peer's bug (or a forged frame that got past the transport) fails the job with this
-// error instead of reading out of bounds or training on garbage.
+// A received tensor must have the dtype and shape the plan implies before any block sees
+// it: a peer's bug (or a forged frame that got past the transport) fails the job with this
+// error instead of reading out of bounds or training on garbage. Activations and gradients
+// travel as `wire` (WireDType); the tied and norm exchanges are float32.
 absl::Status CheckReceived(const Tensor& t, const Shape& want, const char* what,
-                           const Action& a) {
-  if (t.dtype() == DType::kFloat32 && t.shape() == want) return absl::OkStatus();
+                           const Action& a, DType wire = DType::kFloat32) {
+  if (t.dtype() == wire && t.shape() == want) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "received ", what, " for ", a.ToString(), " is ", ShapeString(t.shape()), " of ",
-      DTypeName(t.dtype()), "; the plan expects ", ShapeString(want), " of float32"));
+      DTypeName(t.dtype()), "; the plan expects ", ShapeString(want), " of ", DTypeName(wire)));
+}
+
+// The dtype of the activations and gradients between stages.
+DType WireDType(Precision p) { return p == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32; }
+
+// What leaves for another stage: `t` itself in fp32; in bf16 its bf16 bits (exact: block
+// outputs and input gradients hold bf16 values, module.h), half the bytes.
+absl::StatusOr<Tensor> ToWire(const Tensor& t, Precision p) {
+  if (p != Precision::kBf16) return t;
+  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(t.device()));
+  BATON_ASSIGN_OR_RETURN(Tensor w, Tensor::TryEmpty(t.shape(), DType::kBFloat16, t.device()));
+  be->ToBf16(t.numel(), t.f32(), w.bf16());
+  return w;
+}
+
+// A received tensor (already checked) as the float32 tensor on `device` the blocks take.
+absl::StatusOr<Tensor> FromWire(const Tensor& t, Device device) {
+  BATON_ASSIGN_OR_RETURN(Tensor on, t.On(device));
+  if (on.dtype() != DType::kBFloat16) return on;
+  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device));
+  BATON_ASSIGN_OR_RETURN(Tensor f, Tensor::TryEmpty(on.shape(), DType::kFloat32, device));
+  be->FromBf16(on.numel(), on.bf16(), f.f32());
+  return f;
 }
 
 }  // namespace
@@ -565,7 +592,7 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
         targets = &b->targets;
       }
       Tensor y;
-      BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets}, x, &y));
+      BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets, precision_}, x, &y));
       if (recompute_[s]) {
         // Keep only what reruns this forward; the blocks' stash goes now.
         c->model->Discard(m);
@@ -610,11 +637,12 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
         st.kept.erase(it);
         Tensor y;
         BATON_RETURN_IF_ERROR(c->model->Forward(
-            MicroBatch{m, kept.targets.defined() ? &kept.targets : nullptr}, kept.input, &y));
+            MicroBatch{m, kept.targets.defined() ? &kept.targets : nullptr, precision_}, kept.input,
+            &y));
       }
       Tensor dx;
       const Tensor* targets = nullptr;
-      BATON_RETURN_IF_ERROR(c->model->BackwardInput(MicroBatch{m, targets}, dy, &dx));
+      BATON_RETURN_IF_ERROR(c->model->BackwardInput(MicroBatch{m, targets, precision_}, dy, &dx));
       if (s > 0) st.gradients_out[StepState::Key(s, m)] = std::move(dx);
       if (a.kind == ActionKind::kBackward) return RunWeightGradient(s, m, st);
       return absl::OkStatus();
@@ -622,8 +650,9 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
     case ActionKind::kBackwardWeight:
       return RunWeightGradient(s, m, st);
     case ActionKind::kSendF: {
-      BATON_ASSIGN_OR_RETURN(Tensor y, st.Take(st.activations_out, s, m, "activation", a));
-      *bytes = y.numel() * static_cast<int64_t>(sizeof(float));
+      BATON_ASSIGN_OR_RETURN(Tensor out, st.Take(st.activations_out, s, m, "activation", a));
+      BATON_ASSIGN_OR_RETURN(const Tensor y, ToWire(out, precision_));
+      *bytes = static_cast<int64_t>(y.nbytes());
       st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s + 1],
                                                 tag(s, TensorKind::kActivation), y));
       return absl::OkStatus();
@@ -635,15 +664,16 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       Chunk* c = ChunkFor(s);
       if (c == nullptr) return absl::InternalError("stage not on this rank");
       BATON_RETURN_IF_ERROR(CheckReceived(x, BlockInputShape(spec_.model(), c->blocks.first, per_mb),
-                                          "activation", a));
-      *bytes = x.numel() * static_cast<int64_t>(sizeof(float));
-      BATON_ASSIGN_OR_RETURN(x, x.On(options_.device));
+                                          "activation", a, WireDType(precision_)));
+      *bytes = static_cast<int64_t>(x.nbytes());
+      BATON_ASSIGN_OR_RETURN(x, FromWire(x, options_.device));
       st.activations_in[StepState::Key(s, m)] = std::move(x);
       return absl::OkStatus();
     }
     case ActionKind::kSendB: {
-      BATON_ASSIGN_OR_RETURN(Tensor dx, st.Take(st.gradients_out, s, m, "gradient", a));
-      *bytes = dx.numel() * static_cast<int64_t>(sizeof(float));
+      BATON_ASSIGN_OR_RETURN(Tensor out, st.Take(st.gradients_out, s, m, "gradient", a));
+      BATON_ASSIGN_OR_RETURN(const Tensor dx, ToWire(out, precision_));
+      *bytes = static_cast<int64_t>(dx.nbytes());
       st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s - 1],
                                                 tag(s, TensorKind::kGradient), dx));
       return absl::OkStatus();
@@ -655,9 +685,9 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       Chunk* c = ChunkFor(s);
       if (c == nullptr) return absl::InternalError("stage not on this rank");
       BATON_RETURN_IF_ERROR(CheckReceived(dy, BlockInputShape(spec_.model(), c->blocks.last, per_mb),
-                                          "gradient", a));
-      *bytes = dy.numel() * static_cast<int64_t>(sizeof(float));
-      BATON_ASSIGN_OR_RETURN(dy, dy.On(options_.device));
+                                          "gradient", a, WireDType(precision_)));
+      *bytes = static_cast<int64_t>(dy.nbytes());
+      BATON_ASSIGN_OR_RETURN(dy, FromWire(dy, options_.device));
       st.gradients_in[StepState::Key(s, m)] = std::move(dy);
       return absl::OkStatus();
     }
@@ -891,7 +921,7 @@ absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepSta
       StepState::Bucket& bucket = st.buckets[stage];
       for (int i = c->model->size() - 1; i >= 0; --i) {
         Module& block = c->model->at(i);
-        BATON_RETURN_IF_ERROR(block.BackwardWeight(MicroBatch{next, nullptr}));
+        BATON_RETURN_IF_ERROR(block.BackwardWeight(MicroBatch{next, nullptr, precision_}));
         for (Parameter* p : block.Parameters()) {
           bucket.params.push_back(p);
           bucket.bytes += p->grad.numel() * static_cast<int64_t>(sizeof(float));
@@ -903,7 +933,7 @@ absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepSta
         }
       }
     } else {
-      BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr}));
+      BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr, precision_}));
     }
     waiting.erase(waiting.begin());
     ++next;
@@ -964,8 +994,8 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
                                     deadline));
             BATON_RETURN_IF_ERROR(CheckReceived(
                 x, BlockInputShape(spec_.model(), c.blocks.first, per_mb), "activation",
-                Action{ActionKind::kRecvF, s, m}));
-            BATON_ASSIGN_OR_RETURN(x, x.On(options_.device));
+                Action{ActionKind::kRecvF, s, m}, WireDType(precision_)));
+            BATON_ASSIGN_OR_RETURN(x, FromWire(x, options_.device));
           }
           const Tensor* targets = nullptr;
           if (s == n - 1) {
@@ -973,7 +1003,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
             targets = &d->targets;
           }
           Tensor y;
-          absl::Status f = c.model->Forward(MicroBatch{m, targets}, x, &y);
+          absl::Status f = c.model->Forward(MicroBatch{m, targets, precision_}, x, &y);
           c.model->Discard(m);  // forward only: nothing is kept for a backward
           BATON_RETURN_IF_ERROR(f);
           if (s == n - 1) {
@@ -981,9 +1011,10 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
           } else if (schedule_.stage_to_rank[s + 1] == rank_) {
             carried = std::move(y);
           } else {
+            BATON_ASSIGN_OR_RETURN(const Tensor wire, ToWire(y, precision_));
             sends.push_back(transport_->Send(
                 schedule_.stage_to_rank[s + 1],
-                TensorTag{options_.job_id, eval_step, m, s, TensorKind::kActivation}, y));
+                TensorTag{options_.job_id, eval_step, m, s, TensorKind::kActivation}, wire));
           }
         }
       }

@@ -228,6 +228,7 @@ class StageExecutor {
   std::vector<Module*> Blocks();  // every chunk's blocks, in stage then block order
 
   baton::v1::JobSpec spec_;
+  Precision precision_ = Precision::kFp32;  // PrecisionOf(spec_)
   Schedule schedule_;
   int rank_ = 0;
   Transport* transport_ = nullptr;

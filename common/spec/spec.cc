@@ -535,6 +535,10 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("transport", absl::StrCat("unknown transport kind ", spec->transport(),
                                              " (want TRANSPORT_KIND_GRPC or TRANSPORT_KIND_NCCL)"));
   }
+  if (!baton::v1::Precision_IsValid(spec->precision())) {
+    return Invalid("precision", absl::StrCat("unknown precision ", spec->precision(),
+                                             " (want PRECISION_FP32 or PRECISION_BF16)"));
+  }
   if (spec->transport() == baton::v1::TRANSPORT_KIND_NCCL &&
       spec->device() == baton::v1::DEVICE_KIND_CPU) {
     return Invalid("transport", "TRANSPORT_KIND_NCCL needs GPUs, but device is DEVICE_KIND_CPU");

@@ -21,6 +21,8 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   t->spec_ = *valid;
   BATON_ASSIGN_OR_RETURN(t->dataset_, MakeDataset(valid, DataAccess()));
   BATON_ASSIGN_OR_RETURN(t->device_, LocalDeviceFor(t->spec_));
+  BATON_ASSIGN_OR_RETURN(Backend * backend, BackendFor(t->device_));
+  backend->SetAllowTf32(UsesTf32(t->spec_));
   BATON_ASSIGN_OR_RETURN(t->model_,
                          BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
   if (t->spec_.init().has_from_hf()) {  // DataAccess(): anywhere, like the training text
@@ -80,7 +82,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
     for (int m = 0; m < M; ++m) {
       BATON_ASSIGN_OR_RETURN(Batch b,
                              dataset_->Get(step, (static_cast<int64_t>(d) * M + m) * per_mb, per_mb));
-      MicroBatch mb{m, &b.targets};
+      MicroBatch mb{m, &b.targets, PrecisionOf(spec_)};
       Tensor loss;
       BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
       step_loss.Add(loss.f32()[0]);
@@ -163,7 +165,7 @@ absl::StatusOr<float> ReferenceTrainer::Evaluate() {
     for (int m = 0; m < M; ++m) {
       BATON_ASSIGN_OR_RETURN(Batch batch, dataset_->GetValidation(b, m * per_mb, per_mb));
       Tensor y;
-      const absl::Status f = model_->Forward(MicroBatch{m, &batch.targets}, batch.inputs, &y);
+      const absl::Status f = model_->Forward(MicroBatch{m, &batch.targets, PrecisionOf(spec_)}, batch.inputs, &y);
       model_->Discard(m);  // forward only
       BATON_RETURN_IF_ERROR(f);
       loss.Add(y.f32()[0]);

@@ -24,6 +24,8 @@ baton::v1::DType ToProtoDType(DType d) {
       return baton::v1::DTYPE_FLOAT32;
     case DType::kInt32:
       return baton::v1::DTYPE_INT32;
+    case DType::kBFloat16:
+      return baton::v1::DTYPE_BFLOAT16;
   }
   return baton::v1::DTYPE_UNSPECIFIED;
 }
@@ -34,6 +36,8 @@ absl::StatusOr<DType> FromProtoDType(baton::v1::DType d) {
       return DType::kFloat32;
     case baton::v1::DTYPE_INT32:
       return DType::kInt32;
+    case baton::v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
     default:
       break;
   }

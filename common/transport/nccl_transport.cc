@@ -178,7 +178,8 @@ absl::StatusOr<Header> DecodeHeader(const void* in) {
   h.source_rank = w.source_rank;
   h.defined = w.defined != 0;
   if (w.dtype != static_cast<uint8_t>(DType::kFloat32) &&
-      w.dtype != static_cast<uint8_t>(DType::kInt32)) {
+      w.dtype != static_cast<uint8_t>(DType::kInt32) &&
+      w.dtype != static_cast<uint8_t>(DType::kBFloat16)) {
     return absl::DataLossError(absl::StrCat("tensor header with dtype ", w.dtype));
   }
   h.dtype = static_cast<DType>(w.dtype);
