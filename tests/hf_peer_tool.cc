@@ -9,7 +9,7 @@
 //                      [--eps EPS] [--weight-decay WD] --out-losses FILE [--export DIR]
 //                      [--weight-decay-scope matrices|matrices_and_embeddings|all]
 //                      [--warmup W --decay constant|cosine|linear|wsd --min-lr MIN
-//                       --decay-steps D] [--clip MAX_NORM]
+//                       --decay-steps D] [--clip MAX_NORM] [--precision fp32|bf16]
 //       AdamW on the int32 "tokens" [S, B, T + 1] in FILE: step k trains on batch k mod S
 //       (inputs tokens[:, :-1], targets tokens[:, 1:], one micro-batch), with the training
 //       recipe of the flags (docs/training.md: LearningRateAt per step; clipping from
@@ -137,9 +137,11 @@ void Split(const Tensor& batches, int64_t s, Tensor* x, Tensor* y) {
   }
 }
 
-absl::StatusOr<float> Loss(Sequential& model, const Tensor& x, const Tensor& y, bool keep) {
+absl::StatusOr<float> Loss(Sequential& model, const Tensor& x, const Tensor& y, bool keep,
+                           Precision precision) {
   MicroBatch mb;
   mb.targets = &y;
+  mb.precision = precision;
   Tensor loss;
   BATON_RETURN_IF_ERROR(model.Forward(mb, x, &loss));
   if (!keep) model.Discard(mb.index);
@@ -195,6 +197,13 @@ absl::Status Train(const Flags& f) {
     l->set_decay_steps(static_cast<int32_t>(FloatFlag(f, "decay-steps", 0.0f)));
   }
   opt.set_clip_grad_norm(FloatFlag(f, "clip", 0.0f));
+  Precision precision = Precision::kFp32;
+  if (const auto it = f.find("precision"); it != f.end()) {
+    if (it->second != "fp32" && it->second != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown --precision ", it->second));
+    }
+    if (it->second == "bf16") precision = Precision::kBf16;
+  }
   std::vector<Parameter*> params = model->Parameters();
   Parameter* tied_embedding = nullptr;
   Parameter* tied_output = nullptr;
@@ -215,9 +224,10 @@ absl::Status Train(const Flags& f) {
     Tensor x, y;
     Split(batches, step % batches.dim(0), &x, &y);
     ZeroGrad(params);
-    BATON_ASSIGN_OR_RETURN(const float loss, Loss(*model, x, y, /*keep=*/true));
+    BATON_ASSIGN_OR_RETURN(const float loss, Loss(*model, x, y, /*keep=*/true, precision));
     MicroBatch mb;
     mb.targets = &y;
+    mb.precision = precision;
     Tensor dx;
     BATON_RETURN_IF_ERROR(model->Backward(mb, one, &dx));
     if (tied) SumTiedGradients(*tied_embedding, *tied_output, *CpuBackend());
@@ -239,7 +249,7 @@ absl::Status Train(const Flags& f) {
   }
   Tensor x, y;
   Split(batches, 0, &x, &y);
-  BATON_ASSIGN_OR_RETURN(const float final_loss, Loss(*model, x, y, /*keep=*/false));
+  BATON_ASSIGN_OR_RETURN(const float final_loss, Loss(*model, x, y, /*keep=*/false, precision));
   std::printf("final loss %.9g\n", final_loss);
   std::string json = "{\"losses\": [";
   for (size_t i = 0; i < losses.size(); ++i) {

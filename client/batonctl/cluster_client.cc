@@ -196,6 +196,8 @@ std::string DescribeSpec(const baton::v1::JobSpec& spec) {
       absl::StrAppend(&extra, " (stages ", absl::StrJoin(p.recompute_stages(), ","), ")");
     }
   }
+  if (spec.precision() == baton::v1::PRECISION_BF16) absl::StrAppend(&extra, ", bf16");
+  if (spec.allow_tf32()) absl::StrAppend(&extra, ", tf32 allowed");
   return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s%s, %d micro-batch%s, batch %d, %d "
                          "steps, seed %d",
                          model, ScheduleName(p.schedule()), stages, stages == 1 ? "" : "s",

@@ -14,6 +14,8 @@
 #include "common/checkpoint/checkpoint.h"
 #include "common/checkpoint/hf.h"
 #include "common/checkpoint/safetensors.h"
+#include "common/core/backend.h"
+#include "common/core/status.h"
 #include "common/spec/spec.h"
 
 namespace baton::cli {
@@ -35,7 +37,9 @@ constexpr char kUsage[] =
     "--format hf (a gpt or llama model): writes a Hugging Face transformers model directory\n"
     "instead, config.json and model.safetensors under transformers' names (float32), which\n"
     "AutoModelForCausalLM.from_pretrained(MODEL_DIR) loads; the model's shape comes from the\n"
-    "job's spec (JOB) or from --spec SPEC.json (--from).";
+    "job's spec (JOB) or from --spec SPEC.json (--from).\n"
+    "--dtype bf16 writes the weights rounded to bfloat16 (half the bytes; a bf16 job's\n"
+    "checkpoints keep float32 masters, which --dtype f32, the default, writes).";
 
 // The weights to write and where they came from.
 struct Exported {
@@ -50,6 +54,30 @@ int64_t StepFlag(const Args& args) { return *args.GetInt("step", -1); }
 
 bool HfFormat(const Args& args) { return args.Get("format") == "hf"; }
 
+// --dtype bf16: the weights rounded to bfloat16 (nearest even); f32 (the default) as kept.
+DType ExportDType(const Args& args) {
+  return args.Get("dtype") == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+}
+
+// The safetensors file `bytes` with every float32 tensor rounded to bf16.
+absl::StatusOr<std::string> ToBf16File(const std::string& bytes) {
+  BATON_ASSIGN_OR_RETURN(const Safetensors st, ParseSafetensors(bytes));
+  std::vector<Tensor> tensors;
+  tensors.reserve(st.order.size());
+  std::vector<NamedTensor> named;
+  for (const std::string& name : st.order) {
+    BATON_ASSIGN_OR_RETURN(Tensor t, EntryToTensor(st.tensors.at(name), Device::kCpu));
+    if (t.dtype() == DType::kFloat32) {
+      Tensor b = Tensor::Empty(t.shape(), DType::kBFloat16);
+      CpuBackend()->ToBf16(t.numel(), t.f32(), b.bf16());
+      t = std::move(b);
+    }
+    tensors.push_back(std::move(t));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) named.push_back({st.order[i], &tensors[i]});
+  return EncodeSafetensors(named, {{"format", "pt"}});
+}
+
 absl::Status CheckExport(const Args& args) {
   if (args.Has("format") && args.Get("format") != "hf" && args.Get("format") != "baton") {
     return absl::InvalidArgumentError(
@@ -59,6 +87,10 @@ absl::Status CheckExport(const Args& args) {
     return absl::InvalidArgumentError(HfFormat(args)
                                           ? "-o DIR is required (the model directory to write)"
                                           : "-o FILE is required (the export is binary)");
+  }
+  if (args.Has("dtype") && args.Get("dtype") != "f32" && args.Get("dtype") != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be f32 or bf16, got '", args.Get("dtype"), "'"));
   }
   if (HfFormat(args) && args.Has("from") && !args.Has("spec")) {
     return absl::InvalidArgumentError(
@@ -96,7 +128,7 @@ int WriteExport(const Args& args, const Exported& e) {
       tensors.push_back(*std::move(t));
       by_name[name] = &tensors.back();
     }
-    if (absl::Status s = WriteHfModel(e.model, by_name, path); !s.ok()) {
+    if (absl::Status s = WriteHfModel(e.model, by_name, path, ExportDType(args)); !s.ok()) {
       return CommandFail(kCommand, std::string(s.message()));
     }
     std::fprintf(stderr,
@@ -105,11 +137,17 @@ int WriteExport(const Args& args, const Exported& e) {
                  path.c_str(), static_cast<long long>(e.step), e.source.c_str());
     return 0;
   }
-  if (absl::Status s = WriteFileAtomically(path, e.bytes); !s.ok()) {
+  std::string bytes = e.bytes;
+  if (ExportDType(args) == DType::kBFloat16) {
+    absl::StatusOr<std::string> b = ToBf16File(e.bytes);
+    if (!b.ok()) return CommandFail(kCommand, std::string(b.status().message()));
+    bytes = *std::move(b);
+  }
+  if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) {
     return CommandFail(kCommand, std::string(s.message()));
   }
   std::fprintf(stderr, "wrote %s: the weights after step %lld from %s (%zu bytes)\n", path.c_str(),
-               static_cast<long long>(e.step), e.source.c_str(), e.bytes.size());
+               static_cast<long long>(e.step), e.source.c_str(), bytes.size());
   return 0;
 }
 
@@ -189,7 +227,9 @@ int Export(const std::vector<std::string>& argv) {
        "where JOB's are"},
       {"format", "", false,
        "baton (default: one safetensors file) or hf (a Hugging Face model directory)"},
-      {"spec", "", false, "with --from and --format hf: the job's spec (the model's shape)"}};
+      {"spec", "", false, "with --from and --format hf: the job's spec (the model's shape)"},
+      {"dtype", "", false,
+       "f32 (default: the float32 master weights) or bf16 (each rounded to bfloat16)"}};
   command.positional = Positional::kOwn;  // JOB, or none with --from
   command.default_timeout = absl::Minutes(10);
   command.output_file_help =

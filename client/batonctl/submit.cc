@@ -55,6 +55,9 @@ std::vector<FlagSpec> SubmitFlags() {
       {"collective", "", false, "override pipeline.collective_engine: auto, gloo or nccl"},
       {"device", "", false, "override the device: cpu, cuda or auto"},
       {"transport", "", false, "override the transport: grpc, nccl or auto"},
+      {"precision", "", false,
+       "override the arithmetic: fp32, or bf16 (mixed precision; docs/precision.md)"},
+      {"allow-tf32", "", true, "let an fp32 job's products on GPUs use TF32 (allow_tf32)"},
       {"resume-from", "", false,
        "start from JOB's checkpoint: JOB (its newest complete one) or JOB@STEP; without -f, "
        "with JOB's spec"},
@@ -75,6 +78,7 @@ constexpr char kUsage[] =
     "                       [--data-parallel D]\n"
     "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
+    "                       [--precision fp32|bf16] [--allow-tf32]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
@@ -229,6 +233,11 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
        {"nccl", baton::v1::TRANSPORT_KIND_NCCL},
        {"auto", baton::v1::TRANSPORT_KIND_UNSPECIFIED}},
       [spec](baton::v1::TransportKind v) { spec->set_transport(v); }));
+  BATON_RETURN_IF_ERROR(WordFlag<baton::v1::Precision>(
+      args, "precision",
+      {{"fp32", baton::v1::PRECISION_FP32}, {"bf16", baton::v1::PRECISION_BF16}},
+      [spec](baton::v1::Precision v) { spec->set_precision(v); }));
+  if (args.Has("allow-tf32")) spec->set_allow_tf32(true);
   return absl::OkStatus();
 }
 

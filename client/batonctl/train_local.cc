@@ -44,6 +44,7 @@ const std::vector<FlagSpec>& Flags() {
       {"resume-from", "", false,
        "resume from a checkpoint: DIR/JOB (its newest complete one) or DIR/JOB@STEP"},
       {"job-id", "", false, "the job name checkpoints are written under (default local)"},
+      {"precision", "", false, "override the arithmetic: fp32 or bf16 (docs/precision.md)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
   };
@@ -129,6 +130,12 @@ int TrainLocal(const std::vector<std::string>& argv) {
     }
     spec->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
                                              : baton::v1::DEVICE_KIND_CPU);
+  }
+
+  if (args->Has("precision")) {
+    const std::string p = args->Get("precision");
+    if (p != "fp32" && p != "bf16") return Fail("--precision must be fp32 or bf16, got '" + p + "'");
+    spec->set_precision(p == "bf16" ? baton::v1::PRECISION_BF16 : baton::v1::PRECISION_FP32);
   }
 
   if (spec->pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {

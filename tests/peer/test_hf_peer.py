@@ -13,6 +13,8 @@ writes with WriteHfModel. Checked, all in float32 on the CPU with eager attentio
     (torch.nn.utils.clip_grad_norm_) and weight decay on the matrices only (two parameter
     groups) give the same learning rates (1e-6 relative), gradient norms (1e-4 relative) and
     losses (1e-4);
+  - bf16: 20 AdamW steps of baton's PRECISION_BF16 track torch.autocast(bfloat16) within a
+    bound stated against autocast's own distance from float32 (see AUTOCAST_SLACK);
   - HF -> baton -> HF is bit-exact (torch.equal on every tensor);
   - the trained model baton exports has, in transformers, the loss baton reports.
 Run by scripts/peer-test.sh (ctest hf_peer).
@@ -151,6 +153,52 @@ def test_adamw_training_and_export_agree(hf, batches, tmp_path):
         exported = ce(trained, tokens[0]).item()
     assert abs(exported - report["final_loss"]) <= 1e-5 * max(1.0, abs(exported)), \
         (kind, exported, report["final_loss"])
+
+
+# bf16 mixed precision (docs/precision.md) against torch.autocast("cpu", torch.bfloat16):
+# the two round at different points (autocast keeps the residual stream and the norms'
+# outputs in float32; baton rounds block outputs, which it sends between stages), so they
+# agree to bf16's resolution, not bit for bit. The bound is stated against the distance of
+# each from float32: baton-bf16 must track autocast no worse than AUTOCAST_SLACK times the
+# distance between autocast and float32 torch, plus AUTOCAST_ATOL; and baton-bf16 must
+# differ from baton-fp32 (it really rounds).
+AUTOCAST_SLACK, AUTOCAST_ATOL = 3.0, 2e-3
+
+
+def torch_adamw_losses(model, tokens, autocast):
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = ce(model, tokens[step % tokens.shape[0]])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_bf16_training_tracks_torch_autocast(hf, batches, tmp_path):
+    kind, _, path = hf
+    tokens, bpath = batches
+    ours = {}
+    for precision in ("fp32", "bf16"):
+        run_tool("train", "--hf", path, "--batches", bpath, "--steps", STEPS, "--lr", LR,
+                 "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps", EPS, "--weight-decay", WD,
+                 "--weight-decay-scope", "all", "--precision", precision,
+                 "--out-losses", tmp_path / f"{precision}.json")
+        ours[precision] = json.loads((tmp_path / f"{precision}.json").read_text())["losses"]
+    autocast = torch_adamw_losses(load(path), tokens, autocast=True)
+    fp32 = torch_adamw_losses(load(path), tokens, autocast=False)
+    gap = max(abs(a - b) for a, b in zip(autocast, fp32))  # what bf16 does to torch
+    diff = max(abs(a - b) for a, b in zip(ours["bf16"], autocast))
+    rounding = max(abs(a - b) for a, b in zip(ours["bf16"], ours["fp32"]))
+    print(f"{kind}: |baton bf16 - autocast| <= {diff:.3g}, |autocast - torch fp32| <= {gap:.3g}, "
+          f"|baton bf16 - baton fp32| <= {rounding:.3g}")
+    assert rounding > 0, f"{kind}: bf16 gave the fp32 losses: nothing was rounded"
+    assert diff <= AUTOCAST_SLACK * gap + AUTOCAST_ATOL, \
+        f"{kind}: baton bf16 {ours['bf16']} vs autocast {autocast} (torch fp32 {fp32})"
 
 
 WARMUP, MIN_LR, CLIP = 4, 1e-4, 0.5
