@@ -36,8 +36,8 @@ LICENSES = "/usr/share/common-licenses"
 TEXTS = ["GPL-1", "GPL-2", "GPL-3", "LGPL-2", "LGPL-2.1", "LGPL-3", "GFDL-1.2", "GFDL-1.3"]
 TRAIN_BELOW = 2.6
 VAL_BELOW = 3.8
-BF16_WINDOW_TOL = 0.05
-BF16_VAL_TOL = 0.03
+BF16_WINDOW_TOL = 0.01
+BF16_VAL_TOL = 0.02
 
 
 def prepare(data_dir):

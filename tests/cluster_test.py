@@ -556,6 +556,12 @@ def case_schedules(c):
         ("llama zb-v", tiny_llama("llama-zbv"), ["--schedule", "zb-v", "--stages", "2"]),
         ("llama untied", tiny_llama("llama-untied", tied=False),
          ["--schedule", "interleaved-1f1b", "--stages", "2", "--virtual", "2"]),
+        # bf16 mixed precision (docs/precision.md): bf16 tensors between worker processes,
+        # the reference trainer's bits all the same.
+        ("bf16 dualpipe-v", dict(tiny_gpt("gpt-bf16"), precision="PRECISION_BF16"),
+         ["--schedule", "dualpipe-v", "--stages", "2", "--precision", "bf16"]),
+        ("llama bf16 1f1b", dict(tiny_llama("llama-bf16"), precision="PRECISION_BF16"),
+         ["--schedule", "1f1b", "--stages", "4"]),
     ]
     for i, (schedule, spec, flags) in enumerate(runs):
         path = c.write_spec(spec)
