@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/checkpoint/safetensors.h"
+#include "common/core/backend.h"
 #include "common/core/file.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
@@ -709,7 +710,7 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec) {
+absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType dtype) {
   Struct c;
   auto& f = *c.mutable_fields();
   auto num = [&](const char* k, double v) { f[k].set_number_value(v); };
@@ -772,7 +773,7 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec) {
     return absl::InvalidArgumentError(
         "a Hugging Face model is written for model.gpt or model.llama only");
   }
-  str("torch_dtype", "float32");
+  str("torch_dtype", dtype == DType::kBFloat16 ? "bfloat16" : "float32");
   str("dtype", "float32");
   boolean("use_cache", true);
   std::string out;
@@ -785,8 +786,12 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec) {
 
 absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
                           const std::map<std::string, const Tensor*>& params_by_baton_name,
-                          const std::string& dir) {
-  BATON_ASSIGN_OR_RETURN(const std::string config, HfConfigJson(spec));
+                          const std::string& dir, DType dtype) {
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf export: weights are written as f32 or bf16, not ", DTypeName(dtype)));
+  }
+  BATON_ASSIGN_OR_RETURN(const std::string config, HfConfigJson(spec, dtype));
   const int64_t context = spec.has_gpt() ? spec.gpt().context() : spec.llama().context();
   std::vector<Tensor> tensors;  // kept alive for `named`
   std::vector<std::string> names;
@@ -820,6 +825,11 @@ absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
         std::memcpy(dst, src, static_cast<size_t>(rows * part_cols) * sizeof(float));
       }
       row += rows;
+      if (dtype == DType::kBFloat16) {
+        Tensor b = Tensor::Empty(t.shape(), DType::kBFloat16);
+        CpuBackend()->ToBf16(t.numel(), t.f32(), b.bf16());
+        t = std::move(b);
+      }
       tensors.push_back(std::move(t));
       names.push_back(part.name);
     }

@@ -103,9 +103,11 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
 // from_pretrained needs (architectures, model_type, dimensions, n_positions /
 // max_position_embeddings = context, tie_word_embeddings, torch_dtype float32, the norm
 // epsilon, rope_theta, the activation). INVALID_ARGUMENT for an mlp model.
-absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec);
+absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec,
+                                         DType dtype = DType::kFloat32);
 
-// Writes dir/config.json and dir/model.safetensors (float32, Hugging Face names; a tied
+// Writes dir/config.json and dir/model.safetensors (float32, or bfloat16 when `dtype` is
+// kBFloat16: each weight rounded to nearest even, torch_dtype "bfloat16"; Hugging Face names; a tied
 // model without lm_head.weight, as transformers saves it), each atomically (a temporary
 // file, then rename); creates `dir` if needed. `params_by_baton_name` must hold every
 // parameter of the model by its baton name (on any device; the tied head's copy may be
@@ -113,7 +115,7 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec);
 // file.
 absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
                           const std::map<std::string, const Tensor*>& params_by_baton_name,
-                          const std::string& dir);
+                          const std::string& dir, DType dtype = DType::kFloat32);
 
 }  // namespace baton
 

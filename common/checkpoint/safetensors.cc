@@ -18,7 +18,17 @@ constexpr uint64_t kMaxHeader = 100ull << 20;
 // Exact integers in a JSON number (parsed as a double).
 constexpr double kMaxExact = 9007199254740992.0;  // 2^53
 
-const char* DTypeTag(DType t) { return t == DType::kInt32 ? "I32" : "F32"; }
+const char* DTypeTag(DType t) {
+  switch (t) {
+    case DType::kInt32:
+      return "I32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat32:
+      break;
+  }
+  return "F32";
+}
 
 // A JSON string literal.
 std::string Quote(absl::string_view s) {

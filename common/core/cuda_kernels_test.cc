@@ -10,11 +10,13 @@
 #include "common/core/cuda_test_util.h"
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <condition_variable>
 #include <string>
@@ -134,6 +136,66 @@ TEST_F(CudaKernelsTest, GemmEveryTransposeAndBeta) {
   cpu_->Gemm(false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.5f, c.data(), 3);
   cuda_->Gemm(false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.5f, dc.f32(), 3);
   ExpectBitEqual(Host(dc), c, "gemm k=0");
+}
+
+// bf16 rounding and conversion: the CPU's bits exactly (common/core/bf16.h is shared).
+TEST_F(CudaKernelsTest, Bf16RoundingAndConversionAreBitExact) {
+  const int64_t n = 100003;
+  Vec x = Random(static_cast<size_t>(n), "bf16", -1e3f, 1e3f);
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = std::numeric_limits<float>::infinity();
+  x[2] = std::numeric_limits<float>::max();
+  x[3] = 1.0f + std::ldexp(1.0f, -8);  // a tie
+  Vec rounded(x.size());
+  cpu_->RoundToBf16(n, x.data(), rounded.data());
+  Tensor dx = Dev(x), dy = Dev(x);
+  cuda_->RoundToBf16(n, dx.f32(), dy.f32());
+  ExpectBitEqual(Host(dy), rounded, "RoundToBf16");
+  Tensor bits = Tensor::Empty({n}, DType::kBFloat16, Device::kCuda);
+  cuda_->ToBf16(n, dx.f32(), bits.bf16());
+  std::vector<uint16_t> want_bits(x.size()), got_bits(x.size());
+  cpu_->ToBf16(n, x.data(), want_bits.data());
+  ASSERT_TRUE(bits.CopyToHost(got_bits.data()).ok());
+  EXPECT_EQ(got_bits, want_bits);
+  Tensor back = Tensor::Empty({n}, DType::kFloat32, Device::kCuda);
+  cuda_->FromBf16(n, bits.bf16(), back.f32());
+  ExpectBitEqual(Host(back), rounded, "FromBf16");
+}
+
+// TF32 (SetAllowTf32): on, fp32 products lose precision (a 10-bit mantissa on the inputs)
+// but stay within TF32's bound of the CPU; products of bf16 values are TF32-exact, so
+// they stay within fp32 accumulation error; off again, the pedantic bits come back.
+TEST_F(CudaKernelsTest, Tf32ProductsOnRequestAndPedanticOtherwise) {
+  const int64_t m = 256, n = 256, k = 512;
+  const Vec a = Random(static_cast<size_t>(m * k), "tf32 a");
+  const Vec b = Random(static_cast<size_t>(k * n), "tf32 b");
+  Vec want(static_cast<size_t>(m * n));
+  cpu_->Gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
+  Tensor da = Dev(a), db = Dev(b), dc = Dev(want);
+  auto run = [&]() {
+    cuda_->Gemm(false, false, m, n, k, 1.0f, da.f32(), k, db.f32(), n, 0.0f, dc.f32(), n);
+    return Host(dc);
+  };
+  const Vec pedantic = run();
+  ExpectNear(pedantic, want, 2e-6 * k, 1e-5, "pedantic");
+  cuda_->SetAllowTf32(true);
+  const Vec tf32 = run();
+  double worst = 0.0;
+  for (size_t i = 0; i < tf32.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(tf32[i]) - want[i]));
+  }
+  EXPECT_GT(worst, 2e-6 * k) << "TF32 on, yet the products are IEEE float32's";
+  ExpectNear(tf32, want, 2e-3 * std::sqrt(static_cast<double>(k)), 1e-2, "tf32");
+  Vec ab = a, bb = b;
+  cpu_->RoundToBf16(m * k, ab.data(), ab.data());
+  cpu_->RoundToBf16(k * n, bb.data(), bb.data());
+  Vec want_bf(want.size());
+  cpu_->Gemm(false, false, m, n, k, 1.0f, ab.data(), k, bb.data(), n, 0.0f, want_bf.data(), n);
+  Tensor dab = Dev(ab), dbb = Dev(bb);
+  cuda_->Gemm(false, false, m, n, k, 1.0f, dab.f32(), k, dbb.f32(), n, 0.0f, dc.f32(), n);
+  ExpectNear(Host(dc), want_bf, 2e-6 * k, 1e-5, "tf32 on bf16 operands");
+  cuda_->SetAllowTf32(false);
+  ExpectBitEqual(run(), pedantic, "pedantic again");
 }
 
 TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
