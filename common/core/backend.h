@@ -20,6 +20,8 @@
 #define BATON_COMMON_CORE_BACKEND_H_
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/status/statusor.h"
 #include "common/core/tensor.h"
@@ -150,6 +152,24 @@ class Backend {
     AttentionBackward(B, T, H, H, D, qkv, att, dy, dqkv, scratch);
   }
 
+  // ---- Fused causal grouped-query attention (flash-style: flash_attention_math.h) ----
+  // Same layout and meaning as AttentionForward/Backward, without the T x T matrix: the
+  // forward writes y and lse[B,H,T] (each query row's logsumexp of its scaled scores), the
+  // backward recomputes the probabilities from them. `scratch` holds B*H*T floats. The sums
+  // run in the fixed orders flash_attention_math.h states, no atomics. Head size D at most
+  // flash::kMaxHeadSize.
+  virtual void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                     const float* qkv, float* y, float* lse) = 0;
+  virtual void FusedAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                      const float* qkv, const float* y, const float* lse,
+                                      const float* dy, float* dqkv, float* scratch) = 0;
+  // Whether the attention modules use the fused kernels for head size D on this backend
+  // (else the materialised ones): when the process was started with
+  // BATON_FUSED_ATTENTION=1 (FusedAttentionRequested) and D <= flash::kMaxHeadSize. Off by
+  // default on both backends for now: on the CPU the materialised kernels give the digests
+  // jobs have always had, and on CUDA the fused kernels have not yet run on a GPU.
+  virtual bool UsesFusedAttention(int64_t D) const = 0;
+
   // ---- SwiGLU (LLaMA's MLP activation) ----
   // gate_up[rows, 2I] holds the gate (columns 0 .. I-1) and the up projection (I .. 2I-1).
   // Writes out[r,i] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (float32, as torch's
@@ -209,6 +229,16 @@ Backend* CpuBackend();
 // OPENBLAS_NUM_THREADS, else the cores). Results do not depend on it: GEMM splits its
 // output into row blocks of a fixed size (cpu_backend.cc); the tests check 1, 2 and 3.
 void SetBlasThreads(int threads);
+
+// BATON_FUSED_ATTENTION=1 in the environment, read once per process (inline: both backend
+// libraries read it).
+inline bool FusedAttentionRequested() {
+  static const bool requested = [] {
+    const char* e = std::getenv("BATON_FUSED_ATTENTION");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return requested;
+}
 int BlasThreads();
 
 }  // namespace baton

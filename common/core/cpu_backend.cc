@@ -16,7 +16,9 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -27,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/bf16.h"
+#include "common/core/flash_attention_math.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/gelu_math.h"
@@ -425,6 +428,66 @@ class CpuBackendImpl final : public Backend {
           for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
         }
         Gemm(false, false, T, D, T, 1.0f, a, T, v, W, 0.0f, y + b * T * C + h * D, C);
+      }
+    }
+  }
+
+  bool UsesFusedAttention(int64_t D) const override {
+    return FusedAttentionRequested() && D <= flash::kMaxHeadSize;
+  }
+
+  void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                             const float* qkv, float* y, float* lse) override {
+    const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    float acc[flash::kMaxHeadSize];
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* base = qkv + b * T * W;
+        const float* k = base + C + (h / G) * D;
+        const float* v = base + C + KVH * D + (h / G) * D;
+        for (int64_t i = 0; i < T; ++i) {
+          lse[(b * H + h) * T + i] = flash::ForwardRow(base + i * W + h * D, k, v, W, D, i,
+                                                       scale, acc, y + (b * T + i) * C + h * D);
+        }
+      }
+    }
+  }
+
+  void FusedAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                              const float* qkv, const float* y, const float* lse,
+                              const float* dy, float* dqkv, float* scratch) override {
+    const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    float* const delta = scratch;
+    for (int64_t b = 0; b < B; ++b) {  // pass 1
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t row = (b * T + i) * C + h * D;
+          delta[(b * H + h) * T + i] = flash::Dot(dy + row, y + row, D);
+        }
+      }
+    }
+    float acc[flash::kMaxHeadSize], acc2[flash::kMaxHeadSize];
+    for (int64_t b = 0; b < B; ++b) {
+      const float* base = qkv + b * T * W;
+      for (int64_t h = 0; h < H; ++h) {  // pass 2
+        const float* k = base + C + (h / G) * D;
+        const float* v = base + C + KVH * D + (h / G) * D;
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t r = (b * H + h) * T + i;
+          flash::BackwardQueryRow(base + i * W + h * D, k, v, W, D, i, scale, lse[r],
+                                  dy + (b * T + i) * C + h * D, delta[r], acc,
+                                  dqkv + (b * T + i) * W + h * D);
+        }
+      }
+      for (int64_t g = 0; g < KVH; ++g) {  // pass 3
+        for (int64_t j = 0; j < T; ++j) {
+          float* row = dqkv + (b * T + j) * W;
+          flash::BackwardKeyRow(base, dy + b * T * C, lse + b * H * T, delta + b * H * T, T, H,
+                                KVH, D, g, j, scale, acc, acc2, row + C + g * D,
+                                row + C + KVH * D + g * D);
+        }
       }
     }
   }

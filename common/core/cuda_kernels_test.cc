@@ -198,6 +198,44 @@ TEST_F(CudaKernelsTest, Tf32ProductsOnRequestAndPedanticOtherwise) {
   ExpectBitEqual(run(), pedantic, "pedantic again");
 }
 
+// The fused (flash-style) attention kernels against the CPU's fused kernels, which run the
+// same row functions (flash_attention_math.h): they differ only by the device's expf and
+// logf against the host's (a few ulps), so outputs agree within 1e-5 relative and input
+// gradients within 1e-4; and each kernel repeats its bits.
+TEST_F(CudaKernelsTest, FusedAttentionAgreesWithTheCpuAndRepeatsItsBits) {
+  struct S {
+    int64_t B, T, H, KVH, D;
+  };
+  for (const S& s : {S{2, 1, 2, 2, 4}, S{2, 37, 4, 2, 16}, S{1, 130, 3, 1, 64},
+                     S{2, 64, 2, 2, 128}}) {
+    const std::string tag = absl::StrCat("fused B", s.B, " T", s.T, " H", s.H, " KVH", s.KVH,
+                                         " D", s.D);
+    const int64_t W = (s.H + 2 * s.KVH) * s.D, C = s.H * s.D;
+    const Vec qkv = Random(static_cast<size_t>(s.B * s.T * W), tag + " qkv");
+    const Vec dy = Random(static_cast<size_t>(s.B * s.T * C), tag + " dy");
+    Vec y(static_cast<size_t>(s.B * s.T * C)), lse(static_cast<size_t>(s.B * s.H * s.T));
+    Vec dqkv(qkv.size()), delta(lse.size());
+    cpu_->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.data(), y.data(), lse.data());
+    cpu_->FusedAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.data(), y.data(), lse.data(),
+                                 dy.data(), dqkv.data(), delta.data());
+    Tensor dq = Dev(qkv), ddy = Dev(dy), dyo = Dev(y), dlse = Dev(lse), dd = Dev(dqkv),
+           ddelta = Dev(delta);
+    cuda_->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32());
+    const Vec y_gpu = Host(dyo), lse_gpu = Host(dlse);
+    ExpectNear(y_gpu, y, 1e-6, 1e-5, tag + " y");
+    ExpectNear(lse_gpu, lse, 1e-6, 1e-5, tag + " lse");
+    cuda_->FusedAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32(),
+                                  ddy.f32(), dd.f32(), ddelta.f32());
+    const Vec d_gpu = Host(dd);
+    ExpectNear(d_gpu, dqkv, 1e-5, 1e-4, tag + " dqkv");
+    cuda_->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32());
+    ExpectBitEqual(Host(dyo), y_gpu, tag + " y again");
+    cuda_->FusedAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32(),
+                                  ddy.f32(), dd.f32(), ddelta.f32());
+    ExpectBitEqual(Host(dd), d_gpu, tag + " dqkv again");
+  }
+}
+
 TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
   const int64_t n = 100003;  // not a multiple of any block size
   const Vec a = Random(n, "ew a", -4.0f, 4.0f), b = Random(n, "ew b", -4.0f, 4.0f);

@@ -123,9 +123,9 @@ absl::Status LlamaAttention::ForwardSteps(const MicroBatch& mb, const Tensor& x,
   be_->RotaryForward(B, T, H, D, W, rope_theta_, s.qkv.f32());
   be_->RotaryForward(B, T, KVH, D, W, rope_theta_, s.qkv.f32() + H * D);
   RoundIfBf16(mb, be_, &s.qkv);  // the rotated q and k are bf16 too (v already is)
-  BATON_ASSIGN_OR_RETURN(s.att, NewTensor(name_, {B, H, T, T}, device_));
-  BATON_ASSIGN_OR_RETURN(Tensor mixed, NewTensor(name_, {B, T, channels_}, device_));
-  be_->AttentionForward(B, T, H, KVH, D, s.qkv.f32(), s.att.f32(), mixed.f32());
+  Tensor mixed;
+  BATON_RETURN_IF_ERROR(
+      AttentionCoreForward(name_, be_, device_, {B, T, H, KVH, D}, s.qkv, &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
   return stash_.Put(mb.index, std::move(s));
 }
@@ -136,10 +136,9 @@ absl::Status LlamaAttention::BackwardInput(const MicroBatch& mb, const Tensor& d
   BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
   const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, KVH = kv_heads_,
                 D = channels_ / H, W = (H + 2 * KVH) * D;
-  BATON_ASSIGN_OR_RETURN(Tensor dqkv, NewTensor(name_, s->qkv.shape(), device_));
-  BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(name_, {H, T, T}, device_));
-  be_->AttentionBackward(B, T, H, KVH, D, s->qkv.f32(), s->att.f32(), dmixed.f32(), dqkv.f32(),
-                         scratch.f32());
+  Tensor dqkv;
+  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, KVH, D}, s->qkv,
+                                              s->core, dmixed, &dqkv));
   // Back through the rotations: the gradients of the unrotated q and k.
   be_->RotaryBackward(B, T, H, D, W, rope_theta_, dqkv.f32());
   be_->RotaryBackward(B, T, KVH, D, W, rope_theta_, dqkv.f32() + H * D);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/nn/attention_core.h"
 #include "common/nn/layers.h"
 #include "common/nn/module.h"
 
@@ -73,7 +74,7 @@ class LlamaAttention final : public Module {
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
     Tensor qkv;  // [B, T, (H + 2 KVH) D], q and k rotated
-    Tensor att;  // [B, H, T, T] softmax probabilities
+    AttentionStash core;
   };
   const std::string name_;
   const int64_t channels_, heads_, kv_heads_;

@@ -72,9 +72,9 @@ absl::Status CausalSelfAttention::ForwardSteps(const MicroBatch& mb, const Tenso
   const int64_t B = x.dim(0), T = x.dim(1), H = heads_, D = channels_ / heads_;
   Saved s;
   BATON_RETURN_IF_ERROR(qkv_.Forward(mb, x, &s.qkv));
-  BATON_ASSIGN_OR_RETURN(s.att, NewTensor(name_, {B, H, T, T}, device_));
-  BATON_ASSIGN_OR_RETURN(Tensor mixed, NewTensor(name_, {B, T, channels_}, device_));
-  be_->AttentionForward(B, T, H, D, s.qkv.f32(), s.att.f32(), mixed.f32());
+  Tensor mixed;
+  BATON_RETURN_IF_ERROR(
+      AttentionCoreForward(name_, be_, device_, {B, T, H, H, D}, s.qkv, &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
   return stash_.Put(mb.index, std::move(s));
 }
@@ -85,10 +85,9 @@ absl::Status CausalSelfAttention::BackwardInput(const MicroBatch& mb, const Tens
   Tensor dmixed;
   BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
   const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, D = channels_ / heads_;
-  BATON_ASSIGN_OR_RETURN(Tensor dqkv, NewTensor(name_, s->qkv.shape(), device_));
-  BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(name_, {H, T, T}, device_));
-  be_->AttentionBackward(B, T, H, D, s->qkv.f32(), s->att.f32(), dmixed.f32(), dqkv.f32(),
-                         scratch.f32());
+  Tensor dqkv;
+  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, H, D}, s->qkv,
+                                              s->core, dmixed, &dqkv));
   stash_.Erase(mb.index);
   return qkv_.BackwardInput(mb, dqkv, dx);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/nn/attention_core.h"
 #include "common/nn/layers.h"
 #include "common/nn/module.h"
 
@@ -32,7 +33,7 @@ class CausalSelfAttention final : public Module {
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
     Tensor qkv;  // [B, T, 3C]
-    Tensor att;  // [B, H, T, T] softmax probabilities
+    AttentionStash core;
   };
   const std::string name_;
   const int64_t channels_, heads_;

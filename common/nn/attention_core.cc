@@ -1,0 +1,41 @@
+#include "common/nn/attention_core.h"
+
+#include "common/core/status.h"
+#include "common/nn/module.h"
+
+namespace baton {
+
+absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device device,
+                                  const AttentionShape& s, const Tensor& qkv,
+                                  AttentionStash* saved, Tensor* y) {
+  BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(who, {s.B, s.T, s.H * s.D}, device));
+  if (be->UsesFusedAttention(s.D)) {
+    BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
+    be->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
+    saved->out = out;
+  } else {
+    BATON_ASSIGN_OR_RETURN(saved->att, NewTensor(who, {s.B, s.H, s.T, s.T}, device));
+    be->AttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), saved->att.f32(), out.f32());
+  }
+  *y = std::move(out);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionCoreBackward(const std::string& who, Backend* be, Device device,
+                                   const AttentionShape& s, const Tensor& qkv,
+                                   const AttentionStash& saved, const Tensor& dy, Tensor* dqkv) {
+  BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(who, qkv.shape(), device));
+  if (saved.lse.defined()) {
+    BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(who, {s.B, s.H, s.T}, device));
+    be->FusedAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), saved.out.f32(),
+                               saved.lse.f32(), dy.f32(), g.f32(), scratch.f32());
+  } else {
+    BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(who, {s.H, s.T, s.T}, device));
+    be->AttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), saved.att.f32(), dy.f32(),
+                          g.f32(), scratch.f32());
+  }
+  *dqkv = std::move(g);
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,70 @@
+// Pipelines with the fused (flash-style) attention core (common/nn/attention_core.h) equal
+// the reference trainer bit for bit, as with the materialised one: both take the same
+// kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main), on the CPU.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/core/digest.h"
+#include "common/pipeline/local_pipeline.h"
+#include "common/spec/spec.h"
+#include "common/train/reference_trainer.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "1", 1) == 0; }();
+
+baton::v1::JobSpec Job(const std::string& model) {
+  absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(absl::StrCat(R"({"model": )", model, R"(,
+    "data": {"text": {"inlineText": "pipelines must agree with the reference to the last bit, always."},
+             "batchSize": 24},
+    "optimizer": {"adamw": {"learningRate": 0.01}},
+    "pipeline": {"microbatches": 4},
+    "steps": 3, "seed": 9})"));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *s;
+}
+
+TEST(FusedPipelineTest, EveryScheduleFamilyEqualsTheReferenceInFp32AndBf16) {
+  ASSERT_TRUE(kFusedRequested && FusedAttentionRequested());
+  const std::vector<std::string> models = {
+      R"({"gpt": {"vocabSize": 30, "context": 8, "dModel": 16, "heads": 2, "layers": 4}})",
+      R"({"llama": {"vocabSize": 30, "context": 8, "dModel": 16, "heads": 4, "kvHeads": 2,
+                    "layers": 4, "intermediateSize": 24, "tieEmbeddings": true}})"};
+  struct P {
+    baton::v1::Schedule schedule;
+    int stages, virtual_stages;
+  };
+  for (const std::string& model : models) {
+    for (baton::v1::Precision precision : {baton::v1::PRECISION_FP32, baton::v1::PRECISION_BF16}) {
+      for (const P& p : {P{baton::v1::SCHEDULE_1F1B, 3, 1}, P{baton::v1::SCHEDULE_ZB_H1, 2, 1},
+                         P{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 2, 2},
+                         P{baton::v1::SCHEDULE_ZB_V, 2, 2}}) {
+        baton::v1::JobSpec spec = Job(model);
+        spec.set_precision(precision);
+        spec.mutable_pipeline()->set_schedule(p.schedule);
+        spec.mutable_pipeline()->set_stages(p.stages);
+        spec.mutable_pipeline()->set_virtual_stages(p.virtual_stages);
+        const std::string what = absl::StrCat(baton::v1::Schedule_Name(p.schedule), " ",
+                                              baton::v1::Precision_Name(precision), " ", model);
+        auto ref = ReferenceTrainer::Create(spec);
+        ASSERT_TRUE(ref.ok()) << ref.status();
+        auto pipe = LocalPipelineTrainer::Create(spec);
+        ASSERT_TRUE(pipe.ok()) << pipe.status();
+        for (int i = 0; i < spec.steps(); ++i) {
+          auto a = (*ref)->Step();
+          auto b = (*pipe)->Step();
+          ASSERT_TRUE(a.ok() && b.ok()) << what;
+          EXPECT_EQ(a->loss, b->loss) << what << " step " << i;
+        }
+        EXPECT_EQ(DigestHex((*pipe)->WeightsDigest()), DigestHex((*ref)->WeightsDigest())) << what;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace baton
