@@ -158,7 +158,7 @@ def time_it(fn, min_time, warmup, sync):
     return wall, cpu
 
 
-def run_variant(s, sdpa, min_time, warmup, device, measure):
+def run_variant(s, sdpa, min_time, warmup, device, measure, bf16=False):
     torch.manual_seed(s["seed"])
     model = Gpt(s["V"], s["T"], s["C"], s["H"], s["L"], sdpa).to(device)
     model.train()
@@ -175,18 +175,23 @@ def run_variant(s, sdpa, min_time, warmup, device, measure):
     idx, tgt = mbs[0]
     tokens_mb = b * s["T"]
 
+    def forward(i, t):
+        # --precision bf16: autocast, fp32 master weights and optimizer (the anchors' recipe).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            return model(i, t)
+
     def fwd_bwd():
         model.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        loss = forward(idx, tgt)
         loss.backward()
 
     def fwd():
-        model(idx, tgt)
+        forward(idx, tgt)
 
     def step():
         opt.zero_grad(set_to_none=True)
         for i, t in mbs:
-            loss = model(i, t) / s["M"]
+            loss = forward(i, t) / s["M"]
             loss.backward()
         opt.step()
 
@@ -224,6 +229,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu (one thread) or cuda[:N]")
     ap.add_argument("--measure", default="fwd_bwd,fwd,step",
                     help="comma-separated: fwd_bwd, fwd, step")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: torch.autocast(bfloat16) around the forward")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -248,7 +255,8 @@ def main():
         sdpa = variant == "sdpa"
         if sdpa and not hasattr(F, "scaled_dot_product_attention"):
             continue
-        res = run_variant(s, sdpa, args.min_time, args.warmup, device, measure)
+        res = run_variant(s, sdpa, args.min_time, args.warmup, device, measure,
+                          bf16=args.precision == "bf16")
         print(json.dumps(dict(
             framework="pytorch-eager",
             torch=torch.__version__,
@@ -257,6 +265,7 @@ def main():
             python=platform.python_version(),
             threads=torch.get_num_threads(),
             attention=variant,
+            precision=args.precision,
             spec=os.path.relpath(args.spec),
             model=dict(vocab=s["V"], context=s["T"], d_model=s["C"], heads=s["H"],
                        layers=s["L"]),

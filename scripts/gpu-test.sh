@@ -24,8 +24,10 @@
 #      device staging), whose weights digest must equal `batonctl train-local --device cuda`'s;
 #   4. the benchmark: tokens/s of a training step of the example GPT and of a 768-wide,
 #      12-layer GPT with context 1024, baton on CUDA (bench/gpt_bench --device=cuda) against
-#      PyTorch eager on the same GPU (bench/pytorch_gpt.py --device cuda, fp32, TF32 off),
-#      with the ratio and achieved TFLOP/s (skipped, saying so, where python3 has no torch).
+#      PyTorch eager on the same GPU (bench/pytorch_gpt.py --device cuda), in fp32 (TF32
+#      off on both sides), in bf16 (baton's PRECISION_BF16 against torch.autocast) and in
+#      bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1), with the ratios and
+#      achieved TFLOP/s (PyTorch skipped, saying so, where python3 has no torch).
 # The summary (gpu-summary.txt) and the whole log (gpu-test.log) are written to OUT, or to
 # $BATON_GPU_TEST_OUT. The exit status is 0 only when every part passed.
 #
@@ -292,12 +294,25 @@ bench() {
     note "bench: PyTorch side skipped: $py has no torch with CUDA"
     py=""
   fi
+  local mode precision env_fused
   for spec in "$SHARE/gpt.json" "$SHARE/gpt-768.json"; do
-    name="$(basename "$spec" .json)"
-    sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$spec" >"$tmp/$name.json"
+    # fp32 (TF32 off on both sides); bf16 (baton's precision: PRECISION_BF16 against
+    # torch.autocast(bfloat16)); bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1).
+    for mode in fp32 bf16 bf16-fused; do
+    precision="${mode%%-*}"
+    env_fused=0
+    [[ "$mode" == *fused ]] && env_fused=1
+    name="$(basename "$spec" .json)-$mode"
+    sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$spec" |
+      python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+if sys.argv[1] == "bf16": s["precision"] = "PRECISION_BF16"
+json.dump(s, sys.stdout)' "$precision" >"$tmp/$name.json"
     # tokens/s, and the model's FLOPs per token as baton counts them (DescribeBlocks'
     # forward FLOPs x3 for forward and backward): the same count for both sides.
-    read -r baton_tps fpt < <(timeout 180 "$BIN/gpt_bench" --device="${DEVICE%%:*}" --spec="$tmp/$name.json" \
+    read -r baton_tps fpt < <(BATON_FUSED_ATTENTION=$env_fused timeout 180 "$BIN/gpt_bench" \
+      --device="${DEVICE%%:*}" --spec="$tmp/$name.json" \
       --benchmark_filter=BM_GptTrainerStep --benchmark_min_time=3 --benchmark_format=json \
       2>"$tmp/$name.baton.err" | python3 -c '
 import json, sys
@@ -309,9 +324,10 @@ for b in json.load(sys.stdin)["benchmarks"]:
       fail "bench $name: baton on CUDA failed: $(tail -3 "$tmp/$name.baton.err" | tr '\n' ' ')"
       continue
     fi
-    if [[ -n "$py" ]]; then
+    torch_tps=""
+    if [[ -n "$py" && "$mode" != *fused ]]; then
       timeout 180 "$py" "$SHARE/pytorch_gpt.py" --device cuda --spec "$tmp/$name.json" \
-        --measure step --variants explicit,sdpa --min-time 3 --warmup 3 \
+        --measure step --variants explicit,sdpa --min-time 3 --warmup 3 --precision "$precision" \
         >"$tmp/$name.torch.json" 2>"$tmp/$name.torch.err" || true
       # "explicit=TOKENS_PER_S sdpa=TOKENS_PER_S", one pair per attention variant measured.
       torch_tps="$(python3 -c '
@@ -319,17 +335,15 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 print(" ".join("%s=%d" % (r["attention"], r["step"]["tokens_per_second_median"]) for r in rows))
 ' "$tmp/$name.torch.json" 2>>"$tmp/$name.torch.err")" || torch_tps=""
+      [[ -z "$torch_tps" ]] && fail "bench $name: PyTorch failed: $(tail -3 "$tmp/$name.torch.err" | tr '\n' ' ')"
     fi
     note "bench $name: baton ${DEVICE%%:*} $baton_tps tokens/s ($(python3 -c "print(f'{$baton_tps*$fpt/1e12:.2f}')") TFLOP/s at $fpt FLOP/token)"
-    if [[ -n "$py" && -n "$torch_tps" ]]; then
-      for v in $torch_tps; do
-        note "bench $name: pytorch ${v%%=*} ${v#*=} tokens/s ($(python3 -c "print(f'{${v#*=}*$fpt/1e12:.2f}')") TFLOP/s); baton/pytorch = $(python3 -c "print(f'{$baton_tps/${v#*=}:.3f}')")"
-      done
-    elif [[ -n "$py" ]]; then
-      fail "bench $name: PyTorch failed: $(tail -3 "$tmp/$name.torch.err" | tr '\n' ' ')"
-    fi
+    for v in $torch_tps; do
+      note "bench $name: pytorch ${v%%=*} ${v#*=} tokens/s ($(python3 -c "print(f'{${v#*=}*$fpt/1e12:.2f}')") TFLOP/s); baton/pytorch = $(python3 -c "print(f'{$baton_tps/${v#*=}:.3f}')")"
+    done
+    done
   done
-  note "bench: fp32 peak of the device (datasheet, no TF32): H100 SXM 67 TFLOP/s, H200 67 TFLOP/s"
+  note "bench: peaks of the device (datasheet, dense): fp32 (no TF32) 67 TFLOP/s, bf16 989 TFLOP/s on H100 SXM and H200"
   rm -rf "$tmp"
 }
 
