@@ -43,7 +43,7 @@ SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[
 
 # The test binaries (under build/tests) with real-GPU cases. A new GPU test goes here.
 GPU_TESTS=(cuda_device_test cuda_kernels_test llama_cuda_test cuda_training_test cuda_pipeline_test
-           nccl_real_test nccl_collective_real_test)
+           cuda_fused_pipeline_test nccl_real_test nccl_collective_real_test)
 # Programs the check runs (build/bin).
 BUNDLE_TOOLS=(batonctl coordinator worker gpt_bench)
 # Files the check reads: job specs, the benchmark's PyTorch side, the training text.

@@ -1,11 +1,12 @@
 // Pipelines with the fused (flash-style) attention core (common/nn/attention_core.h) equal
 // the reference trainer bit for bit, as with the materialised one: both take the same
-// kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main), on the CPU.
+// kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main).
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/cuda_device.h"
 #include "common/core/digest.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/spec/spec.h"
@@ -17,6 +18,26 @@ namespace {
 
 const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "1", 1) == 0; }();
 
+// Built twice, as pipeline_test: cuda_fused_pipeline_test (label gpu) runs on one GPU and
+// skips without one (fails instead under BATON_REQUIRE_GPU).
+#ifdef BATON_TEST_DEVICE_CUDA
+constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CUDA;
+class RequireCuda : public testing::Environment {
+ public:
+  void SetUp() override {
+    if (CudaDeviceCount() > 0) return;
+    if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {
+      FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";
+    }
+    GTEST_SKIP() << "no CUDA device found; the fused-attention pipelines on CUDA are skipped";
+  }
+};
+const testing::Environment* const kRequireCuda =
+    testing::AddGlobalTestEnvironment(new RequireCuda());
+#else
+constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CPU;
+#endif
+
 baton::v1::JobSpec Job(const std::string& model) {
   absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(absl::StrCat(R"({"model": )", model, R"(,
     "data": {"text": {"inlineText": "pipelines must agree with the reference to the last bit, always."},
@@ -25,6 +46,7 @@ baton::v1::JobSpec Job(const std::string& model) {
     "pipeline": {"microbatches": 4},
     "steps": 3, "seed": 9})"));
   EXPECT_TRUE(s.ok()) << s.status();
+  s->set_device(kTestDevice);
   return *s;
 }
 
