@@ -179,6 +179,7 @@ absl::Status Coordinator::Recover() {
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
     active_[id] = std::move(active);
+    j->queued_since = Now();  // (how long it waited before the restart is not kept)
     if (j->job.state() == baton::v1::JOB_STATE_QUEUED) {
       queue_.push_back(id);
     } else if (j->job.state() == baton::v1::JOB_STATE_RECOVERING) {
@@ -339,6 +340,10 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   *change.mutable_time() = ToProtoTime(Now());
   change.set_reason(Truncate(reason));
   *job->job.add_history() = change;
+  if (state != baton::v1::JOB_STATE_QUEUED && state != baton::v1::JOB_STATE_RECOVERING) {
+    job->job.set_queue_position(0);  // it no longer waits
+    job->job.clear_wait_reason();
+  }
   const bool started = state == baton::v1::JOB_STATE_RUNNING &&
                        job->job.state() != baton::v1::JOB_STATE_RUNNING;  // not a note
   job->job.set_state(state);
@@ -431,140 +436,149 @@ void Coordinator::WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::st
   FailLocked(w.job_id(), why, baton::v1::FAILURE_CAUSE_WORKER_LOST, effects);
 }
 
+QuotaLimits Coordinator::LimitsOf(const baton::v1::Job& job) const {
+  const std::string role = job.submitted_role().empty() ? "admin" : job.submitted_role();
+  return options_.quotas != nullptr ? options_.quotas->LimitsFor(job.submitted_by(), role)
+                                    : DefaultLimits(role);
+}
+
 void Coordinator::PlaceQueuedLocked(Effects* effects) {
-  const std::vector<baton::v1::WorkerInfo> idle = registry_.IdleWorkers();
-  int64_t largest_registered = 0;  // the most memory any registered worker has
+  QueueRoundInput in;
+  in.idle = registry_.IdleWorkers();
   for (const baton::v1::WorkerInfo& w : registry_.List()) {
-    if (w.state() == baton::v1::WORKER_STATE_DEAD) continue;
-    largest_registered = std::max(largest_registered, w.device().memory_bytes());
+    if (w.state() != baton::v1::WORKER_STATE_DEAD) in.registered.push_back(w);
   }
-  std::vector<bool> taken(idle.size(), false);
-  std::string waiting;  // why the first job in the queue waits, once one does
-  while (!queue_.empty()) {
-    const std::string id = queue_.front();
+  for (const auto& [id, j] : active_) {
+    if (!j->ranks.empty()) in.held_by_user[j->job.submitted_by()] += static_cast<int>(j->ranks.size());
+  }
+  in.now = Now();
+  in.reserve_after = options_.reserve_after;
+  std::vector<std::string> still;
+  for (const std::string& id : queue_) {
     ActiveJob* j = FindActiveLocked(id);
-    if (j == nullptr) {
-      queue_.pop_front();
-      continue;
-    }
-    // A recovering job is planned again, on fewer stages if it must (restart.min_stages),
-    // once its previous workers were told to stop.
-    baton::v1::JobSpec spec = j->job.spec();
-    const bool recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
-    if (recovering) {
-      if (j->pending_aborts > 0 || starting_.count(id) > 0) {
-        waiting = "stopping the job's other workers";
-        break;
-      }
-      int free = 0;
-      for (size_t i = 0; i < idle.size(); ++i) free += taken[i] ? 0 : 1;
-      const int stages = RecoveryStages(spec, free);
-      if (stages == 0) {
-        const int replicas = std::max(1, spec.pipeline().data_parallel());
-        waiting = absl::StrCat("waiting for ",
-                               std::max(1, spec.restart().min_stages()) * replicas,
-                               " idle workers to recover on (", free, " idle)");
-        break;
-      }
-      SetPipelineStages(&spec, stages);
-    }
-    std::optional<WorkerChoice> choice =
-        ChooseWorkers(spec, idle, taken, &waiting,
-                      recovering ? RankNeedBytes(spec) : j->rank_need_bytes, largest_registered);
-    if (!choice.has_value()) break;
-    queue_.pop_front();
-    if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
-      // The auto-planner chooses now, for these workers (a GPU job's budget is the smallest
-      // GPU's memory), and the choice sticks: a recovery or resume trains the same clock.
-      int64_t budget = 0;
-      for (size_t i : choice->indices) {
-        const int64_t m = idle[i].device().memory_bytes();
-        if (choice->device == Device::kCuda && m > 0) budget = budget == 0 ? m : std::min(budget, m);
-      }
-      absl::StatusOr<Plan> plan = ResolveAutoPipeline(&spec, budget, j->auto_costs);
-      if (!plan.ok()) {
-        EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
-                     absl::StrCat("auto-planner: ", plan.status().message()), effects);
-        continue;
-      }
-      baton::v1::PipelineSpec* chosen = j->job.mutable_spec()->mutable_pipeline();
-      chosen->set_schedule(spec.pipeline().schedule());
-      chosen->set_virtual_stages(spec.pipeline().virtual_stages());
-      chosen->set_microbatches(spec.pipeline().microbatches());
-      *chosen->mutable_partition() = spec.pipeline().partition();
-      AppendStateLocked(j, j->job.state(), SummarizePlan(*plan));
-    }
-    std::vector<PlacedWorker> placed;
-    for (size_t i : choice->indices) {
-      const baton::v1::WorkerInfo& w = idle[i];
-      taken[i] = true;
-      placed.push_back({w.worker_id(),
-                        w.address(),
-                        w.device(),
-                        {w.capabilities().begin(), w.capabilities().end()},
-                        w.identity(),
-                        registry_.SessionOf(w.worker_id())});
-      const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
-      if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
-    }
-    absl::StatusOr<Placement> placement = PlaceJob(spec, id, NewJobKey(), placed,
-                                                   options_.recv_timeout, choice->device);
-    if (!placement.ok()) {
-      for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
-      EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
-                   absl::StrCat("placement failed: ", placement.status().message()), effects);
-      continue;
-    }
-    const auto [resume_dir, resume_step] = ResumePointOf(j->job);
-    for (baton::v1::JobPlan& plan : placement->plans) {
-      plan.set_attempt(j->attempt());
-      if (!resume_dir.empty()) {
-        plan.set_resume_job_dir(resume_dir);
-        plan.set_resume_step(resume_step);
-      }
-    }
-    j->layout = std::move(placement->layout);
-    j->ranks.clear();
-    std::vector<std::string> names;
-    for (const PlacedWorker& w : placed) {
-      j->ranks.push_back(RankSlot{w});
-      j->job.add_workers(w.worker_id);
-      names.push_back(w.worker_id);
-    }
-    *j->job.mutable_pipeline() = placement->report;
-    j->peak_inflight.assign(placed.size(), 0);
-    std::string recovery;
-    if (recovering) {
-      baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
-      r->set_stages_after(spec.pipeline().stages());
-      for (const std::string& n : names) r->add_workers_after(n);
-      recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
-                              spec.pipeline().stages(), " stages, from ",
-                              resume_dir.empty() ? std::string("the start")
-                              : resume_step > 0  ? absl::StrCat("step ", resume_step)
-                                                 : std::string("the newest checkpoint"),
-                              "; ");
-    }
-    AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
-                      absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
-                                   choice->why, ")"));
-    starting_.insert(id);
-    effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
+    if (j == nullptr) continue;
+    still.push_back(id);
+    QueuedJob q;
+    q.id = id;
+    q.spec = j->job.spec();
+    q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
+    q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
+    q.rank_need_bytes = q.recovering ? RankNeedBytes(q.spec) : j->rank_need_bytes;
+    q.seq = j->seq;
+    q.queued_since = j->queued_since;
+    q.user = j->job.submitted_by();
+    q.limits = LimitsOf(j->job);
+    in.queue.push_back(std::move(q));
+  }
+  queue_.assign(still.begin(), still.end());
+  const QueueRound round = PlanQueueRound(in);
+  for (const QueueRound::Start& start : round.starts) {
+    ActiveJob* j = FindActiveLocked(start.id);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), start.id), queue_.end());
+    j->job.set_queue_position(0);
+    j->job.clear_wait_reason();
+    StartQueuedLocked(j, start, in.idle, effects);
   }
   // Say why the others wait: a new history entry only when what a job waits for changes
-  // (behind older jobs; for N idle workers), not when the queue moves or an idle count
-  // changes, so history stays short however deep the queue.
+  // (not when its position or an idle count changes), so history stays short however deep
+  // the queue; the position and the whole reason are on the job (GetJob, ListJobs).
   auto what = [](const std::string& reason) { return reason.substr(0, reason.find(" (")); };
-  for (size_t i = 0; i < queue_.size(); ++i) {
-    ActiveJob* j = FindActiveLocked(queue_[i]);
+  for (const QueueRound::Wait& w : round.waits) {
+    ActiveJob* j = FindActiveLocked(w.id);
     if (j == nullptr) continue;
-    const std::string reason = i == 0 ? waiting : "waiting behind older jobs in the queue (FIFO)";
+    j->job.set_queue_position(w.position);
+    j->job.set_wait_reason(w.reason);
     const auto& history = j->job.history();
     if (history.empty() || history.rbegin()->state() != j->job.state() ||
-        what(history.rbegin()->reason()) != what(reason)) {
-      AppendStateLocked(j, j->job.state(), reason);
+        what(history.rbegin()->reason()) != what(w.reason)) {
+      AppendStateLocked(j, j->job.state(), w.reason);
     }
   }
+}
+
+void Coordinator::StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start,
+                                    const std::vector<baton::v1::WorkerInfo>& idle,
+                                    Effects* effects) {
+  const std::string id = start.id;
+  baton::v1::JobSpec spec = start.spec;
+  const WorkerChoice& choice = start.choice;
+  const bool recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
+  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
+    // The auto-planner chooses now, for these workers (a GPU job's budget is the smallest
+    // GPU's memory), and the choice sticks: a recovery or resume trains the same clock.
+    int64_t budget = 0;
+    for (size_t i : choice.indices) {
+      const int64_t m = idle[i].device().memory_bytes();
+      if (choice.device == Device::kCuda && m > 0) budget = budget == 0 ? m : std::min(budget, m);
+    }
+    absl::StatusOr<Plan> plan = ResolveAutoPipeline(&spec, budget, j->auto_costs);
+    if (!plan.ok()) {
+      EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
+                   absl::StrCat("auto-planner: ", plan.status().message()), effects);
+      return;
+    }
+    baton::v1::PipelineSpec* chosen = j->job.mutable_spec()->mutable_pipeline();
+    chosen->set_schedule(spec.pipeline().schedule());
+    chosen->set_virtual_stages(spec.pipeline().virtual_stages());
+    chosen->set_microbatches(spec.pipeline().microbatches());
+    *chosen->mutable_partition() = spec.pipeline().partition();
+    AppendStateLocked(j, j->job.state(), SummarizePlan(*plan));
+  }
+  std::vector<PlacedWorker> placed;
+  for (size_t i : choice.indices) {
+    const baton::v1::WorkerInfo& w = idle[i];
+    placed.push_back({w.worker_id(),
+                      w.address(),
+                      w.device(),
+                      {w.capabilities().begin(), w.capabilities().end()},
+                      w.identity(),
+                      registry_.SessionOf(w.worker_id())});
+    const absl::Status s = registry_.MarkBusy(w.worker_id(), id);
+    if (!s.ok()) LogWarning(s.ToString());  // cannot happen: the worker was just idle
+  }
+  absl::StatusOr<Placement> placement = PlaceJob(spec, id, NewJobKey(), placed,
+                                                 options_.recv_timeout, choice.device);
+  if (!placement.ok()) {
+    for (const PlacedWorker& w : placed) registry_.MarkIdle(w.worker_id, id);
+    EndJobLocked(id, baton::v1::JOB_STATE_FAILED,
+                 absl::StrCat("placement failed: ", placement.status().message()), effects);
+    return;
+  }
+  const auto [resume_dir, resume_step] = ResumePointOf(j->job);
+  for (baton::v1::JobPlan& plan : placement->plans) {
+    plan.set_attempt(j->attempt());
+    if (!resume_dir.empty()) {
+      plan.set_resume_job_dir(resume_dir);
+      plan.set_resume_step(resume_step);
+    }
+  }
+  j->layout = std::move(placement->layout);
+  j->ranks.clear();
+  std::vector<std::string> names;
+  for (const PlacedWorker& w : placed) {
+    j->ranks.push_back(RankSlot{w});
+    j->job.add_workers(w.worker_id);
+    names.push_back(w.worker_id);
+  }
+  *j->job.mutable_pipeline() = placement->report;
+  j->peak_inflight.assign(placed.size(), 0);
+  std::string recovery;
+  if (recovering) {
+    baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
+    r->set_stages_after(spec.pipeline().stages());
+    for (const std::string& n : names) r->add_workers_after(n);
+    recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
+                            spec.pipeline().stages(), " stages, from ",
+                            resume_dir.empty() ? std::string("the start")
+                            : resume_step > 0  ? absl::StrCat("step ", resume_step)
+                                               : std::string("the newest checkpoint"),
+                            "; ");
+  }
+  AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
+                    absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
+                                 choice.why, ")"));
+  starting_.insert(id);
+  effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
 }
 
 void Coordinator::Tick() {
@@ -701,6 +715,28 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
       return *existing;
     }
   }
+  // Quotas: the priority the caller's role may ask for, and how many jobs it may queue.
+  const std::string role = admin ? "admin" : "submitter";
+  const QuotaLimits limits = options_.quotas != nullptr
+                                 ? options_.quotas->LimitsFor(submitted_by, role)
+                                 : DefaultLimits(role);
+  if (limits.max_priority.has_value() && spec.priority() > *limits.max_priority) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "priority: ", submitted_by, " (", role, ") may ask for at most ", *limits.max_priority,
+        ", got ", spec.priority(), " (quota max_priority)"));
+  }
+  if (limits.max_queued.has_value()) {
+    int queued = 0;
+    for (const auto& [other_id, other] : active_) {
+      queued += other->job.state() == baton::v1::JOB_STATE_QUEUED &&
+                other->job.submitted_by() == submitted_by;
+    }
+    if (queued >= *limits.max_queued) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(submitted_by, " has ", queued, " jobs queued, its limit (quota max_queued ",
+                       *limits.max_queued, "): wait for some to start, or cancel some"));
+    }
+  }
   auto active = std::make_unique<ActiveJob>();
   active->auto_costs = std::move(auto_costs);
   active->rank_need_bytes = rank_need_bytes;
@@ -709,6 +745,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   job.set_id(absl::StrFormat("job-%06d", active->seq));
   job.set_submission_id(request.submission_id());
   job.set_submitted_by(submitted_by);
+  job.set_submitted_role(role);
   if (spec.has_checkpoint()) {
     checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
     checkpoint_owners_.emplace(spec.checkpoint().dir(), CheckpointOwner{submitted_by, job.id()});
@@ -730,6 +767,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   active->log = std::make_shared<JobEventLog>();
   const std::string id = job.id();
   Job copy = job;
+  active->queued_since = now;
   queue_.push_back(id);
   active_[id] = std::move(active);
   LogWarning(absl::StrCat(id, " QUEUED: submitted", copy.spec().name().empty() ? "" : " as ",
@@ -811,6 +849,27 @@ absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& re
   }
   Run(std::move(effects), /*wait=*/true);  // the workers are stopped (and idle) on return
   return result;
+}
+
+absl::StatusOr<Job> Coordinator::SetJobPriority(const std::string& job_id, int32_t priority) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  MutexLock lock(mu_);
+  ActiveJob* j = FindActiveLocked(job_id);
+  if (j == nullptr) {
+    BATON_ASSIGN_OR_RETURN(const Job ended, store_->Get(job_id));  // NOT_FOUND passes through
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " is ", JobState_Name(ended.state()), ": only a waiting job's priority changes"));
+  }
+  const JobState state = j->job.state();
+  if (std::find(queue_.begin(), queue_.end(), job_id) == queue_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " is ", JobState_Name(state), ": only a waiting job's priority changes"));
+  }
+  const int32_t before = j->job.spec().priority();
+  j->job.mutable_spec()->set_priority(priority);
+  AppendStateLocked(j, state, absl::StrCat("priority ", before, " -> ", priority));
+  WakeLoop();
+  return j->job;
 }
 
 absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::string& job_id) {
@@ -1401,7 +1460,8 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         break;
       case Effect::kQueueFirst:
         queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-        queue_.push_front(id);  // it held workers a moment ago: ahead of jobs still waiting
+        queue_.push_front(id);  // RECOVERING: the queue policy puts it before queued jobs
+        j->queued_since = Now();
         WakeLoop();
         break;
       case Effect::kEnd:

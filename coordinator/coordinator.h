@@ -56,6 +56,8 @@
 #include "coordinator/job_watch.h"
 #include "common/plan/planner.h"
 #include "coordinator/placement.h"
+#include "coordinator/queue_policy.h"
+#include "coordinator/quotas.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
 #include "common/rpc/security.h"
@@ -100,6 +102,11 @@ struct CoordinatorOptions {
   // Where queue waits, missed heartbeats and lease expirations are counted; not owned, may
   // be null. Create() points its state gauges at this coordinator (and Stop() away).
   CoordinatorMetrics* metrics = nullptr;
+  // Per-user quotas and priority bounds (quotas.h); not owned, may be null (DefaultLimits).
+  const QuotaBook* quotas = nullptr;
+  // How long the first job in line that does not fit may be passed by jobs behind it before
+  // it holds a reservation (queue_policy.h).
+  absl::Duration reserve_after = absl::Minutes(5);
   // Action timelines (batonctl trace) are kept for each job's latest this many steps.
   int64_t trace_steps = 200;
   // Directories a spec's data.text.path must lie under (after symlinks, as far as this
@@ -158,6 +165,9 @@ class Coordinator {
   // is not `admin` may resume only from its own jobs (PERMISSION_DENIED naming
   // resume_from.job_id), and may not name a checkpoint.dir inside another user's job's
   // checkpoint directory, or one containing it (PERMISSION_DENIED naming checkpoint.dir).
+  // Quotas (options.quotas, for the caller's name and role: admin or submitter): a priority
+  // above the role's max_priority is PERMISSION_DENIED, a submission beyond max_queued
+  // jobs waiting RESOURCE_EXHAUSTED, each naming the limit.
   absl::StatusOr<baton::v1::Job> SubmitJob(const baton::v1::SubmitJobRequest& request,
                                            const std::string& submitted_by = "anonymous",
                                            bool admin = true);
@@ -173,6 +183,10 @@ class Coordinator {
   // returned unchanged, not an error: cancelling is idempotent and the result tells how the
   // job ended. NOT_FOUND if unknown.
   absl::StatusOr<baton::v1::Job> CancelJob(const baton::v1::CancelJobRequest& request);
+  // Sets a QUEUED (or RECOVERING) job's JobSpec.priority; the queue reorders at once.
+  // FAILED_PRECONDITION once the job runs or ended, NOT_FOUND for unknown ids. (Admins only:
+  // the service checks.)
+  absl::StatusOr<baton::v1::Job> SetJobPriority(const std::string& job_id, int32_t priority);
   // NOT_FOUND if unknown.
   absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job_id);
   baton::v1::ListWorkersResponse ListWorkers();
@@ -271,6 +285,8 @@ class Coordinator {
     // The memory its busiest rank needs (RankNeedBytes, at submission or start-up): only
     // workers that registered as much are placed on.
     int64_t rank_need_bytes = 0;
+    // When it last entered the queue (submitted, recovering, or recovered by a restart).
+    absl::Time queued_since;
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };
@@ -314,6 +330,12 @@ class Coordinator {
   void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceQueuedLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts one job the queue policy placed: the auto-planner's choice, the plans, PLACING.
+  void StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start,
+                         const std::vector<baton::v1::WorkerInfo>& idle, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The limits of the user who submitted `job`.
+  QuotaLimits LimitsOf(const baton::v1::Job& job) const;
   void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)

@@ -3,7 +3,9 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -208,6 +210,7 @@ class CoordinatorTest : public testing::Test {
     o.log = false;
     o.metrics = &metrics_;
     o.trace_steps = 2;
+    o.quotas = quotas_.get();
     auto c = Coordinator::Create(o);
     ASSERT_TRUE(c.ok()) << c.status();
     core_ = *std::move(c);
@@ -300,6 +303,7 @@ class CoordinatorTest : public testing::Test {
   std::shared_ptr<FakeWorkerClient> client_ = std::make_shared<FakeWorkerClient>();
   prometheus::Registry registry_;
   CoordinatorMetrics metrics_{registry_};
+  std::unique_ptr<QuotaBook> quotas_;  // set before Start() to apply quotas
   std::unique_ptr<Coordinator> core_;
   std::string db_dir_;  // TempDb()
 };
@@ -353,7 +357,12 @@ TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
   core_->Tick();
   job = Get(job.id());
   EXPECT_EQ(job.state(), baton::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(Reason(job), "waiting for 2 idle workers (1 idle)");
+  // One worker registered: the job cannot run yet, and says so.
+  EXPECT_EQ(Reason(job),
+            "cannot run on the workers registered now (it needs 2 registered workers (1 "
+            "registered)); it waits for more to register and holds no one up");
+  EXPECT_EQ(job.queue_position(), 1);
+  EXPECT_EQ(job.wait_reason(), Reason(job));
   core_->Tick();  // nothing changed: no new history entry
   EXPECT_EQ(Get(job.id()).history_size(), job.history_size());
   EXPECT_TRUE(client_->Calls("start", job.id()).empty());
@@ -362,6 +371,8 @@ TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
   core_->Tick();
   job = Get(job.id());
   EXPECT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING) << Reason(job);
+  EXPECT_EQ(job.queue_position(), 0);
+  EXPECT_TRUE(job.wait_reason().empty());
   ASSERT_EQ(job.workers_size(), 2);
   EXPECT_EQ(job.workers(0), w1);
   EXPECT_EQ(job.workers(1), w2);
@@ -383,7 +394,9 @@ TEST_F(CoordinatorTest, JobWaitsQueuedUntilEnoughWorkersRegister) {
   EXPECT_TRUE(Beat(w1, job.id()).abort_job_ids().empty());
 }
 
-TEST_F(CoordinatorTest, QueueIsStrictlyFifo) {
+// Equal priorities keep submission order, but a job that does not fit no longer blocks a
+// smaller one behind it (backfill: queue_policy.h); a higher priority goes first.
+TEST_F(CoordinatorTest, TheQueueGoesByPriorityThenOrderAndSmallJobsBackfill) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   const Job a = Submit(Spec(2));
   const Job b = Submit(Spec(2));
@@ -391,21 +404,122 @@ TEST_F(CoordinatorTest, QueueIsStrictlyFifo) {
   core_->Tick();
   EXPECT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Get(b.id()).state(), baton::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(Reason(Get(b.id())), "waiting for 2 idle workers (1 idle)");
-  // c would fit on w-3, but b is older.
-  EXPECT_EQ(Get(c.id()).state(), baton::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(Reason(Get(c.id())), "waiting behind older jobs in the queue (FIFO)");
+  EXPECT_EQ(Get(b.id()).queue_position(), 1);
+  EXPECT_EQ(Reason(Get(b.id())),
+            "first in line: waiting for 2 idle workers (1 idle); jobs behind it may start on "
+            "idle workers until it has waited 5m");
+  // c fits on w-3 and starts though b is older: b could not have used w-3 alone.
+  EXPECT_EQ(Get(c.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(c.id()).workers(0), w3);
 
-  FinishAllRanks(Get(a.id()));
-  EXPECT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+  // A later job of higher priority goes before b.
+  baton::v1::JobSpec urgent = Spec(2);
+  urgent.set_priority(5);
+  const Job d = Submit(urgent);
   core_->Tick();
-  const Job b2 = Get(b.id()), c2 = Get(c.id());
-  EXPECT_EQ(b2.state(), baton::v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(c2.state(), baton::v1::JOB_STATE_RUNNING);
-  // Idle workers go out in registration order.
-  EXPECT_EQ(b2.workers(0), w1);
-  EXPECT_EQ(b2.workers(1), w2);
-  EXPECT_EQ(c2.workers(0), w3);
+  EXPECT_EQ(Get(d.id()).queue_position(), 1);
+  EXPECT_EQ(Get(b.id()).queue_position(), 2);
+  FinishAllRanks(Get(a.id()));
+  core_->Tick();
+  EXPECT_EQ(Get(d.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(d.id()).workers(0), w1);
+  EXPECT_EQ(Get(d.id()).workers(1), w2);
+  EXPECT_EQ(Get(b.id()).state(), baton::v1::JOB_STATE_QUEUED);
+}
+
+// A job behind the first in line that waited reserve_after does not start on the workers the
+// first one could use; it does once the first one started.
+TEST_F(CoordinatorTest, AHeadThatWaitedLongEnoughHoldsTheWorkersItCanUse) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const Job a = Submit(Spec(1));
+  core_->Tick();
+  ASSERT_EQ(Get(a.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  const std::string a_worker = Get(a.id()).workers(0);
+  const Job head = Submit(Spec(2));
+  core_->Tick();
+  for (int i = 0; i < 121; ++i) {  // 6 minutes of heartbeats
+    clock_.Advance(absl::Seconds(3));
+    Beat(w1, a_worker == w1 ? a.id() : "");
+    Beat(w2, a_worker == w2 ? a.id() : "");
+  }
+  const Job small = Submit(Spec(1));
+  core_->Tick();
+  EXPECT_EQ(Get(small.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(Reason(Get(head.id())).find("first in line, holding workers"), std::string::npos)
+      << Reason(Get(head.id()));
+  EXPECT_NE(Get(small.id()).wait_reason().find("which holds 1 idle workers"), std::string::npos)
+      << Get(small.id()).wait_reason();
+  FinishAllRanks(Get(a.id()));
+  core_->Tick();
+  EXPECT_EQ(Get(head.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(small.id()).state(), baton::v1::JOB_STATE_QUEUED);
+}
+
+// Quotas at submission: the priority a role may ask for, and the jobs a user may queue;
+// at placement: the workers a user may hold.
+TEST_F(CoordinatorTest, QuotasBoundPriorityQueuedJobsAndHeldWorkers) {
+  const std::string path = ::testing::TempDir() + "/coordinator-quotas.txt";
+  std::ofstream(path) << "role submitter 2 2 1\nuser carol - - 3\n";
+  auto book = QuotaBook::FromFile(path);
+  ASSERT_TRUE(book.ok()) << book.status();
+  quotas_ = *std::move(book);
+  Start(":memory:");
+  for (int i = 1; i <= 3; ++i) Register(i);
+  auto submit = [&](const std::string& who, int stages, int priority) {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = Spec(stages);
+    r.mutable_spec()->set_priority(priority);
+    return core_->SubmitJob(r, who, /*admin=*/false);
+  };
+  auto too_high = submit("bob", 1, 2);
+  ASSERT_EQ(too_high.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(too_high.status().message().find("at most 1, got 2 (quota max_priority)"),
+            std::string::npos)
+      << too_high.status();
+  EXPECT_TRUE(submit("carol", 1, 3).ok());  // her own line: up to 3
+  // bob holds at most 2 workers: his second 2-stage job waits, saying so, while carol's
+  // job starts on the worker left.
+  auto b1 = submit("bob", 2, 0);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  core_->Tick();
+  auto b2 = submit("bob", 2, 0);
+  auto b3 = submit("bob", 1, 0);
+  ASSERT_TRUE(b2.ok() && b3.ok());
+  auto b4 = submit("bob", 1, 0);  // two queued already: refused
+  ASSERT_EQ(b4.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b4.status().message().find("bob has 2 jobs queued, its limit (quota max_queued 2)"),
+            std::string::npos)
+      << b4.status();
+  core_->Tick();
+  EXPECT_EQ(Get(b1->id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(b2->id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Get(b2->id()).wait_reason(),
+            "user bob holds 2 of its 2 workers and this job needs 2 (quota max_workers)");
+  EXPECT_EQ(Get(b2->id()).history().rbegin()->reason(), Get(b2->id()).wait_reason());
+  std::remove(path.c_str());
+}
+
+TEST_F(CoordinatorTest, AQueuedJobsPriorityChangesAndTheQueueReorders) {
+  Register(1);
+  const Job a = Submit(Spec(2));
+  const Job b = Submit(Spec(2));
+  core_->Tick();
+  EXPECT_EQ(Get(a.id()).queue_position(), 1);
+  EXPECT_EQ(Get(b.id()).queue_position(), 2);
+  auto changed = core_->SetJobPriority(b.id(), 7);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(changed->spec().priority(), 7);
+  EXPECT_EQ(Reason(*changed), "priority 0 -> 7");
+  core_->Tick();
+  EXPECT_EQ(Get(b.id()).queue_position(), 1);
+  EXPECT_EQ(Get(a.id()).queue_position(), 2);
+  Register(2);
+  core_->Tick();
+  EXPECT_EQ(Get(b.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  // Not once it runs, nor for a job that does not exist.
+  EXPECT_EQ(core_->SetJobPriority(b.id(), 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->SetJobPriority("job-999999", 1).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorTest, QueuedJobsHistoryRecordsWhatTheyWaitForNotEveryQueueMove) {
@@ -424,8 +538,11 @@ TEST_F(CoordinatorTest, QueuedJobsHistoryRecordsWhatTheyWaitForNotEveryQueueMove
   std::vector<std::string> reasons;
   for (const auto& h : last.history()) reasons.push_back(h.reason());
   ASSERT_EQ(last.history_size(), 5) << testing::PrintToString(reasons);
-  EXPECT_EQ(reasons[1], "waiting behind older jobs in the queue (FIFO)");
-  EXPECT_EQ(reasons[2], "waiting for 1 idle worker (0 idle)");
+  EXPECT_EQ(reasons[1],
+            "behind the first in line: waiting for 1 idle worker (0 idle); the first is job-000002");
+  EXPECT_EQ(reasons[2],
+            "first in line: waiting for 1 idle worker (0 idle); jobs behind it may start on "
+            "idle workers until it has waited 5m");
 }
 
 TEST_F(CoordinatorTest, CancelQueuedJobAtOnce) {

@@ -4,11 +4,11 @@
 //   coordinator --listen=127.0.0.1:7070 --db=baton-coordinator.db
 //               --heartbeat_interval=1s --lease_ttl=5s --recv_timeout=60s [--port_file=F]
 //               [--tls_cert=F --tls_key=F --tls_ca=F] [--auth_tokens=F] [--join_token_file=F]
-//               [--health_listen=HOST:PORT]
+//               [--health_listen=HOST:PORT] [--quotas=F] [--reserve_after=5m]
 //
 // Prints "coordinator listening on HOST:PORT" (the bound port, also with --listen
 // HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully; SIGHUP
-// re-reads --auth_tokens (certificates are re-read by themselves, security.h).
+// re-reads --auth_tokens and --quotas (certificates are re-read by themselves, security.h).
 #include <signal.h>
 
 #include <cstdio>
@@ -61,6 +61,12 @@ ABSL_FLAG(std::string, worker_uri_prefix, baton::kWorkerUriPrefix,
           "(what tells it from a user's certificate of the same CA; docs/security.md)");
 ABSL_FLAG(std::string, health_listen, "",
           "if set, host:port of a plaintext server answering grpc.health.v1 only (probes)");
+ABSL_FLAG(std::string, quotas, "",
+          "quota file: per-user and per-role max workers held, max jobs queued and max "
+          "priority (coordinator/quotas.h); re-read on SIGHUP; empty: no limits but priority");
+ABSL_FLAG(absl::Duration, reserve_after, absl::Minutes(5),
+          "how long the first job in line that does not fit may be passed by smaller jobs "
+          "before it holds the idle workers it can use (docs/cluster.md, \"Scheduling\")");
 ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
@@ -90,7 +96,16 @@ int main(int argc, char** argv) {
     auth = *std::move(loaded);
   }
 
+  std::unique_ptr<baton::QuotaBook> quotas;
+  if (const std::string f = absl::GetFlag(FLAGS_quotas); !f.empty()) {
+    auto loaded = baton::QuotaBook::FromFile(f);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    quotas = *std::move(loaded);
+  }
+
   baton::CoordinatorOptions options;
+  options.quotas = quotas.get();
+  options.reserve_after = absl::GetFlag(FLAGS_reserve_after);
   options.db_path = absl::GetFlag(FLAGS_db);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
@@ -145,7 +160,7 @@ int main(int argc, char** argv) {
       baton::RunningService::Start(std::move(startup), &service_metrics);
   if (!running.ok()) return Fail(running.status().ToString());
 
-  const int sig = signals.Wait([&auth] {
+  const int sig = signals.Wait([&auth, &quotas] {
     if (auth == nullptr) {
       std::fprintf(stderr, "coordinator: SIGHUP: no --auth_tokens to re-read\n");
     } else if (absl::Status s = auth->Reload(); !s.ok()) {
@@ -154,6 +169,13 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "coordinator: SIGHUP: re-read %s\n",
                    absl::GetFlag(FLAGS_auth_tokens).c_str());
+    }
+    if (quotas == nullptr) return;
+    if (absl::Status s = quotas->Reload(); !s.ok()) {
+      std::fprintf(stderr, "coordinator: SIGHUP: keeping the old quotas: %s\n",
+                   std::string(s.message()).c_str());
+    } else {
+      std::fprintf(stderr, "coordinator: SIGHUP: re-read %s\n", quotas->path().c_str());
     }
   });
   std::fprintf(stderr, "coordinator: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");

@@ -70,6 +70,15 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
   return Reply(core_->CancelJob(*request), response);
 }
 
+grpc::Status JobServiceImpl::SetJobPriority(grpc::ServerContext* context,
+                                            const baton::v1::SetJobPriorityRequest* request,
+                                            baton::v1::Job* response) {
+  if (auto who = Caller(*context, Role::kAdmin, "change a job's priority"); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
+  return Reply(core_->SetJobPriority(request->job_id(), request->priority()), response);
+}
+
 absl::Status JobServiceImpl::OwnerOrAdmin(const Principal& who, const std::string& job_id,
                                           absl::string_view what) const {
   if (who.role == Role::kAdmin) return absl::OkStatus();

@@ -45,6 +45,10 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
                         baton::v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const baton::v1::CancelJobRequest* request,
                          baton::v1::Job* response) override;
+  // Admins only.
+  grpc::Status SetJobPriority(grpc::ServerContext* context,
+                              const baton::v1::SetJobPriorityRequest* request,
+                              baton::v1::Job* response) override;
   // Streams until the job's terminal state has been sent, the client goes away, or the
   // coordinator stops (UNAVAILABLE).
   grpc::Status WatchJob(grpc::ServerContext* context, const baton::v1::WatchJobRequest* request,

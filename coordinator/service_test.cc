@@ -719,6 +719,21 @@ TEST_F(SecureServiceTest, TokensDecideWhoMaySubmitReadAndCancel) {
   EXPECT_EQ(Refusals("jobs", "permission_denied"), 3);
 }
 
+// Only admins change a queued job's priority, even the submitter's own job's.
+TEST_F(SecureServiceTest, OnlyAnAdminChangesAQueuedJobsPriority) {
+  baton::v1::Job job;  // no workers: it stays QUEUED
+  ASSERT_TRUE(Submit(kAlice, &job).ok());
+  baton::v1::SetJobPriorityRequest r;
+  r.set_job_id(job.id());
+  r.set_priority(9);
+  baton::v1::Job got;
+  grpc::Status alice = jobs_->SetJobPriority(As(kAlice).get(), r, &got);
+  EXPECT_EQ(alice.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(alice.error_message(), HasSubstr("may not change a job's priority"));
+  ASSERT_TRUE(jobs_->SetJobPriority(As(kAdmin).get(), r, &got).ok());
+  EXPECT_EQ(got.spec().priority(), 9);
+}
+
 // Watch streams are capped per caller (2 here): a viewer at its cap does not lock out a
 // submitter on the same host.
 TEST_F(SecureServiceTest, WatchStreamsAreCappedPerCallerNotPerHost) {

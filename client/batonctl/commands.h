@@ -42,6 +42,7 @@ int Watch(const std::vector<std::string>& argv);
 
 // batonctl cancel JOB [--reason R]
 int Cancel(const std::vector<std::string>& argv);
+int Priority(const std::vector<std::string>& argv);
 
 // batonctl workers
 int Workers(const std::vector<std::string>& argv);

@@ -25,6 +25,11 @@ void PrintJob(const baton::v1::Job& job) {
               job.spec().steps());
   if (job.steps_done() > 0) std::printf(", loss %.4f", job.last_loss());
   std::printf("\n");
+  if (job.spec().priority() != 0) std::printf("  priority:   %d\n", job.spec().priority());
+  if (job.queue_position() > 0) {
+    std::printf("  queue:      #%d (1: placed next): %s\n", job.queue_position(),
+                job.wait_reason().c_str());
+  }
   if (!job.workers().empty()) {
     std::printf("  workers:    %s\n", absl::StrJoin(job.workers(), " ").c_str());
   }

@@ -61,9 +61,15 @@ int RunList(const Args& args, const ClusterClient& c) {
   for (const baton::v1::Job& j : out.jobs()) {
     const std::string step = absl::StrCat(j.steps_done(), "/", j.spec().steps());
     const std::string loss = j.steps_done() > 0 ? absl::StrFormat("%.4f", j.last_loss()) : "-";
-    std::printf("%-14s %-10s %-11s %-8s %-19s %s\n", j.id().c_str(),
+    std::printf("%-14s %-10s %-11s %-8s %-19s %s", j.id().c_str(),
                 JobStateName(j.state()).c_str(), step.c_str(), loss.c_str(),
                 FormatDateTime(j.create_time()).c_str(), j.spec().name().c_str());
+    // A waiting job: its place in the queue (1: placed next) and why it waits.
+    if (j.queue_position() > 0) {
+      std::printf("%s[#%d, priority %d: %s]", j.spec().name().empty() ? "" : "  ",
+                  j.queue_position(), j.spec().priority(), j.wait_reason().c_str());
+    }
+    std::printf("\n");
   }
   if (!out.next_page_token().empty()) {
     std::fprintf(stderr, "(more jobs: --all, or --page-token %s)\n",

@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "  list          list jobs, newest first\n"
     "  watch         follow a job to its end (exit 0 only if it succeeded)\n"
     "  cancel        cancel a queued or running job\n"
+    "  priority      change a waiting job's priority (admins)\n"
     "  workers       list the workers and what they run\n"
     "  history       show a job's loss and throughput, one row per step (--csv)\n"
     "  trace         write one step's action timeline as Chrome trace-event JSON\n"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (command == "list") return baton::cli::List(rest);
   if (command == "watch") return baton::cli::Watch(rest);
   if (command == "cancel") return baton::cli::Cancel(rest);
+  if (command == "priority") return baton::cli::Priority(rest);
   if (command == "workers") return baton::cli::Workers(rest);
   if (command == "history") return baton::cli::History(rest);
   if (command == "trace") return baton::cli::Trace(rest);

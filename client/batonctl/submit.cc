@@ -58,6 +58,8 @@ std::vector<FlagSpec> SubmitFlags() {
       {"precision", "", false,
        "override the arithmetic: fp32, or bf16 (mixed precision; docs/precision.md)"},
       {"allow-tf32", "", true, "let an fp32 job's products on GPUs use TF32 (allow_tf32)"},
+      {"priority", "", false,
+       "queue priority, higher first (JobSpec.priority; your role bounds it)"},
       {"resume-from", "", false,
        "start from JOB's checkpoint: JOB (its newest complete one) or JOB@STEP; without -f, "
        "with JOB's spec"},
@@ -78,7 +80,7 @@ constexpr char kUsage[] =
     "                       [--data-parallel D]\n"
     "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
-    "                       [--precision fp32|bf16] [--allow-tf32]\n"
+    "                       [--precision fp32|bf16] [--allow-tf32] [--priority N]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
@@ -238,6 +240,10 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       {{"fp32", baton::v1::PRECISION_FP32}, {"bf16", baton::v1::PRECISION_BF16}},
       [spec](baton::v1::Precision v) { spec->set_precision(v); }));
   if (args.Has("allow-tf32")) spec->set_allow_tf32(true);
+  if (args.Has("priority")) {
+    if (absl::Status s = Int32Flag(args, "priority", &v); !s.ok()) return s;
+    spec->set_priority(v);
+  }
   return absl::OkStatus();
 }
 

@@ -129,6 +129,26 @@ def test_cancel_running_job_and_wait_raises_job_cancelled(client, idle):
     assert isinstance(e.value, baton.JobError)
 
 
+def test_a_waiting_job_shows_its_place_and_why_and_its_priority_changes(client, idle):
+    # More stages than there are workers: it waits, says why, and holds no one up.
+    big = client.submit(tiny_gpt("py-too-big", stages=NUM_WORKERS + 1))
+    try:
+        deadline = time.monotonic() + 30
+        while not big.refresh().wait_reason and time.monotonic() < deadline:
+            time.sleep(0.1)
+        big = big.refresh()
+        assert big.state == "QUEUED"
+        assert big.queue_position == 1
+        assert "cannot run on the workers registered now" in big.wait_reason, big.wait_reason
+        small = client.submit(tiny_gpt("py-small-behind"))
+        assert client.wait(small, timeout=120).state == "SUCCEEDED"
+        moved = client.set_priority(big, 3)  # the demo cluster's caller is an admin
+        assert moved.priority == 3 and "priority 0 -> 3" in moved.reason
+    finally:
+        client.cancel(big)
+    assert client.get(big).queue_position is None and client.get(big).wait_reason == ""
+
+
 def test_failed_job_raises_job_failed_with_its_reason(client, idle):
     spec = tiny_gpt("py-diverges", steps=6)
     spec["optimizer"] = {"sgd": {"learningRate": 1e30}}

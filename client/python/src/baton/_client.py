@@ -221,6 +221,12 @@ class Client:
         request = jobs_pb2.CancelJobRequest(job_id=_job_id(job), reason=reason)
         return Job(self._unary("CancelJob", request), self)
 
+    def set_priority(self, job: JobRef, priority: int) -> Job:
+        """Sets a waiting job's priority (admins only; PermissionDenied otherwise) and
+        returns it; the queue reorders at once. FailedPrecondition once it runs."""
+        request = jobs_pb2.SetJobPriorityRequest(job_id=_job_id(job), priority=priority)
+        return Job(self._unary("SetJobPriority", request), self)
+
     def watch(self, job: JobRef, progress: bool = False,
               timeout: Optional[float] = None) -> Iterator[Event]:
         """Yields the job's events as they happen: first a StateEvent with its current

@@ -132,6 +132,22 @@ class Job:
         return self.proto.submitted_by
 
     @property
+    def priority(self) -> int:
+        """Its queue priority (JobSpec.priority): higher runs first."""
+        return self.proto.spec.priority
+
+    @property
+    def queue_position(self) -> Optional[int]:
+        """While it waits: its place in the queue (1: placed next); None otherwise."""
+        return self.proto.queue_position or None
+
+    @property
+    def wait_reason(self) -> str:
+        """While it waits: why (e.g. "first in line: waiting for 4 idle workers (2 idle)");
+        "" otherwise."""
+        return self.proto.wait_reason
+
+    @property
     def spec(self):
         """The spec as the coordinator holds it (defaults filled in): a baton.v1.JobSpec."""
         return self.proto.spec

@@ -1,0 +1,80 @@
+// The queue policy: which queued jobs start in a placement round, on which idle workers, and
+// why the others wait. A pure function of the queue, the workers and the time (no I/O, no
+// lock), table-tested in queue_policy_test.cc; Coordinator::PlaceQueuedLocked applies it.
+//
+// Order. Recovering jobs first (they held workers a moment ago), then by JobSpec.priority,
+// higher first, then in submission order. Every job left waiting gets its 1-based position
+// among those (1: the next to be placed) and a reason.
+//
+// A job that cannot start now does not block the jobs behind it:
+//  - A job no set of the registered workers could run (more workers than are registered, a
+//    device none has, more memory per rank than any has) waits saying so and holds nothing.
+//  - A job over its user's max_workers quota (quotas.h) waits saying so and holds nothing.
+//  - The first other job that does not fit (the head) holds nothing either, until it has
+//    waited `reserve_after`: from then on it holds a reservation, every idle worker it could
+//    use is kept for it (later jobs start only on workers it cannot use, which cannot delay
+//    it), and as running jobs end it gathers the workers it needs. So backfill may delay a
+//    head job by at most `reserve_after` plus the running time of what started meanwhile,
+//    and no job waits forever while running jobs end.
+// Jobs behind the head start on what is left, in order (backfill).
+#ifndef BATON_COORDINATOR_QUEUE_POLICY_H_
+#define BATON_COORDINATOR_QUEUE_POLICY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "baton/v1/job.pb.h"
+#include "baton/v1/worker.pb.h"
+#include "coordinator/placement.h"
+#include "coordinator/quotas.h"
+
+namespace baton {
+
+struct QueuedJob {
+  std::string id;
+  baton::v1::JobSpec spec;        // validated and defaulted
+  int64_t rank_need_bytes = 0;    // RankNeedBytes; 0: no memory check
+  int64_t seq = 0;                // submission order, smaller first
+  absl::Time queued_since;        // when it last entered the queue
+  std::string user;               // Job.submitted_by
+  QuotaLimits limits;             // the user's
+  bool recovering = false;        // RECOVERING: placed again, maybe on fewer stages
+  bool stopping = false;          // recovering, its previous workers not yet stopped
+};
+
+struct QueueRoundInput {
+  std::vector<QueuedJob> queue;  // any order
+  std::vector<baton::v1::WorkerInfo> idle;
+  // Every live worker (idle or busy): what could ever run a job.
+  std::vector<baton::v1::WorkerInfo> registered;
+  // Workers each user's running jobs hold now.
+  std::map<std::string, int> held_by_user;
+  absl::Time now;
+  absl::Duration reserve_after = absl::Minutes(5);
+};
+
+struct QueueRound {
+  struct Start {
+    std::string id;
+    baton::v1::JobSpec spec;  // a recovering job's with the stages it starts on
+    WorkerChoice choice;      // indices into QueueRoundInput::idle
+  };
+  std::vector<Start> starts;  // in the order they were chosen
+  struct Wait {
+    std::string id;
+    int position = 0;         // 1-based among the jobs still waiting, in queue order
+    std::string reason;
+  };
+  std::vector<Wait> waits;    // in queue order
+  std::string reserved_for;   // the head job holding a reservation, if one does
+  int reserved_workers = 0;   // idle workers kept for it
+};
+
+QueueRound PlanQueueRound(const QueueRoundInput& in);
+
+}  // namespace baton
+
+#endif  // BATON_COORDINATOR_QUEUE_POLICY_H_
