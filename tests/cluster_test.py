@@ -514,6 +514,21 @@ def case_queued_until_workers(c):
     check(job["state"] == "JOB_STATE_QUEUED", f"want QUEUED, got {job['state']}")
     check("worker" in reason and "4" in reason,
           f"the QUEUED reason does not say it waits for 4 workers: '{reason}'")
+    check("cannot run on the workers registered now" in reason,
+          f"a 4-stage job on 2 workers should say it cannot run yet: '{reason}'")
+    # It holds no one up: a 2-stage job submitted after it runs to the end meanwhile.
+    small = c.submit(spec, "--steps", "2", "--stages", "2", "--name", "behind-the-big-one")
+    small = c.wait_state(small["id"], TERMINAL, 120)
+    check(small["state"] == "JOB_STATE_SUCCEEDED",
+          f"the small job behind it: {small['state']} ({last_reason(small)})")
+    listing = c.ctl_ok("list").stdout
+    row = next((line for line in listing.splitlines() if line.startswith(job["id"])), "")
+    check("[#1, priority 0: cannot run on the workers registered now" in row,
+          f"batonctl list does not show its place and reason: '{row}'")
+    got = c.ctl_ok("get", job["id"]).stdout
+    check("queue:      #1" in got, f"batonctl get shows no queue line: {got}")
+    print(f"  {small['id']} (2 stages, submitted after it) SUCCEEDED meanwhile; batonctl list: "
+          f"{row.split('[', 1)[1][:60]}...")
     c.start_worker("w-3")
     c.start_worker("w-4")
     job = c.wait_state(job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
@@ -525,6 +540,46 @@ def case_queued_until_workers(c):
     check(job["weights_digest"] == want,
           f"digest {job['weights_digest']} != train-local's {want}")
     print(f"  digest equals train-local's: {want[:16]}...")
+
+
+def case_quotas(c):
+    """12. quotas (--quotas): a user's queued jobs and held workers are bounded, and SIGHUP
+    re-reads the file."""
+    c.ensure_workers(4)
+    quotas = os.path.join(c.tmp, "quotas.txt")
+    with open(quotas, "w") as f:  # without tokens every caller is "anonymous", an admin
+        f.write("user anonymous 2 1 -\n")
+    port = c.address.rsplit(":", 1)[1]
+    check(c.stop("coordinator", signal.SIGTERM) == 0, "the coordinator did not stop cleanly")
+    flags = c.coordinator_flags
+    c.coordinator_flags = flags + ["--quotas", quotas]
+    try:
+        c.start_coordinator(listen=f"127.0.0.1:{port}")
+        c.wait_idle(4, timeout=20)
+        spec = c.write_spec(tiny_gpt("quota-3", steps=200000, stages=3))
+        over = c.submit(spec)  # needs 3 workers, the user may hold 2: waits, saying so
+        deadline = time.monotonic() + 10
+        while not c.get(over["id"]).get("wait_reason") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        reason = c.get(over["id"]).get("wait_reason", "")
+        check("holds 0 of its 2 workers and this job needs 3 (quota max_workers)" in reason,
+              f"the over-quota job's reason: '{reason}'")
+        r = c.ctl("submit", "-f", spec)  # one queued already: refused
+        check(r.returncode != 0 and "quota max_queued 1" in r.stderr,
+              f"a second queued job was not refused: rc {r.returncode}, {r.stderr.strip()}")
+        print(f"  {over['id']} waits: {reason}; a second submission: {r.stderr.strip()[:90]}")
+        # Raise the limit and SIGHUP: the job starts.
+        with open(quotas, "w") as f:
+            f.write("user anonymous 3 1 -\n")
+        c.procs["coordinator"].send_signal(signal.SIGHUP)
+        c.wait_state(over["id"], ["JOB_STATE_RUNNING"], 30)
+        print(f"  after raising max_workers to 3 and SIGHUP: {over['id']} RUNNING")
+        c.ctl_ok("cancel", over["id"])
+    finally:
+        c.coordinator_flags = flags
+        check(c.stop("coordinator", signal.SIGTERM) == 0, "the coordinator did not stop cleanly")
+        c.start_coordinator(listen=f"127.0.0.1:{port}")
+        c.wait_idle(4, timeout=20)
 
 
 def case_schedules(c):
@@ -1051,6 +1106,8 @@ CASES = [
      case_back_to_back),
     ("11", "memory: a job no worker can hold waits saying so; one a worker cannot hold "
            "after all fails RESOURCE_EXHAUSTED and the worker serves on", case_memory),
+    ("12", "quotas: an over-quota job waits saying so, a submission beyond max_queued is "
+     "refused, SIGHUP re-reads the file", case_quotas),
 ]
 
 
