@@ -453,6 +453,9 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   }
   in.now = Now();
   in.reserve_after = options_.reserve_after;
+  // A round that starts 1,000 jobs holds mu_ for tens of milliseconds, and heartbeats wait
+  // on it: start at most this many per round, and loop again at once for the rest.
+  in.max_starts = 128;
   std::vector<std::string> still;
   for (const std::string& id : queue_) {
     ActiveJob* j = FindActiveLocked(id);
@@ -460,10 +463,11 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     still.push_back(id);
     QueuedJob q;
     q.id = id;
-    q.spec = j->job.spec();
+    // Not a copy: the round reads the job's own spec (aliasing, owning nothing).
+    q.spec = std::shared_ptr<const baton::v1::JobSpec>(std::shared_ptr<void>(), &j->job.spec());
     q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
     q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
-    q.rank_need_bytes = q.recovering ? RankNeedBytes(q.spec) : j->rank_need_bytes;
+    q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
     q.seq = j->seq;
     q.queued_since = j->queued_since;
     q.user = j->job.submitted_by();
@@ -472,6 +476,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   }
   queue_.assign(still.begin(), still.end());
   const QueueRound round = PlanQueueRound(in);
+  if (round.more) WakeLoop();
   for (const QueueRound::Start& start : round.starts) {
     ActiveJob* j = FindActiveLocked(start.id);
     queue_.erase(std::remove(queue_.begin(), queue_.end(), start.id), queue_.end());

@@ -1,6 +1,9 @@
 #include "coordinator/queue_policy.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -25,6 +28,15 @@ bool CanUse(const baton::v1::JobSpec& spec, int64_t rank_bytes, const baton::v1:
   return !wants_cuda || w.device().kind() == "cuda";
 }
 
+// What ChooseWorkers' answer depends on besides the workers: jobs alike in these fit alike,
+// so a round asks once per kind of job, not once per job (10,000 queued jobs are mostly
+// a few kinds).
+using FitKey = std::tuple<int, int, int, int64_t>;
+FitKey KeyOf(const baton::v1::JobSpec& spec, int64_t rank_bytes) {
+  return {WorkersOf(spec), static_cast<int>(spec.device()), static_cast<int>(spec.transport()),
+          rank_bytes};
+}
+
 std::string Minutes(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
 }
@@ -36,7 +48,9 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
   for (const QueuedJob& j : in.queue) order.push_back(&j);
   std::stable_sort(order.begin(), order.end(), [](const QueuedJob* a, const QueuedJob* b) {
     if (a->recovering != b->recovering) return a->recovering;
-    if (a->spec.priority() != b->spec.priority()) return a->spec.priority() > b->spec.priority();
+    if (a->spec->priority() != b->spec->priority()) {
+      return a->spec->priority() > b->spec->priority();
+    }
     return a->seq < b->seq;
   });
   int64_t largest = 0;
@@ -46,14 +60,25 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
   QueueRound out;
   std::vector<bool> taken(in.idle.size(), false);  // started on this round, or reserved
   std::map<std::string, int> held = in.held_by_user;
+  // Memos: whether a kind of job could run on the registered workers ("" yes, else why
+  // not), and why a kind of job does not fit the idle workers left (cleared whenever a job
+  // takes workers or a reservation holds some).
+  std::map<FitKey, std::string> never_memo;
+  std::map<FitKey, std::string> misfit_memo;
   const QueuedJob* head = nullptr;
   int position = 0;
   for (const QueuedJob* j : order) {
+    if (static_cast<int>(out.starts.size()) >= in.max_starts) {
+      out.more = true;
+      break;
+    }
     auto wait = [&](std::string reason) {  // positions count the jobs still waiting
       out.waits.push_back({j->id, ++position, std::move(reason)});
     };
-    baton::v1::JobSpec spec = j->spec;
+    std::optional<baton::v1::JobSpec> fewer;  // a recovering job's spec on fewer stages
+    const baton::v1::JobSpec* spec_ptr = j->spec.get();
     if (j->recovering) {
+      const baton::v1::JobSpec& spec = *j->spec;
       if (j->stopping) {
         wait("stopping the job's other workers");
         continue;
@@ -71,20 +96,35 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
         if (head == nullptr) head = j;
         continue;
       }
-      SetPipelineStages(&spec, stages);
+      if (stages != spec.pipeline().stages()) {
+        fewer = spec;
+        SetPipelineStages(&*fewer, stages);
+        spec_ptr = &*fewer;
+      }
     } else {
       // Could the registered workers, all idle, ever run it?
-      std::string never;
-      if (!ChooseWorkers(spec, in.registered, {}, &never, j->rank_need_bytes, largest)) {
-        wait(absl::StrCat(
-            "cannot run on the workers registered now (",
-            absl::StrReplaceAll(never, {{"waiting for ", "it needs "},
-                                        {"waiting: ", ""},
-                                        {" idle", " registered"}}),
-            "); it waits for more to register and holds no one up"));
+      const FitKey key = KeyOf(*j->spec, j->rank_need_bytes);
+      auto memo = never_memo.find(key);
+      if (memo == never_memo.end()) {
+        std::string never;
+        if (ChooseWorkers(*j->spec, in.registered, {}, &never, j->rank_need_bytes, largest)) {
+          never.clear();
+        } else {
+          never = absl::StrCat(
+              "cannot run on the workers registered now (",
+              absl::StrReplaceAll(never, {{"waiting for ", "it needs "},
+                                          {"waiting: ", ""},
+                                          {" idle", " registered"}}),
+              "); it waits for more to register and holds no one up");
+        }
+        memo = never_memo.emplace(key, std::move(never)).first;
+      }
+      if (!memo->second.empty()) {
+        wait(memo->second);
         continue;
       }
     }
+    const baton::v1::JobSpec& spec = *spec_ptr;
     const int need = WorkersOf(spec);
     if (j->limits.max_workers.has_value() && held[j->user] + need > *j->limits.max_workers) {
       wait(absl::StrCat("user ", j->user, " holds ", held[j->user], " of its ",
@@ -93,12 +133,19 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       continue;
     }
     std::string why;
-    std::optional<WorkerChoice> choice =
-        ChooseWorkers(spec, in.idle, taken, &why, j->rank_need_bytes, largest);
+    std::optional<WorkerChoice> choice;
+    const FitKey key = KeyOf(spec, j->rank_need_bytes);
+    if (auto memo = misfit_memo.find(key); memo != misfit_memo.end() && !j->recovering) {
+      why = memo->second;  // one like it did not fit what is left: neither does this one
+    } else {
+      choice = ChooseWorkers(spec, in.idle, taken, &why, j->rank_need_bytes, largest);
+      if (!choice.has_value() && !j->recovering) misfit_memo.emplace(key, why);
+    }
     if (choice.has_value()) {
       for (size_t i : choice->indices) taken[i] = true;
+      misfit_memo.clear();
       held[j->user] += need;
-      out.starts.push_back({j->id, std::move(spec), *std::move(choice)});
+      out.starts.push_back({j->id, spec, *std::move(choice)});
       continue;
     }
     // Reasons start with what the job waits for, the details after " (" (the history
@@ -121,6 +168,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
         }
       }
       out.reserved_for = j->id;
+      misfit_memo.clear();
       wait(absl::StrCat("first in line, holding workers: ", why, "; after waiting ",
                         Minutes(waited), " it holds the ", out.reserved_workers,
                         " idle workers it can use"));

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,8 @@ namespace baton {
 
 struct QueuedJob {
   std::string id;
-  baton::v1::JobSpec spec;        // validated and defaulted
+  // Validated and defaulted; not owned (the caller's job record), outlives the round.
+  std::shared_ptr<const baton::v1::JobSpec> spec;
   int64_t rank_need_bytes = 0;    // RankNeedBytes; 0: no memory check
   int64_t seq = 0;                // submission order, smaller first
   absl::Time queued_since;        // when it last entered the queue
@@ -54,6 +56,10 @@ struct QueueRoundInput {
   std::map<std::string, int> held_by_user;
   absl::Time now;
   absl::Duration reserve_after = absl::Minutes(5);
+  // At most this many jobs start in one round; the round stops there (the jobs after keep
+  // what the previous round said of them) and QueueRound::more is set, so the caller runs
+  // another at once. Bounds how long a round holds the coordinator's lock.
+  int max_starts = 1 << 30;
 };
 
 struct QueueRound {
@@ -69,6 +75,7 @@ struct QueueRound {
     std::string reason;
   };
   std::vector<Wait> waits;    // in queue order
+  bool more = false;          // stopped at max_starts: run another round
   std::string reserved_for;   // the head job holding a reservation, if one does
   int reserved_workers = 0;   // idle workers kept for it
 };

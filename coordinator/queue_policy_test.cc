@@ -39,15 +39,22 @@ QueuedJob Job(const std::string& id, int stages, int priority = 0, int64_t seq =
   EXPECT_TRUE(spec.ok()) << spec.status();
   const absl::Status valid = ValidateAndDefaultJobSpec(&*spec);
   EXPECT_TRUE(valid.ok()) << valid;
+  SetPipelineStages(&*spec, stages);
+  spec->set_priority(priority);
   QueuedJob j;
   j.id = id;
-  j.spec = *spec;
-  SetPipelineStages(&j.spec, stages);
-  j.spec.set_priority(priority);
+  j.spec = std::make_shared<baton::v1::JobSpec>(*spec);
   j.seq = seq;
   j.queued_since = kNow - waited;
   j.user = user;
   return j;
+}
+
+std::shared_ptr<const baton::v1::JobSpec> WithDevice(const QueuedJob& j,
+                                                     baton::v1::DeviceKind device) {
+  auto spec = std::make_shared<baton::v1::JobSpec>(*j.spec);
+  spec->set_device(device);
+  return spec;
 }
 
 std::vector<std::string> Started(const QueueRound& r) {
@@ -104,7 +111,7 @@ TEST(QueuePolicyTest, AJobNoRegisteredWorkersCanRunBlocksNoOne) {
 
 TEST(QueuePolicyTest, AJobAskingForAGpuNoWorkerHasBlocksNoOne) {
   QueuedJob gpu = Job("gpu", 1, 0, 1);
-  gpu.spec.set_device(baton::v1::DEVICE_KIND_CUDA);
+  gpu.spec = WithDevice(gpu, baton::v1::DEVICE_KIND_CUDA);
   QueueRound r = PlanQueueRound(Input({gpu, Job("cpu", 1, 0, 2)}, 2));
   EXPECT_EQ(Started(r), (std::vector<std::string>{"cpu"}));
   EXPECT_NE(WaitOf(r, "gpu")->reason.find("GPU"), std::string::npos) << WaitOf(r, "gpu")->reason;
@@ -137,9 +144,9 @@ TEST(QueuePolicyTest, BackfillUntilTheHeadHasWaitedThenAReservation) {
 // starts on the CPU workers, which cannot delay it.
 TEST(QueuePolicyTest, AReservationLeavesWorkersTheHeadCannotUse) {
   QueuedJob head = Job("gpu-head", 2, 0, 1, absl::Minutes(10));
-  head.spec.set_device(baton::v1::DEVICE_KIND_CUDA);
+  head.spec = WithDevice(head, baton::v1::DEVICE_KIND_CUDA);
   QueuedJob cpu_job = Job("cpu-job", 2, 0, 2);
-  cpu_job.spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  cpu_job.spec = WithDevice(cpu_job, baton::v1::DEVICE_KIND_CPU);
   QueueRoundInput in = Input({head, cpu_job}, 0);
   in.idle = {Worker("g-1", true), Worker("c-1"), Worker("c-2")};
   in.registered = in.idle;
@@ -175,8 +182,10 @@ TEST(QueuePolicyTest, AUserOverItsWorkerQuotaWaitsAndOthersStart) {
 TEST(QueuePolicyTest, RecoveringJobsFirstOnFewerStagesAndStoppingOnesHoldNoOneUp) {
   QueuedJob rec = Job("rec", 4, -5, 9);
   rec.recovering = true;
-  rec.spec.mutable_restart()->set_max_restarts(1);
-  rec.spec.mutable_restart()->set_min_stages(2);
+  auto restart = std::make_shared<baton::v1::JobSpec>(*rec.spec);
+  restart->mutable_restart()->set_max_restarts(1);
+  restart->mutable_restart()->set_min_stages(2);
+  rec.spec = restart;
   QueuedJob stopping = Job("stopping", 2, 0, 8);
   stopping.recovering = true;
   stopping.stopping = true;
@@ -186,6 +195,17 @@ TEST(QueuePolicyTest, RecoveringJobsFirstOnFewerStagesAndStoppingOnesHoldNoOneUp
   EXPECT_EQ(r.starts[0].spec.pipeline().stages(), 3);
   EXPECT_EQ(WaitOf(r, "queued")->position, 2);
   EXPECT_EQ(WaitOf(r, "stopping")->reason, "stopping the job's other workers");
+}
+
+TEST(QueuePolicyTest, ARoundStopsAtMaxStartsAndSaysThereIsMore) {
+  QueueRoundInput in = Input({Job("a", 1, 0, 1), Job("b", 1, 0, 2), Job("c", 1, 0, 3)}, 3);
+  in.max_starts = 2;
+  QueueRound r = PlanQueueRound(in);
+  EXPECT_EQ(Started(r), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.more);
+  EXPECT_TRUE(r.waits.empty());  // c: the next round
+  in.max_starts = 3;
+  EXPECT_FALSE(PlanQueueRound(in).more);
 }
 
 TEST(QueuePolicyTest, AnEmptyQueueStartsNothing) {
