@@ -4,8 +4,8 @@
 // on loopback. N simulated workers are real gRPC clients: they register, heartbeat every
 // second with their session, and answer plans: the coordinator's StartJob calls go to an
 // in-process WorkerClient that accepts them, and each rank reports a successful result
-// (ReportResult over gRPC, with a digest per block) after --job_seconds. A driver thread
-// runs the coordinator's placement loop (Coordinator::Tick) and times every round.
+// (ReportResult over gRPC, with a digest per block) after --job_seconds. The coordinator
+// runs its own loop; every placement round is timed (CoordinatorOptions::round_observer).
 //
 // Phases, each printed with its measurements:
 //   1. history: --history terminal job records written to the store, then the coordinator
@@ -216,6 +216,16 @@ class SimWorkers final : public WorkerClient {
   int64_t reported_ = 0;
 };
 
+// Every placement round's duration (ms), from the coordinator's own loop.
+std::mutex& RoundsMu() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<double>& Rounds() {
+  static std::vector<double> rounds;
+  return rounds;
+}
+
 struct Server {
   std::unique_ptr<Coordinator> core;
   std::unique_ptr<JobServiceImpl> jobs;
@@ -228,7 +238,10 @@ absl::StatusOr<Server> StartServer(const std::string& db, SimWorkers* sim, int p
   CoordinatorOptions o;
   o.db_path = db;
   o.worker_client = std::shared_ptr<WorkerClient>(sim, [](WorkerClient*) {});
-  o.background = false;  // the driver runs the loop (Tick) and times it
+  o.round_observer = [](absl::Duration d, size_t) {
+    std::lock_guard<std::mutex> lock(RoundsMu());
+    Rounds().push_back(absl::ToDoubleMilliseconds(d));
+  };
   o.log = false;
   o.heartbeat_interval = absl::Seconds(1);
   o.lease_ttl = absl::Seconds(30);  // generous: the bench's own threads share two cores
@@ -291,29 +304,11 @@ int Main() {
               Usage().c_str());
   const int port = std::stoi(srv->address.substr(srv->address.rfind(':') + 1));
 
-  // Placement rounds, timed, on the driver thread.
-  std::atomic<bool> stop_loop{false};
-  std::mutex rounds_mu;
-  std::vector<double> rounds;
-  Coordinator* core = srv->core.get();
-  std::thread loop([&] {
-    while (!stop_loop.load()) {
-      const auto t = Clock::now();
-      core->Tick();
-      const double ms = Ms(Clock::now() - t);
-      {
-        std::lock_guard<std::mutex> lock(rounds_mu);
-        rounds.push_back(ms);
-      }
-      // The coordinator's own loop runs again at once when a round had more to start, and
-      // at least every heartbeat_interval / 2; 10 ms between rounds is a busy version of it.
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  });
+  // Placement rounds: timed in the coordinator's own loop (round_observer).
   auto take_rounds = [&] {
-    std::lock_guard<std::mutex> lock(rounds_mu);
+    std::lock_guard<std::mutex> lock(RoundsMu());
     std::vector<double> out;
-    out.swap(rounds);
+    out.swap(Rounds());
     return out;
   };
 
@@ -476,8 +471,6 @@ int Main() {
   // ---- 6. restart
   stop_beats = true;
   for (auto& t : beaters) t.join();
-  stop_loop = true;
-  loop.join();
   sim.Stop();
   reporter.join();
   srv->server->Shutdown();

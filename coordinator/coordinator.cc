@@ -217,9 +217,18 @@ void Coordinator::LoopMain() {
   MutexLock lock(mu_);
   while (!stopping_) {
     lock.unlock();
+    const absl::Time start = absl::Now();
     Tick();
     runner_.Reap();
+    const absl::Duration took = absl::Now() - start;
     lock.lock();
+    // A round over a deep queue holds mu_ for milliseconds, and heartbeats and submissions
+    // wait on it: however often it is woken, the loop leaves them twice that long between
+    // rounds (a burst of submissions does not keep the lock busy).
+    if (took > absl::Milliseconds(1)) {
+      loop_cv_.wait_for(lock.native(), ToChrono(2 * took),
+                        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; });
+    }
     loop_cv_.wait_for(lock.native(), ToChrono(options_.heartbeat_interval / 2),
                       [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
     wake_ = false;
@@ -457,10 +466,15 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   // on it: start at most this many per round, and loop again at once for the rest.
   in.max_starts = 128;
   std::vector<std::string> still;
+  std::vector<ActiveJob*> queued;  // by QueuedJob index
+  queued.reserve(queue_.size());
+  in.queue.reserve(queue_.size());
+  std::map<std::string, QuotaLimits> limits;  // by user: one lookup per user a round
   for (const std::string& id : queue_) {
     ActiveJob* j = FindActiveLocked(id);
     if (j == nullptr) continue;
     still.push_back(id);
+    queued.push_back(j);
     QueuedJob q;
     q.id = id;
     // Not a copy: the round reads the job's own spec (aliasing, owning nothing).
@@ -471,14 +485,16 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.seq = j->seq;
     q.queued_since = j->queued_since;
     q.user = j->job.submitted_by();
-    q.limits = LimitsOf(j->job);
+    auto limit = limits.find(q.user);
+    if (limit == limits.end()) limit = limits.emplace(q.user, LimitsOf(j->job)).first;
+    q.limits = limit->second;
     in.queue.push_back(std::move(q));
   }
   queue_.assign(still.begin(), still.end());
   const QueueRound round = PlanQueueRound(in);
   if (round.more) WakeLoop();
   for (const QueueRound::Start& start : round.starts) {
-    ActiveJob* j = FindActiveLocked(start.id);
+    ActiveJob* j = queued[start.index];
     queue_.erase(std::remove(queue_.begin(), queue_.end(), start.id), queue_.end());
     j->job.set_queue_position(0);
     j->job.clear_wait_reason();
@@ -487,12 +503,15 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   // Say why the others wait: a new history entry only when what a job waits for changes
   // (not when its position or an idle count changes), so history stays short however deep
   // the queue; the position and the whole reason are on the job (GetJob, ListJobs).
-  auto what = [](const std::string& reason) { return reason.substr(0, reason.find(" (")); };
+  auto what = [](absl::string_view reason) { return reason.substr(0, reason.find(" (")); };
   for (const QueueRound::Wait& w : round.waits) {
-    ActiveJob* j = FindActiveLocked(w.id);
-    if (j == nullptr) continue;
+    ActiveJob* j = queued[w.index];
+    if (j->job.state() != baton::v1::JOB_STATE_QUEUED &&
+        j->job.state() != baton::v1::JOB_STATE_RECOVERING) {
+      continue;  // a start above ended it (a failed placement)
+    }
     j->job.set_queue_position(w.position);
-    j->job.set_wait_reason(w.reason);
+    if (j->job.wait_reason() != w.reason) j->job.set_wait_reason(w.reason);
     const auto& history = j->job.history();
     if (history.empty() || history.rbegin()->state() != j->job.state() ||
         what(history.rbegin()->reason()) != what(w.reason)) {
@@ -624,7 +643,9 @@ void Coordinator::Tick() {
         FailLocked(id, std::string(j->echo.reason), j->echo.cause, &effects);
       }
     }
+    const absl::Time start = absl::Now();
     PlaceQueuedLocked(&effects);
+    if (options_.round_observer) options_.round_observer(absl::Now() - start, queue_.size());
   }
   Run(std::move(effects), /*wait=*/false);
 }

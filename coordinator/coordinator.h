@@ -107,6 +107,9 @@ struct CoordinatorOptions {
   // How long the first job in line that does not fit may be passed by jobs behind it before
   // it holds a reservation (queue_policy.h).
   absl::Duration reserve_after = absl::Minutes(5);
+  // Called under the lock after every placement round with its duration and the jobs left
+  // waiting (bench/control_plane_bench.cc); keep it short. May be empty.
+  std::function<void(absl::Duration, size_t)> round_observer;
   // Action timelines (batonctl trace) are kept for each job's latest this many steps.
   int64_t trace_steps = 200;
   // Directories a spec's data.text.path must lie under (after symlinks, as far as this

@@ -72,8 +72,9 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       out.more = true;
       break;
     }
+    const size_t index = static_cast<size_t>(j - in.queue.data());
     auto wait = [&](std::string reason) {  // positions count the jobs still waiting
-      out.waits.push_back({j->id, ++position, std::move(reason)});
+      out.waits.push_back({index, j->id, ++position, std::move(reason)});
     };
     std::optional<baton::v1::JobSpec> fewer;  // a recovering job's spec on fewer stages
     const baton::v1::JobSpec* spec_ptr = j->spec.get();
@@ -145,7 +146,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       for (size_t i : choice->indices) taken[i] = true;
       misfit_memo.clear();
       held[j->user] += need;
-      out.starts.push_back({j->id, spec, *std::move(choice)});
+      out.starts.push_back({index, j->id, spec, *std::move(choice)});
       continue;
     }
     // Reasons start with what the job waits for, the details after " (" (the history

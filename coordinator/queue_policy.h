@@ -64,12 +64,14 @@ struct QueueRoundInput {
 
 struct QueueRound {
   struct Start {
+    size_t index = 0;         // into QueueRoundInput::queue
     std::string id;
     baton::v1::JobSpec spec;  // a recovering job's with the stages it starts on
     WorkerChoice choice;      // indices into QueueRoundInput::idle
   };
   std::vector<Start> starts;  // in the order they were chosen
   struct Wait {
+    size_t index = 0;         // into QueueRoundInput::queue
     std::string id;
     int position = 0;         // 1-based among the jobs still waiting, in queue order
     std::string reason;
