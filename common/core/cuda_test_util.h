@@ -33,6 +33,17 @@
     }                                                                                          \
   } while (false)
 
+// An environment that skips every test of a binary built to run whole on a GPU
+// (cuda_pipeline_test) without a CUDA device, and fails them under BATON_REQUIRE_GPU:
+//   const auto* const kRequireCuda =
+//       ::testing::AddGlobalTestEnvironment(new ::baton::RequireCudaEnvironment());
+namespace baton {
+class RequireCudaEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { BATON_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+}  // namespace baton
+
 // Checks in a death test's child process (EXPECT_EXIT with the threadsafe style, for code
 // that breaks the CUDA context): on failure, say what and exit 2.
 #define BATON_CHILD_CHECK(cond)                                                     \

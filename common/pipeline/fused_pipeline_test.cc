@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/cuda_device.h"
+#include "common/core/cuda_test_util.h"
 #include "common/core/digest.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/spec/spec.h"
@@ -22,18 +23,8 @@ const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "1", 1)
 // skips without one (fails instead under BATON_REQUIRE_GPU).
 #ifdef BATON_TEST_DEVICE_CUDA
 constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CUDA;
-class RequireCuda : public testing::Environment {
- public:
-  void SetUp() override {
-    if (CudaDeviceCount() > 0) return;
-    if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {
-      FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";
-    }
-    GTEST_SKIP() << "no CUDA device found; the fused-attention pipelines on CUDA are skipped";
-  }
-};
 const testing::Environment* const kRequireCuda =
-    testing::AddGlobalTestEnvironment(new RequireCuda());
+    testing::AddGlobalTestEnvironment(new RequireCudaEnvironment());
 #else
 constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CPU;
 #endif

@@ -17,6 +17,7 @@
 
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_device.h"
+#include "common/core/cuda_test_util.h"
 #include "common/core/status.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/generators.h"
@@ -31,18 +32,8 @@ namespace {
 #ifdef BATON_TEST_DEVICE_CUDA
 constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CUDA;
 
-class RequireCuda : public testing::Environment {
- public:
-  void SetUp() override {
-    if (CudaDeviceCount() > 0) return;
-    if (std::getenv("BATON_REQUIRE_GPU") != nullptr) {
-      FAIL() << "BATON_REQUIRE_GPU is set but no CUDA device was found";
-    }
-    GTEST_SKIP() << "no CUDA device found; the CUDA pipeline tests are skipped";
-  }
-};
 const testing::Environment* const kRequireCuda =
-    testing::AddGlobalTestEnvironment(new RequireCuda());
+    testing::AddGlobalTestEnvironment(new RequireCudaEnvironment());
 #else
 constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CPU;
 #endif
