@@ -748,7 +748,10 @@ def case_device(c):
     r = c.ctl("submit", "-f", spec, "--stages", "2", "--device", "cuda")
     check(r.returncode == 0, f"submit exited {r.returncode}: {r.stderr.strip()}")
     job_id = r.stdout.strip()
-    want = "waiting for 2 idle GPU workers (0 idle; the job asks for device cuda)"
+    # No registered worker has a GPU: it cannot run yet, and holds no one up.
+    want = ("cannot run on the workers registered now (it needs 2 registered GPU workers (0 "
+            "registered; the job asks for device cuda)); it waits for more to register and "
+            "holds no one up")
     check(want in r.stderr, f"submit did not say why the job waits: {r.stderr.strip()!r}")
     print(f"  submit: {r.stderr.strip()}")
     job = c.get(job_id)
@@ -960,7 +963,7 @@ def case_data_parallel(c):
           f"{lo:.6f}, other bits")
     # More replicas than the cluster has: waits, saying how many workers it needs.
     big = c.submit(path, "--stages", "2", "--data-parallel", "4", "--name", "dp-too-big")["id"]
-    wait_for(lambda: "8 idle workers (4 replicas of 2 stages)" in last_reason(c.get(big)), 20,
+    wait_for(lambda: "8 registered workers (4 replicas of 2 stages)" in last_reason(c.get(big)), 20,
              "the oversized job to say what it waits for")
     print(f"  {big} waits: {last_reason(c.get(big))}")
     c.ctl_ok("cancel", big)
