@@ -645,7 +645,9 @@ void Coordinator::Tick() {
     }
     const absl::Time start = absl::Now();
     PlaceQueuedLocked(&effects);
-    if (options_.round_observer) options_.round_observer(absl::Now() - start, queue_.size());
+    const absl::Duration took = absl::Now() - start;
+    if (options_.metrics != nullptr) options_.metrics->ObservePlacementRound(took);
+    if (options_.round_observer) options_.round_observer(took, queue_.size());
   }
   Run(std::move(effects), /*wait=*/false);
 }

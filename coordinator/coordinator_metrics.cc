@@ -53,6 +53,14 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                       .Help("Time from submission to running, per job that ran.")
                       .Register(registry)
                       .Add({}, StepSecondsBuckets())),
+      placement_round_(prometheus::BuildHistogram()
+                           .Name("baton_coordinator_placement_round_seconds")
+                           .Help("Placement rounds: how long each held the coordinator's lock "
+                                 "deciding which queued jobs start.")
+                           .Register(registry)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{
+                                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+                                        0.2, 0.5, 1})),
       heartbeats_missed_(prometheus::BuildCounter()
                              .Name("baton_coordinator_heartbeats_missed_total")
                              .Help("Heartbeat intervals that passed without a heartbeat.")
@@ -120,6 +128,10 @@ void CoordinatorMetrics::ObserveCheckpoint(absl::Duration slowest_write, int64_t
 
 void CoordinatorMetrics::ObserveQueueWait(absl::Duration wait) {
   queue_wait_.Observe(absl::ToDoubleSeconds(wait));
+}
+
+void CoordinatorMetrics::ObservePlacementRound(absl::Duration took) {
+  placement_round_.Observe(absl::ToDoubleSeconds(took));
 }
 
 void CoordinatorMetrics::AddHeartbeatsMissed(int64_t n) {

@@ -39,6 +39,8 @@ class CoordinatorMetrics {
   explicit CoordinatorMetrics(prometheus::Registry& registry);
 
   void ObserveQueueWait(absl::Duration wait);
+  // One placement round (queue_policy.h) took `took`, holding the coordinator's lock.
+  void ObservePlacementRound(absl::Duration took);
   void AddHeartbeatsMissed(int64_t n);
   void AddLeaseExpiration();
   // A job's checkpoint became complete: the slowest rank's write time and every rank's bytes.
@@ -60,6 +62,7 @@ class CoordinatorMetrics {
  private:
   class Collector;
   prometheus::Histogram& queue_wait_;
+  prometheus::Histogram& placement_round_;
   prometheus::Counter& heartbeats_missed_;
   prometheus::Counter& lease_expirations_;
   prometheus::Histogram& checkpoint_write_;

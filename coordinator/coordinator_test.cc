@@ -1582,6 +1582,9 @@ TEST_F(CoordinatorTest, MetricsCountStatesQueueWaitAndMissedHeartbeats) {
   EXPECT_THAT(text, HasSubstr("baton_coordinator_queue_wait_seconds_sum 3"));
   EXPECT_THAT(text, HasSubstr("baton_coordinator_heartbeats_missed_total 6"));
   EXPECT_THAT(text, HasSubstr("baton_coordinator_lease_expirations_total 0"));
+  // Every Tick ran a placement round, each observed once.
+  EXPECT_THAT(text, HasSubstr("baton_coordinator_placement_round_seconds_count "));
+  EXPECT_THAT(text, testing::Not(HasSubstr("baton_coordinator_placement_round_seconds_count 0\n")));
 
   // w2 stays silent past its lease: one expiration, and its missed heartbeats counted
   // (w1: 1 more after 2 s; w2: 4 more, 5.5 s after its last heartbeat).
