@@ -445,10 +445,8 @@ void Coordinator::WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::st
   FailLocked(w.job_id(), why, baton::v1::FAILURE_CAUSE_WORKER_LOST, effects);
 }
 
-QuotaLimits Coordinator::LimitsOf(const baton::v1::Job& job) const {
-  const std::string role = job.submitted_role().empty() ? "admin" : job.submitted_role();
-  return options_.quotas != nullptr ? options_.quotas->LimitsFor(job.submitted_by(), role)
-                                    : DefaultLimits(role);
+QuotaLimits Coordinator::LimitsOf(const std::string& user, const std::string& role) const {
+  return options_.quotas != nullptr ? options_.quotas->LimitsFor(user, role) : DefaultLimits(role);
 }
 
 void Coordinator::PlaceQueuedLocked(Effects* effects) {
@@ -486,16 +484,25 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.queued_since = j->queued_since;
     q.user = j->job.submitted_by();
     auto limit = limits.find(q.user);
-    if (limit == limits.end()) limit = limits.emplace(q.user, LimitsOf(j->job)).first;
+    if (limit == limits.end()) {
+      // Jobs recorded before roles were (an empty role) kept no limits: as an admin's.
+      const std::string& role = j->job.submitted_role();
+      limit = limits.emplace(q.user, LimitsOf(q.user, role.empty() ? "admin" : role)).first;
+    }
     q.limits = limit->second;
     in.queue.push_back(std::move(q));
   }
-  queue_.assign(still.begin(), still.end());
   const QueueRound round = PlanQueueRound(in);
   if (round.more) WakeLoop();
+  // The queue keeps the jobs still waiting, in their order (one pass, not one per start).
+  std::vector<bool> started(still.size(), false);
+  for (const QueueRound::Start& start : round.starts) started[start.index] = true;
+  queue_.clear();
+  for (size_t i = 0; i < still.size(); ++i) {
+    if (!started[i]) queue_.push_back(still[i]);
+  }
   for (const QueueRound::Start& start : round.starts) {
     ActiveJob* j = queued[start.index];
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), start.id), queue_.end());
     j->job.set_queue_position(0);
     j->job.clear_wait_reason();
     StartQueuedLocked(j, start, in.idle, effects);
@@ -745,9 +752,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
   // Quotas: the priority the caller's role may ask for, and how many jobs it may queue.
   const std::string role = admin ? "admin" : "submitter";
-  const QuotaLimits limits = options_.quotas != nullptr
-                                 ? options_.quotas->LimitsFor(submitted_by, role)
-                                 : DefaultLimits(role);
+  const QuotaLimits limits = LimitsOf(submitted_by, role);
   if (limits.max_priority.has_value() && spec.priority() > *limits.max_priority) {
     return absl::PermissionDeniedError(absl::StrCat(
         "priority: ", submitted_by, " (", role, ") may ask for at most ", *limits.max_priority,

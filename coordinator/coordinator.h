@@ -337,8 +337,8 @@ class Coordinator {
   void StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start,
                          const std::vector<baton::v1::WorkerInfo>& idle, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The limits of the user who submitted `job`.
-  QuotaLimits LimitsOf(const baton::v1::Job& job) const;
+  // The quota limits of `user` with `role` (options_.quotas, else DefaultLimits).
+  QuotaLimits LimitsOf(const std::string& user, const std::string& role) const;
   void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)

@@ -63,6 +63,19 @@ absl::StatusOr<PipelineLayout> BuildPipelineLayout(const baton::v1::JobSpec& spe
   return layout;
 }
 
+bool WantsCuda(const baton::v1::JobSpec& spec) {
+  return spec.device() == baton::v1::DEVICE_KIND_CUDA ||
+         (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED &&
+          spec.transport() == baton::v1::TRANSPORT_KIND_NCCL);
+}
+
+bool WorkerCanRunRank(const baton::v1::JobSpec& spec, int64_t rank_bytes,
+                      const baton::v1::WorkerInfo& worker) {
+  const int64_t has = worker.device().memory_bytes();
+  if (has > 0 && has < rank_bytes) return false;
+  return !WantsCuda(spec) || worker.device().kind() == "cuda";
+}
+
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
                                           const std::vector<bool>& taken, std::string* waiting,
@@ -106,7 +119,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   // Transport NCCL needs GPUs: with device auto it makes the job a cuda job.
   const bool nccl = spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED &&
                     spec.transport() == baton::v1::TRANSPORT_KIND_NCCL;
-  const bool wants_cuda = spec.device() == baton::v1::DEVICE_KIND_CUDA || nccl;
+  const bool wants_cuda = WantsCuda(spec);
   if (wants_cuda || (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED && gpu.size() >= need)) {
     const char* asks = nccl ? "transport nccl" : "device cuda";
     if (gpu.size() < need) {

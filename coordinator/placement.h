@@ -84,6 +84,14 @@ struct WorkerChoice {
 // idle GPU workers (1 idle)", "... with at least 12.3 GiB ..."), and, when not even
 // `largest_registered_bytes` (the most any registered worker has, idle or busy; 0: unknown)
 // holds a rank, that no registered worker can.
+// Whether a job must run on GPUs: device cuda, or device auto with transport nccl.
+bool WantsCuda(const baton::v1::JobSpec& spec);
+// Whether `worker` could run a rank of `spec` that needs `rank_bytes` (0: no check):
+// ChooseWorkers' filter (memory registered, an unknown 0 taken as enough; a GPU when the
+// job wants CUDA).
+bool WorkerCanRunRank(const baton::v1::JobSpec& spec, int64_t rank_bytes,
+                      const baton::v1::WorkerInfo& worker);
+
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
                                           const std::vector<bool>& taken, std::string* waiting,

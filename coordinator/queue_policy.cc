@@ -17,17 +17,6 @@ int WorkersOf(const baton::v1::JobSpec& spec) {
   return spec.pipeline().stages() * std::max(1, spec.pipeline().data_parallel());
 }
 
-// Whether `w` could run a rank of `spec` (ChooseWorkers' filter: enough memory, a GPU when
-// the job asks for CUDA).
-bool CanUse(const baton::v1::JobSpec& spec, int64_t rank_bytes, const baton::v1::WorkerInfo& w) {
-  const int64_t has = w.device().memory_bytes();
-  if (has > 0 && has < rank_bytes) return false;
-  const bool wants_cuda = spec.device() == baton::v1::DEVICE_KIND_CUDA ||
-                          (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED &&
-                           spec.transport() == baton::v1::TRANSPORT_KIND_NCCL);
-  return !wants_cuda || w.device().kind() == "cuda";
-}
-
 // What ChooseWorkers' answer depends on besides the workers: jobs alike in these fit alike,
 // so a round asks once per kind of job, not once per job (10,000 queued jobs are mostly
 // a few kinds).
@@ -86,7 +75,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       }
       int free = 0;
       for (size_t i = 0; i < in.idle.size(); ++i) {
-        free += !taken[i] && CanUse(spec, 0, in.idle[i]) ? 1 : 0;
+        free += !taken[i] && WorkerCanRunRank(spec, 0, in.idle[i]) ? 1 : 0;
       }
       const int stages = RecoveryStages(spec, free);
       if (stages == 0) {
@@ -163,7 +152,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     const absl::Duration waited = in.now - j->queued_since;
     if (waited >= in.reserve_after) {
       for (size_t i = 0; i < in.idle.size(); ++i) {
-        if (!taken[i] && CanUse(spec, j->rank_need_bytes, in.idle[i])) {
+        if (!taken[i] && WorkerCanRunRank(spec, j->rank_need_bytes, in.idle[i])) {
           taken[i] = true;
           ++out.reserved_workers;
         }

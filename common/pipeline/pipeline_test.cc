@@ -223,17 +223,24 @@ baton::v1::JobSpec SpecFor(const Case& c) {
   return spec;
 }
 
+// The reference trainer on `reference` and the pipeline on `pipelined` (the same job, run
+// another way: recomputing, say): the same losses, step by step, exact float equality, and
+// the same digest.
+void ExpectReferenceBits(const baton::v1::JobSpec& reference,
+                         const baton::v1::JobSpec& pipelined) {
+  const TrainRun ref = Reference(reference);
+  absl::StatusOr<TrainRun> pipe = Pipeline(pipelined);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  ASSERT_EQ(ref.losses.size(), 3u);
+  EXPECT_EQ(pipe->losses, ref.losses);
+  EXPECT_EQ(pipe->digest, ref.digest);
+}
+
 class BitExactTest : public testing::TestWithParam<Case> {};
 
 TEST_P(BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
-  const Case& c = GetParam();
-  baton::v1::JobSpec spec = SpecFor(c);
-  const TrainRun ref = Reference(spec);
-  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
-  ASSERT_TRUE(pipe.ok()) << pipe.status();
-  ASSERT_EQ(ref.losses.size(), 3u);
-  EXPECT_EQ(pipe->losses, ref.losses);  // exact float equality, step by step
-  EXPECT_EQ(pipe->digest, ref.digest);
+  const baton::v1::JobSpec spec = SpecFor(GetParam());
+  ExpectReferenceBits(spec, spec);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, BitExactTest, testing::ValuesIn(AllCases()), CaseName);
@@ -259,12 +266,7 @@ class Bf16BitExactTest : public testing::TestWithParam<Case> {};
 TEST_P(Bf16BitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
   baton::v1::JobSpec spec = SpecFor(GetParam());
   UseBf16(&spec);
-  const TrainRun ref = Reference(spec);
-  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
-  ASSERT_TRUE(pipe.ok()) << pipe.status();
-  ASSERT_EQ(ref.losses.size(), 3u);
-  EXPECT_EQ(pipe->losses, ref.losses);
-  EXPECT_EQ(pipe->digest, ref.digest);
+  ExpectReferenceBits(spec, spec);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, Bf16BitExactTest, testing::ValuesIn(Bf16Cases()),
@@ -654,16 +656,10 @@ std::vector<Case> RecomputeCases() {
 class RecomputeBitExactTest : public testing::TestWithParam<Case> {};
 
 TEST_P(RecomputeBitExactTest, SameWeightsAndLossesAsTheReferenceTrainer) {
-  const Case& c = GetParam();
-  baton::v1::JobSpec spec = SpecFor(c);
-  auto* p = spec.mutable_pipeline();
-  const TrainRun ref = Reference(spec);
-  p->set_recompute(baton::v1::RECOMPUTE_FULL);
-  absl::StatusOr<TrainRun> pipe = Pipeline(spec);
-  ASSERT_TRUE(pipe.ok()) << pipe.status();
-  ASSERT_EQ(ref.losses.size(), 3u);
-  EXPECT_EQ(pipe->losses, ref.losses);
-  EXPECT_EQ(pipe->digest, ref.digest);
+  const baton::v1::JobSpec spec = SpecFor(GetParam());
+  baton::v1::JobSpec recomputing = spec;
+  recomputing.mutable_pipeline()->set_recompute(baton::v1::RECOMPUTE_FULL);
+  ExpectReferenceBits(spec, recomputing);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, RecomputeBitExactTest, testing::ValuesIn(RecomputeCases()),
