@@ -150,7 +150,8 @@ absl::Status Coordinator::Recover() {
   BATON_ASSIGN_OR_RETURN(
       auto jobs, store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
                                        baton::v1::JOB_STATE_RUNNING,
-                                       baton::v1::JOB_STATE_RECOVERING}));
+                                       baton::v1::JOB_STATE_RECOVERING,
+                                       baton::v1::JOB_STATE_PREEMPTED}));
   // Who owns which checkpoint directory: every stored job's, once.
   std::map<std::string, CheckpointOwner> owners;
   std::string token;
@@ -180,7 +181,8 @@ absl::Status Coordinator::Recover() {
     ActiveJob* j = active.get();
     active_[id] = std::move(active);
     j->queued_since = Now();  // (how long it waited before the restart is not kept)
-    if (j->job.state() == baton::v1::JOB_STATE_QUEUED) {
+    if (j->job.state() == baton::v1::JOB_STATE_QUEUED ||
+        j->job.state() == baton::v1::JOB_STATE_PREEMPTED) {
       queue_.push_back(id);
     } else if (j->job.state() == baton::v1::JOB_STATE_RECOVERING) {
       queue_.push_front(id);  // it was waiting to be placed again; it still is
@@ -349,7 +351,8 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   *change.mutable_time() = ToProtoTime(Now());
   change.set_reason(Truncate(reason));
   *job->job.add_history() = change;
-  if (state != baton::v1::JOB_STATE_QUEUED && state != baton::v1::JOB_STATE_RECOVERING) {
+  if (state != baton::v1::JOB_STATE_QUEUED && state != baton::v1::JOB_STATE_RECOVERING &&
+      state != baton::v1::JOB_STATE_PREEMPTED) {
     job->job.set_queue_position(0);  // it no longer waits
     job->job.clear_wait_reason();
   }
@@ -455,9 +458,34 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   for (const baton::v1::WorkerInfo& w : registry_.List()) {
     if (w.state() != baton::v1::WORKER_STATE_DEAD) in.registered.push_back(w);
   }
+  // Who holds workers, and which running jobs could stop at a checkpoint for a higher-
+  // priority one (and for which queued jobs such stops are under way).
+  std::set<std::string> preempting;
   for (const auto& [id, j] : active_) {
-    if (!j->ranks.empty()) in.held_by_user[j->job.submitted_by()] += static_cast<int>(j->ranks.size());
+    if (j->ranks.empty()) continue;
+    in.held_by_user[j->job.submitted_by()] += static_cast<int>(j->ranks.size());
+    if (!IsPlacedState(j->job.state())) continue;
+    if (j->preempt_step > 0) preempting.insert(j->preempted_for);
+    if (!options_.preempt) continue;
+    RunningJob r;
+    r.id = id;
+    r.priority = j->job.spec().priority();
+    r.started = j->placed_at;
+    bool reported = true;
+    int64_t newest = 0;
+    for (const RankSlot& slot : j->ranks) {
+      reported = reported && slot.held && slot.reported_step > 0;
+      newest = std::max(newest, slot.reported_step);
+      if (std::optional<baton::v1::WorkerInfo> w = registry_.Get(slot.worker.worker_id)) {
+        r.workers.push_back(*std::move(w));
+      }
+    }
+    r.preemptible = j->job.state() == baton::v1::JOB_STATE_RUNNING &&
+                    j->job.spec().has_checkpoint() && j->preempt_step == 0 &&
+                    j->echo.reason.empty() && reported && newest + 1 < j->job.spec().steps();
+    in.running.push_back(std::move(r));
   }
+  in.preempt = options_.preempt;
   in.now = Now();
   in.reserve_after = options_.reserve_after;
   // A round that starts 1,000 jobs holds mu_ for tens of milliseconds, and heartbeats wait
@@ -479,6 +507,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.spec = std::shared_ptr<const baton::v1::JobSpec>(std::shared_ptr<void>(), &j->job.spec());
     q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
     q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
+    q.preempting = preempting.count(id) > 0;
     q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
     q.seq = j->seq;
     q.queued_since = j->queued_since;
@@ -507,6 +536,13 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     j->job.clear_wait_reason();
     StartQueuedLocked(j, start, in.idle, effects);
   }
+  if (round.preemption.has_value()) {
+    ActiveJob* head = FindActiveLocked(round.preemption->for_job);
+    for (const std::string& victim : round.preemption->victims) {
+      ActiveJob* v = FindActiveLocked(victim);
+      if (v != nullptr && head != nullptr) PreemptLocked(v, head);
+    }
+  }
   // Say why the others wait: a new history entry only when what a job waits for changes
   // (not when its position or an idle count changes), so history stays short however deep
   // the queue; the position and the whole reason are on the job (GetJob, ListJobs).
@@ -514,7 +550,8 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   for (const QueueRound::Wait& w : round.waits) {
     ActiveJob* j = queued[w.index];
     if (j->job.state() != baton::v1::JOB_STATE_QUEUED &&
-        j->job.state() != baton::v1::JOB_STATE_RECOVERING) {
+        j->job.state() != baton::v1::JOB_STATE_RECOVERING &&
+        j->job.state() != baton::v1::JOB_STATE_PREEMPTED) {
       continue;  // a start above ended it (a failed placement)
     }
     j->job.set_queue_position(w.position);
@@ -533,7 +570,9 @@ void Coordinator::StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start
   const std::string id = start.id;
   baton::v1::JobSpec spec = start.spec;
   const WorkerChoice& choice = start.choice;
-  const bool recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
+  // Placed again after a recovery or a preemption: the attempt's record gets the workers.
+  const bool recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING ||
+                          j->job.state() == baton::v1::JOB_STATE_PREEMPTED;
   if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
     // The auto-planner chooses now, for these workers (a GPU job's budget is the smallest
     // GPU's memory), and the choice sticks: a recovery or resume trains the same clock.
@@ -598,7 +637,8 @@ void Coordinator::StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start
     baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
     r->set_stages_after(spec.pipeline().stages());
     for (const std::string& n : names) r->add_workers_after(n);
-    recovery = absl::StrCat("recovery ", j->attempt(), ": ", r->stages_before(), " -> ",
+    recovery = absl::StrCat(r->preempted_by().empty() ? "recovery " : "resuming after preemption ",
+                            j->attempt(), ": ", r->stages_before(), " -> ",
                             spec.pipeline().stages(), " stages, from ",
                             resume_dir.empty() ? std::string("the start")
                             : resume_step > 0  ? absl::StrCat("step ", resume_step)
@@ -608,6 +648,7 @@ void Coordinator::StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start
   AppendStateLocked(j, baton::v1::JOB_STATE_PLACING,
                     absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
                                  choice.why, ")"));
+  j->placed_at = Now();
   starting_.insert(id);
   effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
 }
@@ -943,7 +984,7 @@ StateCounts Coordinator::CountStates() {
     LogWarning(absl::StrCat("metrics: ", by_state.status().ToString()));
     return counts;
   }
-  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_RECOVERING; ++s) {
+  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_PREEMPTED; ++s) {
     const auto it = by_state->find(static_cast<JobState>(s));
     std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
     counts.jobs[name.substr(std::string("job_state_").size())] =
@@ -1221,12 +1262,18 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::RecordProgress(
     response.set_keep_running(false);
     return response;
   }
+  if (j->preempt_step > 0 && request.step() > j->preempt_step) {
+    // Cannot happen: each rank waits for its report's answer before its next step.
+    response.set_keep_running(false);
+    return response;
+  }
+  (*slot)->reported_step = std::max((*slot)->reported_step, request.step());
   if (j->attempt() > 0) {
     baton::v1::Recovery* r = j->job.mutable_recoveries(j->attempt() - 1);
     if (!r->has_resumed()) {
       // The first step after the resume: the recovery is over.
       *r->mutable_resumed() = ToProtoTime(Now());
-      if (options_.metrics != nullptr) {
+      if (options_.metrics != nullptr && r->preempted_by().empty()) {
         options_.metrics->ObserveRecovery(Now() - FromProtoTime(r->detected()));
       }
     }
@@ -1267,6 +1314,10 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::RecordProgress(
     }
   }
   response.set_keep_running(true);
+  // Being preempted: the step chosen is this rank's last; it writes that step's checkpoint.
+  if (j->preempt_step > 0 && request.step() == j->preempt_step) {
+    response.set_checkpoint_and_stop(true);
+  }
   return response;
 }
 
@@ -1346,9 +1397,21 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
     // The reporting rank has stopped either way.
     slot->held = false;
     registry_.MarkIdle(request.worker_id(), request.job_id());
+    for (const baton::v1::CheckpointWrite& w : request.checkpoints()) {
+      RecordCheckpointLocked(j, request.rank(), w);
+    }
     std::string failure;
     if (!request.error().empty()) {
       failure = absl::StrCat(who, ": ", request.error());
+    } else if (request.stopped_after_step() > 0) {
+      if (request.stopped_after_step() == j->preempt_step) {
+        slot->stopped = true;
+      } else {
+        failure = absl::StrCat(who, " stopped after step ", request.stopped_after_step(),
+                               j->preempt_step > 0
+                                   ? absl::StrCat(", not after step ", j->preempt_step, " as asked")
+                                   : std::string(" unasked"));
+      }
     } else {
       failure = TallyResultDigests(request, j->layout, &j->digests);
       slot->finished = failure.empty();
@@ -1357,6 +1420,14 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
         std::none_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.held; });
     const bool all_finished =
         std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.finished; });
+    const bool all_stopped =
+        std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.stopped; });
+    if (all_stopped && j->echo.reason.empty()) {
+      PreemptedLocked(j, &effects);
+      WakeLoop();
+      Run(std::move(effects), /*wait=*/false);
+      return baton::v1::ReportResultResponse();
+    }
     const ResultVerdict verdict =
         OnRankResult(request, failure, all_reported, all_finished, Now(), &j->echo);
     switch (verdict.action) {
@@ -1461,7 +1532,14 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         r->set_from_step(facts.resume_step);
         r->set_lost_steps(std::max<int64_t>(0, facts.steps_done - facts.resume_step));
         r->set_stages_before(stages_before);
-        if (options_.metrics != nullptr) options_.metrics->AddRecovery();
+        r->set_preempted_by(t.preempted_by);
+        if (options_.metrics != nullptr) {
+          if (t.preempted_by.empty()) {
+            options_.metrics->AddRecovery();
+          } else {
+            options_.metrics->AddPreemption();
+          }
+        }
         break;
       }
       case Effect::kStopRanks: {
@@ -1488,12 +1566,20 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         j->resumed_from.clear();
         j->peak_inflight.clear();
         j->echo = EchoFailure();
+        j->preempt_step = 0;
+        j->preempted_for.clear();
         j->job.clear_workers();
         j->job.set_steps_done(facts.resume_step);
         break;
       case Effect::kQueueFirst:
         queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
         queue_.push_front(id);  // RECOVERING: the queue policy puts it before queued jobs
+        j->queued_since = Now();
+        WakeLoop();
+        break;
+      case Effect::kQueue:
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+        queue_.push_back(id);  // PREEMPTED: the queue policy orders it by priority
         j->queued_since = Now();
         WakeLoop();
         break;
@@ -1514,6 +1600,34 @@ void Coordinator::SucceedLocked(ActiveJob* j, Effects* effects) {
                                                 job.spec().steps(),
                                                 job.spec().steps() == 1 ? " step" : " steps"));
   EndJobLocked(job.id(), t.next, t.reason, effects);
+}
+
+void Coordinator::PreemptLocked(ActiveJob* v, ActiveJob* for_job) {
+  int64_t newest = 0;
+  for (const RankSlot& slot : v->ranks) newest = std::max(newest, slot.reported_step);
+  // A rank may have finished the step after its newest report, but none can have started
+  // the one after that: it waits for the answer to that step's report first.
+  v->preempt_step = newest + 1;
+  v->preempted_for = for_job->job.id();
+  AppendStateLocked(v, NoteState(v->job.state()),
+                    absl::StrCat("preempting for ", for_job->job.id(), " (priority ",
+                                 for_job->job.spec().priority(), " > ", v->job.spec().priority(),
+                                 "): every rank stops after step ", v->preempt_step,
+                                 " with its checkpoint, then gives its worker to it"));
+  AppendStateLocked(for_job, NoteState(for_job->job.state()),
+                    absl::StrCat("preempting ", v->job.id(), " (priority ",
+                                 v->job.spec().priority(), ", ", v->ranks.size(),
+                                 " workers): it stops after step ", v->preempt_step,
+                                 " with its checkpoint"));
+}
+
+void Coordinator::PreemptedLocked(ActiveJob* j, Effects* effects) {
+  // Every rank reported its result: nothing left to stop.
+  (void)effects;
+  FailureFacts facts = FailureFactsOf(j->job, baton::v1::FAILURE_CAUSE_UNSPECIFIED);
+  facts.steps_done = j->preempt_step;
+  const JobTransition t = OnPreempted(facts, j->preempted_for);
+  ApplyLocked(j, t, facts, absl::StrCat("preempted by ", j->preempted_for), effects);
 }
 
 }  // namespace baton

@@ -107,6 +107,9 @@ struct CoordinatorOptions {
   // How long the first job in line that does not fit may be passed by jobs behind it before
   // it holds a reservation (queue_policy.h).
   absl::Duration reserve_after = absl::Minutes(5);
+  // Whether a higher-priority job that does not fit may preempt running lower-priority jobs
+  // that write checkpoints (queue_policy.h, "Preemption").
+  bool preempt = true;
   // Called under the lock after every placement round with its duration and the jobs left
   // waiting (bench/control_plane_bench.cc); keep it short. May be empty.
   std::function<void(absl::Duration, size_t)> round_observer;
@@ -186,7 +189,7 @@ class Coordinator {
   // returned unchanged, not an error: cancelling is idempotent and the result tells how the
   // job ended. NOT_FOUND if unknown.
   absl::StatusOr<baton::v1::Job> CancelJob(const baton::v1::CancelJobRequest& request);
-  // Sets a QUEUED (or RECOVERING) job's JobSpec.priority; the queue reorders at once.
+  // Sets a QUEUED, PREEMPTED (or RECOVERING) job's JobSpec.priority; the queue reorders at once.
   // FAILED_PRECONDITION once the job runs or ended, NOT_FOUND for unknown ids. (Admins only:
   // the service checks.)
   absl::StatusOr<baton::v1::Job> SetJobPriority(const std::string& job_id, int32_t priority);
@@ -258,6 +261,8 @@ class Coordinator {
     PlacedWorker worker;
     bool held = true;       // the worker is still busy with this job
     bool finished = false;  // reported a result without error
+    bool stopped = false;   // preempted: stopped after the step asked, as asked
+    int64_t reported_step = 0;  // the newest step it reported (this attempt)
   };
   struct ActiveJob {
     int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
@@ -290,6 +295,12 @@ class Coordinator {
     int64_t rank_need_bytes = 0;
     // When it last entered the queue (submitted, recovering, or recovered by a restart).
     absl::Time queued_since;
+    // When this attempt was placed (preemption takes the newest first).
+    absl::Time placed_at;
+    // Being preempted: every rank stops after this step (0: not being preempted), making
+    // room for `preempted_for`.
+    int64_t preempt_step = 0;
+    std::string preempted_for;
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };
@@ -352,6 +363,11 @@ class Coordinator {
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queue policy chose to preempt `victim` for `for_job`: every rank stops after the step
+  // after the newest any reported (each waits for its report's answer before the next).
+  void PreemptLocked(ActiveJob* victim, ActiveJob* for_job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of a job being preempted stopped as asked: PREEMPTED (OnPreempted).
+  void PreemptedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A placed job failed: FAILED, or RECOVERING when DecideOnFailure says so
   // (coordinator/job_lifecycle.h).
   void FailLocked(const std::string& job_id, const std::string& reason,

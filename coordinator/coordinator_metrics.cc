@@ -87,6 +87,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                       .Help("Jobs that went RECOVERING after losing a worker (spec restart).")
                       .Register(registry)
                       .Add({})),
+      preemptions_(prometheus::BuildCounter()
+                       .Name("baton_coordinator_preemptions_total")
+                       .Help("Jobs stopped at a checkpoint (PREEMPTED) to make room for a "
+                             "higher-priority job.")
+                       .Register(registry)
+                       .Add({})),
       recovery_seconds_(prometheus::BuildHistogram()
                             .Name("baton_coordinator_recovery_seconds")
                             .Help("From detecting the failure to the first step after the "
@@ -116,6 +122,8 @@ void CoordinatorMetrics::AddAuthRefusal(absl::string_view service, absl::StatusC
 }
 
 void CoordinatorMetrics::AddRecovery() { recoveries_.Increment(); }
+
+void CoordinatorMetrics::AddPreemption() { preemptions_.Increment(); }
 
 void CoordinatorMetrics::ObserveRecovery(absl::Duration d) {
   recovery_seconds_.Observe(absl::ToDoubleSeconds(d));

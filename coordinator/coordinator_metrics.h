@@ -57,6 +57,8 @@ class CoordinatorMetrics {
   std::shared_ptr<prometheus::Collectable> StateCollector();
   // `source` is called on the scraping thread; it must be safe to call then, and until
   // cleared with an empty function.
+  // A job stopped at a checkpoint and went PREEMPTED, making room for a higher-priority one.
+  void AddPreemption();
   void SetStateSource(std::function<StateCounts()> source);
 
  private:
@@ -68,6 +70,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& checkpoint_write_;
   prometheus::Counter& checkpoint_bytes_;
   prometheus::Counter& recoveries_;
+  prometheus::Counter& preemptions_;
   prometheus::Histogram& recovery_seconds_;
   prometheus::Family<prometheus::Counter>& auth_refusals_;
   std::shared_ptr<Collector> collector_;

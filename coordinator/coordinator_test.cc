@@ -1440,6 +1440,183 @@ TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoi
   EXPECT_THAT(Reason(now), testing::HasSubstr("(no restarts left (1 of 1 used))"));
 }
 
+// A step report of `rank` of `job`'s current attempt.
+absl::StatusOr<baton::v1::ReportProgressResponse> StepReport(Coordinator& core, const Job& job,
+                                                             int rank, int64_t step,
+                                                             int attempt = 0) {
+  baton::v1::ReportProgressRequest p;
+  p.set_job_id(job.id());
+  p.set_worker_id(job.workers(rank));
+  p.set_rank(rank);
+  p.set_step(step);
+  p.set_attempt(attempt);
+  return core.ReportProgress(p);
+}
+
+// Preemption end to end in the core: a higher-priority job that does not fit stops the
+// running lower-priority job at the step after the newest reported, every rank writes that
+// step's checkpoint and stops; the low job goes PREEMPTED, the urgent one runs on its
+// workers, and the low one resumes from that checkpoint afterwards, recorded in both jobs'
+// histories and the metrics. A job without checkpoints is never preempted.
+TEST_F(CoordinatorTest, AHigherPriorityJobPreemptsACheckpointingJobWhichResumesLater) {
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec low_spec = Spec(2, /*steps=*/20);
+  low_spec.mutable_checkpoint()->set_every_steps(5);
+  low_spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  const Job low = Submit(low_spec);
+  core_->Tick();
+  const Job running = Get(low.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(StepReport(*core_, running, 0, 1).ok());
+  ASSERT_TRUE(StepReport(*core_, running, 0, 2).ok());
+  ASSERT_TRUE(StepReport(*core_, running, 0, 3).ok());
+  ASSERT_TRUE(StepReport(*core_, running, 1, 1).ok());
+  ASSERT_TRUE(StepReport(*core_, running, 1, 2).ok());
+
+  baton::v1::JobSpec urgent_spec = Spec(2, /*steps=*/2);
+  urgent_spec.set_priority(5);
+  const Job urgent = Submit(urgent_spec);
+  core_->Tick();
+  // Rank 0 reported step 3 and may be running step 4, no further: every rank stops after 4.
+  Job now = Get(low.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Reason(now), absl::StrCat("preempting for ", urgent.id(),
+                                      " (priority 5 > 0): every rank stops after step 4 with "
+                                      "its checkpoint, then gives its worker to it"));
+  Job waiting = Get(urgent.id());
+  EXPECT_EQ(waiting.state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(waiting.wait_reason(),
+              testing::HasSubstr(absl::StrCat("preempting lower-priority jobs: ", low.id())));
+  bool noted = false;
+  for (const auto& h : waiting.history()) {
+    noted |= h.reason() == absl::StrCat("preempting ", low.id(),
+                                        " (priority 0, 2 workers): it stops after step 4 with "
+                                        "its checkpoint");
+  }
+  EXPECT_TRUE(noted) << waiting.DebugString();
+  core_->Tick();  // no second preemption while this one is under way
+  EXPECT_EQ(client_->Calls("abort", low.id()).size(), 0u);
+
+  // Steps before 4 go on; step 4's answer tells each rank to checkpoint and stop.
+  auto r = StepReport(*core_, running, 1, 3);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->keep_running());
+  EXPECT_FALSE(r->checkpoint_and_stop());
+  for (int rank = 0; rank < 2; ++rank) {
+    r = StepReport(*core_, running, rank, 4);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->keep_running());
+    EXPECT_TRUE(r->checkpoint_and_stop()) << "rank " << rank;
+  }
+  // A rank past the step asked is stopped outright (it cannot be: it waits for the answer).
+  r = StepReport(*core_, running, 0, 5);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->keep_running());
+
+  for (int rank = 0; rank < 2; ++rank) {
+    baton::v1::ReportResultRequest stopped;
+    stopped.set_job_id(low.id());
+    stopped.set_worker_id(running.workers(rank));
+    stopped.set_rank(rank);
+    stopped.set_stopped_after_step(4);
+    baton::v1::CheckpointWrite* w = stopped.add_checkpoints();
+    w->set_step(4);
+    w->set_bytes(100);
+    ASSERT_TRUE(core_->ReportResult(stopped).ok());
+    if (rank == 0) EXPECT_EQ(Get(low.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  }
+  now = Get(low.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_PREEMPTED);
+  EXPECT_EQ(Reason(now), absl::StrCat("preempted by ", urgent.id(),
+                                      ": stopped after step 4 with its checkpoint written; "
+                                      "waits to resume from it"));
+  ASSERT_EQ(now.recoveries_size(), 1);
+  EXPECT_EQ(now.recoveries(0).preempted_by(), urgent.id());
+  EXPECT_EQ(now.recoveries(0).from_step(), 4);
+  EXPECT_EQ(now.recoveries(0).lost_steps(), 0);
+  EXPECT_EQ(now.steps_done(), 4);
+  ASSERT_EQ(now.checkpoints().complete_size(), 1);
+  EXPECT_EQ(now.checkpoints().complete(0).step(), 4);
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_preemptions_total 1"));
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_recoveries_total 0"));
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_jobs{state=\"preempted\"} 1"));
+
+  core_->Tick();  // the urgent job takes the workers; the preempted one waits behind it
+  EXPECT_EQ(Get(urgent.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  now = Get(low.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_PREEMPTED);
+  EXPECT_EQ(now.queue_position(), 1);
+  FinishAllRanks(Get(urgent.id()));
+  EXPECT_EQ(Get(urgent.id()).state(), baton::v1::JOB_STATE_SUCCEEDED);
+
+  core_->Tick();  // placed again, resuming from its own newest checkpoint
+  now = Get(low.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  bool placed_again = false;
+  for (const auto& h : now.history()) {
+    placed_again |= h.reason().find("(resuming after preemption 1: 2 -> 2 stages, from the "
+                                    "newest checkpoint; ") != std::string::npos;
+  }
+  EXPECT_TRUE(placed_again);
+  const auto plans = client_->Plans(low.id());
+  ASSERT_EQ(plans.size(), 4u);
+  for (size_t i = 2; i < 4; ++i) {
+    EXPECT_EQ(plans[i].attempt(), 1);
+    EXPECT_EQ(plans[i].resume_job_dir(), "/shared/ckpt/" + low.id());
+    EXPECT_EQ(plans[i].resume_step(), 0);
+  }
+  baton::v1::ReportProgressRequest resumed;
+  resumed.set_job_id(low.id());
+  resumed.set_worker_id(now.workers(0));
+  resumed.set_rank(0);
+  resumed.set_step(5);
+  resumed.set_attempt(1);
+  resumed.set_resumed_from_step(4);
+  ASSERT_TRUE(core_->ReportProgress(resumed)->keep_running());
+  now = Get(low.id());
+  EXPECT_EQ(Reason(now), "resumed from its own checkpoint step 4");
+  EXPECT_TRUE(now.recoveries(0).has_resumed());
+  EXPECT_THAT(MetricsText(), testing::HasSubstr("baton_coordinator_recovery_seconds_count 0"));
+
+  // A job that writes no checkpoints keeps its workers, whatever waits.
+  baton::v1::CancelJobRequest cancel;
+  cancel.set_job_id(low.id());
+  ASSERT_TRUE(core_->CancelJob(cancel).ok());
+  const Job plain = Submit(urgent_spec);
+  core_->Tick();
+  const Job plain_running = Get(plain.id());
+  ASSERT_EQ(plain_running.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(StepReport(*core_, plain_running, rank, 1).ok());
+  baton::v1::JobSpec top_spec = Spec(2, 2);
+  top_spec.set_priority(9);
+  const Job top = Submit(top_spec);
+  core_->Tick();
+  EXPECT_EQ(Get(plain.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Get(top.id()).wait_reason(), testing::HasSubstr("first in line"));
+}
+
+// A rank that stops after another step than the one asked fails the job, naming both.
+TEST_F(CoordinatorTest, ARankStoppingAfterAnUnaskedStepFailsTheJob) {
+  Register(1);
+  baton::v1::JobSpec spec = Spec(1, /*steps=*/10);
+  spec.mutable_checkpoint()->set_every_steps(5);
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  const Job job = Submit(spec);
+  core_->Tick();
+  const Job running = Get(job.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  baton::v1::ReportResultRequest stopped;
+  stopped.set_job_id(job.id());
+  stopped.set_worker_id(running.workers(0));
+  stopped.set_rank(0);
+  stopped.set_stopped_after_step(3);
+  ASSERT_TRUE(core_->ReportResult(stopped).ok());
+  const Job now = Get(job.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Reason(now), testing::HasSubstr("stopped after step 3 unasked"));
+}
+
 TEST_F(CoordinatorTest, RecoveryWaitsForMinStagesAndAConfigErrorNeverRecovers) {
   const std::string w1 = Register(1), w2 = Register(2);
   baton::v1::JobSpec spec = Spec(2, /*steps=*/10);

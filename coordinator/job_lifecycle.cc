@@ -23,6 +23,7 @@ bool TransitionAllowed(JobState from, JobState to) {
   using baton::v1::JOB_STATE_CANCELLED;
   using baton::v1::JOB_STATE_FAILED;
   using baton::v1::JOB_STATE_PLACING;
+  using baton::v1::JOB_STATE_PREEMPTED;
   using baton::v1::JOB_STATE_QUEUED;
   using baton::v1::JOB_STATE_RECOVERING;
   using baton::v1::JOB_STATE_RUNNING;
@@ -37,7 +38,11 @@ bool TransitionAllowed(JobState from, JobState to) {
              to == JOB_STATE_SUCCEEDED;
     case JOB_STATE_RUNNING:
       return to == JOB_STATE_RUNNING || to == JOB_STATE_SUCCEEDED || to == JOB_STATE_FAILED ||
-             to == JOB_STATE_CANCELLED || to == JOB_STATE_RECOVERING;
+             to == JOB_STATE_CANCELLED || to == JOB_STATE_RECOVERING ||
+             to == JOB_STATE_PREEMPTED;
+    case JOB_STATE_PREEMPTED:  // waits in the queue like a QUEUED job
+      return to == JOB_STATE_PREEMPTED || to == JOB_STATE_PLACING || to == JOB_STATE_CANCELLED ||
+             to == JOB_STATE_FAILED;  // placement itself failed
     case JOB_STATE_RECOVERING:
       return to == JOB_STATE_RECOVERING || to == JOB_STATE_PLACING || to == JOB_STATE_FAILED ||
              to == JOB_STATE_CANCELLED;
@@ -95,6 +100,26 @@ JobTransition OnFailure(const FailureFacts& facts, const std::string& what) {
                           ", ", lost, lost == 1 ? " step" : " steps", " to train again");
   t.effects = {Effect::kRecordRecovery, Effect::kStopRanks, Effect::kForgetAttempt,
                Effect::kQueueFirst};
+  return t;
+}
+
+JobTransition OnPreempted(const FailureFacts& facts, const std::string& by) {
+  using Effect = JobTransition::Effect;
+  JobTransition t;
+  t.next = baton::v1::JOB_STATE_PREEMPTED;
+  t.preempted_by = by;
+  const int64_t lost = std::max<int64_t>(0, facts.steps_done - facts.resume_step);
+  t.reason = absl::StrCat("preempted by ", by, ": stopped after step ", facts.steps_done);
+  if (lost == 0) {
+    absl::StrAppend(&t.reason, " with its checkpoint written; waits to resume from it");
+  } else {
+    absl::StrAppend(&t.reason, "; waits to resume from ",
+                    facts.resume_step > 0 ? absl::StrCat("step ", facts.resume_step)
+                                          : std::string("the start"),
+                    " (its newest complete checkpoint), ", lost, lost == 1 ? " step" : " steps",
+                    " to train again");
+  }
+  t.effects = {Effect::kRecordRecovery, Effect::kForgetAttempt, Effect::kQueue};
   return t;
 }
 

@@ -5,6 +5,7 @@
 //
 //   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
 //     │           │           ├──────> FAILED
+//     │           │           ├──────> PREEMPTED ───> PLACING (attempt + 1)
 //     │           │           └──────> RECOVERING ──> PLACING (attempt + 1)
 //     │           ├──────────> RECOVERING   │
 //     │           ├──────────> FAILED       ├──────> FAILED
@@ -12,7 +13,9 @@
 //     │           │                         │    calls' answers were counted)
 //     ├───────────┴──────────> CANCELLED <──┘
 //     └──────────────────────> FAILED   (placement itself failed)
-// A state may also follow itself (QUEUED, PLACING, RUNNING, RECOVERING): a note, a new
+// PREEMPTED waits in the queue as QUEUED does (and may be CANCELLED, or FAILED when its
+// placement fails).
+// A state may also follow itself (QUEUED, PLACING, RUNNING, RECOVERING, PREEMPTED): a note, a new
 // history reason under the same state (NoteState).
 //
 // Ranks report as soon as they run, which can be before the coordinator has counted the
@@ -89,16 +92,24 @@ struct JobTransition {
     kStopRanks,       // AbortJob to every worker still holding a rank of this attempt
     kForgetAttempt,   // drop the attempt's ranks and progress; steps_done = resume step
     kQueueFirst,      // to be placed again before every queued job
+    kQueue,           // to be placed again in its priority's order (preempted)
     kEnd,             // terminal: stop its ranks, close its watchers, leave queue and memory
   };
   baton::v1::JobState next = baton::v1::JOB_STATE_UNSPECIFIED;
   std::string reason;
   std::vector<Effect> effects;
+  // A preemption: the job that takes the workers (the recovery record's preempted_by).
+  std::string preempted_by;
 };
 
 // A placed (or recovering) job failed because of `what` ("worker w-3 (...) lease
 // expired"): FAILED, saying why it does not recover when it asked to, or RECOVERING.
 JobTransition OnFailure(const FailureFacts& facts, const std::string& what);
+// Every rank of a RUNNING job stopped after the step its preemption chose (facts.steps_done),
+// the job `by` taking its workers: PREEMPTED, queued again in its priority's order, to
+// resume from its newest complete checkpoint (facts.resume_step; normally that very step)
+// on whatever workers it gets next.
+JobTransition OnPreempted(const FailureFacts& facts, const std::string& by);
 // The client cancelled it (reason: "cancelled: <why>" or "cancelled by request").
 JobTransition OnCancel(const std::string& reason);
 // Every rank finished every step.

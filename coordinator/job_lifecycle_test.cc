@@ -17,15 +17,17 @@ constexpr JobState S = baton::v1::JOB_STATE_SUCCEEDED;
 constexpr JobState F = baton::v1::JOB_STATE_FAILED;
 constexpr JobState C = baton::v1::JOB_STATE_CANCELLED;
 constexpr JobState V = baton::v1::JOB_STATE_RECOVERING;
+constexpr JobState E = baton::v1::JOB_STATE_PREEMPTED;
 
 TEST(JobLifecycleTest, TransitionsAreExactlyTheDiagram) {
-  const std::vector<JobState> all = {Q, P, R, S, F, C, V};
+  const std::vector<JobState> all = {Q, P, R, S, F, C, V, E};
   // from -> the states it may go to.
   const std::vector<std::pair<JobState, std::vector<JobState>>> allowed = {
       {Q, {Q, P, C, F}},
       {P, {P, R, F, C, V, S}},
-      {R, {R, S, F, C, V}},
+      {R, {R, S, F, C, V, E}},
       {V, {V, P, F, C}},
+      {E, {E, P, C, F}},
       {S, {}},
       {F, {}},
       {C, {}},
@@ -42,7 +44,7 @@ TEST(JobLifecycleTest, TransitionsAreExactlyTheDiagram) {
 // Reports that arrive before the StartJob answers are counted are notes under PLACING,
 // never a change the answers then misread as the job having ended.
 TEST(JobLifecycleTest, NotesKeepTheStateAndOnlyAPlacingJobCountsItsStartAnswers) {
-  for (JobState s : {Q, P, R, V}) {
+  for (JobState s : {Q, P, R, V, E}) {
     EXPECT_EQ(NoteState(s), s);
     EXPECT_TRUE(TransitionAllowed(s, NoteState(s)));
   }
@@ -125,6 +127,23 @@ TEST(JobLifecycleTest, EventsGiveTheNextStateReasonAndEffects) {
   f.max_restarts = 0;  // no restart spec: the failure as it is
   EXPECT_EQ(OnFailure(f, "rank 1 on worker w-2: INTERNAL: boom").reason,
             "rank 1 on worker w-2: INTERNAL: boom");
+  // A preemption: queued again in its order (not first), recorded as a recovery naming the
+  // job that took the workers; nothing to stop (every rank already stopped).
+  f.steps_done = 12;
+  f.resume_step = 12;
+  t = OnPreempted(f, "job-000009");
+  EXPECT_EQ(t.next, E);
+  EXPECT_EQ(t.preempted_by, "job-000009");
+  EXPECT_EQ(t.reason,
+            "preempted by job-000009: stopped after step 12 with its checkpoint written; waits "
+            "to resume from it");
+  EXPECT_EQ(t.effects, (std::vector<Effect>{Effect::kRecordRecovery, Effect::kForgetAttempt,
+                                            Effect::kQueue}));
+  EXPECT_TRUE(TransitionAllowed(R, t.next));
+  f.resume_step = 10;  // that step's checkpoint did not complete: the one before
+  EXPECT_EQ(OnPreempted(f, "job-000009").reason,
+            "preempted by job-000009: stopped after step 12; waits to resume from step 10 (its "
+            "newest complete checkpoint), 2 steps to train again");
   t = OnCancel("cancelled by request");
   EXPECT_EQ(t.next, C);
   EXPECT_EQ(t.effects, std::vector<Effect>{Effect::kEnd});

@@ -104,8 +104,8 @@ FailureFacts FailureFactsOf(const baton::v1::Job& job, baton::v1::FailureCause c
   facts.state = job.state();
   facts.cause = cause;
   facts.max_restarts = job.spec().has_restart() ? job.spec().restart().max_restarts() : 0;
-  facts.restarts_done = job.recoveries_size();
   for (const baton::v1::Recovery& r : job.recoveries()) {
+    if (r.preempted_by().empty()) ++facts.restarts_done;  // preemptions are not restarts
     facts.diverged_before |= r.cause() == baton::v1::FAILURE_CAUSE_DIVERGED;
   }
   facts.steps_done = job.steps_done();

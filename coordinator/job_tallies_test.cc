@@ -155,6 +155,9 @@ TEST(FailureFactsTest, FromTheJobsRecord) {
   EXPECT_TRUE(f.diverged_before);
   EXPECT_EQ(f.steps_done, 11);
   EXPECT_EQ(f.resume_step, 8);
+  // A preemption is recorded beside the recoveries but uses up no restart.
+  job.add_recoveries()->set_preempted_by("job-000009");
+  EXPECT_EQ(FailureFactsOf(job, baton::v1::FAILURE_CAUSE_WORKER_LOST).restarts_done, 2);
 
   baton::v1::Job plain;
   const FailureFacts none = FailureFactsOf(plain, baton::v1::FAILURE_CAUSE_CONFIG);

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/spec/spec.h"
 #include "coordinator/job_lifecycle.h"
@@ -28,6 +29,56 @@ FitKey KeyOf(const baton::v1::JobSpec& spec, int64_t rank_bytes) {
 
 std::string Minutes(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
+}
+
+// The running jobs to stop so that `spec` fits on the idle workers not taken plus theirs:
+// preemptible ones of lower priority holding workers it can use, the newest first (then
+// the fewest workers), as few as fit; empty when even all of them would not do.
+std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJob& head,
+                                       const baton::v1::JobSpec& spec,
+                                       const std::vector<bool>& taken, int64_t largest) {
+  std::vector<const RunningJob*> candidates;
+  for (const RunningJob& r : in.running) {
+    if (!r.preemptible || r.priority >= spec.priority()) continue;
+    const bool useful = std::any_of(r.workers.begin(), r.workers.end(), [&](const auto& w) {
+      return WorkerCanRunRank(spec, head.rank_need_bytes, w);
+    });
+    if (useful) candidates.push_back(&r);
+  }
+  if (candidates.empty()) return {};
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const RunningJob* a, const RunningJob* b) {
+                     if (a->started != b->started) return a->started > b->started;
+                     return a->workers.size() < b->workers.size();
+                   });
+  // Whether the head fits on the idle workers left and those of `chosen`.
+  auto fits = [&](const std::vector<const RunningJob*>& chosen) {
+    std::vector<baton::v1::WorkerInfo> pool = in.idle;
+    std::vector<bool> pool_taken = taken;
+    for (const RunningJob* r : chosen) {
+      for (const baton::v1::WorkerInfo& w : r->workers) {
+        pool.push_back(w);
+        pool_taken.push_back(false);
+      }
+    }
+    std::string why;
+    return ChooseWorkers(spec, pool, pool_taken, &why, head.rank_need_bytes, largest).has_value();
+  };
+  std::vector<const RunningJob*> chosen;
+  for (const RunningJob* r : candidates) {
+    chosen.push_back(r);
+    if (fits(chosen)) break;
+  }
+  if (!fits(chosen)) return {};
+  // Spare those the rest make room without (a later, larger one may cover an earlier one).
+  for (size_t i = chosen.size(); i-- > 0;) {
+    std::vector<const RunningJob*> without = chosen;
+    without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!without.empty() && fits(without)) chosen = std::move(without);
+  }
+  std::vector<std::string> ids;
+  for (const RunningJob* r : chosen) ids.push_back(r->id);
+  return ids;
 }
 
 }  // namespace
@@ -150,7 +201,30 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     }
     head = j;
     const absl::Duration waited = in.now - j->queued_since;
-    if (waited >= in.reserve_after) {
+    std::vector<std::string> victims;
+    if (!j->preempting && !j->recovering && in.preempt) {
+      victims = ChooseVictims(in, *j, spec, taken, largest);
+    }
+    if (j->preempting || !victims.empty()) {
+      // It holds what it can use of the idle workers while the jobs it preempted stop.
+      for (size_t i = 0; i < in.idle.size(); ++i) {
+        if (!taken[i] && WorkerCanRunRank(spec, j->rank_need_bytes, in.idle[i])) {
+          taken[i] = true;
+          ++out.reserved_workers;
+        }
+      }
+      out.reserved_for = j->id;
+      misfit_memo.clear();
+      if (!victims.empty()) {
+        wait(absl::StrCat("preempting lower-priority jobs: ", absl::StrJoin(victims, ", "),
+                          " (", why, "; they stop at a checkpoint and give their workers to it,"
+                          " and it holds the ", out.reserved_workers, " idle workers it can use)"));
+        out.preemption = QueueRound::Preemption{j->id, std::move(victims)};
+      } else {
+        wait(absl::StrCat("waiting for preempted jobs to stop at a checkpoint (", why,
+                          "; it holds the ", out.reserved_workers, " idle workers it can use)"));
+      }
+    } else if (waited >= in.reserve_after) {
       for (size_t i = 0; i < in.idle.size(); ++i) {
         if (!taken[i] && WorkerCanRunRank(spec, j->rank_need_bytes, in.idle[i])) {
           taken[i] = true;

@@ -17,12 +17,21 @@
 //    head job by at most `reserve_after` plus the running time of what started meanwhile,
 //    and no job waits forever while running jobs end.
 // Jobs behind the head start on what is left, in order (backfill).
+//
+// Preemption. When the head does not fit and running jobs of lower priority that write
+// checkpoints (RunningJob::preemptible) hold workers it could use, the round may name some
+// of them to stop at a checkpoint (QueueRound::preemption): the newest started first, then
+// those with the fewest workers, just enough for the head to fit on them and the idle
+// workers. From then on the head holds the idle workers it can use (QueuedJob::preempting)
+// until it starts. A job that writes no checkpoints is never preempted, nor is one of equal
+// or higher priority.
 #ifndef BATON_COORDINATOR_QUEUE_POLICY_H_
 #define BATON_COORDINATOR_QUEUE_POLICY_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +54,20 @@ struct QueuedJob {
   QuotaLimits limits;             // the user's
   bool recovering = false;        // RECOVERING: placed again, maybe on fewer stages
   bool stopping = false;          // recovering, its previous workers not yet stopped
+  // Jobs preempted for it are still stopping: it holds the idle workers it can use, and
+  // preempts no more.
+  bool preempting = false;
+};
+
+// A placed job, as a candidate to preempt.
+struct RunningJob {
+  std::string id;
+  int32_t priority = 0;
+  std::vector<baton::v1::WorkerInfo> workers;  // the workers it holds
+  absl::Time started;                          // placed at; newer ones go first
+  // RUNNING, writes checkpoints, every rank reported a step, not already being preempted,
+  // and steps left after the next one: it can stop at a checkpoint soon.
+  bool preemptible = false;
 };
 
 struct QueueRoundInput {
@@ -60,6 +83,9 @@ struct QueueRoundInput {
   // what the previous round said of them) and QueueRound::more is set, so the caller runs
   // another at once. Bounds how long a round holds the coordinator's lock.
   int max_starts = 1 << 30;
+  // Running jobs (for preemption; any order), and whether the round may preempt.
+  std::vector<RunningJob> running;
+  bool preempt = true;
 };
 
 struct QueueRound {
@@ -80,6 +106,13 @@ struct QueueRound {
   bool more = false;          // stopped at max_starts: run another round
   std::string reserved_for;   // the head job holding a reservation, if one does
   int reserved_workers = 0;   // idle workers kept for it
+  // Jobs to stop at a checkpoint so that `for_job` (the head) fits: ids into
+  // QueueRoundInput::running, in the order chosen.
+  struct Preemption {
+    std::string for_job;
+    std::vector<std::string> victims;
+  };
+  std::optional<Preemption> preemption;
 };
 
 QueueRound PlanQueueRound(const QueueRoundInput& in);

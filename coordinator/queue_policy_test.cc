@@ -1,5 +1,5 @@
 // The queue policy (queue_policy.h), table by table: order, backfill, jobs that can never
-// run, quotas, reservations, recovery.
+// run, quotas, reservations, recovery, preemption.
 #include "coordinator/queue_policy.h"
 
 #include <string>
@@ -206,6 +206,99 @@ TEST(QueuePolicyTest, ARoundStopsAtMaxStartsAndSaysThereIsMore) {
   EXPECT_TRUE(r.waits.empty());  // c: the next round
   in.max_starts = 3;
   EXPECT_FALSE(PlanQueueRound(in).more);
+}
+
+// A running job as a preemption candidate: `n` workers named id-1.., started `ago`.
+RunningJob Running(const std::string& id, int n, int priority, absl::Duration ago,
+                   bool preemptible = true) {
+  RunningJob r;
+  r.id = id;
+  r.priority = priority;
+  for (int i = 0; i < n; ++i) r.workers.push_back(Worker(id + "-" + std::to_string(i + 1)));
+  r.started = kNow - ago;
+  r.preemptible = preemptible;
+  return r;
+}
+
+QueueRoundInput WithRunning(QueueRoundInput in, std::vector<RunningJob> running) {
+  for (const RunningJob& r : running) {
+    for (const auto& w : r.workers) in.registered.push_back(w);
+  }
+  in.running = std::move(running);
+  return in;
+}
+
+// The head preempts the newest lower-priority jobs, just enough of them, and holds the
+// idle workers meanwhile; the jobs behind it do not take them.
+TEST(QueuePolicyTest, AHigherPriorityHeadPreemptsTheNewestJobsJustEnough) {
+  QueueRoundInput in = WithRunning(
+      Input({Job("urgent", 4, 5, 1), Job("small", 1, 0, 2)}, 1),
+      {Running("old", 2, 0, absl::Hours(2)), Running("new", 2, 0, absl::Minutes(5)),
+       Running("newest", 1, 0, absl::Minutes(1))});
+  QueueRound r = PlanQueueRound(in);
+  ASSERT_TRUE(r.preemption.has_value());
+  EXPECT_EQ(r.preemption->for_job, "urgent");
+  // 1 idle + newest (1) + new (2) = 4: "old" keeps running.
+  EXPECT_EQ(r.preemption->victims, (std::vector<std::string>{"newest", "new"}));
+  EXPECT_EQ(r.reserved_for, "urgent");
+  EXPECT_EQ(r.reserved_workers, 1);
+  EXPECT_TRUE(r.starts.empty());  // "small" may not take the idle worker
+  EXPECT_NE(WaitOf(r, "urgent")->reason.find("preempting lower-priority jobs: newest, new"),
+            std::string::npos)
+      << WaitOf(r, "urgent")->reason;
+
+  // While they stop, it preempts no more and still holds the idle workers.
+  in.queue[0].preempting = true;
+  r = PlanQueueRound(in);
+  EXPECT_FALSE(r.preemption.has_value());
+  EXPECT_EQ(r.reserved_for, "urgent");
+  EXPECT_TRUE(r.starts.empty());
+  EXPECT_NE(WaitOf(r, "urgent")->reason.find("waiting for preempted jobs to stop"),
+            std::string::npos);
+}
+
+// Among jobs started together, the one with the fewest workers goes first; a larger one
+// that covers the need alone spares the smaller (no job stops for nothing).
+TEST(QueuePolicyTest, PreemptionSparesJobsItDoesNotNeed) {
+  const absl::Duration same = absl::Minutes(3);
+  QueueRound r = PlanQueueRound(WithRunning(Input({Job("urgent", 3, 1, 1)}, 0),
+                                            {Running("one", 1, 0, same), Running("three", 3, 0, same)}));
+  ASSERT_TRUE(r.preemption.has_value());
+  EXPECT_EQ(r.preemption->victims, (std::vector<std::string>{"three"}));
+}
+
+// Never preempted: a job of equal or higher priority, one not preemptible (no checkpoints,
+// already stopping, nothing left to run), and nothing at all when even every candidate
+// would not make room.
+TEST(QueuePolicyTest, PreemptionOnlyOfLowerPriorityCheckpointingJobsAndOnlyIfItHelps) {
+  QueueRound r = PlanQueueRound(WithRunning(
+      Input({Job("urgent", 2, 5, 1)}, 0),
+      {Running("same", 2, 5, absl::Minutes(1)), Running("higher", 2, 9, absl::Minutes(1)),
+       Running("no-ckpt", 2, 0, absl::Minutes(1), /*preemptible=*/false)}));
+  EXPECT_FALSE(r.preemption.has_value());
+  EXPECT_TRUE(r.reserved_for.empty());
+  EXPECT_NE(WaitOf(r, "urgent")->reason.find("first in line"), std::string::npos);
+
+  r = PlanQueueRound(WithRunning(Input({Job("big", 4, 5, 1)}, 1),
+                                 {Running("low", 2, 0, absl::Minutes(1))}));
+  EXPECT_FALSE(r.preemption.has_value()) << "1 idle + 2 preempted cannot hold 4 stages";
+
+  QueueRoundInput off = WithRunning(Input({Job("urgent", 2, 5, 1)}, 0),
+                                    {Running("low", 2, 0, absl::Minutes(1))});
+  off.preempt = false;
+  EXPECT_FALSE(PlanQueueRound(off).preemption.has_value());
+}
+
+// Only workers the head can use count: preempting a CPU job frees nothing for a GPU job.
+TEST(QueuePolicyTest, PreemptionFreesOnlyWorkersTheHeadCanUse) {
+  QueuedJob gpu = Job("gpu", 1, 5, 1);
+  gpu.spec = WithDevice(gpu, baton::v1::DEVICE_KIND_CUDA);
+  RunningJob on_gpu = Running("on-gpu", 1, 0, absl::Minutes(1));
+  on_gpu.workers[0] = Worker("g-1", /*gpu=*/true);
+  QueueRound r = PlanQueueRound(
+      WithRunning(Input({gpu}, 0), {Running("on-cpu", 1, 0, absl::Seconds(1)), on_gpu}));
+  ASSERT_TRUE(r.preemption.has_value());
+  EXPECT_EQ(r.preemption->victims, (std::vector<std::string>{"on-gpu"}));
 }
 
 TEST(QueuePolicyTest, AnEmptyQueueStartsNothing) {

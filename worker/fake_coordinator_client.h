@@ -26,6 +26,11 @@ class FakeCoordinatorClient final : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     stop_at_step_ = step;
   }
+  // Answers ReportProgress for step `step` with checkpoint_and_stop (a preemption).
+  void PreemptAtStep(int64_t step) {
+    absl::MutexLock lock(&mu_);
+    preempt_at_step_ = step;
+  }
   // The next heartbeats list `job_id` among the jobs to abort.
   void AbortJobInHeartbeats(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
@@ -64,6 +69,7 @@ class FakeCoordinatorClient final : public CoordinatorClient {
     progress_.push_back(request);
     baton::v1::ReportProgressResponse resp;
     resp.set_keep_running(stop_at_step_ <= 0 || request.step() < stop_at_step_);
+    resp.set_checkpoint_and_stop(request.step() == preempt_at_step_);
     return resp;
   }
   absl::StatusOr<baton::v1::ReportResultResponse> ReportResult(
@@ -106,6 +112,7 @@ class FakeCoordinatorClient final : public CoordinatorClient {
   mutable absl::Mutex mu_;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
   int64_t stop_at_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t preempt_at_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> abort_job_ids_ ABSL_GUARDED_BY(mu_);
   std::vector<baton::v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<baton::v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);

@@ -12,7 +12,7 @@ CoordinatorProgressSink::CoordinatorProgressSink(CoordinatorClient* coordinator,
                                                  JobRun* run)
     : coordinator_(coordinator), worker_id_(std::move(worker_id)), run_(run) {}
 
-void CoordinatorProgressSink::OnStep(baton::v1::ReportProgressRequest report) {
+StepAnswer CoordinatorProgressSink::OnStep(baton::v1::ReportProgressRequest report) {
   report.set_worker_id(worker_id_());
   absl::StatusOr<baton::v1::ReportProgressResponse> resp = coordinator_->ReportProgress(report);
   if (!resp.ok()) {
@@ -20,7 +20,10 @@ void CoordinatorProgressSink::OnStep(baton::v1::ReportProgressRequest report) {
                            " failed: ", resp.status().ToString()));
   } else if (!resp->keep_running()) {
     run_->Abort(absl::AbortedError("the coordinator stopped the job"));
+  } else if (resp->checkpoint_and_stop()) {
+    return StepAnswer::kCheckpointAndStop;
   }
+  return StepAnswer::kContinue;
 }
 
 }  // namespace baton

@@ -16,15 +16,17 @@ namespace baton {
 
 // Sends each step's report to the coordinator (ReportProgress) as worker `worker_id()`
 // (asked at each step: a re-registered worker may have another id). An answer without
-// keep_running aborts `run` (ABORTED "the coordinator stopped the job"); a failed call is
-// logged and the job goes on (the coordinator's lease logic settles a lost worker).
+// keep_running aborts `run` (ABORTED "the coordinator stopped the job"); checkpoint_and_stop
+// (preemption) answers kCheckpointAndStop; a failed call is logged and the job goes on (the
+// coordinator's lease logic settles a lost worker; a preemption that needed this answer then
+// ends in a receive timeout, and the job fails or recovers as for any lost link).
 class CoordinatorProgressSink final : public ProgressSink {
  public:
   // Not owned; both outlive the sink.
   CoordinatorProgressSink(CoordinatorClient* coordinator, std::function<std::string()> worker_id,
                           JobRun* run);
 
-  void OnStep(baton::v1::ReportProgressRequest report) override;
+  StepAnswer OnStep(baton::v1::ReportProgressRequest report) override;
 
  private:
   CoordinatorClient* const coordinator_;

@@ -220,6 +220,8 @@ struct JobRun::Pipeline {
   std::vector<std::string> skipped;  // checkpoints a resume passed over, and why
   std::string checkpoint_dir;        // this job's, when the spec checkpoints
   std::unique_ptr<CheckpointWriter> writer;
+  int64_t snapshot_step = 0;         // the newest step a checkpoint was taken after
+  int64_t stopped_after = 0;         // preempted: the run ended after this step
 };
 
 absl::StatusOr<std::unique_ptr<JobRun>> JobRun::Create(const baton::v1::JobPlan& plan,
@@ -367,6 +369,11 @@ absl::Status JobRun::RunSteps(ProgressSink* sink) {
   BATON_RETURN_IF_ERROR(Build(p));
   BATON_RETURN_IF_ERROR(Resume(p));
   BATON_RETURN_IF_ERROR(Train(p, sink));
+  if (p.stopped_after > 0) {
+    // Preempted: no digests (the weights are mid-training); the checkpoint carries on.
+    digests_.set_stopped_after_step(p.stopped_after);
+    return absl::OkStatus();
+  }
   const std::vector<BlockInfo> infos = DescribeBlocks(p.spec().model());
   for (auto& [index, digest] : p.executor->BlockDigests()) {
     baton::v1::IndexedBlockDigest* d = digests_.add_block_digests();
@@ -541,7 +548,19 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
   for (int64_t step = p.first_step; step < p.spec().steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, step));
-    sink->OnStep(std::move(report));
+    if (sink->OnStep(std::move(report)) == StepAnswer::kCheckpointAndStop &&
+        step + 1 < p.spec().steps()) {
+      // Preempted. Every rank was told to stop after this step, so no peer waits for this
+      // one; what the step left in flight (the report's writes aside) is written and kept.
+      if (p.writer != nullptr) {
+        BATON_RETURN_IF_ERROR(
+            Checkpoint(p, step, /*stopping=*/true, digests_.mutable_checkpoints()));
+      }
+      p.stopped_after = step + 1;
+      WorkerLog(absl::StrCat("job ", plan_.job_id(), " rank ", plan_.rank(),
+                             " stopped after step ", step + 1, " (preempted)"));
+      return absl::OkStatus();
+    }
   }
   return absl::OkStatus();
 }
@@ -576,7 +595,9 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
     }
   }
   if (options_.metrics != nullptr) options_.metrics->RecordStep(r, loss);
-  if (p.writer != nullptr) BATON_RETURN_IF_ERROR(Checkpoint(p, step, &req));
+  if (p.writer != nullptr) {
+    BATON_RETURN_IF_ERROR(Checkpoint(p, step, /*stopping=*/false, req.mutable_checkpoints()));
+  }
   if (step == p.first_step && !plan_.resume_job_dir().empty()) {
     req.set_resumed_from_step(p.first_step);
     for (const std::string& why : p.skipped) req.add_checkpoints_skipped(why);
@@ -596,10 +617,12 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
   return req;
 }
 
-absl::Status JobRun::Checkpoint(Pipeline& p, int64_t step,
-                                baton::v1::ReportProgressRequest* report) {
-  const bool last = step + 1 == p.spec().steps();
-  if ((step + 1) % p.spec().checkpoint().every_steps() == 0 || last) {
+absl::Status JobRun::Checkpoint(
+    Pipeline& p, int64_t step, bool stopping,
+    google::protobuf::RepeatedPtrField<baton::v1::CheckpointWrite>* writes) {
+  const bool last = step + 1 == p.spec().steps() || stopping;
+  const bool due = (step + 1) % p.spec().checkpoint().every_steps() == 0 || last;
+  if (due && p.snapshot_step != step + 1) {
     // Training stands still only while the snapshot is taken; the files are written while
     // the next steps run. The last step's write is waited for: the job is done only with
     // its final checkpoint complete.
@@ -612,10 +635,11 @@ absl::Status JobRun::Checkpoint(Pipeline& p, int64_t step,
                                                              ": ", snap.status().message()));
     }
     p.writer->Start(*std::move(snap), step + 1, absl::Now() - t0);
+    p.snapshot_step = step + 1;
   }
   for (const CheckpointWriter::Done& d : last ? p.writer->Wait() : p.writer->Poll()) {
     BATON_RETURN_IF_ERROR(d.status);
-    baton::v1::CheckpointWrite* w = report->add_checkpoints();
+    baton::v1::CheckpointWrite* w = writes->Add();
     w->set_step(d.step);
     w->set_bytes(d.bytes);
     *w->mutable_duration() = ToProtoDuration(d.stall);

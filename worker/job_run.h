@@ -20,7 +20,9 @@
 //                    every_steps-th and the last step the blocks are written
 //                    (StageExecutor::SnapshotCheckpoint, then a CheckpointWriter), and the
 //                    writes finished are reported with the step; a non-finite loss ends it
-//                    ("training diverged"). At the end the inbox and the attempt's
+//                    ("training diverged"); a report answered kCheckpointAndStop
+//                    (preemption) writes that step's checkpoint and ends the run there,
+//                    its result saying so. At the end the inbox and the attempt's
 //                    rendezvous values are closed, and the Outcome carries the block
 //                    digests, or the error and its FailureCause;
 //   Abort(why)    -> from any thread: aborts the transport, so the running step ends
@@ -78,8 +80,17 @@ struct JobRunOptions {
   double peak_flops = 0;             // its device's peak (DeviceInfo.peak_flops), for MFU
 };
 
+// What the run does after a step's report.
+enum class StepAnswer {
+  kContinue,
+  // Preempted: write this step's checkpoint (when the spec checkpoints and this rank
+  // writes, unless one was just taken), wait for every write, and end the run; its result
+  // says stopped_after_step and carries the writes.
+  kCheckpointAndStop,
+};
+
 // Receives each step's report of a JobRun, on the run's thread, in step order. The next
-// step starts when OnStep returns; OnStep may call JobRun::Abort.
+// step starts when OnStep returns, as its answer says; OnStep may call JobRun::Abort.
 class ProgressSink {
  public:
   virtual ~ProgressSink() = default;
@@ -87,7 +98,7 @@ class ProgressSink {
   // trace, the checkpoint writes finished since the last report; the first step's also
   // the links, the data-parallel group and what a resume started from. worker_id is the
   // sink's to fill.
-  virtual void OnStep(baton::v1::ReportProgressRequest report) = 0;
+  virtual StepAnswer OnStep(baton::v1::ReportProgressRequest report) = 0;
 };
 
 // What the coordinator calls a worker's rank: replica * num_ranks + rank (just the rank
@@ -153,8 +164,11 @@ class JobRun {
   absl::Status Train(Pipeline& p, ProgressSink* sink);  // the step loop
   // One step: its report, or why the job ends.
   absl::StatusOr<baton::v1::ReportProgressRequest> Step(Pipeline& p, int64_t step);
-  // After step `step`: a snapshot when one is due, and the finished writes into `report`.
-  absl::Status Checkpoint(Pipeline& p, int64_t step, baton::v1::ReportProgressRequest* report);
+  // After step `step`: a snapshot when one is due (or `stopping`: the run ends after it),
+  // and the finished writes into `writes` (all of them, waited for, after the last step
+  // and when stopping).
+  absl::Status Checkpoint(Pipeline& p, int64_t step, bool stopping,
+                          google::protobuf::RepeatedPtrField<baton::v1::CheckpointWrite>* writes);
   // Stops routing Abort to the transport (before it goes).
   void DetachTransport();
   // The result report for `status`.

@@ -273,5 +273,73 @@ TEST_F(JobRunTest, ResumesFromACheckpointToTheReferenceWeights) {
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 4}));
 }
 
+// Preempted after step 3 (no checkpoint due then): every rank stops there, rank by rank its
+// writes finish and travel with its result, and a later attempt resuming from the job's own
+// checkpoints ends with the uninterrupted run's weights.
+TEST_F(JobRunTest, APreemptedRunCheckpointsWhereToldAndResumesToTheReferenceWeights) {
+  baton::v1::JobSpec spec = TinySpec(6);
+  spec.mutable_checkpoint()->set_dir(dir_.string());
+  spec.mutable_checkpoint()->set_every_steps(2);
+  fake_.PreemptAtStep(3);
+  std::vector<JobRun::Outcome> first = RunRanks(Plans(spec, "job-pre", Addresses()), {0, 1});
+  ASSERT_EQ(first.size(), 2u);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(first[r].status.ok()) << first[r].status;
+    EXPECT_EQ(first[r].report.stopped_after_step(), 3);
+    EXPECT_TRUE(first[r].report.error().empty());
+    EXPECT_EQ(first[r].report.block_digests_size(), 0);
+    EXPECT_EQ(Steps(fake_, r), (std::vector<int64_t>{1, 2, 3}));
+    // Step 3's write is in the result (step 2's went with a progress report, or here if
+    // it was still in flight then).
+    std::vector<int64_t> in_result;
+    for (const auto& w : first[r].report.checkpoints()) in_result.push_back(w.step());
+    ASSERT_FALSE(in_result.empty());
+    EXPECT_EQ(in_result.back(), 3);
+  }
+  const std::string job_dir = CheckpointJobDir(dir_.string(), "job-pre");
+  EXPECT_EQ(ListCheckpointSteps(job_dir), (std::vector<int64_t>{2, 3}));
+
+  fake_.PreemptAtStep(0);
+  std::vector<baton::v1::JobPlan> plans = Plans(spec, "job-pre", Addresses());
+  for (baton::v1::JobPlan& p : plans) {
+    p.set_attempt(1);
+    p.set_job_key(p.job_key() + 1);
+    p.set_resume_job_dir(job_dir);
+    p.set_resume_step(0);  // the newest complete: step 3's
+  }
+  std::vector<JobRun::Outcome> second = RunRanks(plans, {0, 1});
+  ASSERT_EQ(second.size(), 2u);
+  ASSERT_TRUE(second[0].status.ok()) << second[0].status;
+  ASSERT_TRUE(second[1].status.ok()) << second[1].status;
+  EXPECT_EQ(second[0].report.stopped_after_step(), 0);
+  EXPECT_EQ(Digests(second), Train(spec, 6).digests);
+  for (const baton::v1::ReportProgressRequest& p : fake_.progress()) {
+    if (p.attempt() == 1 && p.step() == 4) EXPECT_EQ(p.resumed_from_step(), 3);
+  }
+}
+
+// Told to stop on a step whose checkpoint was just taken, a rank takes no second one.
+TEST_F(JobRunTest, APreemptionOnACheckpointStepWritesItOnce) {
+  baton::v1::JobSpec spec = TinySpec(6);
+  spec.mutable_checkpoint()->set_dir(dir_.string());
+  spec.mutable_checkpoint()->set_every_steps(2);
+  fake_.PreemptAtStep(4);
+  std::vector<JobRun::Outcome> out = RunRanks(Plans(spec, "job-pre4", Addresses()), {0, 1});
+  ASSERT_EQ(out.size(), 2u);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(out[r].status.ok()) << out[r].status;
+    EXPECT_EQ(out[r].report.stopped_after_step(), 4);
+    std::vector<int64_t> written;
+    for (const auto& p : fake_.progress()) {
+      if (p.rank() != r) continue;
+      for (const auto& w : p.checkpoints()) written.push_back(w.step());
+    }
+    for (const auto& w : out[r].report.checkpoints()) written.push_back(w.step());
+    EXPECT_EQ(written, (std::vector<int64_t>{2, 4})) << "rank " << r;
+  }
+  EXPECT_EQ(ListCheckpointSteps(CheckpointJobDir(dir_.string(), "job-pre4")),
+            (std::vector<int64_t>{2, 4}));
+}
+
 }  // namespace
 }  // namespace baton

@@ -65,11 +65,15 @@ void PrintJob(const baton::v1::Job& job) {
     }
   }
   for (const baton::v1::Recovery& r : job.recoveries()) {
-    std::printf("  recovery:   %s -> %s stages, from step %lld (%lld steps again)%s: %s\n",
+    std::printf("  %s %s -> %s stages, from step %lld (%lld steps again)%s: %s\n",
+                r.preempted_by().empty() ? "recovery:  " : "preempted: ",
                 absl::StrCat(r.stages_before()).c_str(),
                 r.stages_after() > 0 ? absl::StrCat(r.stages_after()).c_str() : "?",
                 static_cast<long long>(r.from_step()), static_cast<long long>(r.lost_steps()),
-                r.has_resumed() ? "" : " (recovering)", r.reason().c_str());
+                r.has_resumed()               ? ""
+                : r.preempted_by().empty()    ? " (recovering)"
+                                              : " (waiting to resume)",
+                r.reason().c_str());
   }
   if (!job.weights_digest().empty()) {
     std::printf("  digest:     %s\n", job.weights_digest().c_str());

@@ -28,6 +28,7 @@ class JobState(str, enum.Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     RECOVERING = "RECOVERING"
+    PREEMPTED = "PREEMPTED"
 
     @classmethod
     def from_proto(cls, value: int) -> "JobState":
