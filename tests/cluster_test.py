@@ -1087,6 +1087,55 @@ def case_memory(c):
     c.ensure_workers(4)
 
 
+def case_preemption(c):
+    """13. preemption: a higher-priority job stops a running checkpointing job at a step
+    boundary, runs on its workers, and the preempted job resumes from that checkpoint and
+    ends with train-local's digest."""
+    c.ensure_workers(4)
+    c.wait_idle(4, timeout=20)
+    low = tiny_gpt("preempt-low", steps=160, stages=4)
+    low["checkpoint"] = {"everySteps": 50, "dir": os.path.join(c.tmp, "preempt-ckpt")}
+    low_path = c.write_spec(low)
+    want = c.reference_digest(low_path)
+    low_job = c.submit(low_path)
+    c.wait_steps(low_job["id"], 5, timeout=60)
+    urgent = tiny_gpt("preempt-urgent", steps=20, stages=2)
+    urgent_path = c.write_spec(urgent)
+    urgent_job = c.submit(urgent_path, "--priority", "5")
+    pre = c.wait_state(low_job["id"], ["JOB_STATE_PREEMPTED", "JOB_STATE_SUCCEEDED",
+                                       "JOB_STATE_FAILED"], 60)
+    check(pre["state"] == "JOB_STATE_PREEMPTED",
+          f"{low_job['id']} {pre['state']}, not PREEMPTED: {last_reason(pre)}")
+    stopped = int(pre.get("steps_done", 0))
+    check(0 < stopped < 160, f"stopped after step {stopped}")
+    steps = [int(r["step"]) for r in pre.get("checkpoints", {}).get("complete", [])]
+    check(stopped in steps, f"no complete checkpoint after step {stopped}: {steps}")
+    print(f"  {low_job['id']} PREEMPTED after step {stopped} (checkpoints {steps}): "
+          f"{last_reason(pre)}")
+    done = c.wait_state(urgent_job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"], 60)
+    check(done["state"] == "JOB_STATE_SUCCEEDED", f"{urgent_job['id']}: {last_reason(done)}")
+    reasons = [h.get("reason", "") for h in done.get("history", [])]
+    check(any(r.startswith(f"preempting {low_job['id']}") for r in reasons),
+          f"{urgent_job['id']}'s history does not record the preemption: {reasons}")
+    check(done["weights_digest"] == c.reference_digest(urgent_path),
+          f"{urgent_job['id']} digest differs from train-local's")
+    end = c.wait_state(low_job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"], 120)
+    check(end["state"] == "JOB_STATE_SUCCEEDED", f"{low_job['id']}: {last_reason(end)}")
+    check(end["weights_digest"] == want,
+          f"{low_job['id']} resumed to {end['weights_digest']}, train-local says {want}")
+    recoveries = end.get("recoveries", [])
+    check(len(recoveries) == 1 and recoveries[0].get("preempted_by") == urgent_job["id"]
+          and int(recoveries[0].get("from_step", 0)) == stopped,
+          f"{low_job['id']} recoveries: {recoveries}")
+    states = states_of(end)
+    check("PREEMPTED" in states, f"history states: {states}")
+    shown = c.ctl_ok("get", low_job["id"]).stdout
+    check("preempted:" in shown and urgent_job["id"] in shown, f"batonctl get: {shown}")
+    print(f"  {urgent_job['id']} SUCCEEDED on the freed workers; {low_job['id']} resumed from "
+          f"step {stopped} and SUCCEEDED with train-local's digest {want[:16]}...")
+    c.wait_idle(4, timeout=20)
+
+
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
@@ -1111,6 +1160,9 @@ CASES = [
            "after all fails RESOURCE_EXHAUSTED and the worker serves on", case_memory),
     ("12", "quotas: an over-quota job waits saying so, a submission beyond max_queued is "
      "refused, SIGHUP re-reads the file", case_quotas),
+    ("13", "preemption: a priority-5 job stops a running checkpointing job at a step, runs on "
+           "its workers; the preempted job resumes and ends with train-local's digest",
+     case_preemption),
 ]
 
 
