@@ -899,8 +899,14 @@ absl::StatusOr<baton::v1::ListJobsResponse> Coordinator::ListJobs(
   baton::v1::ListJobsResponse response;
   MutexLock lock(mu_);
   for (Job& job : page.jobs) {
-    // Running jobs are fresher in memory (steps are written to the store now and then).
-    if (ActiveJob* j = FindActiveLocked(job.id())) job = j->job;
+    // Running jobs are fresher in memory (steps are written to the store now and then). One
+    // that ended since the page was read is read again (under mu_ the store is current), so
+    // the page shows every job as of one moment: no job ended and its successor placed.
+    if (ActiveJob* j = FindActiveLocked(job.id())) {
+      job = j->job;
+    } else if (!IsTerminalState(job.state())) {
+      if (absl::StatusOr<Job> ended = store_->Get(job.id()); ended.ok()) job = *std::move(ended);
+    }
     *response.add_jobs() = std::move(job);
   }
   response.set_next_page_token(page.next_page_token);

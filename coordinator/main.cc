@@ -5,6 +5,7 @@
 //               --heartbeat_interval=1s --lease_ttl=5s --recv_timeout=60s [--port_file=F]
 //               [--tls_cert=F --tls_key=F --tls_ca=F] [--auth_tokens=F] [--join_token_file=F]
 //               [--health_listen=HOST:PORT] [--quotas=F] [--reserve_after=5m]
+//               [--preempt=true]
 //
 // Prints "coordinator listening on HOST:PORT" (the bound port, also with --listen
 // HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully; SIGHUP
@@ -67,6 +68,10 @@ ABSL_FLAG(std::string, quotas, "",
 ABSL_FLAG(absl::Duration, reserve_after, absl::Minutes(5),
           "how long the first job in line that does not fit may be passed by smaller jobs "
           "before it holds the idle workers it can use (docs/cluster.md, \"Scheduling\")");
+ABSL_FLAG(bool, preempt, true,
+          "whether the first job in line may preempt running jobs of lower priority that write "
+          "checkpoints (they stop at a step with its checkpoint and resume later; "
+          "docs/cluster.md, \"Preemption\")");
 ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
 
@@ -106,6 +111,7 @@ int main(int argc, char** argv) {
   baton::CoordinatorOptions options;
   options.quotas = quotas.get();
   options.reserve_after = absl::GetFlag(FLAGS_reserve_after);
+  options.preempt = absl::GetFlag(FLAGS_preempt);
   options.db_path = absl::GetFlag(FLAGS_db);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);

@@ -167,6 +167,12 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     }
     const baton::v1::JobSpec& spec = *spec_ptr;
     const int need = WorkersOf(spec);
+    if (j->limits.max_workers.has_value() && need > *j->limits.max_workers) {
+      wait(absl::StrCat("user ", j->user, " may hold ", *j->limits.max_workers,
+                        " workers and this job needs ", need,
+                        " (quota max_workers); it runs once the quota is raised"));
+      continue;
+    }
     if (j->limits.max_workers.has_value() && held[j->user] + need > *j->limits.max_workers) {
       wait(absl::StrCat("user ", j->user, " holds ", held[j->user], " of its ",
                         *j->limits.max_workers, " workers and this job needs ", need,

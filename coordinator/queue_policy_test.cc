@@ -175,6 +175,13 @@ TEST(QueuePolicyTest, AUserOverItsWorkerQuotaWaitsAndOthersStart) {
   r = PlanQueueRound(Input({a1, a2, a3}, 4));
   EXPECT_EQ(Started(r), (std::vector<std::string>{"a1", "a2"}));
   EXPECT_NE(WaitOf(r, "a3")->reason.find("quota"), std::string::npos);
+  // A job larger than the quota itself says it waits for the quota, not for workers.
+  QueuedJob big = Job("big", 3, 0, 1);
+  big.limits.max_workers = 2;
+  r = PlanQueueRound(Input({big}, 4));
+  EXPECT_EQ(WaitOf(r, "big")->reason,
+            "user alice may hold 2 workers and this job needs 3 (quota max_workers); it runs "
+            "once the quota is raised");
 }
 
 // A recovering job goes first, on fewer stages if it must; one still stopping its old
