@@ -166,8 +166,8 @@ absl::Status Coordinator::Recover() {
     token = page.next_page_token;
   } while (!token.empty());
   // What each needs of a worker (the planner's model: not under the lock).
-  std::vector<int64_t> needs;
-  for (const auto& [seq, job] : jobs) needs.push_back(RankNeedBytes(job.spec()));
+  std::vector<std::vector<int64_t>> needs;
+  for (const auto& [seq, job] : jobs) needs.push_back(RankNeeds(job.spec()));
   MutexLock lock(mu_);
   checkpoint_owners_ = std::move(owners);
   size_t next_need = 0;
@@ -175,7 +175,11 @@ absl::Status Coordinator::Recover() {
     auto active = std::make_unique<ActiveJob>();
     active->seq = seq;
     active->job = std::move(job);
-    active->rank_need_bytes = needs[next_need++];
+    active->rank_needs = std::move(needs[next_need++]);
+    active->rank_need_bytes =
+        active->rank_needs.empty()
+            ? 0
+            : *std::max_element(active->rank_needs.begin(), active->rank_needs.end());
     active->log = std::make_shared<JobEventLog>();
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
@@ -509,6 +513,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
     q.preempting = preempting.count(id) > 0;
     q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
+    if (!q.recovering) q.rank_needs = j->rank_needs;
     q.seq = j->seq;
     q.queued_since = j->queued_since;
     q.user = j->job.submitted_by();
@@ -755,8 +760,10 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
   }
 
-  // What its busiest rank needs: placement takes only workers that hold it.
-  const int64_t rank_need_bytes = RankNeedBytes(spec);
+  // What each rank needs: placement gives each a worker that holds it.
+  std::vector<int64_t> rank_needs = RankNeeds(spec);
+  const int64_t rank_need_bytes =
+      rank_needs.empty() ? 0 : *std::max_element(rank_needs.begin(), rank_needs.end());
   MutexLock lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
   if (spec.has_resume_from()) {
@@ -814,6 +821,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   auto active = std::make_unique<ActiveJob>();
   active->auto_costs = std::move(auto_costs);
   active->rank_need_bytes = rank_need_bytes;
+  active->rank_needs = std::move(rank_needs);
   active->seq = store_->NextSequence();
   Job& job = active->job;
   job.set_id(absl::StrFormat("job-%06d", active->seq));

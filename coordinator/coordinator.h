@@ -293,6 +293,7 @@ class Coordinator {
     // The memory its busiest rank needs (RankNeedBytes, at submission or start-up): only
     // workers that registered as much are placed on.
     int64_t rank_need_bytes = 0;
+    std::vector<int64_t> rank_needs;  // RankNeeds: each pipeline rank's (empty: unknown)
     // When it last entered the queue (submitted, recovering, or recovered by a restart).
     absl::Time queued_since;
     // When this attempt was placed (preemption takes the newest first).

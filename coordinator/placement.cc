@@ -1,10 +1,12 @@
 #include "coordinator/placement.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/plan/clock_proto.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
@@ -76,19 +78,53 @@ bool WorkerCanRunRank(const baton::v1::JobSpec& spec, int64_t rank_bytes,
   return !WantsCuda(spec) || worker.device().kind() == "cuda";
 }
 
+namespace {
+
+// "rank 2 (stage 2)", "rank 0 (stages 0 and 7)": which stages a rank of `spec` runs.
+std::string RankName(const baton::v1::JobSpec& spec, int rank) {
+  std::string out = absl::StrCat("rank ", rank);
+  absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(spec);
+  if (!layout.ok()) return out;
+  std::vector<std::string> stages;
+  for (int s = 0; s < layout->schedule.num_stages(); ++s) {
+    if (layout->schedule.stage_to_rank[s] == rank) stages.push_back(absl::StrCat(s));
+  }
+  if (stages.empty()) return out;
+  absl::StrAppend(&out, " (stage", stages.size() == 1 ? " " : "s ", absl::StrJoin(stages, " and "),
+                  ")");
+  return out;
+}
+
+}  // namespace
+
 std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
                                           const std::vector<bool>& taken, std::string* waiting,
-                                          int64_t rank_bytes, int64_t largest_registered_bytes) {
+                                          int64_t rank_bytes, int64_t largest_registered_bytes,
+                                          const std::vector<int64_t>& rank_needs) {
   const size_t replicas = static_cast<size_t>(std::max(1, spec.pipeline().data_parallel()));
-  const size_t need = static_cast<size_t>(spec.pipeline().stages()) * replicas;
-  const double need_bytes = static_cast<double>(rank_bytes);
+  const size_t stages = static_cast<size_t>(spec.pipeline().stages());
+  const size_t need = stages * replicas;
+  // What each worker of the choice must hold, replica-major like the choice: per rank when
+  // the planner told, else every rank the busiest one's.
+  const bool per_rank = rank_needs.size() == stages;
+  std::vector<int64_t> needs(need, rank_bytes);
+  if (per_rank) {
+    for (size_t i = 0; i < need; ++i) needs[i] = rank_needs[i % stages];
+  }
+  const int64_t most = need == 0 ? 0 : *std::max_element(needs.begin(), needs.end());
+  const int64_t least = need == 0 ? 0 : *std::min_element(needs.begin(), needs.end());
   auto gib = [](double b) { return absl::StrFormat("%.3g GiB", b / (1 << 30)); };
-  if (largest_registered_bytes > 0 && static_cast<double>(largest_registered_bytes) < need_bytes) {
-    *waiting = absl::StrCat("waiting: no registered worker can hold a rank of this job (it "
-                            "needs about ", gib(need_bytes), " per rank; the largest worker has ",
-                            gib(static_cast<double>(largest_registered_bytes)),
-                            "; use more stages or larger workers)");
+  if (largest_registered_bytes > 0 && largest_registered_bytes < most) {
+    const size_t busiest =
+        static_cast<size_t>(std::max_element(needs.begin(), needs.end()) - needs.begin());
+    *waiting = absl::StrCat(
+        "waiting: no registered worker can hold ",
+        per_rank ? RankName(spec, static_cast<int>(busiest % stages)) : std::string("a rank"),
+        " of this job (it needs about ", gib(static_cast<double>(most)),
+        per_rank ? "" : " per rank", "; the largest worker has ",
+        gib(static_cast<double>(largest_registered_bytes)),
+        "; use more stages or larger workers)");
     return std::nullopt;
   }
   std::vector<size_t> gpu, cpu;  // free idle workers with and without a GPU, in order
@@ -96,7 +132,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   for (size_t i = 0; i < idle.size(); ++i) {
     if (i < taken.size() && taken[i]) continue;
     const int64_t has = idle[i].device().memory_bytes();
-    if (has > 0 && static_cast<double>(has) < need_bytes) {
+    if (has > 0 && has < least) {
       ++too_small;
       continue;
     }
@@ -104,7 +140,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   }
   auto plural = [&](size_t n, const char* what) {
     std::string out = absl::StrCat(n, " idle ", what, n == 1 ? "" : "s");
-    if (too_small > 0) absl::StrAppend(&out, " with at least ", gib(need_bytes), " each");
+    if (too_small > 0) absl::StrAppend(&out, " with at least ", gib(static_cast<double>(least)), " each");
     if (replicas > 1) {
       absl::StrAppend(&out, " (", replicas, " replicas of ", spec.pipeline().stages(),
                       " stages)");
@@ -115,6 +151,101 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
     return too_small == 0 ? std::string()
                           : absl::StrCat("; ", too_small, " more too small for a rank");
   };
+  // Gives each rank a worker of `pool` (in preference order) that holds it: the ranks
+  // needing most first, each the fastest worker left that holds it (then the one with the
+  // least memory that does, keeping larger ones for larger ranks, then the earliest in
+  // `pool`). Any worker holding a rank also holds every smaller one, so this finds an
+  // assignment whenever one exists. Workers come back in rank order.
+  auto assign = [&](const std::vector<size_t>& pool) -> std::optional<std::vector<size_t>> {
+    std::vector<size_t> order(need);
+    for (size_t i = 0; i < need; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return needs[a] > needs[b]; });
+    std::vector<bool> used(pool.size(), false);
+    std::vector<size_t> out(need);
+    auto memory = [&](size_t w) {
+      const int64_t m = idle[w].device().memory_bytes();
+      return m > 0 ? m : std::numeric_limits<int64_t>::max();  // unknown: last
+    };
+    for (size_t r : order) {
+      std::optional<size_t> best;
+      for (size_t k = 0; k < pool.size(); ++k) {
+        if (used[k]) continue;
+        const int64_t has = idle[pool[k]].device().memory_bytes();
+        if (has > 0 && has < needs[r]) continue;
+        if (!best.has_value()) {
+          best = k;
+          continue;
+        }
+        const baton::v1::DeviceInfo& a = idle[pool[k]].device();
+        const baton::v1::DeviceInfo& b = idle[pool[*best]].device();
+        // Only within a kind of device: a CPU job takes CPU-only workers before GPU ones.
+        if ((a.kind() == "cuda") != (b.kind() == "cuda")) continue;
+        if (a.peak_flops() != b.peak_flops()) {
+          if (a.peak_flops() > b.peak_flops()) best = k;
+          continue;
+        }
+        if (memory(pool[k]) < memory(pool[*best])) best = k;
+      }
+      if (!best.has_value()) {
+        size_t fit = 0;
+        for (size_t w : pool) {
+          const int64_t has = idle[w].device().memory_bytes();
+          fit += has <= 0 || has >= needs[r] ? 1 : 0;
+        }
+        size_t ranks_as_big = 0;
+        for (int64_t n : needs) ranks_as_big += n >= needs[r] ? 1 : 0;
+        *waiting = absl::StrCat(
+            "waiting for idle workers that hold each rank: ",
+            per_rank ? RankName(spec, static_cast<int>(r % stages)) : std::string("a rank"),
+            " needs about ", gib(static_cast<double>(needs[r])), " and ", ranks_as_big,
+            ranks_as_big == 1 ? " rank needs" : " ranks need", " that much (", fit, " idle ",
+            fit == 1 ? "worker has" : "workers have", " it)");
+        return std::nullopt;
+      }
+      used[*best] = true;
+      out[r] = pool[*best];
+    }
+    // The workers are chosen; now which rank goes where. Rank by rank, each takes the
+    // earliest of them (in `pool` order) that holds it and leaves a way to place the rest,
+    // so that alike workers go out in order (rank r on the r-th) as they always have.
+    std::vector<size_t> chosen = out;
+    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
+      return std::find(pool.begin(), pool.end(), a) < std::find(pool.begin(), pool.end(), b);
+    });
+    auto holds = [&](size_t w, int64_t bytes) {
+      const int64_t has = idle[w].device().memory_bytes();
+      return has <= 0 || has >= bytes;
+    };
+    // Whether ranks [from, need) can go on the workers of `chosen` not yet taken: the
+    // largest need on the largest worker, and so on (memory is all that matters).
+    std::vector<bool> gone(chosen.size(), false);
+    auto rest_fits = [&](size_t from) {
+      std::vector<int64_t> rest_needs(needs.begin() + static_cast<std::ptrdiff_t>(from), needs.end());
+      std::vector<int64_t> rest_memory;
+      for (size_t k = 0; k < chosen.size(); ++k) {
+        if (!gone[k]) rest_memory.push_back(memory(chosen[k]));
+      }
+      std::sort(rest_needs.rbegin(), rest_needs.rend());
+      std::sort(rest_memory.rbegin(), rest_memory.rend());
+      for (size_t i = 0; i < rest_needs.size(); ++i) {
+        if (rest_memory[i] < rest_needs[i]) return false;
+      }
+      return true;
+    };
+    for (size_t r = 0; r < need; ++r) {
+      for (size_t k = 0; k < chosen.size(); ++k) {
+        if (gone[k] || !holds(chosen[k], needs[r])) continue;
+        gone[k] = true;
+        if (rest_fits(r + 1)) {
+          out[r] = chosen[k];
+          break;
+        }
+        gone[k] = false;
+      }
+    }
+    return out;
+  };
   WorkerChoice out;
   // Transport NCCL needs GPUs: with device auto it makes the job a cuda job.
   const bool nccl = spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED &&
@@ -122,17 +253,24 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   const bool wants_cuda = WantsCuda(spec);
   if (wants_cuda || (spec.device() == baton::v1::DEVICE_KIND_UNSPECIFIED && gpu.size() >= need)) {
     const char* asks = nccl ? "transport nccl" : "device cuda";
-    if (gpu.size() < need) {
-      *waiting = absl::StrCat("waiting for ", plural(need, "GPU worker"), " (", gpu.size(),
-                              " idle", too_small_note(), "; the job asks for ", asks, ")");
+    std::optional<std::vector<size_t>> chosen;
+    if (gpu.size() >= need) chosen = assign(gpu);
+    if (!chosen.has_value() && gpu.size() >= need && !wants_cuda) {
+      // Device auto: enough GPUs but they cannot hold every rank; try the CPU below.
+    } else if (!chosen.has_value()) {
+      if (gpu.size() < need) {
+        *waiting = absl::StrCat("waiting for ", plural(need, "GPU worker"), " (", gpu.size(),
+                                " idle", too_small_note(), "; the job asks for ", asks, ")");
+      }
       return std::nullopt;
+    } else {
+      out.indices = *std::move(chosen);
+      out.device = Device::kCuda;
+      out.why = !wants_cuda ? "cuda: every worker has a GPU"
+                : nccl      ? "cuda: the job asks for transport nccl"
+                            : "cuda: asked for";
+      return out;
     }
-    out.indices.assign(gpu.begin(), gpu.begin() + static_cast<std::ptrdiff_t>(need));
-    out.device = Device::kCuda;
-    out.why = !wants_cuda ? "cuda: every worker has a GPU"
-              : nccl      ? "cuda: the job asks for transport nccl"
-                          : "cuda: asked for";
-    return out;
   }
   std::vector<size_t> any = cpu;  // CPU-only workers first
   any.insert(any.end(), gpu.begin(), gpu.end());
@@ -141,7 +279,9 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                             too_small_note(), ")");
     return std::nullopt;
   }
-  out.indices.assign(any.begin(), any.begin() + static_cast<std::ptrdiff_t>(need));
+  std::optional<std::vector<size_t>> chosen = assign(any);
+  if (!chosen.has_value()) return std::nullopt;
+  out.indices = *std::move(chosen);
   out.device = Device::kCpu;
   out.why = spec.device() == baton::v1::DEVICE_KIND_CPU
                 ? "cpu: asked for"

@@ -80,7 +80,12 @@ struct WorkerChoice {
 // Workers keep their order in `idle` within each preference. Only workers whose registered
 // memory (device.memory_bytes: what their memory limits allow, or the GPU's) holds
 // `rank_bytes` (RankNeedBytes; 0: no check) are candidates (an unknown 0 is taken as
-// enough). When too few are idle, returns nullopt and says in *waiting why ("waiting for 2
+// enough). With `rank_needs` (RankNeeds: one per pipeline rank) each rank gets a worker that
+// holds its own share instead: the largest ranks first, each on the fastest idle worker
+// left that holds it (device.peak_flops; then the least memory that holds it). Mixed
+// workers thus carry the stages each can hold, the fastest adequate ones first; the
+// device rule below still keeps one kind of device per pipeline. A rank no idle worker
+// holds waits naming the rank, its stages and its bytes. When too few are idle, returns nullopt and says in *waiting why ("waiting for 2
 // idle GPU workers (1 idle)", "... with at least 12.3 GiB ..."), and, when not even
 // `largest_registered_bytes` (the most any registered worker has, idle or busy; 0: unknown)
 // holds a rank, that no registered worker can.
@@ -96,7 +101,8 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           const std::vector<baton::v1::WorkerInfo>& idle,
                                           const std::vector<bool>& taken, std::string* waiting,
                                           int64_t rank_bytes = 0,
-                                          int64_t largest_registered_bytes = 0);
+                                          int64_t largest_registered_bytes = 0,
+                                          const std::vector<int64_t>& rank_needs = {});
 
 
 struct Placement {

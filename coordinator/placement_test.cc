@@ -137,6 +137,71 @@ TEST(ChooseWorkersTest, OnlyWorkersWhoseMemoryHoldsAStage) {
   EXPECT_LE(RankNeedBytes(f1b), RankNeedBytes(gpipe));
 }
 
+// Mixed workers: each rank goes on a worker that holds its own share (the largest ranks
+// first), the fastest adequate workers first; alike workers still go out in order.
+TEST(ChooseWorkersTest, EachRankOnAWorkerThatHoldsItsShareFastestFirst) {
+  baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  const int64_t gib = int64_t{1} << 30;
+  std::vector<baton::v1::WorkerInfo> idle = Idle("cc");
+  idle[0].mutable_device()->set_memory_bytes(2 * gib);
+  idle[1].mutable_device()->set_memory_bytes(8 * gib);
+  std::string waiting;
+  // Rank 0 needs 4 GiB, rank 1 1 GiB: the 2 GiB worker is of use, for rank 1.
+  std::optional<WorkerChoice> c =
+      ChooseWorkers(spec, idle, {}, &waiting, 4 * gib, 8 * gib, {4 * gib, 1 * gib});
+  ASSERT_TRUE(c.has_value()) << waiting;
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 0}));
+  // Without the per-rank shares, every rank counts as the busiest: the 2 GiB worker is not.
+  EXPECT_FALSE(ChooseWorkers(spec, idle, {}, &waiting, 4 * gib, 8 * gib).has_value());
+  EXPECT_THAT(waiting, HasSubstr("1 more too small for a rank"));
+
+  // Faster workers first, whatever their place in the list.
+  idle = Idle("cccc");
+  for (int i = 0; i < 4; ++i) {
+    idle[i].mutable_device()->set_peak_flops(i == 1 || i == 3 ? 5e12 : 1e12);
+  }
+  c = ChooseWorkers(spec, idle, {}, &waiting, 0, 0, {gib, gib});
+  ASSERT_TRUE(c.has_value()) << waiting;
+  EXPECT_EQ(c->indices, (std::vector<size_t>{1, 3}));
+  // Alike workers: in order, rank r on the r-th.
+  idle = Idle("cccc");
+  c = ChooseWorkers(spec, idle, {}, &waiting, 0, 0, {gib, 3 * gib});
+  ASSERT_TRUE(c.has_value()) << waiting;
+  EXPECT_EQ(c->indices, (std::vector<size_t>{0, 1}));
+}
+
+// A rank that fits no registered worker waits naming the rank, its stage and its bytes; one
+// that fits no idle worker says how many idle ones hold it.
+TEST(ChooseWorkersTest, ARankThatFitsNowhereIsNamedWithItsBytes) {
+  baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  spec.set_device(baton::v1::DEVICE_KIND_CPU);
+  const int64_t gib = int64_t{1} << 30;
+  std::vector<baton::v1::WorkerInfo> idle = Idle("ccc");
+  idle[0].mutable_device()->set_memory_bytes(8 * gib);
+  idle[1].mutable_device()->set_memory_bytes(2 * gib);
+  idle[2].mutable_device()->set_memory_bytes(2 * gib);
+  std::string waiting;
+  EXPECT_FALSE(
+      ChooseWorkers(spec, idle, {}, &waiting, 9 * gib, 8 * gib, {gib, 9 * gib}).has_value());
+  EXPECT_THAT(waiting, HasSubstr("no registered worker can hold rank 1 (stage 1) of this job "
+                                 "(it needs about 9 GiB; the largest worker has 8 GiB"));
+  baton::v1::JobSpec three = MlpSpec(baton::v1::SCHEDULE_1F1B, 3, 1, 2);
+  three.set_device(baton::v1::DEVICE_KIND_CPU);
+  idle[1].mutable_device()->set_memory_bytes(6 * gib);
+  idle[2].mutable_device()->set_memory_bytes(6 * gib);
+  EXPECT_FALSE(ChooseWorkers(three, idle, {}, &waiting, 7 * gib, 8 * gib,
+                             {5 * gib, 7 * gib, 7 * gib})
+                   .has_value());
+  EXPECT_THAT(waiting, HasSubstr("waiting for idle workers that hold each rank: rank 2 (stage "
+                                 "2) needs about 7 GiB and 2 ranks need that much (1 idle "
+                                 "worker has it)"));
+  // The planner's per-rank model: as many shares as ranks, the largest RankNeedBytes.
+  const std::vector<int64_t> needs = RankNeeds(spec);
+  ASSERT_EQ(needs.size(), 2u);
+  EXPECT_EQ(*std::max_element(needs.begin(), needs.end()), RankNeedBytes(spec));
+}
+
 TEST(PlaceJobTest, ThePlansSayTheDevice) {
   const baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
   for (Device d : {Device::kCpu, Device::kCuda}) {

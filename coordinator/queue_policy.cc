@@ -21,10 +21,16 @@ int WorkersOf(const baton::v1::JobSpec& spec) {
 // What ChooseWorkers' answer depends on besides the workers: jobs alike in these fit alike,
 // so a round asks once per kind of job, not once per job (10,000 queued jobs are mostly
 // a few kinds).
-using FitKey = std::tuple<int, int, int, int64_t>;
-FitKey KeyOf(const baton::v1::JobSpec& spec, int64_t rank_bytes) {
+using FitKey = std::tuple<int, int, int, int64_t, std::vector<int64_t>>;
+FitKey KeyOf(const baton::v1::JobSpec& spec, const QueuedJob& j) {
   return {WorkersOf(spec), static_cast<int>(spec.device()), static_cast<int>(spec.transport()),
-          rank_bytes};
+          j.rank_need_bytes, j.rank_needs};
+}
+
+// What a worker must hold to be of use to `j` at all: its smallest rank's share.
+int64_t LeastNeed(const QueuedJob& j) {
+  if (j.rank_needs.empty()) return j.rank_need_bytes;
+  return *std::min_element(j.rank_needs.begin(), j.rank_needs.end());
 }
 
 std::string Minutes(absl::Duration d) {
@@ -41,7 +47,7 @@ std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJo
   for (const RunningJob& r : in.running) {
     if (!r.preemptible || r.priority >= spec.priority()) continue;
     const bool useful = std::any_of(r.workers.begin(), r.workers.end(), [&](const auto& w) {
-      return WorkerCanRunRank(spec, head.rank_need_bytes, w);
+      return WorkerCanRunRank(spec, LeastNeed(head), w);
     });
     if (useful) candidates.push_back(&r);
   }
@@ -62,7 +68,9 @@ std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJo
       }
     }
     std::string why;
-    return ChooseWorkers(spec, pool, pool_taken, &why, head.rank_need_bytes, largest).has_value();
+    return ChooseWorkers(spec, pool, pool_taken, &why, head.rank_need_bytes, largest,
+                         head.rank_needs)
+        .has_value();
   };
   std::vector<const RunningJob*> chosen;
   for (const RunningJob* r : candidates) {
@@ -144,11 +152,12 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       }
     } else {
       // Could the registered workers, all idle, ever run it?
-      const FitKey key = KeyOf(*j->spec, j->rank_need_bytes);
+      const FitKey key = KeyOf(*j->spec, *j);
       auto memo = never_memo.find(key);
       if (memo == never_memo.end()) {
         std::string never;
-        if (ChooseWorkers(*j->spec, in.registered, {}, &never, j->rank_need_bytes, largest)) {
+        if (ChooseWorkers(*j->spec, in.registered, {}, &never, j->rank_need_bytes, largest,
+                          j->rank_needs)) {
           never.clear();
         } else {
           never = absl::StrCat(
@@ -181,11 +190,12 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     }
     std::string why;
     std::optional<WorkerChoice> choice;
-    const FitKey key = KeyOf(spec, j->rank_need_bytes);
+    const FitKey key = KeyOf(spec, *j);
     if (auto memo = misfit_memo.find(key); memo != misfit_memo.end() && !j->recovering) {
       why = memo->second;  // one like it did not fit what is left: neither does this one
     } else {
-      choice = ChooseWorkers(spec, in.idle, taken, &why, j->rank_need_bytes, largest);
+      choice = ChooseWorkers(spec, in.idle, taken, &why, j->rank_need_bytes, largest,
+                             j->recovering ? std::vector<int64_t>() : j->rank_needs);
       if (!choice.has_value() && !j->recovering) misfit_memo.emplace(key, why);
     }
     if (choice.has_value()) {
@@ -214,7 +224,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     if (j->preempting || !victims.empty()) {
       // It holds what it can use of the idle workers while the jobs it preempted stop.
       for (size_t i = 0; i < in.idle.size(); ++i) {
-        if (!taken[i] && WorkerCanRunRank(spec, j->rank_need_bytes, in.idle[i])) {
+        if (!taken[i] && WorkerCanRunRank(spec, LeastNeed(*j), in.idle[i])) {
           taken[i] = true;
           ++out.reserved_workers;
         }
@@ -232,7 +242,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       }
     } else if (waited >= in.reserve_after) {
       for (size_t i = 0; i < in.idle.size(); ++i) {
-        if (!taken[i] && WorkerCanRunRank(spec, j->rank_need_bytes, in.idle[i])) {
+        if (!taken[i] && WorkerCanRunRank(spec, LeastNeed(*j), in.idle[i])) {
           taken[i] = true;
           ++out.reserved_workers;
         }

@@ -48,6 +48,7 @@ struct QueuedJob {
   // Validated and defaulted; not owned (the caller's job record), outlives the round.
   std::shared_ptr<const baton::v1::JobSpec> spec;
   int64_t rank_need_bytes = 0;    // RankNeedBytes; 0: no memory check
+  std::vector<int64_t> rank_needs;  // RankNeeds: each pipeline rank's (empty: unknown)
   int64_t seq = 0;                // submission order, smaller first
   absl::Time queued_since;        // when it last entered the queue
   std::string user;               // Job.submitted_by

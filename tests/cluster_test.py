@@ -1060,7 +1060,7 @@ def case_memory(c):
     job = c.get(job["id"])
     print(f"  {job['id']}: {job['state']}: {last_reason(job)}")
     check(job["state"] == "JOB_STATE_QUEUED", f"want QUEUED, got {job['state']}")
-    check("no registered worker can hold a rank" in last_reason(job),
+    check("no registered worker can hold rank" in last_reason(job),
           f"the reason does not say no worker can hold it: {last_reason(job)}")
     c.ctl_ok("cancel", job["id"])
     stop_for_good(["w-small"])

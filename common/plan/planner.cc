@@ -652,14 +652,14 @@ std::string SummarizePlan(const Plan& plan, int losers) {
   return out;
 }
 
-int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
-  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) return 0;
+std::vector<int64_t> RankNeeds(const baton::v1::JobSpec& spec) {
+  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) return {};
   PlannerInput in = PlannerInputFor(spec, spec.pipeline().stages());
   in.keep = 1;
   absl::StatusOr<Plan> plan = PlanPipeline(in);
-  if (!plan.ok() || plan->ranked.empty()) return 0;
+  if (!plan.ok() || plan->ranked.empty()) return {};
   // Each block also costs its objects, whatever its size (a 10^6-block MLP of width 1
-  // takes 2.3 GB to build): a bound on the busiest rank's share.
+  // takes 2.3 GB to build): a bound on each rank's share.
   // (A rank holds V stages, each at most the largest.)
   constexpr int64_t kBytesPerBlock = 4096;
   const PlanCandidate& pick = plan->ranked[0];
@@ -667,7 +667,16 @@ int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
   for (const BlockRange& b : pick.stage_blocks) {
     largest_stage = std::max<int64_t>(largest_stage, b.last - b.first);
   }
-  return pick.max_peak_bytes + largest_stage * pick.virtual_stages * kBytesPerBlock;
+  std::vector<int64_t> needs;
+  for (int64_t peak : pick.peak_bytes) {
+    needs.push_back(peak + largest_stage * pick.virtual_stages * kBytesPerBlock);
+  }
+  return needs;
+}
+
+int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
+  const std::vector<int64_t> needs = RankNeeds(spec);
+  return needs.empty() ? 0 : *std::max_element(needs.begin(), needs.end());
 }
 
 }  // namespace baton

@@ -159,6 +159,10 @@ std::string DescribeEfficiency(const std::vector<std::pair<double, double>>& eff
 // SCHEDULE_AUTO, whose planner fits the job to the chosen workers' memory itself (moving
 // blocks between stages when it must) at placement.
 int64_t RankNeedBytes(const baton::v1::JobSpec& spec);
+// The same for every pipeline rank, in rank order (stages beside the first and last hold
+// fewer activations, embeddings and heads more parameters: ranks differ). Empty when the
+// planner cannot tell, and for SCHEDULE_AUTO. RankNeedBytes is their largest.
+std::vector<int64_t> RankNeeds(const baton::v1::JobSpec& spec);
 
 // Bytes as "1.25 GiB" / "312 MiB" / "12 KiB".
 std::string HumanBytes(double bytes);
