@@ -387,6 +387,7 @@ Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
   for (RankSlot& slot : j->ranks) {
     if (!slot.held) continue;
     slot.held = false;
+    registry_.Unwant(slot.worker.worker_id, job_id);  // its heartbeats now get an abort
     abort.workers.push_back(slot.worker);
   }
   if (!abort.workers.empty()) effects->aborts.push_back(std::move(abort));
@@ -462,17 +463,64 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   for (const baton::v1::WorkerInfo& w : registry_.List()) {
     if (w.state() != baton::v1::WORKER_STATE_DEAD) in.registered.push_back(w);
   }
-  // Who holds workers, and which running jobs could stop at a checkpoint for a higher-
-  // priority one (and for which queued jobs such stops are under way).
+  // Who holds workers, and for which queued jobs preemptions are under way.
   std::set<std::string> preempting;
+  std::vector<std::pair<const std::string*, ActiveJob*>> placed;
   for (const auto& [id, j] : active_) {
     if (j->ranks.empty()) continue;
     in.held_by_user[j->job.submitted_by()] += static_cast<int>(j->ranks.size());
     if (!IsPlacedState(j->job.state())) continue;
     if (j->preempt_step > 0) preempting.insert(j->preempted_for);
-    if (!options_.preempt) continue;
+    placed.emplace_back(&id, j.get());
+  }
+  in.preempt = options_.preempt;
+  in.now = Now();
+  in.reserve_after = options_.reserve_after;
+  // A round that starts 1,000 jobs holds mu_ for tens of milliseconds, and heartbeats wait
+  // on it: start at most this many per round, and loop again at once for the rest.
+  in.max_starts = 128;
+  std::vector<std::string> still;
+  std::vector<ActiveJob*> queued;  // by QueuedJob index
+  queued.reserve(queue_.size());
+  in.queue.reserve(queue_.size());
+  std::map<std::string, QuotaLimits> limits;  // by user: one lookup per user a round
+  std::optional<int32_t> top;                 // the highest priority queued
+  for (const std::string& id : queue_) {
+    ActiveJob* j = FindActiveLocked(id);
+    if (j == nullptr) continue;
+    still.push_back(id);
+    queued.push_back(j);
+    QueuedJob q;
+    q.id = id;
+    // Not a copy: the round reads the job's own spec (aliasing, owning nothing).
+    q.spec = std::shared_ptr<const baton::v1::JobSpec>(std::shared_ptr<void>(), &j->job.spec());
+    q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
+    q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
+    q.preempting = preempting.count(id) > 0;
+    q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
+    if (!q.recovering) {
+      q.rank_needs =
+          std::shared_ptr<const std::vector<int64_t>>(std::shared_ptr<void>(), &j->rank_needs);
+    }
+    q.seq = j->seq;
+    q.queued_since = j->queued_since;
+    q.user = j->job.submitted_by();
+    auto limit = limits.find(q.user);
+    if (limit == limits.end()) {
+      // Jobs recorded before roles were (an empty role) kept no limits: as an admin's.
+      const std::string& role = j->job.submitted_role();
+      limit = limits.emplace(q.user, LimitsOf(q.user, role.empty() ? "admin" : role)).first;
+    }
+    q.limits = limit->second;
+    top = std::max(top.value_or(q.spec->priority()), q.spec->priority());
+    in.queue.push_back(std::move(q));
+  }
+  // The running jobs that could stop at a checkpoint for a queued one: only those of lower
+  // priority than some queued job (with a queue of equals, the common case, none).
+  for (const auto& [id, j] : placed) {
+    if (!options_.preempt || !top.has_value() || j->job.spec().priority() >= *top) continue;
     RunningJob r;
-    r.id = id;
+    r.id = *id;
     r.priority = j->job.spec().priority();
     r.started = j->placed_at;
     bool reported = true;
@@ -488,43 +536,6 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
                     j->job.spec().has_checkpoint() && j->preempt_step == 0 &&
                     j->echo.reason.empty() && reported && newest + 1 < j->job.spec().steps();
     in.running.push_back(std::move(r));
-  }
-  in.preempt = options_.preempt;
-  in.now = Now();
-  in.reserve_after = options_.reserve_after;
-  // A round that starts 1,000 jobs holds mu_ for tens of milliseconds, and heartbeats wait
-  // on it: start at most this many per round, and loop again at once for the rest.
-  in.max_starts = 128;
-  std::vector<std::string> still;
-  std::vector<ActiveJob*> queued;  // by QueuedJob index
-  queued.reserve(queue_.size());
-  in.queue.reserve(queue_.size());
-  std::map<std::string, QuotaLimits> limits;  // by user: one lookup per user a round
-  for (const std::string& id : queue_) {
-    ActiveJob* j = FindActiveLocked(id);
-    if (j == nullptr) continue;
-    still.push_back(id);
-    queued.push_back(j);
-    QueuedJob q;
-    q.id = id;
-    // Not a copy: the round reads the job's own spec (aliasing, owning nothing).
-    q.spec = std::shared_ptr<const baton::v1::JobSpec>(std::shared_ptr<void>(), &j->job.spec());
-    q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
-    q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
-    q.preempting = preempting.count(id) > 0;
-    q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
-    if (!q.recovering) q.rank_needs = j->rank_needs;
-    q.seq = j->seq;
-    q.queued_since = j->queued_since;
-    q.user = j->job.submitted_by();
-    auto limit = limits.find(q.user);
-    if (limit == limits.end()) {
-      // Jobs recorded before roles were (an empty role) kept no limits: as an admin's.
-      const std::string& role = j->job.submitted_role();
-      limit = limits.emplace(q.user, LimitsOf(q.user, role.empty() ? "admin" : role)).first;
-    }
-    q.limits = limit->second;
-    in.queue.push_back(std::move(q));
   }
   const QueueRound round = PlanQueueRound(in);
   if (round.more) WakeLoop();
@@ -1187,8 +1198,7 @@ absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 
 absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
                                              const WorkerCaller& caller) {
-  MutexLock lock(mu_);
-  return registry_.CheckSession(worker_id, caller.session, caller.identity);
+  return registry_.CheckSession(worker_id, caller.session, caller.identity);  // its own lock
 }
 
 absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
@@ -1213,15 +1223,19 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     response.set_known(false);
     return response;
   }
-  MutexLock lock(mu_);
-  if (options_.metrics != nullptr) {
-    if (std::optional<baton::v1::WorkerInfo> before = registry_.Get(request.worker_id())) {
-      options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(*before, Now()));
-    }
+  // Most heartbeats settle nothing but the lease (an idle worker idle, a busy one running
+  // the job it was given): the registry's own lock suffices, and they never wait for a
+  // placement round or a report holding mu_.
+  const WorkerRegistry::Beat beat =
+      registry_.HeartbeatAndCheck(request.worker_id(), request.job_id());
+  if (options_.metrics != nullptr && beat.known && beat.previous != absl::InfinitePast()) {
+    baton::v1::WorkerInfo before;
+    *before.mutable_last_heartbeat() = ToProtoTime(beat.previous);
+    options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(before, Now()));
   }
-  const bool known = registry_.Heartbeat(request.worker_id(), request.job_id());
-  response.set_known(known);
-  if (!known) return response;
+  response.set_known(beat.known);
+  if (!beat.known || beat.settled) return response;
+  MutexLock lock(mu_);
   if (request.job_id().empty()) {
     // Busy with a job that no longer holds it (its AbortJob did not get through), and the
     // worker says it runs nothing: free it.
@@ -1563,6 +1577,7 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         for (RankSlot& slot : j->ranks) {
           if (!slot.held) continue;
           slot.held = false;
+          registry_.Unwant(slot.worker.worker_id, id);  // its heartbeats now get an abort
           abort.workers.push_back(slot.worker);
         }
         if (!abort.workers.empty()) {

@@ -20,9 +20,10 @@
 //  - A worker is never handed a new job while the coordinator still expects it to be
 //    stopping the old one (it is freed only once its AbortJob returned, its lease expired,
 //    or a heartbeat said it runs nothing).
-//  - Thread-safe. LOCKING: one mutex (mu_) guards the registry, the active jobs and the
-//    queue, and is held while writing to the store (SQLite has its own lock inside
-//    JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
+//  - Thread-safe. LOCKING: one mutex (mu_) guards the active jobs and the queue and the
+//    decisions on the registry (which has a lock of its own inside, so that a heartbeat
+//    that only renews a lease takes that alone), and is held while writing to the store
+//    (SQLite has its own lock inside JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
 //    before a log's mutex), never on mu_. A background loop, woken by events and at least
 //    every heartbeat_interval/2, expires leases and places queued jobs; the worker calls it
 //    triggers run on the EffectsRunner's threads, which Stop() joins.
@@ -401,7 +402,9 @@ class Coordinator {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
+  // Locks itself (lock order: mu_ first). Read and changed under mu_ but for heartbeats'
+  // leases (WorkerRegistry::HeartbeatAndCheck), which take its lock alone.
+  WorkerRegistry registry_;
   std::map<std::string, std::unique_ptr<ActiveJob>> active_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // QUEUED job ids, oldest first
   // Jobs whose StartJob calls are in flight: their workers are freed when those return.

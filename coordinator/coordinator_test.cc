@@ -1524,7 +1524,9 @@ TEST_F(CoordinatorTest, AHigherPriorityJobPreemptsACheckpointingJobWhichResumesL
     w->set_step(4);
     w->set_bytes(100);
     ASSERT_TRUE(core_->ReportResult(stopped).ok());
-    if (rank == 0) EXPECT_EQ(Get(low.id()).state(), baton::v1::JOB_STATE_RUNNING);
+    if (rank == 0) {
+      EXPECT_EQ(Get(low.id()).state(), baton::v1::JOB_STATE_RUNNING);
+    }
   }
   now = Get(low.id());
   ASSERT_EQ(now.state(), baton::v1::JOB_STATE_PREEMPTED);

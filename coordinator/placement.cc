@@ -157,6 +157,20 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   // `pool`). Any worker holding a rank also holds every smaller one, so this finds an
   // assignment whenever one exists. Workers come back in rank order.
   auto assign = [&](const std::vector<size_t>& pool) -> std::optional<std::vector<size_t>> {
+    // Alike ranks on workers of one speed: the first that hold them, in order (the common
+    // case, and the cheap one: a round may place a hundred jobs among a thousand workers).
+    const bool one_speed = std::all_of(pool.begin(), pool.end(), [&](size_t w) {
+      return idle[w].device().peak_flops() == idle[pool[0]].device().peak_flops();
+    });
+    if (one_speed && least == most) {
+      std::vector<size_t> out;
+      for (size_t w : pool) {
+        if (out.size() == need) break;
+        const int64_t has = idle[w].device().memory_bytes();
+        if (has <= 0 || has >= most) out.push_back(w);
+      }
+      if (out.size() == need) return out;
+    }
     std::vector<size_t> order(need);
     for (size_t i = 0; i < need; ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),

@@ -21,16 +21,30 @@ int WorkersOf(const baton::v1::JobSpec& spec) {
 // What ChooseWorkers' answer depends on besides the workers: jobs alike in these fit alike,
 // so a round asks once per kind of job, not once per job (10,000 queued jobs are mostly
 // a few kinds).
-using FitKey = std::tuple<int, int, int, int64_t, std::vector<int64_t>>;
+const std::vector<int64_t>& NeedsOf(const QueuedJob& j) {
+  static const std::vector<int64_t> kNone;
+  return j.rank_needs != nullptr ? *j.rank_needs : kNone;
+}
+
+// The per-rank shares, folded into the key without a copy: their FNV-1a hash beside their
+// count (10,000 queued jobs are read every round).
+using FitKey = std::tuple<int, int, int, int64_t, size_t, uint64_t>;
 FitKey KeyOf(const baton::v1::JobSpec& spec, const QueuedJob& j) {
+  uint64_t h = 14695981039346656037ull;
+  for (int64_t n : NeedsOf(j)) {
+    for (int b = 0; b < 8; ++b) {
+      h = (h ^ ((static_cast<uint64_t>(n) >> (8 * b)) & 0xff)) * 1099511628211ull;
+    }
+  }
   return {WorkersOf(spec), static_cast<int>(spec.device()), static_cast<int>(spec.transport()),
-          j.rank_need_bytes, j.rank_needs};
+          j.rank_need_bytes, NeedsOf(j).size(), h};
 }
 
 // What a worker must hold to be of use to `j` at all: its smallest rank's share.
 int64_t LeastNeed(const QueuedJob& j) {
-  if (j.rank_needs.empty()) return j.rank_need_bytes;
-  return *std::min_element(j.rank_needs.begin(), j.rank_needs.end());
+  const std::vector<int64_t>& needs = NeedsOf(j);
+  if (needs.empty()) return j.rank_need_bytes;
+  return *std::min_element(needs.begin(), needs.end());
 }
 
 std::string Minutes(absl::Duration d) {
@@ -69,7 +83,7 @@ std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJo
     }
     std::string why;
     return ChooseWorkers(spec, pool, pool_taken, &why, head.rank_need_bytes, largest,
-                         head.rank_needs)
+                         NeedsOf(head))
         .has_value();
   };
   std::vector<const RunningJob*> chosen;
@@ -157,7 +171,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       if (memo == never_memo.end()) {
         std::string never;
         if (ChooseWorkers(*j->spec, in.registered, {}, &never, j->rank_need_bytes, largest,
-                          j->rank_needs)) {
+                          NeedsOf(*j))) {
           never.clear();
         } else {
           never = absl::StrCat(
@@ -195,7 +209,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       why = memo->second;  // one like it did not fit what is left: neither does this one
     } else {
       choice = ChooseWorkers(spec, in.idle, taken, &why, j->rank_need_bytes, largest,
-                             j->recovering ? std::vector<int64_t>() : j->rank_needs);
+                             j->recovering ? std::vector<int64_t>() : NeedsOf(*j));
       if (!choice.has_value() && !j->recovering) misfit_memo.emplace(key, why);
     }
     if (choice.has_value()) {

@@ -48,7 +48,9 @@ struct QueuedJob {
   // Validated and defaulted; not owned (the caller's job record), outlives the round.
   std::shared_ptr<const baton::v1::JobSpec> spec;
   int64_t rank_need_bytes = 0;    // RankNeedBytes; 0: no memory check
-  std::vector<int64_t> rank_needs;  // RankNeeds: each pipeline rank's (empty: unknown)
+  // RankNeeds: each pipeline rank's; null or empty: unknown. Not a copy: the caller's job
+  // record (aliasing, like spec), outlives the round.
+  std::shared_ptr<const std::vector<int64_t>> rank_needs;
   int64_t seq = 0;                // submission order, smaller first
   absl::Time queued_since;        // when it last entered the queue
   std::string user;               // Job.submitted_by

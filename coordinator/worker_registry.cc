@@ -54,6 +54,7 @@ WorkerRegistry::WorkerRegistry(absl::Duration lease_ttl, ClockFn clock,
 
 absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     const baton::v1::RegisterWorkerRequest& request, const std::string& identity) {
+  MutexLock lock(mu_);
   if (absl::Status s = CheckAddress(request.address()); !s.ok()) return s;
   if (!request.session_token().empty() && (request.session_token().size() < 16 ||
                                            request.session_token().size() > 256)) {
@@ -132,6 +133,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
 absl::Status WorkerRegistry::CheckSession(const std::string& worker_id,
                                           const std::string& session,
                                           const std::string& identity) const {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
     return absl::OkStatus();
@@ -151,12 +153,14 @@ absl::Status WorkerRegistry::CheckSession(const std::string& worker_id,
 }
 
 std::string WorkerRegistry::SessionOf(const std::string& worker_id) const {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) return "";
   return it->second.session;
 }
 
 bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& reported_job_id) {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
     return false;
@@ -171,7 +175,37 @@ bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& 
   return true;
 }
 
+WorkerRegistry::Beat WorkerRegistry::HeartbeatAndCheck(const std::string& worker_id,
+                                                       const std::string& reported_job_id) {
+  MutexLock lock(mu_);
+  Beat beat;
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
+    return beat;
+  }
+  Entry& e = it->second;
+  const absl::Time now = Now();
+  if (now >= e.lease_expiry) return beat;  // as Heartbeat: expired is dead
+  if (e.info.has_last_heartbeat()) beat.previous = FromProtoTime(e.info.last_heartbeat());
+  e.lease_expiry = now + lease_ttl_;
+  *e.info.mutable_last_heartbeat() = ToProtoTime(now);
+  e.reported_job_id = reported_job_id;
+  beat.known = true;
+  beat.settled = reported_job_id.empty()
+                     ? e.info.state() == baton::v1::WORKER_STATE_IDLE
+                     : e.info.state() == baton::v1::WORKER_STATE_BUSY && e.wanted &&
+                           e.info.job_id() == reported_job_id;
+  return beat;
+}
+
+void WorkerRegistry::Unwant(const std::string& worker_id, const std::string& job_id) {
+  MutexLock lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end() && it->second.info.job_id() == job_id) it->second.wanted = false;
+}
+
 std::optional<WorkerInfo> WorkerRegistry::Leave(const std::string& worker_id) {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
     return std::nullopt;
@@ -185,6 +219,7 @@ std::optional<WorkerInfo> WorkerRegistry::Leave(const std::string& worker_id) {
 }
 
 std::vector<WorkerInfo> WorkerRegistry::ExpireLeases() {
+  MutexLock lock(mu_);
   std::vector<WorkerInfo> dead;
   const absl::Time now = Now();
   std::vector<const Entry*> sorted = Sorted();
@@ -208,6 +243,7 @@ std::vector<WorkerInfo> WorkerRegistry::ExpireLeases() {
 }
 
 std::vector<WorkerInfo> WorkerRegistry::IdleWorkers() const {
+  MutexLock lock(mu_);
   std::vector<WorkerInfo> out;
   for (const Entry* e : Sorted()) {
     if (e->info.state() == baton::v1::WORKER_STATE_IDLE && e->reported_job_id.empty()) {
@@ -218,6 +254,7 @@ std::vector<WorkerInfo> WorkerRegistry::IdleWorkers() const {
 }
 
 int WorkerRegistry::LiveCount() const {
+  MutexLock lock(mu_);
   int n = 0;
   for (const auto& [id, e] : workers_) {
     if (e.info.state() != baton::v1::WORKER_STATE_DEAD) ++n;
@@ -226,16 +263,19 @@ int WorkerRegistry::LiveCount() const {
 }
 
 absl::Status WorkerRegistry::MarkBusy(const std::string& worker_id, const std::string& job_id) {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() != baton::v1::WORKER_STATE_IDLE) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not idle"));
   }
   it->second.info.set_state(baton::v1::WORKER_STATE_BUSY);
   it->second.info.set_job_id(job_id);
+  it->second.wanted = true;
   return absl::OkStatus();
 }
 
 bool WorkerRegistry::MarkIdle(const std::string& worker_id, const std::string& job_id) {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.info.state() != baton::v1::WORKER_STATE_BUSY ||
       it->second.info.job_id() != job_id) {
@@ -243,18 +283,21 @@ bool WorkerRegistry::MarkIdle(const std::string& worker_id, const std::string& j
   }
   it->second.info.set_state(baton::v1::WORKER_STATE_IDLE);
   it->second.info.clear_job_id();
+  it->second.wanted = false;
   // The worker reported the job in its heartbeats; it is done with it now.
   if (it->second.reported_job_id == job_id) it->second.reported_job_id.clear();
   return true;
 }
 
 std::optional<WorkerInfo> WorkerRegistry::Get(const std::string& worker_id) const {
+  MutexLock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return std::nullopt;
   return it->second.info;
 }
 
 std::vector<WorkerInfo> WorkerRegistry::List() const {
+  MutexLock lock(mu_);
   std::vector<WorkerInfo> out;
   std::vector<const Entry*> sorted = Sorted();
   for (const Entry* e : sorted) {

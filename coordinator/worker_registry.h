@@ -10,8 +10,13 @@
 // (say, one from before a coordinator restart, not yet aborted) is not handed out until a
 // heartbeat reports it free.
 //
-// Time comes from an injectable clock so tests can move it. Not thread-safe: the
-// Coordinator owns one and calls it under its own lock.
+// Time comes from an injectable clock so tests can move it.
+//
+// Thread-safe: one mutex of its own guards every entry, so that a heartbeat that settles
+// nothing else (HeartbeatAndCheck) renews its lease without the coordinator's lock. The
+// coordinator calls the rest under its own lock too (lock order: the coordinator's, then
+// this one's), so its decisions see the registry unchanged while it holds its lock, but
+// for leases renewed and jobs reported by such heartbeats.
 #ifndef BATON_COORDINATOR_WORKER_REGISTRY_H_
 #define BATON_COORDINATOR_WORKER_REGISTRY_H_
 
@@ -24,7 +29,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/base/thread_annotations.h"
 #include "baton/v1/cluster.pb.h"
+#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -68,6 +75,21 @@ class WorkerRegistry {
   // the worker is unknown or dead: it must register again.
   bool Heartbeat(const std::string& worker_id, const std::string& reported_job_id);
 
+  // Heartbeat, and whether that settles it: the worker is live and reports what the
+  // registry knows it runs (nothing while IDLE; while BUSY, the job it was marked busy with
+  // and is still wanted for: see Unwant). Otherwise the caller decides what to tell it
+  // (abort the job, free the worker). `previous` is its last heartbeat before this one.
+  struct Beat {
+    bool known = false;
+    bool settled = false;
+    absl::Time previous = absl::InfinitePast();
+  };
+  Beat HeartbeatAndCheck(const std::string& worker_id, const std::string& reported_job_id);
+  // The coordinator no longer expects the BUSY worker to run `job_id` (it is stopping it, or
+  // the rank ended): its heartbeats reporting the job are not settled by HeartbeatAndCheck
+  // any more. The worker stays BUSY until MarkIdle.
+  void Unwant(const std::string& worker_id, const std::string& job_id);
+
   // Workers whose lease ran out since the last call, now DEAD (as they were just before:
   // state and job_id tell what they were doing). Also forgets long-dead workers.
   std::vector<baton::v1::WorkerInfo> ExpireLeases();
@@ -101,16 +123,18 @@ class WorkerRegistry {
     absl::Time died;              // when DEAD
     std::string reported_job_id;  // from the last heartbeat
     std::string session;          // secret shared with the worker since its registration
+    bool wanted = false;          // BUSY, and its job still expects it to run (Unwant)
   };
   absl::Time Now() const { return clock_(); }
-  std::vector<const Entry*> Sorted() const;
+  std::vector<const Entry*> Sorted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_ttl_;
   const absl::Duration dead_retention_;
   const ClockFn clock_;
-  std::map<std::string, Entry> workers_;
-  int64_t next_order_ = 0;
-  int64_t next_id_ = 1;
+  mutable Mutex mu_;
+  std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace baton

@@ -46,6 +46,43 @@ TEST(WorkerRegistryTest, AssignsIdsAndHandsOutIdleWorkersInOrder) {
   EXPECT_EQ(reg.IdleWorkers().size(), 3u);
 }
 
+// A heartbeat settles itself (no coordinator lock needed) only when the worker reports what
+// the registry knows: nothing while idle, the job it was given while busy and wanted.
+TEST(WorkerRegistryTest, AHeartbeatSettlesOnlyWhatTheRegistryAlreadyKnows) {
+  FakeClock clock;
+  WorkerRegistry reg(absl::Seconds(5), clock.fn());
+  ASSERT_TRUE(reg.Register(Req("127.0.0.1:5001")).ok());
+  const absl::Time registered = clock.now;
+  clock.now += absl::Seconds(1);
+  WorkerRegistry::Beat b = reg.HeartbeatAndCheck("w-1", "");
+  EXPECT_TRUE(b.known);
+  EXPECT_TRUE(b.settled);
+  EXPECT_EQ(b.previous, registered);
+  b = reg.HeartbeatAndCheck("w-1", "job-9");  // idle, yet it says it runs a job
+  EXPECT_TRUE(b.known);
+  EXPECT_FALSE(b.settled);
+  EXPECT_TRUE(reg.IdleWorkers().empty()) << "not handed out while it reports a job";
+  EXPECT_TRUE(reg.HeartbeatAndCheck("w-1", "").settled);
+
+  ASSERT_TRUE(reg.MarkBusy("w-1", "job-1").ok());
+  EXPECT_TRUE(reg.HeartbeatAndCheck("w-1", "job-1").settled);
+  EXPECT_FALSE(reg.HeartbeatAndCheck("w-1", "").settled);       // busy, says it runs nothing
+  EXPECT_FALSE(reg.HeartbeatAndCheck("w-1", "job-2").settled);  // another job
+  reg.Unwant("w-1", "job-2");                                   // not its job: no change
+  EXPECT_TRUE(reg.HeartbeatAndCheck("w-1", "job-1").settled);
+  reg.Unwant("w-1", "job-1");  // being stopped: its heartbeats go to the coordinator
+  EXPECT_FALSE(reg.HeartbeatAndCheck("w-1", "job-1").settled);
+  EXPECT_EQ(reg.Get("w-1")->state(), baton::v1::WORKER_STATE_BUSY);
+  EXPECT_TRUE(reg.MarkIdle("w-1", "job-1"));
+  EXPECT_TRUE(reg.HeartbeatAndCheck("w-1", "").settled);
+  ASSERT_TRUE(reg.MarkBusy("w-1", "job-3").ok());  // wanted again for a new job
+  EXPECT_TRUE(reg.HeartbeatAndCheck("w-1", "job-3").settled);
+
+  EXPECT_FALSE(reg.HeartbeatAndCheck("w-404", "").known);
+  clock.now += absl::Seconds(6);  // the lease ran out: dead, must register again
+  EXPECT_FALSE(reg.HeartbeatAndCheck("w-1", "job-3").known);
+}
+
 TEST(WorkerRegistryTest, RefusesBadAddressesAndIds) {
   FakeClock clock;
   WorkerRegistry reg(absl::Seconds(5), clock.fn());
