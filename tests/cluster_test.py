@@ -1136,6 +1136,32 @@ def case_preemption(c):
           f"step {stopped} and SUCCEEDED with train-local's digest {want[:16]}...")
     c.wait_idle(4, timeout=20)
 
+    # With data-parallel replicas (only replica 0 writes checkpoints; every replica stops
+    # after the same step).
+    low = tiny_gpt("preempt-replicas", steps=160, stages=2, dataParallel=2)
+    low["checkpoint"] = {"everySteps": 70, "dir": os.path.join(c.tmp, "preempt-ckpt")}
+    low_path = c.write_spec(low)
+    want = c.reference_digest(low_path)
+    low_job = c.submit(low_path)
+    c.wait_steps(low_job["id"], 5, timeout=60)
+    urgent_job = c.submit(c.write_spec(tiny_gpt("preempt-urgent-2", steps=10, stages=3)),
+                          "--priority", "3")
+    pre = c.wait_state(low_job["id"], ["JOB_STATE_PREEMPTED", "JOB_STATE_SUCCEEDED",
+                                       "JOB_STATE_FAILED"], 60)
+    check(pre["state"] == "JOB_STATE_PREEMPTED",
+          f"{low_job['id']} {pre['state']}, not PREEMPTED: {last_reason(pre)}")
+    stopped = int(pre.get("steps_done", 0))
+    end = c.wait_state(low_job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"], 120)
+    check(end["state"] == "JOB_STATE_SUCCEEDED", f"{low_job['id']}: {last_reason(end)}")
+    check(end["weights_digest"] == want,
+          f"{low_job['id']} (2 replicas) resumed to {end['weights_digest']}, train-local says "
+          f"{want}")
+    done = c.get(urgent_job["id"])
+    check(done["state"] == "JOB_STATE_SUCCEEDED", f"{urgent_job['id']}: {last_reason(done)}")
+    print(f"  2 replicas x 2 stages: {low_job['id']} PREEMPTED after step {stopped} by "
+          f"{urgent_job['id']}, resumed and SUCCEEDED with train-local's digest")
+    c.wait_idle(4, timeout=20)
+
 
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
