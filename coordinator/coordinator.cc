@@ -495,7 +495,9 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     // Not a copy: the round reads the job's own spec (aliasing, owning nothing).
     q.spec = std::shared_ptr<const baton::v1::JobSpec>(std::shared_ptr<void>(), &j->job.spec());
     q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
-    q.stopping = q.recovering && (j->pending_aborts > 0 || starting_.count(id) > 0);
+    // A recovering or preempted job is placed again only once its previous workers stopped.
+    q.stopping = (q.recovering || j->job.state() == baton::v1::JOB_STATE_PREEMPTED) &&
+                 (j->pending_aborts > 0 || starting_.count(id) > 0);
     q.preempting = preempting.count(id) > 0;
     q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
     if (!q.recovering) {
@@ -1533,6 +1535,10 @@ void Coordinator::FailLocked(const std::string& job_id_ref, const std::string& r
   ActiveJob* j = FindActiveLocked(job_id);
   if (j == nullptr) return;
   const FailureFacts facts = FailureFactsOf(j->job, cause);
+  if (j->preempt_step > 0 && IsPlacedState(j->job.state())) {
+    ApplyLocked(j, OnPreemptionFailure(facts, j->preempted_for, reason), facts, reason, effects);
+    return;
+  }
   ApplyLocked(j, OnFailure(facts, reason), facts, reason, effects);
 }
 
@@ -1573,7 +1579,8 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
       case Effect::kStopRanks: {
         AbortCall abort;
         abort.job_id = id;
-        abort.reason = Truncate(absl::StrCat("recovering: ", what));
+        abort.reason = Truncate(absl::StrCat(
+            t.next == baton::v1::JOB_STATE_PREEMPTED ? "preempted: " : "recovering: ", what));
         for (RankSlot& slot : j->ranks) {
           if (!slot.held) continue;
           slot.held = false;

@@ -1598,6 +1598,65 @@ TEST_F(CoordinatorTest, AHigherPriorityJobPreemptsACheckpointingJobWhichResumesL
   EXPECT_THAT(Get(top.id()).wait_reason(), testing::HasSubstr("first in line"));
 }
 
+// A rank that fails while its job stops for a preemption (its answer was lost, and the peers
+// it waited for had stopped) does not cost the job its life: PREEMPTED all the same, its
+// still-running ranks stopped first, resuming from the newest complete checkpoint.
+TEST_F(CoordinatorTest, AFailureWhileStoppingForAPreemptionStillRequeuesTheJob) {
+  Register(1);
+  Register(2);
+  baton::v1::JobSpec low_spec = Spec(2, /*steps=*/20);
+  low_spec.mutable_checkpoint()->set_every_steps(2);
+  low_spec.mutable_checkpoint()->set_dir("/shared/ckpt");
+  const Job low = Submit(low_spec);
+  core_->Tick();
+  const Job running = Get(low.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int64_t step = 1; step <= 2; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(Progress(*core_, running, rank, step, step == 2 ? 10 : 0).ok());
+    }
+  }
+  baton::v1::JobSpec urgent_spec = Spec(2, /*steps=*/2);
+  urgent_spec.set_priority(5);
+  const Job urgent = Submit(urgent_spec);
+  core_->Tick();  // low stops after step 3
+  auto r = StepReport(*core_, running, 0, 3);
+  ASSERT_TRUE(r.ok() && r->checkpoint_and_stop());
+  baton::v1::ReportResultRequest stopped;
+  stopped.set_job_id(low.id());
+  stopped.set_worker_id(running.workers(0));
+  stopped.set_rank(0);
+  stopped.set_stopped_after_step(3);
+  ASSERT_TRUE(core_->ReportResult(stopped).ok());
+  // Rank 1 never got its answer: a root-cause error of its own.
+  baton::v1::ReportResultRequest failed;
+  failed.set_job_id(low.id());
+  failed.set_worker_id(running.workers(1));
+  failed.set_rank(1);
+  failed.set_error("INTERNAL: the step 4 receive from rank 0 failed");
+  failed.set_cause(baton::v1::FAILURE_CAUSE_INTERNAL);
+  ASSERT_TRUE(core_->ReportResult(failed).ok());
+  Job now = Get(low.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_PREEMPTED);
+  EXPECT_THAT(Reason(now), testing::HasSubstr(absl::StrCat(
+                               "preempted by ", urgent.id(), " while it stopped: waits to resume "
+                               "from step 2 (its newest complete checkpoint), 0 steps to train "
+                               "again")));  // the last rank had not reported step 3
+  ASSERT_EQ(now.recoveries_size(), 1);
+  EXPECT_EQ(now.recoveries(0).preempted_by(), urgent.id());
+  EXPECT_EQ(now.recoveries(0).from_step(), 2);
+  EXPECT_EQ(now.recoveries(0).lost_steps(), 0);
+  core_->Tick();
+  EXPECT_EQ(Get(urgent.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  FinishAllRanks(Get(urgent.id()));
+  core_->Tick();
+  now = Get(low.id());
+  EXPECT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  const auto plans = client_->Plans(low.id());
+  ASSERT_EQ(plans.size(), 4u);
+  EXPECT_EQ(plans[3].resume_job_dir(), "/shared/ckpt/" + low.id());
+}
+
 // A rank that stops after another step than the one asked fails the job, naming both.
 TEST_F(CoordinatorTest, ARankStoppingAfterAnUnaskedStepFailsTheJob) {
   Register(1);

@@ -123,6 +123,27 @@ JobTransition OnPreempted(const FailureFacts& facts, const std::string& by) {
   return t;
 }
 
+JobTransition OnPreemptionFailure(const FailureFacts& facts, const std::string& by,
+                                  const std::string& what) {
+  using Effect = JobTransition::Effect;
+  if (facts.cause == baton::v1::FAILURE_CAUSE_CONFIG ||
+      facts.cause == baton::v1::FAILURE_CAUSE_DIVERGED) {
+    return OnFailure(facts, what);  // it would fail the same way when it resumes
+  }
+  JobTransition t;
+  t.next = baton::v1::JOB_STATE_PREEMPTED;
+  t.preempted_by = by;
+  const int64_t lost = std::max<int64_t>(0, facts.steps_done - facts.resume_step);
+  t.reason = absl::StrCat(what, "; preempted by ", by, " while it stopped: waits to resume from ",
+                          facts.resume_step > 0 ? absl::StrCat("step ", facts.resume_step)
+                                                : std::string("the start"),
+                          " (its newest complete checkpoint), ", lost,
+                          lost == 1 ? " step" : " steps", " to train again");
+  t.effects = {Effect::kRecordRecovery, Effect::kStopRanks, Effect::kForgetAttempt,
+               Effect::kQueue};
+  return t;
+}
+
 JobTransition OnCancel(const std::string& reason) {
   return JobTransition{baton::v1::JOB_STATE_CANCELLED, reason, {JobTransition::Effect::kEnd}};
 }

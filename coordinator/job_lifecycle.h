@@ -110,6 +110,14 @@ JobTransition OnFailure(const FailureFacts& facts, const std::string& what);
 // resume from its newest complete checkpoint (facts.resume_step; normally that very step)
 // on whatever workers it gets next.
 JobTransition OnPreempted(const FailureFacts& facts, const std::string& by);
+// A job being preempted (stopping for `by`) failed because of `what` before every rank had
+// stopped as asked: PREEMPTED all the same, its other ranks stopped, to resume from its
+// newest complete checkpoint (facts.resume_step) once they have. Preemption must not cost
+// a job its life: a lost report answer or a link closing under a stopping peer is not the
+// job's fault. A configuration error or a divergence is (it would fail again on resuming):
+// those go as OnFailure decides.
+JobTransition OnPreemptionFailure(const FailureFacts& facts, const std::string& by,
+                                  const std::string& what);
 // The client cancelled it (reason: "cancelled: <why>" or "cancelled by request").
 JobTransition OnCancel(const std::string& reason);
 // Every rank finished every step.

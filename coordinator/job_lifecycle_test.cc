@@ -144,6 +144,23 @@ TEST(JobLifecycleTest, EventsGiveTheNextStateReasonAndEffects) {
   EXPECT_EQ(OnPreempted(f, "job-000009").reason,
             "preempted by job-000009: stopped after step 12; waits to resume from step 10 (its "
             "newest complete checkpoint), 2 steps to train again");
+  // A failure while it stops for a preemption: PREEMPTED all the same (its other ranks
+  // stopped), unless the failure would repeat on resuming.
+  f.cause = baton::v1::FAILURE_CAUSE_PEER;
+  f.max_restarts = 0;
+  t = OnPreemptionFailure(f, "job-000009", "rank 1 on worker w-2: UNAVAILABLE: rank 0 left");
+  EXPECT_EQ(t.next, E);
+  EXPECT_EQ(t.preempted_by, "job-000009");
+  EXPECT_EQ(t.reason,
+            "rank 1 on worker w-2: UNAVAILABLE: rank 0 left; preempted by job-000009 while it "
+            "stopped: waits to resume from step 10 (its newest complete checkpoint), 2 steps to "
+            "train again");
+  EXPECT_EQ(t.effects, (std::vector<Effect>{Effect::kRecordRecovery, Effect::kStopRanks,
+                                            Effect::kForgetAttempt, Effect::kQueue}));
+  for (auto cause : {baton::v1::FAILURE_CAUSE_CONFIG, baton::v1::FAILURE_CAUSE_DIVERGED}) {
+    f.cause = cause;
+    EXPECT_EQ(OnPreemptionFailure(f, "job-000009", "x").next, F);
+  }
   t = OnCancel("cancelled by request");
   EXPECT_EQ(t.next, C);
   EXPECT_EQ(t.effects, std::vector<Effect>{Effect::kEnd});

@@ -140,12 +140,12 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     };
     std::optional<baton::v1::JobSpec> fewer;  // a recovering job's spec on fewer stages
     const baton::v1::JobSpec* spec_ptr = j->spec.get();
+    if (j->stopping) {
+      wait("stopping the job's other workers");
+      continue;
+    }
     if (j->recovering) {
       const baton::v1::JobSpec& spec = *j->spec;
-      if (j->stopping) {
-        wait("stopping the job's other workers");
-        continue;
-      }
       int free = 0;
       for (size_t i = 0; i < in.idle.size(); ++i) {
         free += !taken[i] && WorkerCanRunRank(spec, 0, in.idle[i]) ? 1 : 0;

@@ -56,7 +56,8 @@ struct QueuedJob {
   std::string user;               // Job.submitted_by
   QuotaLimits limits;             // the user's
   bool recovering = false;        // RECOVERING: placed again, maybe on fewer stages
-  bool stopping = false;          // recovering, its previous workers not yet stopped
+  bool stopping = false;          // recovering or preempted, its previous workers not yet
+                                  // stopped: waits, holding no one up
   // Jobs preempted for it are still stopping: it holds the idle workers it can use, and
   // preempts no more.
   bool preempting = false;
