@@ -231,12 +231,8 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
     }
     head = j;
     const absl::Duration waited = in.now - j->queued_since;
-    std::vector<std::string> victims;
-    if (!j->preempting && !j->recovering && in.preempt) {
-      victims = ChooseVictims(in, *j, spec, taken, largest);
-    }
-    if (j->preempting || !victims.empty()) {
-      // It holds what it can use of the idle workers while the jobs it preempted stop.
+    // The head holds every idle worker it can use; later jobs start only on the others.
+    auto reserve = [&] {
       for (size_t i = 0; i < in.idle.size(); ++i) {
         if (!taken[i] && WorkerCanRunRank(spec, LeastNeed(*j), in.idle[i])) {
           taken[i] = true;
@@ -245,6 +241,13 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       }
       out.reserved_for = j->id;
       misfit_memo.clear();
+    };
+    std::vector<std::string> victims;
+    if (!j->preempting && !j->recovering && in.preempt) {
+      victims = ChooseVictims(in, *j, spec, taken, largest);
+    }
+    if (j->preempting || !victims.empty()) {
+      reserve();  // while the jobs it preempted stop
       if (!victims.empty()) {
         wait(absl::StrCat("preempting lower-priority jobs: ", absl::StrJoin(victims, ", "),
                           " (", why, "; they stop at a checkpoint and give their workers to it,"
@@ -255,14 +258,7 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
                           "; it holds the ", out.reserved_workers, " idle workers it can use)"));
       }
     } else if (waited >= in.reserve_after) {
-      for (size_t i = 0; i < in.idle.size(); ++i) {
-        if (!taken[i] && WorkerCanRunRank(spec, LeastNeed(*j), in.idle[i])) {
-          taken[i] = true;
-          ++out.reserved_workers;
-        }
-      }
-      out.reserved_for = j->id;
-      misfit_memo.clear();
+      reserve();
       wait(absl::StrCat("first in line, holding workers: ", why, "; after waiting ",
                         Minutes(waited), " it holds the ", out.reserved_workers,
                         " idle workers it can use"));
