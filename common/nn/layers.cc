@@ -71,7 +71,7 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
   BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
   const int64_t rows = x.numel() / in_;
   Saved saved;
-  saved.x = x;
+  BATON_ASSIGN_OR_RETURN(saved.x, PackOperand(name_, mb, be_, x));  // bf16: half the bytes
   BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
   be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, w.f32(), in_, 0.0f, z.f32(), out_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
@@ -115,6 +115,9 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   } else {
     *dx = Tensor();
   }
+  // Kept for the weight gradient (a later action in split-backward schedules): in bf16 as
+  // bf16 bits, as the input is.
+  BATON_ASSIGN_OR_RETURN(s->dz, PackOperand(name_, mb, be_, s->dz));
   return absl::OkStatus();
 }
 
@@ -125,11 +128,13 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
   const int64_t rows = s->dz.numel() / out_;
-  // dW[out, in] += dz^T x; db += column sums of dz (both float32; the operands were rounded
-  // in bf16 when they were saved).
-  be_->Gemm(true, false, out_, in_, rows, 1.0f, s->dz.f32(), out_, s->x.f32(), in_, 1.0f,
+  // dW[out, in] += dz^T x; db += column sums of dz (both float32; in bf16 the operands were
+  // rounded, and kept as bf16 bits, when they were saved).
+  BATON_ASSIGN_OR_RETURN(const Tensor dz, UnpackOperand(name_, be_, s->dz));
+  BATON_ASSIGN_OR_RETURN(const Tensor x, UnpackOperand(name_, be_, s->x));
+  be_->Gemm(true, false, out_, in_, rows, 1.0f, dz.f32(), out_, x.f32(), in_, 1.0f,
             weight_.grad.f32(), in_);
-  if (options_.bias) be_->BiasGrad(rows, out_, s->dz.f32(), bias_.grad.f32());
+  if (options_.bias) be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());
   stash_.Erase(mb.index);
   return absl::OkStatus();
 }

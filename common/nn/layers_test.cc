@@ -179,6 +179,40 @@ TEST(EmbeddingTest, ForwardIsTokenPlusPosition) {
 
 // ------------------------------------------------------------------ gradient checks
 
+// In bf16 a Linear keeps its input (until the weight gradient) and its output gradient
+// (between the input and weight gradients, split apart by zero-bubble schedules) as bf16
+// bits: half the bytes of fp32. (The gradients are those of fp32 on the rounded operands:
+// Bf16IsFp32OnRoundedOperandsWithRoundedOutputs, which goes through the same unpacking.)
+TEST(LinearTest, Bf16KeepsItsOperandsAsBf16BitsHalfTheBytes) {
+  Allocator* alloc = CpuAllocator();
+  const int64_t rows = 8, in = 64, out = 48;  // multiples of the allocator's 64 bytes
+  int64_t kept_x[2], kept_dz[2];
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    const int k = p == Precision::kBf16 ? 1 : 0;
+    Linear fc("fc", in, out, LinearOptions(false, false), 11);
+    const MicroBatch mb{0, nullptr, p};
+    Tensor x = RandomTensor({rows, in}, 1, "x");
+    if (p == Precision::kBf16) CpuBackend()->RoundToBf16(x.numel(), x.f32(), x.f32());
+    const int64_t base = alloc->Stats().bytes_in_use - x.nbytes();
+    Tensor y, dx;
+    ASSERT_TRUE(fc.Forward(mb, x, &y).ok());
+    x = Tensor();
+    y = Tensor();
+    kept_x[k] = alloc->Stats().bytes_in_use - base;
+    Tensor dy = RandomTensor({rows, out}, 2, "dy");
+    ASSERT_TRUE(fc.BackwardInput(mb, dy, &dx).ok());
+    dy = Tensor();
+    dx = Tensor();
+    kept_dz[k] = alloc->Stats().bytes_in_use - base - kept_x[k];
+    ASSERT_TRUE(fc.BackwardWeight(mb).ok());
+    EXPECT_EQ(alloc->Stats().bytes_in_use, base) << "nothing stays behind";
+  }
+  EXPECT_EQ(kept_x[0], rows * in * 4);
+  EXPECT_EQ(kept_x[1], rows * in * 2);
+  EXPECT_EQ(kept_dz[0], rows * out * 4);  // dy itself, which the caller dropped
+  EXPECT_EQ(kept_dz[1], rows * out * 2);
+}
+
 TEST(LinearGradTest, AllVariantsMatchFiniteDifferences) {
   for (bool bias : {true, false}) {
     for (bool gelu : {false, true}) {

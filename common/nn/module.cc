@@ -110,4 +110,22 @@ absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb,
   return r;
 }
 
+absl::StatusOr<Tensor> PackOperand(const std::string& who, const MicroBatch& mb, Backend* be,
+                                   const Tensor& t) {
+  if (!mb.bf16() || !t.defined()) return t;
+  absl::StatusOr<Tensor> packed = Tensor::TryEmpty(t.shape(), DType::kBFloat16, t.device());
+  if (!packed.ok()) {
+    return absl::Status(packed.status().code(), absl::StrCat(who, ": ", packed.status().message()));
+  }
+  be->ToBf16(t.numel(), t.f32(), packed->bf16());
+  return packed;
+}
+
+absl::StatusOr<Tensor> UnpackOperand(const std::string& who, Backend* be, const Tensor& t) {
+  if (!t.defined() || t.dtype() != DType::kBFloat16) return t;
+  BATON_ASSIGN_OR_RETURN(Tensor f, NewTensor(who, t.shape(), t.device()));
+  be->FromBf16(t.numel(), t.bf16(), f.f32());
+  return f;
+}
+
 }  // namespace baton

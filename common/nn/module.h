@@ -159,6 +159,13 @@ void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t);
 // bf16 on the same device (RESOURCE_EXHAUSTED naming `who` when out of memory).
 absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
                                    const Tensor& t);
+// What a module keeps of a GEMM operand until its backward: in bf16 its bf16 bits, half
+// the memory and exact (the operand holds bf16 values: GemmOperand); in fp32 `t` itself.
+absl::StatusOr<Tensor> PackOperand(const std::string& who, const MicroBatch& mb, Backend* be,
+                                   const Tensor& t);
+// A kept operand as float32 for a kernel: a packed one unpacked into a new tensor, an fp32
+// one as it is.
+absl::StatusOr<Tensor> UnpackOperand(const std::string& who, Backend* be, const Tensor& t);
 
 // An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
 // module, the bytes and the device when the device is out of memory.
