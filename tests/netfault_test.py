@@ -56,6 +56,14 @@ class Net:
     def up(self):
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         self.made_bridge = True
+        # A bridge without an address of its own takes the lowest of its ports' MACs, so
+        # adding a worker's veth could change it under the workers already running: their
+        # neighbour entries then name the old MAC, their frames to the coordinator are
+        # dropped, and TCP's own traffic keeps the stale entry "reachable" (an idle worker
+        # lost its lease that way). A fixed, locally administered address never changes.
+        tag = os.getpid() % 100000
+        sh("ip", "link", "set", self.bridge, "address",
+           f"02:ba:70:{tag >> 16 & 0xff:02x}:{tag >> 8 & 0xff:02x}:{tag & 0xff:02x}")
         sh("ip", "addr", "add", f"{self.hub_ip}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
 
