@@ -127,12 +127,16 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
         "; use more stages or larger workers)");
     return std::nullopt;
   }
+  // Whether worker `w` (an index into `idle`) holds `bytes`; an unknown memory is enough.
+  auto holds = [&](size_t w, int64_t bytes) {
+    const int64_t has = idle[w].device().memory_bytes();
+    return has <= 0 || has >= bytes;
+  };
   std::vector<size_t> gpu, cpu;  // free idle workers with and without a GPU, in order
   size_t too_small = 0;
   for (size_t i = 0; i < idle.size(); ++i) {
     if (i < taken.size() && taken[i]) continue;
-    const int64_t has = idle[i].device().memory_bytes();
-    if (has > 0 && has < least) {
+    if (!holds(i, least)) {
       ++too_small;
       continue;
     }
@@ -166,8 +170,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
       std::vector<size_t> out;
       for (size_t w : pool) {
         if (out.size() == need) break;
-        const int64_t has = idle[w].device().memory_bytes();
-        if (has <= 0 || has >= most) out.push_back(w);
+        if (holds(w, most)) out.push_back(w);
       }
       if (out.size() == need) return out;
     }
@@ -184,9 +187,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
     for (size_t r : order) {
       std::optional<size_t> best;
       for (size_t k = 0; k < pool.size(); ++k) {
-        if (used[k]) continue;
-        const int64_t has = idle[pool[k]].device().memory_bytes();
-        if (has > 0 && has < needs[r]) continue;
+        if (used[k] || !holds(pool[k], needs[r])) continue;
         if (!best.has_value()) {
           best = k;
           continue;
@@ -203,10 +204,7 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
       }
       if (!best.has_value()) {
         size_t fit = 0;
-        for (size_t w : pool) {
-          const int64_t has = idle[w].device().memory_bytes();
-          fit += has <= 0 || has >= needs[r] ? 1 : 0;
-        }
+        for (size_t w : pool) fit += holds(w, needs[r]) ? 1 : 0;
         size_t ranks_as_big = 0;
         for (int64_t n : needs) ranks_as_big += n >= needs[r] ? 1 : 0;
         *waiting = absl::StrCat(
@@ -223,14 +221,10 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
     // The workers are chosen; now which rank goes where. Rank by rank, each takes the
     // earliest of them (in `pool` order) that holds it and leaves a way to place the rest,
     // so that alike workers go out in order (rank r on the r-th) as they always have.
-    std::vector<size_t> chosen = out;
-    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
-      return std::find(pool.begin(), pool.end(), a) < std::find(pool.begin(), pool.end(), b);
-    });
-    auto holds = [&](size_t w, int64_t bytes) {
-      const int64_t has = idle[w].device().memory_bytes();
-      return has <= 0 || has >= bytes;
-    };
+    std::vector<size_t> chosen;  // in `pool` order
+    for (size_t k = 0; k < pool.size(); ++k) {
+      if (used[k]) chosen.push_back(pool[k]);
+    }
     // Whether ranks [from, need) can go on the workers of `chosen` not yet taken: the
     // largest need on the largest worker, and so on (memory is all that matters).
     std::vector<bool> gone(chosen.size(), false);

@@ -71,32 +71,36 @@ std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJo
                      if (a->started != b->started) return a->started > b->started;
                      return a->workers.size() < b->workers.size();
                    });
-  // Whether the head fits on the idle workers left and those of `chosen`.
-  auto fits = [&](const std::vector<const RunningJob*>& chosen) {
-    std::vector<baton::v1::WorkerInfo> pool = in.idle;
-    std::vector<bool> pool_taken = taken;
-    for (const RunningJob* r : chosen) {
-      for (const baton::v1::WorkerInfo& w : r->workers) {
-        pool.push_back(w);
-        pool_taken.push_back(false);
-      }
-    }
+  // The idle workers left, then those of each job chosen: whether the head fits on them.
+  std::vector<baton::v1::WorkerInfo> free;
+  for (size_t i = 0; i < in.idle.size(); ++i) {
+    if (i >= taken.size() || !taken[i]) free.push_back(in.idle[i]);
+  }
+  auto fits = [&](const std::vector<baton::v1::WorkerInfo>& pool) {
     std::string why;
-    return ChooseWorkers(spec, pool, pool_taken, &why, head.rank_need_bytes, largest,
-                         NeedsOf(head))
+    return ChooseWorkers(spec, pool, {}, &why, head.rank_need_bytes, largest, NeedsOf(head))
         .has_value();
   };
+  auto pool_of = [&](const std::vector<const RunningJob*>& chosen) {
+    std::vector<baton::v1::WorkerInfo> pool = free;
+    for (const RunningJob* r : chosen) pool.insert(pool.end(), r->workers.begin(), r->workers.end());
+    return pool;
+  };
+  // Nothing to do unless stopping every candidate would make room (one check a round while
+  // a head that is too large waits, not one per candidate).
+  if (!fits(pool_of(candidates))) return {};
   std::vector<const RunningJob*> chosen;
+  std::vector<baton::v1::WorkerInfo> pool = free;
   for (const RunningJob* r : candidates) {
     chosen.push_back(r);
-    if (fits(chosen)) break;
+    pool.insert(pool.end(), r->workers.begin(), r->workers.end());
+    if (fits(pool)) break;
   }
-  if (!fits(chosen)) return {};
   // Spare those the rest make room without (a later, larger one may cover an earlier one).
   for (size_t i = chosen.size(); i-- > 0;) {
     std::vector<const RunningJob*> without = chosen;
     without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-    if (!without.empty() && fits(without)) chosen = std::move(without);
+    if (!without.empty() && fits(pool_of(without))) chosen = std::move(without);
   }
   std::vector<std::string> ids;
   for (const RunningJob* r : chosen) ids.push_back(r->id);
