@@ -98,12 +98,11 @@ EffectsRunner::Callbacks Coordinator::RunnerCallbacks() {
   return c;
 }
 
-int64_t Coordinator::MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const {
-  if (!w.has_last_heartbeat() || w.state() == baton::v1::WORKER_STATE_DEAD) return 0;
+int64_t Coordinator::MissedHeartbeats(absl::Time last, absl::Time now) const {
   // Heartbeats are due every interval; a gap of k intervals (rounded down) missed k - 1.
   absl::Duration rest;  // IDivDuration needs somewhere to put the remainder
-  const int64_t intervals = absl::IDivDuration(now - FromProtoTime(w.last_heartbeat()),
-                                               options_.heartbeat_interval, &rest);
+  const int64_t intervals =
+      absl::IDivDuration(now - last, options_.heartbeat_interval, &rest);
   return intervals > 1 ? intervals - 1 : 0;
 }
 
@@ -176,10 +175,6 @@ absl::Status Coordinator::Recover() {
     active->seq = seq;
     active->job = std::move(job);
     active->rank_needs = std::move(needs[next_need++]);
-    active->rank_need_bytes =
-        active->rank_needs.empty()
-            ? 0
-            : *std::max_element(active->rank_needs.begin(), active->rank_needs.end());
     active->log = std::make_shared<JobEventLog>();
     const std::string id = active->job.id();
     ActiveJob* j = active.get();
@@ -355,8 +350,7 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   *change.mutable_time() = ToProtoTime(Now());
   change.set_reason(Truncate(reason));
   *job->job.add_history() = change;
-  if (state != baton::v1::JOB_STATE_QUEUED && state != baton::v1::JOB_STATE_RECOVERING &&
-      state != baton::v1::JOB_STATE_PREEMPTED) {
+  if (!IsWaitingState(state)) {
     job->job.set_queue_position(0);  // it no longer waits
     job->job.clear_wait_reason();
   }
@@ -427,7 +421,8 @@ void Coordinator::ExpireLeasesLocked(Effects* effects) {
     LogWarning(absl::StrCat("worker ", w.worker_id(), " (", w.address(), ") lease expired"));
     if (options_.metrics != nullptr) {
       options_.metrics->AddLeaseExpiration();
-      options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(w, Now()));
+      options_.metrics->AddHeartbeatsMissed(
+          MissedHeartbeats(FromProtoTime(w.last_heartbeat()), Now()));
     }
     WorkerGoneLocked(w,
                      absl::StrCat("worker ", w.worker_id(), " (", w.address(),
@@ -499,7 +494,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.stopping = (q.recovering || j->job.state() == baton::v1::JOB_STATE_PREEMPTED) &&
                  (j->pending_aborts > 0 || starting_.count(id) > 0);
     q.preempting = preempting.count(id) > 0;
-    q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : j->rank_need_bytes;
+    q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : BusiestRankBytes(j->rank_needs);
     if (!q.recovering) {
       q.rank_needs =
           std::shared_ptr<const std::vector<int64_t>>(std::shared_ptr<void>(), &j->rank_needs);
@@ -567,11 +562,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
   auto what = [](absl::string_view reason) { return reason.substr(0, reason.find(" (")); };
   for (const QueueRound::Wait& w : round.waits) {
     ActiveJob* j = queued[w.index];
-    if (j->job.state() != baton::v1::JOB_STATE_QUEUED &&
-        j->job.state() != baton::v1::JOB_STATE_RECOVERING &&
-        j->job.state() != baton::v1::JOB_STATE_PREEMPTED) {
-      continue;  // a start above ended it (a failed placement)
-    }
+    if (!IsWaitingState(j->job.state())) continue;  // a start above ended it (placement failed)
     j->job.set_queue_position(w.position);
     if (j->job.wait_reason() != w.reason) j->job.set_wait_reason(w.reason);
     const auto& history = j->job.history();
@@ -775,8 +766,6 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
 
   // What each rank needs: placement gives each a worker that holds it.
   std::vector<int64_t> rank_needs = RankNeeds(spec);
-  const int64_t rank_need_bytes =
-      rank_needs.empty() ? 0 : *std::max_element(rank_needs.begin(), rank_needs.end());
   MutexLock lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
   if (spec.has_resume_from()) {
@@ -833,7 +822,6 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
   auto active = std::make_unique<ActiveJob>();
   active->auto_costs = std::move(auto_costs);
-  active->rank_need_bytes = rank_need_bytes;
   active->rank_needs = std::move(rank_needs);
   active->seq = store_->NextSequence();
   Job& job = active->job;
@@ -1230,10 +1218,8 @@ absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
   // placement round or a report holding mu_.
   const WorkerRegistry::Beat beat =
       registry_.HeartbeatAndCheck(request.worker_id(), request.job_id());
-  if (options_.metrics != nullptr && beat.known && beat.previous != absl::InfinitePast()) {
-    baton::v1::WorkerInfo before;
-    *before.mutable_last_heartbeat() = ToProtoTime(beat.previous);
-    options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(before, Now()));
+  if (options_.metrics != nullptr && beat.known) {
+    options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(beat.previous, Now()));
   }
   response.set_known(beat.known);
   if (!beat.known || beat.settled) return response;
@@ -1452,23 +1438,21 @@ absl::StatusOr<baton::v1::ReportResultResponse> Coordinator::ReportResult(
         std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.finished; });
     const bool all_stopped =
         std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& s) { return s.stopped; });
-    if (all_stopped && j->echo.reason.empty()) {
-      PreemptedLocked(j, &effects);
-      WakeLoop();
-      Run(std::move(effects), /*wait=*/false);
-      return baton::v1::ReportResultResponse();
-    }
-    const ResultVerdict verdict =
-        OnRankResult(request, failure, all_reported, all_finished, Now(), &j->echo);
-    switch (verdict.action) {
-      case ResultVerdict::Action::kFail:
-        FailLocked(request.job_id(), verdict.reason, verdict.cause, &effects);
-        break;
-      case ResultVerdict::Action::kSucceed:
-        SucceedLocked(j, &effects);
-        break;
-      case ResultVerdict::Action::kNone:
-        break;
+    if (all_stopped) {
+      PreemptedLocked(j, &effects);  // every rank stopped where it was asked, without error
+    } else {
+      const ResultVerdict verdict =
+          OnRankResult(request, failure, all_reported, all_finished, Now(), &j->echo);
+      switch (verdict.action) {
+        case ResultVerdict::Action::kFail:
+          FailLocked(request.job_id(), verdict.reason, verdict.cause, &effects);
+          break;
+        case ResultVerdict::Action::kSucceed:
+          SucceedLocked(j, &effects);
+          break;
+        case ResultVerdict::Action::kNone:
+          break;
+      }
     }
     WakeLoop();
   }
@@ -1659,7 +1643,6 @@ void Coordinator::PreemptLocked(ActiveJob* v, ActiveJob* for_job) {
 
 void Coordinator::PreemptedLocked(ActiveJob* j, Effects* effects) {
   // Every rank reported its result: nothing left to stop.
-  (void)effects;
   FailureFacts facts = FailureFactsOf(j->job, baton::v1::FAILURE_CAUSE_UNSPECIFIED);
   facts.steps_done = j->preempt_step;
   const JobTransition t = OnPreempted(facts, j->preempted_for);

@@ -291,10 +291,9 @@ class Coordinator {
     // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
     // measured, gathered at submission; the planner calibrates from them at placement.
     std::vector<MeasuredRun> auto_costs;
-    // The memory its busiest rank needs (RankNeedBytes, at submission or start-up): only
-    // workers that registered as much are placed on.
-    int64_t rank_need_bytes = 0;
-    std::vector<int64_t> rank_needs;  // RankNeeds: each pipeline rank's (empty: unknown)
+    // What each pipeline rank needs (RankNeeds, at submission or start-up; empty: unknown):
+    // each rank is placed on a worker that registered as much.
+    std::vector<int64_t> rank_needs;
     // When it last entered the queue (submitted, recovering, or recovered by a restart).
     absl::Time queued_since;
     // When this attempt was placed (preemption takes the newest first).
@@ -361,7 +360,7 @@ class Coordinator {
   absl::StatusOr<baton::v1::ReportProgressResponse> RecordProgress(
       const baton::v1::ReportProgressRequest& request, Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat intervals that passed without one since w's last heartbeat.
-  int64_t MissedHeartbeats(const baton::v1::WorkerInfo& w, absl::Time now) const;
+  int64_t MissedHeartbeats(absl::Time last, absl::Time now) const;
   void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

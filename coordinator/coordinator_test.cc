@@ -1496,7 +1496,13 @@ TEST_F(CoordinatorTest, AHigherPriorityJobPreemptsACheckpointingJobWhichResumesL
   }
   EXPECT_TRUE(noted) << waiting.DebugString();
   core_->Tick();  // no second preemption while this one is under way
-  EXPECT_EQ(client_->Calls("abort", low.id()).size(), 0u);
+  int preempting = 0;
+  const Job after = Get(urgent.id());
+  for (const auto& h : after.history()) {
+    preempting += absl::StartsWith(h.reason(), absl::StrCat("preempting ", low.id())) ? 1 : 0;
+  }
+  EXPECT_EQ(preempting, 1);
+  EXPECT_EQ(client_->Calls("abort", low.id()).size(), 0u);  // it stops itself, unaborted
 
   // Steps before 4 go on; step 4's answer tells each rank to checkpoint and stop.
   auto r = StepReport(*core_, running, 1, 3);

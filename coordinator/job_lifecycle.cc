@@ -15,6 +15,11 @@ bool IsTerminalState(JobState s) {
          s == baton::v1::JOB_STATE_CANCELLED;
 }
 
+bool IsWaitingState(JobState s) {
+  return s == baton::v1::JOB_STATE_QUEUED || s == baton::v1::JOB_STATE_RECOVERING ||
+         s == baton::v1::JOB_STATE_PREEMPTED;
+}
+
 bool IsPlacedState(JobState s) {
   return s == baton::v1::JOB_STATE_PLACING || s == baton::v1::JOB_STATE_RUNNING;
 }

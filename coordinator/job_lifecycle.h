@@ -36,6 +36,9 @@
 namespace baton {
 
 bool IsTerminalState(baton::v1::JobState s);
+// QUEUED, RECOVERING or PREEMPTED: the job waits in the queue to be placed (it has a queue
+// position and a wait reason).
+bool IsWaitingState(baton::v1::JobState s);
 // PLACING or RUNNING: the job holds workers that run (or are about to run) its ranks.
 bool IsPlacedState(baton::v1::JobState s);
 // Whether the job may go from `from` to `to` (a repeat of the same state, as a new history

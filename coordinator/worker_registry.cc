@@ -160,19 +160,7 @@ std::string WorkerRegistry::SessionOf(const std::string& worker_id) const {
 }
 
 bool WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& reported_job_id) {
-  MutexLock lock(mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.info.state() == baton::v1::WORKER_STATE_DEAD) {
-    return false;
-  }
-  const absl::Time now = Now();
-  // A lease that ran out but has not been collected yet is still dead: the worker may have
-  // been declared dead by a concurrent ExpireLeases, and must not come back silently.
-  if (now >= it->second.lease_expiry) return false;
-  it->second.lease_expiry = now + lease_ttl_;
-  *it->second.info.mutable_last_heartbeat() = ToProtoTime(now);
-  it->second.reported_job_id = reported_job_id;
-  return true;
+  return HeartbeatAndCheck(worker_id, reported_job_id).known;
 }
 
 WorkerRegistry::Beat WorkerRegistry::HeartbeatAndCheck(const std::string& worker_id,
@@ -185,8 +173,10 @@ WorkerRegistry::Beat WorkerRegistry::HeartbeatAndCheck(const std::string& worker
   }
   Entry& e = it->second;
   const absl::Time now = Now();
-  if (now >= e.lease_expiry) return beat;  // as Heartbeat: expired is dead
-  if (e.info.has_last_heartbeat()) beat.previous = FromProtoTime(e.info.last_heartbeat());
+  // A lease that ran out but has not been collected yet is still dead: the worker may have
+  // been declared dead by a concurrent ExpireLeases, and must not come back silently.
+  if (now >= e.lease_expiry) return beat;
+  beat.previous = FromProtoTime(e.info.last_heartbeat());  // set at registration
   e.lease_expiry = now + lease_ttl_;
   *e.info.mutable_last_heartbeat() = ToProtoTime(now);
   e.reported_job_id = reported_job_id;

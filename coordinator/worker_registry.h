@@ -82,7 +82,7 @@ class WorkerRegistry {
   struct Beat {
     bool known = false;
     bool settled = false;
-    absl::Time previous = absl::InfinitePast();
+    absl::Time previous;  // when known
   };
   Beat HeartbeatAndCheck(const std::string& worker_id, const std::string& reported_job_id);
   // The coordinator no longer expects the BUSY worker to run `job_id` (it is stopping it, or

@@ -674,9 +674,10 @@ std::vector<int64_t> RankNeeds(const baton::v1::JobSpec& spec) {
   return needs;
 }
 
-int64_t RankNeedBytes(const baton::v1::JobSpec& spec) {
-  const std::vector<int64_t> needs = RankNeeds(spec);
+int64_t BusiestRankBytes(const std::vector<int64_t>& needs) {
   return needs.empty() ? 0 : *std::max_element(needs.begin(), needs.end());
 }
+
+int64_t RankNeedBytes(const baton::v1::JobSpec& spec) { return BusiestRankBytes(RankNeeds(spec)); }
 
 }  // namespace baton

@@ -163,6 +163,8 @@ int64_t RankNeedBytes(const baton::v1::JobSpec& spec);
 // fewer activations, embeddings and heads more parameters: ranks differ). Empty when the
 // planner cannot tell, and for SCHEDULE_AUTO. RankNeedBytes is their largest.
 std::vector<int64_t> RankNeeds(const baton::v1::JobSpec& spec);
+// The largest of RankNeeds' shares; 0 for none.
+int64_t BusiestRankBytes(const std::vector<int64_t>& needs);
 
 // Bytes as "1.25 GiB" / "312 MiB" / "12 KiB".
 std::string HumanBytes(double bytes);
