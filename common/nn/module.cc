@@ -113,11 +113,8 @@ absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb,
 absl::StatusOr<Tensor> PackOperand(const std::string& who, const MicroBatch& mb, Backend* be,
                                    const Tensor& t) {
   if (!mb.bf16() || !t.defined()) return t;
-  absl::StatusOr<Tensor> packed = Tensor::TryEmpty(t.shape(), DType::kBFloat16, t.device());
-  if (!packed.ok()) {
-    return absl::Status(packed.status().code(), absl::StrCat(who, ": ", packed.status().message()));
-  }
-  be->ToBf16(t.numel(), t.f32(), packed->bf16());
+  BATON_ASSIGN_OR_RETURN(Tensor packed, NewTensor(who, t.shape(), t.device(), DType::kBFloat16));
+  be->ToBf16(t.numel(), t.f32(), packed.bf16());
   return packed;
 }
 
