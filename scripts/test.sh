@@ -10,7 +10,9 @@ scripts/setup.sh
 scripts/build.sh
 
 status=0
-ctest --test-dir build --output-on-failure -j2 "$@" || status=$?
+logs=()  # ctest's output, copied, so the failures can be restated at the end
+ctest --test-dir build --output-on-failure -j2 "$@" 2>&1 | tee build/ctest.log || status=$?
+logs+=(build/ctest.log)
 
 # GCC ignores the lock annotations; clang's thread-safety analysis checks them over every
 # translation unit of build/ (parse and analyse only, no code generated).
@@ -24,7 +26,15 @@ if [[ -x build/tests/cuda_kernels_test ]]; then  # built only with CUDA
   echo "test: the build without CUDA, in build-nocuda/"
   BATON_BUILD_DIR=build-nocuda BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_BUILD_BENCH=OFF" \
     scripts/build.sh || status=1
-  ctest --test-dir build-nocuda --output-on-failure -j2 -LE 'integration|fuzz' "$@" ||
-    status=$?
+  ctest --test-dir build-nocuda --output-on-failure -j2 -LE 'integration|fuzz' "$@" 2>&1 |
+    tee build-nocuda/ctest.log || status=$?
+  logs+=(build-nocuda/ctest.log)
+fi
+
+# What failed, restated last: a failed test's output is printed where it failed, often
+# thousands of lines before the end.
+if [[ "$status" -ne 0 ]]; then
+  echo "test: FAILED (exit $status); the failed tests and the end of their output:"
+  scripts/ctest-failures.py "${logs[@]}" || true
 fi
 exit "$status"
