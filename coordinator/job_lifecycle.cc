@@ -150,11 +150,11 @@ JobTransition OnPreemptionFailure(const FailureFacts& facts, const std::string& 
 }
 
 JobTransition OnCancel(const std::string& reason) {
-  return JobTransition{baton::v1::JOB_STATE_CANCELLED, reason, {JobTransition::Effect::kEnd}};
+  return JobTransition{baton::v1::JOB_STATE_CANCELLED, reason, {JobTransition::Effect::kEnd}, ""};
 }
 
 JobTransition OnSuccess(const std::string& reason) {
-  return JobTransition{baton::v1::JOB_STATE_SUCCEEDED, reason, {JobTransition::Effect::kEnd}};
+  return JobTransition{baton::v1::JOB_STATE_SUCCEEDED, reason, {JobTransition::Effect::kEnd}, ""};
 }
 
 int RecoveryStages(const baton::v1::JobSpec& spec, int idle) {

@@ -314,7 +314,9 @@ TEST_F(JobRunTest, APreemptedRunCheckpointsWhereToldAndResumesToTheReferenceWeig
   EXPECT_EQ(second[0].report.stopped_after_step(), 0);
   EXPECT_EQ(Digests(second), Train(spec, 6).digests);
   for (const baton::v1::ReportProgressRequest& p : fake_.progress()) {
-    if (p.attempt() == 1 && p.step() == 4) EXPECT_EQ(p.resumed_from_step(), 3);
+    if (p.attempt() == 1 && p.step() == 4) {
+      EXPECT_EQ(p.resumed_from_step(), 3);
+    }
   }
 }
 
