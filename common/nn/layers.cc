@@ -71,7 +71,7 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
   BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
   const int64_t rows = x.numel() / in_;
   Saved saved;
-  BATON_ASSIGN_OR_RETURN(saved.x, PackOperand(name_, mb, be_, x));  // bf16: half the bytes
+  BATON_ASSIGN_OR_RETURN(saved.x, PackIfBf16(name_, mb, be_, x));  // bf16: half the bytes
   BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
   be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, w.f32(), in_, 0.0f, z.f32(), out_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
@@ -117,7 +117,7 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   }
   // Kept for the weight gradient (a later action in split-backward schedules): in bf16 as
   // bf16 bits, as the input is.
-  BATON_ASSIGN_OR_RETURN(s->dz, PackOperand(name_, mb, be_, s->dz));
+  BATON_ASSIGN_OR_RETURN(s->dz, PackIfBf16(name_, mb, be_, s->dz));
   return absl::OkStatus();
 }
 
@@ -130,8 +130,8 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
   const int64_t rows = s->dz.numel() / out_;
   // dW[out, in] += dz^T x; db += column sums of dz (both float32; in bf16 the operands were
   // rounded, and kept as bf16 bits, when they were saved).
-  BATON_ASSIGN_OR_RETURN(const Tensor dz, UnpackOperand(name_, be_, s->dz));
-  BATON_ASSIGN_OR_RETURN(const Tensor x, UnpackOperand(name_, be_, s->x));
+  BATON_ASSIGN_OR_RETURN(const Tensor dz, Unpacked(name_, be_, s->dz));
+  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
   be_->Gemm(true, false, out_, in_, rows, 1.0f, dz.f32(), out_, x.f32(), in_, 1.0f,
             weight_.grad.f32(), in_);
   if (options_.bias) be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());
@@ -194,13 +194,15 @@ absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y
   BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
   const int64_t rows = x.numel() / channels_;
   Saved s;
-  s.x = x;
   BATON_ASSIGN_OR_RETURN(s.mean, NewTensor(name_, {rows}, device_));
   BATON_ASSIGN_OR_RETURN(s.rstd, NewTensor(name_, {rows}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
                         out.f32(), s.mean.f32(), s.rstd.f32());
   RoundIfBf16(mb, be_, &out);
+  // In bf16 the input is a rounded activation (a block's output or residual sum, the
+  // embedding's output, or what a stage received): kept as its bf16 bits.
+  BATON_ASSIGN_OR_RETURN(s.x, PackIfBf16(name_, mb, be_, x));
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(s));
 }
@@ -212,11 +214,14 @@ absl::Status LayerNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Te
                                                    " does not match ", s->x.DebugString()));
   }
   const int64_t rows = dy.numel() / channels_;
+  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
-  be_->LayerNormBackwardInput(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
+  be_->LayerNormBackwardInput(rows, channels_, x.f32(), s->mean.f32(), s->rstd.f32(),
                               gamma_.value.f32(), dy.f32(), g.f32());
   RoundIfBf16(mb, be_, &g);
-  s->dy = dy;
+  // Kept for the weight gradient; in bf16 a rounded gradient (a Linear's input gradient),
+  // kept as its bits.
+  BATON_ASSIGN_OR_RETURN(s->dy, PackIfBf16(name_, mb, be_, dy));
   *dx = std::move(g);
   return absl::OkStatus();
 }
@@ -228,8 +233,10 @@ absl::Status LayerNorm::BackwardWeight(const MicroBatch& mb) {
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
   const int64_t rows = s->dy.numel() / channels_;
-  be_->LayerNormBackwardWeight(rows, channels_, s->x.f32(), s->mean.f32(), s->rstd.f32(),
-                               s->dy.f32(), gamma_.grad.f32(), beta_.grad.f32());
+  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
+  BATON_ASSIGN_OR_RETURN(const Tensor dy, Unpacked(name_, be_, s->dy));
+  be_->LayerNormBackwardWeight(rows, channels_, x.f32(), s->mean.f32(), s->rstd.f32(), dy.f32(),
+                               gamma_.grad.f32(), beta_.grad.f32());
   stash_.Erase(mb.index);
   return absl::OkStatus();
 }

@@ -98,8 +98,8 @@ class LayerNorm final : public Module {
 
  private:
   struct Saved {
-    Tensor x, mean, rstd;
-    Tensor dy;  // set by BackwardInput
+    Tensor x, mean, rstd;  // x: in bf16, its bf16 bits
+    Tensor dy;  // set by BackwardInput (in bf16: its bf16 bits)
   };
   const std::string name_;
   const int64_t channels_;

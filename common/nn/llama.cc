@@ -33,11 +33,12 @@ absl::Status RmsNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) 
   BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
   const int64_t rows = x.numel() / channels_;
   Saved s;
-  s.x = x;
   BATON_ASSIGN_OR_RETURN(s.rstd, NewTensor(name_, {rows}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   be_->RmsNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), out.f32(), s.rstd.f32());
   RoundIfBf16(mb, be_, &out);
+  // In bf16 the input is a rounded activation: kept as its bf16 bits (as LayerNorm's).
+  BATON_ASSIGN_OR_RETURN(s.x, PackIfBf16(name_, mb, be_, x));
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(s));
 }
@@ -49,11 +50,12 @@ absl::Status RmsNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tens
                                                    " does not match ", s->x.DebugString()));
   }
   const int64_t rows = dy.numel() / channels_;
+  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, dy.shape(), device_));
-  be_->RmsNormBackwardInput(rows, channels_, s->x.f32(), s->rstd.f32(), gamma_.value.f32(),
+  be_->RmsNormBackwardInput(rows, channels_, x.f32(), s->rstd.f32(), gamma_.value.f32(),
                             dy.f32(), g.f32());
   RoundIfBf16(mb, be_, &g);
-  s->dy = dy;
+  BATON_ASSIGN_OR_RETURN(s->dy, PackIfBf16(name_, mb, be_, dy));  // rounded, as x
   *dx = std::move(g);
   return absl::OkStatus();
 }
@@ -65,8 +67,9 @@ absl::Status RmsNorm::BackwardWeight(const MicroBatch& mb) {
                                                       mb.index, " before its input gradient"));
   }
   const int64_t rows = s->dy.numel() / channels_;
-  be_->RmsNormBackwardWeight(rows, channels_, s->x.f32(), s->rstd.f32(), s->dy.f32(),
-                             gamma_.grad.f32());
+  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
+  BATON_ASSIGN_OR_RETURN(const Tensor dy, Unpacked(name_, be_, s->dy));
+  be_->RmsNormBackwardWeight(rows, channels_, x.f32(), s->rstd.f32(), dy.f32(), gamma_.grad.f32());
   stash_.Erase(mb.index);
   return absl::OkStatus();
 }
@@ -127,6 +130,7 @@ absl::Status LlamaAttention::ForwardSteps(const MicroBatch& mb, const Tensor& x,
   BATON_RETURN_IF_ERROR(
       AttentionCoreForward(name_, be_, device_, {B, T, H, KVH, D}, s.qkv, &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
+  BATON_ASSIGN_OR_RETURN(s.qkv, PackIfBf16(name_, mb, be_, s.qkv));  // bf16 values: bits
   return stash_.Put(mb.index, std::move(s));
 }
 
@@ -136,8 +140,9 @@ absl::Status LlamaAttention::BackwardInput(const MicroBatch& mb, const Tensor& d
   BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
   const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, KVH = kv_heads_,
                 D = channels_ / H, W = (H + 2 * KVH) * D;
+  BATON_ASSIGN_OR_RETURN(const Tensor qkv, Unpacked(name_, be_, s->qkv));
   Tensor dqkv;
-  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, KVH, D}, s->qkv,
+  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, KVH, D}, qkv,
                                               s->core, dmixed, &dqkv));
   // Back through the rotations: the gradients of the unrotated q and k.
   be_->RotaryBackward(B, T, H, D, W, rope_theta_, dqkv.f32());
@@ -178,7 +183,9 @@ absl::Status SwiGlu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   be_->SwiGluForward(rows, intermediate_, x.f32(), out.f32());
   RoundIfBf16(mb, be_, &out);
   *y = std::move(out);
-  return stash_.Put(mb.index, x);
+  // In bf16 the input is gate_up's rounded output: kept as its bf16 bits.
+  BATON_ASSIGN_OR_RETURN(Tensor kept, PackIfBf16(name_, mb, be_, x));
+  return stash_.Put(mb.index, std::move(kept));
 }
 
 absl::Status SwiGlu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
@@ -189,8 +196,9 @@ absl::Status SwiGlu::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
     return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
                                                    " does not match input ", x->DebugString()));
   }
+  BATON_ASSIGN_OR_RETURN(const Tensor input, Unpacked(name_, be_, *x));
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, x->shape(), device_));
-  be_->SwiGluBackward(rows, intermediate_, x->f32(), dy.f32(), g.f32());
+  be_->SwiGluBackward(rows, intermediate_, input.f32(), dy.f32(), g.f32());
   RoundIfBf16(mb, be_, &g);
   *dx = std::move(g);
   stash_.Erase(mb.index);  // no weights: nothing left for BackwardWeight
@@ -311,6 +319,8 @@ LlamaCosts LlamaBlockCosts(int64_t T, int64_t C, int64_t H, int64_t KVH, int64_t
   // (TC); the residual sum and the MLP norm's output (2TC) and inverse RMS (T); gate_up's
   // output (2TI) and the SwiGLU output (TI).
   c.activation_floats = 5 * T * C + T * QKV + H * T * T + 3 * T * I + 2 * T;
+  // In bf16 all but the probabilities and the inverse RMSs are bf16.
+  c.activation_bf16 = 5 * T * C + T * QKV + 3 * T * I;
   return c;
 }
 

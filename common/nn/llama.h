@@ -40,8 +40,8 @@ class RmsNorm final : public Module {
 
  private:
   struct Saved {
-    Tensor x, rstd;
-    Tensor dy;  // set by BackwardInput
+    Tensor x, rstd;  // x: in bf16, its bf16 bits
+    Tensor dy;  // set by BackwardInput (in bf16: its bf16 bits)
   };
   const std::string name_;
   const int64_t channels_;
@@ -73,7 +73,7 @@ class LlamaAttention final : public Module {
  private:
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
-    Tensor qkv;  // [B, T, (H + 2 KVH) D], q and k rotated
+    Tensor qkv;  // [B, T, (H + 2 KVH) D], q and k rotated (in bf16: its bf16 bits)
     AttentionStash core;
   };
   const std::string name_;
@@ -102,7 +102,7 @@ class SwiGlu final : public Module {
   const int64_t intermediate_;
   const Device device_;
   Backend* const be_;
-  Stash<Tensor> stash_;  // the input gate_up
+  Stash<Tensor> stash_;  // the input gate_up (in bf16: its bf16 bits)
 };
 
 // The LLaMA decoder layer: h = x + attn(attn_norm(x)); y = h + down(swiglu(gate_up(
@@ -147,6 +147,8 @@ struct LlamaCosts {
   // input included, its output not: exact for this implementation (llama_test measures it
   // against the allocator).
   int64_t activation_floats = 0;
+  // Of those, the ones a bf16 job keeps as bf16 bits (BlockInfo::activation_bf16).
+  int64_t activation_bf16 = 0;
 };
 // T context, C channels, H query heads, KVH key/value heads, I MLP width (D = C / H).
 LlamaCosts LlamaBlockCosts(int64_t T, int64_t C, int64_t H, int64_t KVH, int64_t I);

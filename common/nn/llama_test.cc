@@ -399,29 +399,37 @@ TEST(LlamaBlockTest, RefusesBadShapes) {
 
 // ------------------------------------------------------------------ costs
 
-// LlamaBlockCosts' activation_floats is what the block really keeps between forward and
-// backward: run one micro-batch forward, drop everything but the block's stash, and the
-// allocator's bytes in use grew by exactly that (times the batch). Shapes are multiples of
-// 16 floats, the allocator's 64-byte rounding.
-TEST(LlamaBlockCostsTest, ActivationFloatsAreWhatTheBlockKeeps) {
+// LlamaBlockCosts' activations are what the block really keeps between forward and
+// backward, in fp32 and in bf16: run one micro-batch forward, drop everything but the
+// block's stash, and the allocator's bytes in use grew by exactly that (times the batch).
+// Shapes are multiples of 32 elements, the allocator's 64-byte rounding for bf16 bits.
+TEST(LlamaBlockCostsTest, ActivationBytesAreWhatTheBlockKeeps) {
   struct Case {
     int64_t T, C, H, KVH, I;
   };
-  for (const Case& c : {Case{16, 32, 4, 2, 48}, Case{16, 32, 2, 2, 64}, Case{32, 64, 8, 1, 96}}) {
-    SCOPED_TRACE(absl::StrCat("T ", c.T, " C ", c.C, " H ", c.H, " KVH ", c.KVH, " I ", c.I));
-    const int64_t rows = 2;
-    LlamaBlock block("block.0", c.C, c.H, c.KVH, c.I, 10000.0f, 1e-5f, 4, 1);
-    Allocator* alloc = CpuAllocator();
-    Tensor x = RandomTensor({rows, c.T, c.C}, 52, "act");
-    const int64_t base = alloc->Stats().bytes_in_use - x.numel() * 4;
-    Tensor y;
-    ASSERT_TRUE(block.Forward({0, nullptr}, x, &y).ok());
-    x = Tensor();
-    y = Tensor();
-    const int64_t held = alloc->Stats().bytes_in_use - base;
-    EXPECT_EQ(held, 4 * rows * LlamaBlockCosts(c.T, c.C, c.H, c.KVH, c.I).activation_floats);
-    block.Discard(0);
-    EXPECT_EQ(alloc->Stats().bytes_in_use, base);  // nothing else stays behind
+  for (bool bf16 : {false, true}) {
+    for (const Case& c :
+         {Case{16, 32, 4, 2, 48}, Case{16, 32, 2, 2, 64}, Case{32, 64, 8, 1, 96}}) {
+      SCOPED_TRACE(absl::StrCat("T ", c.T, " C ", c.C, " H ", c.H, " KVH ", c.KVH, " I ", c.I,
+                                bf16 ? " bf16" : " fp32"));
+      const int64_t rows = 2;
+      LlamaBlock block("block.0", c.C, c.H, c.KVH, c.I, 10000.0f, 1e-5f, 4, 1);
+      MicroBatch mb{0, nullptr};
+      mb.precision = bf16 ? Precision::kBf16 : Precision::kFp32;
+      Allocator* alloc = CpuAllocator();
+      Tensor x = RandomTensor({rows, c.T, c.C}, 52, "act");
+      RoundIfBf16(mb, BackendOrDie(Device::kCpu), &x);  // in bf16 activations are bf16
+      const int64_t base = alloc->Stats().bytes_in_use - x.numel() * 4;
+      Tensor y;
+      ASSERT_TRUE(block.Forward(mb, x, &y).ok());
+      x = Tensor();
+      y = Tensor();
+      const int64_t held = alloc->Stats().bytes_in_use - base;
+      const LlamaCosts costs = LlamaBlockCosts(c.T, c.C, c.H, c.KVH, c.I);
+      EXPECT_EQ(held, rows * (4 * costs.activation_floats - (bf16 ? 2 * costs.activation_bf16 : 0)));
+      block.Discard(0);
+      EXPECT_EQ(alloc->Stats().bytes_in_use, base);  // nothing else stays behind
+    }
   }
 }
 

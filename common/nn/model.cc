@@ -145,15 +145,15 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       const int64_t in = i == 0 ? s.input_dim() : s.width();
       const int64_t o = i < s.depth() ? s.width() : s.output_dim();
       // A hidden block keeps its input and its pre-activation; the output block its input
-      // and the loss's difference to the targets.
+      // and the loss's difference to the targets. In bf16 the input is kept as bf16.
       out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o,
-                     2 * in * o, in + o});
+                     2 * in * o, in + o, in});
     }
   } else if (spec.has_gpt()) {
     const auto& s = spec.gpt();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding keeps its token ids (int32, as wide as a float).
-    out.push_back({"embed", V * C + T * C, T * C, T});  // one add per output element
+    out.push_back({"embed", V * C + T * C, T * C, T, 0});  // one add per output element
     // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
     const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
                                  (4 * C * C + 4 * C) + (4 * C * C + C);
@@ -161,31 +161,38 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     // A block keeps its input and the first LayerNorm's output (2TC), q, k and v (3TC),
     // the attention probabilities (H T^2), the mixed heads (TC), the residual sum and the
     // second LayerNorm's output (2TC), the MLP's pre-activation and activation (8TC), and
-    // both LayerNorms' mean and inverse deviation (4T).
+    // both LayerNorms' mean and inverse deviation (4T). In bf16 all but the
+    // pre-activation, the probabilities and the statistics are bf16 (12TC).
     const int64_t H = s.heads();
     const int64_t block_acts = 16 * T * C + H * T * T + 4 * T;
     for (int i = 0; i < s.layers(); ++i) {
-      out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts});
+      out.push_back(
+          {"block." + std::to_string(i), block_params, block_flops, block_acts, 12 * T * C});
     }
     // The head keeps its input, its LayerNorm's output and statistics and the softmax
-    // probabilities (T V); the targets are the batch's.
-    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 2 * T + T * V});
+    // probabilities (T V); the targets are the batch's. In bf16 the input and the
+    // LayerNorm's output are bf16.
+    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 2 * T + T * V, 2 * T * C});
   } else if (spec.has_llama()) {
     const auto& s = spec.llama();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding has no positions and keeps its token ids.
-    out.push_back({"embed", V * C, 0, T});
+    out.push_back({"embed", V * C, 0, T, 0});
     const LlamaCosts block = LlamaBlockCosts(T, C, s.heads(), LlamaKvHeads(s),
                                              s.intermediate_size());
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
-                     block.activation_floats});
+                     block.activation_floats, block.activation_bf16});
     }
     // The head keeps its input, its RMSNorm's output and inverse RMS, and the softmax
-    // probabilities.
-    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + T + T * V});
+    // probabilities; in bf16 the input and the RMSNorm's output are bf16.
+    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + T + T * V, 2 * T * C});
   }
   return out;
+}
+
+int64_t ActivationBytes(const BlockInfo& block, bool bf16) {
+  return 4 * block.activation_floats - (bf16 ? 2 * block.activation_bf16 : 0);
 }
 
 double TrainingFlops(const std::vector<BlockInfo>& blocks, int first, int last, double samples) {

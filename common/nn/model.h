@@ -29,12 +29,20 @@ struct BlockInfo {
   std::string name;
   int64_t parameters = 0;        // number of float32 parameters
   int64_t forward_flops = 0;     // per sample (per sequence for gpt), multiply-add = 2
-  // Per sample: the float32 elements the block keeps from its forward until its backward
-  // (its input included, its output not: the next block keeps that), the activation memory
-  // one micro-batch in flight holds. Exact for this implementation's layers; model_test
-  // measures it against the allocator.
+  // Per sample: the elements the block keeps from its forward until its backward (its
+  // input included, its output not: the next block keeps that), the activation memory one
+  // micro-batch in flight holds: all float32 in fp32 jobs. Exact for this implementation's
+  // layers; model_test measures both precisions against the allocator.
   int64_t activation_floats = 0;
+  // Of those, the ones a bf16 job keeps as bf16 bits, 2 bytes each (the rounded
+  // activations and product operands); the rest (pre-activations, attention probabilities,
+  // normalisation statistics, token ids) stay 4 bytes.
+  int64_t activation_bf16 = 0;
 };
+
+// The bytes one sample of `block` keeps from its forward until its backward, in a bf16 job
+// or an fp32 one.
+int64_t ActivationBytes(const BlockInfo& block, bool bf16);
 
 // The model FLOPs of training blocks [first, last) on `samples` samples: forward,
 // backward-input and backward-weight, counted as 3 x their forward_flops x samples (the

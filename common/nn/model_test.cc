@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/nn/grad_check_test_util.h"
 #include "gtest/gtest.h"
 
@@ -233,53 +234,85 @@ TEST(ModelTest, TwoStageSplitEqualsWholeModel) {
   }
 }
 
-// DescribeBlocks' activation_floats is what a block really keeps between forward and
-// backward: run one micro-batch forward through each block alone, drop everything but the
-// block's stash, and the allocator's bytes in use grew by exactly that. (The auto-planner's
-// memory model rests on it.) Shapes are multiples of 16 floats, the allocator's 64-byte
-// rounding.
-TEST(ModelTest, ActivationFloatsAreWhatEachBlockKeeps) {
-  for (bool gpt : {false, true}) {
-    baton::v1::ModelSpec spec;
-    Data d;
-    if (gpt) {
-      auto* g = spec.mutable_gpt();
-      g->set_vocab_size(16);
-      g->set_context(16);
-      g->set_d_model(32);
-      g->set_heads(2);
-      g->set_layers(2);
-      d = {RandomIds({2, 16}, 16, 53, "x"), RandomIds({2, 16}, 16, 53, "y")};
-    } else {
-      auto* m = spec.mutable_mlp();
-      m->set_input_dim(16);
-      m->set_width(32);
-      m->set_depth(2);
-      m->set_output_dim(16);
-      d = {RandomTensor({4, 16}, 53, "x"), RandomTensor({4, 16}, 53, "y")};
-    }
-    const std::vector<BlockInfo> info = DescribeBlocks(spec);
-    for (int b = 0; b < static_cast<int>(info.size()); ++b) {
-      SCOPED_TRACE(info[b].name);
-      std::unique_ptr<Sequential> block = Build(spec, 1, b, b + 1);
-      ASSERT_NE(block, nullptr);
-      const int64_t rows = d.x.dim(0);
-      Allocator* alloc = CpuAllocator();
-      // The block's input counts as its own (the first block's is the data); the targets
-      // are the batch's, not the block's.
-      Tensor x = b == 0 ? d.x : RandomTensor(BlockInputShape(spec, b, rows), 52, "act");
-      const int64_t base = alloc->Stats().bytes_in_use - x.numel() * 4;
-      Tensor y;
-      ASSERT_TRUE(block->Forward({0, &d.targets}, x, &y).ok());
-      x = Tensor();
-      y = Tensor();
-      const int64_t held = alloc->Stats().bytes_in_use - base;
-      EXPECT_EQ(held, 4 * rows * info[b].activation_floats);
-      block->Discard(0);
-      // Nothing else stays behind (d still holds the data).
-      EXPECT_EQ(alloc->Stats().bytes_in_use, base + (b == 0 ? d.x.numel() * 4 : 0));
+// DescribeBlocks' activations are what a block really keeps between forward and backward,
+// in fp32 and in bf16 (ActivationBytes): run one micro-batch forward through each block
+// alone, drop everything but the block's stash, and the allocator's bytes in use grew by
+// exactly that. (The auto-planner's memory model rests on it.) Shapes are multiples of 32
+// elements, the allocator's 64-byte rounding for bf16 bits.
+TEST(ModelTest, ActivationBytesAreWhatEachBlockKeeps) {
+  for (bool bf16 : {false, true}) {
+    for (bool gpt : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(gpt ? "gpt" : "mlp", bf16 ? " bf16" : " fp32"));
+      baton::v1::ModelSpec spec;
+      Data d;
+      if (gpt) {
+        auto* g = spec.mutable_gpt();
+        g->set_vocab_size(16);
+        g->set_context(16);
+        g->set_d_model(32);
+        g->set_heads(2);
+        g->set_layers(2);
+        d = {RandomIds({2, 16}, 16, 53, "x"), RandomIds({2, 16}, 16, 53, "y")};
+      } else {
+        auto* m = spec.mutable_mlp();
+        m->set_input_dim(16);
+        m->set_width(32);
+        m->set_depth(2);
+        m->set_output_dim(16);
+        d = {RandomTensor({4, 16}, 53, "x"), RandomTensor({4, 16}, 53, "y")};
+      }
+      const std::vector<BlockInfo> info = DescribeBlocks(spec);
+      MicroBatch mb{0, &d.targets};
+      mb.precision = bf16 ? Precision::kBf16 : Precision::kFp32;
+      for (int b = 0; b < static_cast<int>(info.size()); ++b) {
+        SCOPED_TRACE(info[b].name);
+        std::unique_ptr<Sequential> block = Build(spec, 1, b, b + 1);
+        ASSERT_NE(block, nullptr);
+        const int64_t rows = d.x.dim(0);
+        Allocator* alloc = CpuAllocator();
+        // The block's input counts as its own (the first block's is the data); the targets
+        // are the batch's, not the block's. In bf16 an activation holds bf16 values.
+        Tensor x = b == 0 ? d.x : RandomTensor(BlockInputShape(spec, b, rows), 52, "act");
+        if (b > 0) RoundIfBf16(mb, BackendOrDie(Device::kCpu), &x);
+        const int64_t base = alloc->Stats().bytes_in_use - x.numel() * 4;
+        Tensor y;
+        ASSERT_TRUE(block->Forward(mb, x, &y).ok());
+        x = Tensor();
+        y = Tensor();
+        // In bf16 the MLP's first block keeps a bf16 copy of its float input, the data,
+        // which stays the batch's (in fp32 the block keeps the data tensor itself).
+        const int64_t data = b == 0 && bf16 && !gpt ? d.x.numel() * 4 : 0;
+        const int64_t held = alloc->Stats().bytes_in_use - base - data;
+        EXPECT_EQ(held, rows * ActivationBytes(info[b], bf16));
+        if (!bf16) {
+          EXPECT_EQ(held, 4 * rows * info[b].activation_floats);
+        }
+        block->Discard(0);
+        // Nothing else stays behind (d still holds the data).
+        EXPECT_EQ(alloc->Stats().bytes_in_use, base + (b == 0 ? d.x.numel() * 4 : 0));
+      }
     }
   }
+}
+
+// bf16 keeps less: the embedding keeps only token ids either way; a GPT block keeps 40
+// bytes per element of its [T, C] input where fp32 keeps 64 (the pre-activation, the
+// attention probabilities and the statistics stay float32); the head keeps fewer too.
+TEST(ModelTest, Bf16KeepsFewerActivationBytes) {
+  baton::v1::ModelSpec spec;
+  auto* g = spec.mutable_gpt();
+  g->set_vocab_size(64);
+  g->set_context(64);
+  g->set_d_model(64);
+  g->set_heads(4);
+  g->set_layers(1);
+  const std::vector<BlockInfo> info = DescribeBlocks(spec);
+  ASSERT_EQ(info.size(), 3u);
+  EXPECT_EQ(ActivationBytes(info[0], true), ActivationBytes(info[0], false));  // token ids
+  const int64_t T = 64, C = 64, H = 4;
+  EXPECT_EQ(ActivationBytes(info[1], false), 64 * T * C + 4 * H * T * T + 16 * T);
+  EXPECT_EQ(ActivationBytes(info[1], true), 40 * T * C + 4 * H * T * T + 16 * T);
+  EXPECT_LT(ActivationBytes(info[2], true), ActivationBytes(info[2], false));
 }
 
 // ------------------------------------------------------------------ initialisation

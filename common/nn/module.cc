@@ -110,15 +110,15 @@ absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb,
   return r;
 }
 
-absl::StatusOr<Tensor> PackOperand(const std::string& who, const MicroBatch& mb, Backend* be,
-                                   const Tensor& t) {
+absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, Backend* be,
+                                  const Tensor& t) {
   if (!mb.bf16() || !t.defined()) return t;
   BATON_ASSIGN_OR_RETURN(Tensor packed, NewTensor(who, t.shape(), t.device(), DType::kBFloat16));
   be->ToBf16(t.numel(), t.f32(), packed.bf16());
   return packed;
 }
 
-absl::StatusOr<Tensor> UnpackOperand(const std::string& who, Backend* be, const Tensor& t) {
+absl::StatusOr<Tensor> Unpacked(const std::string& who, Backend* be, const Tensor& t) {
   if (!t.defined() || t.dtype() != DType::kBFloat16) return t;
   BATON_ASSIGN_OR_RETURN(Tensor f, NewTensor(who, t.shape(), t.device()));
   be->FromBf16(t.numel(), t.bf16(), f.f32());

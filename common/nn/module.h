@@ -159,13 +159,16 @@ void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t);
 // bf16 on the same device (RESOURCE_EXHAUSTED naming `who` when out of memory).
 absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
                                    const Tensor& t);
-// What a module keeps of a GEMM operand until its backward: in bf16 its bf16 bits, half
-// the memory and exact (the operand holds bf16 values: GemmOperand); in fp32 `t` itself.
-absl::StatusOr<Tensor> PackOperand(const std::string& who, const MicroBatch& mb, Backend* be,
-                                   const Tensor& t);
-// A kept operand as float32 for a kernel: a packed one unpacked into a new tensor, an fp32
+// What a module keeps of a tensor until its backward, when that tensor holds bf16 values in
+// bf16 jobs (a product operand, a rounded activation or gradient): in bf16 its bf16 bits,
+// half the memory and exact; in fp32 `t` itself. A tensor that were not bf16-valued would
+// be rounded: callers keep only tensors rounded where they were made (RoundIfBf16,
+// GemmOperand, or received in bf16), which the bf16 digests of the model tests guard.
+absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, Backend* be,
+                                  const Tensor& t);
+// A kept tensor as float32 for a kernel: a packed one unpacked into a new tensor, an fp32
 // one as it is.
-absl::StatusOr<Tensor> UnpackOperand(const std::string& who, Backend* be, const Tensor& t);
+absl::StatusOr<Tensor> Unpacked(const std::string& who, Backend* be, const Tensor& t);
 
 // An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
 // module, the bytes and the device when the device is out of memory.

@@ -76,6 +76,8 @@ absl::Status CausalSelfAttention::ForwardSteps(const MicroBatch& mb, const Tenso
   BATON_RETURN_IF_ERROR(
       AttentionCoreForward(name_, be_, device_, {B, T, H, H, D}, s.qkv, &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
+  // In bf16 q, k and v are the qkv Linear's rounded output: kept as their bf16 bits.
+  BATON_ASSIGN_OR_RETURN(s.qkv, PackIfBf16(name_, mb, be_, s.qkv));
   return stash_.Put(mb.index, std::move(s));
 }
 
@@ -85,8 +87,9 @@ absl::Status CausalSelfAttention::BackwardInput(const MicroBatch& mb, const Tens
   Tensor dmixed;
   BATON_RETURN_IF_ERROR(proj_.BackwardInput(mb, dy, &dmixed));
   const int64_t B = s->qkv.dim(0), T = s->qkv.dim(1), H = heads_, D = channels_ / heads_;
+  BATON_ASSIGN_OR_RETURN(const Tensor qkv, Unpacked(name_, be_, s->qkv));
   Tensor dqkv;
-  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, H, D}, s->qkv,
+  BATON_RETURN_IF_ERROR(AttentionCoreBackward(name_, be_, device_, {B, T, H, H, D}, qkv,
                                               s->core, dmixed, &dqkv));
   stash_.Erase(mb.index);
   return qkv_.BackwardInput(mb, dqkv, dx);

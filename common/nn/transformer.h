@@ -32,7 +32,7 @@ class CausalSelfAttention final : public Module {
  private:
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
-    Tensor qkv;  // [B, T, 3C]
+    Tensor qkv;  // [B, T, 3C] (in bf16: its bf16 bits)
     AttentionStash core;
   };
   const std::string name_;

@@ -2,6 +2,7 @@
 // allocator, a split moved for a memory budget, and SCHEDULE_AUTO resolved into a job that
 // trains bit for bit like the reference trainer.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -93,21 +94,28 @@ TEST(PlannerTest, ABudgetTheBalancedSplitMissesMovesBlocksOffTheFullestRank) {
 
 // The memory model against the allocator: one stage (the whole process is the rank), a
 // step's peak bytes above what was in use before the trainer existed, for GPipe (every
-// micro-batch in flight), 1F1B (one) and GPipe with recomputation.
+// micro-batch in flight), 1F1B (one) and GPipe with recomputation, in fp32 and bf16 (whose
+// kept activations are mostly bf16 bits).
 TEST(PlannerTest, PredictedPeakMemoryIsWithinFivePercentOfTheAllocatorsPeak) {
   struct Case {
     baton::v1::Schedule schedule;
     bool recompute;
+    bool bf16;
   };
-  for (const Case& k : {Case{baton::v1::SCHEDULE_GPIPE, false},
-                        Case{baton::v1::SCHEDULE_1F1B, false},
-                        Case{baton::v1::SCHEDULE_GPIPE, true}}) {
+  for (const Case& k : {Case{baton::v1::SCHEDULE_GPIPE, false, false},
+                        Case{baton::v1::SCHEDULE_1F1B, false, false},
+                        Case{baton::v1::SCHEDULE_GPIPE, true, false},
+                        Case{baton::v1::SCHEDULE_GPIPE, false, true},
+                        Case{baton::v1::SCHEDULE_1F1B, false, true}}) {
     baton::v1::JobSpec spec = Gpt(4, 32);
+    if (k.bf16) spec.set_precision(baton::v1::PRECISION_BF16);
     auto* p = spec.mutable_pipeline();
     p->set_schedule(k.schedule);
     p->set_microbatches(4);
     p->set_recompute(k.recompute ? baton::v1::RECOMPUTE_FULL : baton::v1::RECOMPUTE_NONE);
-    SCOPED_TRACE(absl::StrCat(baton::v1::Schedule_Name(k.schedule), k.recompute ? " recompute" : ""));
+    const std::string name = absl::StrCat(baton::v1::Schedule_Name(k.schedule),
+                                          k.recompute ? "_recompute" : "", k.bf16 ? "_bf16" : "");
+    SCOPED_TRACE(name);
     absl::StatusOr<Plan> plan = PlanPipeline(PlannerInputFor(spec, 1));
     ASSERT_TRUE(plan.ok()) << plan.status();
     const int64_t predicted = plan->ranked[0].peak_bytes[0];
@@ -120,12 +128,8 @@ TEST(PlannerTest, PredictedPeakMemoryIsWithinFivePercentOfTheAllocatorsPeak) {
     alloc->ResetPeak();
     ASSERT_TRUE((*t)->Step().ok());
     const int64_t measured = alloc->Stats().peak_bytes_in_use - before;
-    RecordProperty(absl::StrCat("peak_", baton::v1::Schedule_Name(k.schedule),
-                                k.recompute ? "_recompute" : "", "_measured"),
-                   std::to_string(measured));
-    RecordProperty(absl::StrCat("peak_", baton::v1::Schedule_Name(k.schedule),
-                                k.recompute ? "_recompute" : "", "_predicted"),
-                   std::to_string(predicted));
+    RecordProperty(absl::StrCat("peak_", name, "_measured"), std::to_string(measured));
+    RecordProperty(absl::StrCat("peak_", name, "_predicted"), std::to_string(predicted));
     EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured),
                 0.05 * static_cast<double>(measured))
         << "predicted " << predicted << " bytes, allocator " << measured;

@@ -202,12 +202,12 @@ ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& 
                          double rows) {
   ChunkBytes out;
   for (const BlockRange& r : part) {
-    double floats = 0, biggest = 0;
+    double bytes = 0, biggest = 0;
     for (int b = r.first; b < r.last; ++b) {
-      floats += static_cast<double>(in.blocks[b].activation_floats);
+      bytes += static_cast<double>(ActivationBytes(in.blocks[b], in.bf16));
       biggest = std::max(biggest, static_cast<double>(in.blocks[b].activation_floats));
     }
-    const double stash = 4 * rows * floats;
+    const double stash = rows * bytes;
     // With recomputation a chunk keeps only its input, and rebuilds its whole stash for the
     // micro-batch whose backward runs.
     out.held.push_back(in.recompute && r.size() > 0
@@ -446,6 +446,7 @@ PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
   const auto& opt = spec.optimizer();
   in.optimizer_floats = opt.has_adamw() ? 2 : (opt.has_sgd() && opt.sgd().momentum() != 0 ? 1 : 0);
   in.recompute = p.recompute() == baton::v1::RECOMPUTE_FULL;
+  in.bf16 = spec.precision() == baton::v1::PRECISION_BF16;
   if (p.schedule() != baton::v1::SCHEDULE_AUTO) {
     absl::StatusOr<const ScheduleEntry*> e =
         ScheduleEntryForSpecValue(static_cast<int>(p.schedule()));

@@ -27,11 +27,12 @@
 //
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
 //   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
-//   (stage, micro-batch) holds 4 * rows * the chunk's BlockInfo.activation_floats from its F
-//   until its B or W ends; with recomputation only its input) + a workspace of one
-//   micro-batch's largest block stash (the gradients a backward allocates; with
-//   recomputation also the chunk's whole stash for the micro-batch it recomputes). The
-//   activation term is exact for the layers (model_test); planner_test checks whole-step
+//   (stage, micro-batch) holds rows * the chunk's ActivationBytes from its F until its B or
+//   W ends: 4 per BlockInfo.activation_floats, 2 for those a bf16 job keeps as bf16; with
+//   recomputation only its input, 4 bytes a float) + a workspace of one micro-batch's
+//   largest block stash in float32 (the gradients a backward allocates; with recomputation
+//   also the chunk's whole stash for the micro-batch it recomputes). The activation term is
+//   exact for the layers in both precisions (model_test); planner_test checks whole-step
 //   peaks against the allocator (within 5%; measured: 1-3% under). Not modelled: data-
 //   parallel gradient buckets, transport buffers, the CUDA context.
 //
@@ -83,6 +84,7 @@ struct PlannerInput {
   int64_t batch_size = 1;           // per step, all replicas
   int optimizer_floats = 0;         // per parameter: SGD 0, momentum 1, AdamW 2
   bool recompute = false;           // RECOMPUTE_FULL on every stage
+  bool bf16 = false;                // PRECISION_BF16: activations kept as bf16 (ActivationBytes)
   // Fixed choices; unset (0) lets the planner choose.
   std::optional<ScheduleKind> schedule;
   int virtual_stages = 0;
