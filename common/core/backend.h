@@ -35,8 +35,9 @@ class Backend {
 
   // Lets Gemm use TF32 tensor cores (inputs rounded to 10 mantissa bits, float32
   // accumulation) instead of IEEE float32 products: a GPU setting (JobSpec.allow_tf32, and
-  // bf16 jobs, whose operands TF32 holds exactly); backends without it ignore it. It holds
-  // for the whole process until set again: a worker runs one job at a time.
+  // bf16 jobs for their attention products, whose q, k and v TF32 holds exactly; their
+  // Linears use GemmBf16); backends without it ignore it. It holds for the whole process
+  // until set again: a worker runs one job at a time.
   virtual void SetAllowTf32(bool allow) {}
 
   // ---- Dense algebra ----
@@ -44,6 +45,14 @@ class Backend {
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                     float* c, int64_t ldc) = 0;
+  // Gemm with A and B as bf16 bits (common/core/bf16.h), float32 accumulation and C: the
+  // products of bf16 values are exact in float32, so only the accumulation rounds. The CPU
+  // widens A and B and runs its Gemm: the same bits as Gemm on the widened values. CUDA runs
+  // cuBLAS's bf16 tensor-core GEMM (cublasGemmEx, CUBLAS_COMPUTE_32F, its fixed algorithm
+  // and workspace): deterministic, not the same bits as its float32 Gemm.
+  virtual void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                        float beta, float* c, int64_t ldc) = 0;
   // Writes out[i] = a[i] + b[i]. `out` may alias `a` or `b`.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // Writes y[i] = x[i] * scale. `y` may alias `x`.

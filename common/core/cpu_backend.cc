@@ -202,6 +202,23 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
+  void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                float* c, int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      Gemm(trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, c, ldc);
+      return;
+    }
+    // The elements each operand spans in memory: op(A) is m x k, op(B) is k x n.
+    const int64_t a_extent = trans_a ? (k - 1) * lda + m : (m - 1) * lda + k;
+    const int64_t b_extent = trans_b ? (n - 1) * ldb + k : (k - 1) * ldb + n;
+    std::vector<float> wide_a(a_extent), wide_b(b_extent);  // freed when the product is done
+    FromBf16(a_extent, a, wide_a.data());
+    FromBf16(b_extent, b, wide_b.data());
+    Gemm(trans_a, trans_b, m, n, k, alpha, wide_a.data(), lda, wide_b.data(), ldb, beta, c, ldc);
+  }
+
   void Add(int64_t n, const float* a, const float* b, float* out) override {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }

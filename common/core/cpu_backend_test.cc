@@ -145,6 +145,49 @@ TEST_F(CpuBackendTest, GemmAllTransposesBothBetasWithPaddedLeadingDims) {
   }
 }
 
+// GemmBf16 is Gemm on the widened bf16 values, bit for bit: every transpose, both betas,
+// leading dimensions wider than the rows (only the spanned elements are read), and a
+// product large enough for the row-block threads.
+TEST_F(CpuBackendTest, GemmBf16IsGemmOnTheWidenedValues) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& cs : {Case{5, 7, 6}, Case{130, 96, 257}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f}) {
+          const std::string what = std::string("GemmBf16 ") + std::to_string(cs.m) + "x" +
+                                   std::to_string(cs.n) + "x" + std::to_string(cs.k) +
+                                   (ta ? " T" : " N") + (tb ? "T" : "N") +
+                                   " beta=" + std::to_string(beta);
+          const int64_t lda = (ta ? cs.m : cs.k) + 3, ldb = (tb ? cs.k : cs.n) + 2;
+          const int64_t ldc = cs.n + 4;
+          const Vec a = Random((ta ? cs.k : cs.m) * lda, "gemm.a");
+          const Vec b = Random((tb ? cs.n : cs.k) * ldb, "gemm.b");
+          std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
+          be_->ToBf16(static_cast<int64_t>(a.size()), a.data(), a_bits.data());
+          be_->ToBf16(static_cast<int64_t>(b.size()), b.data(), b_bits.data());
+          Vec a_wide(a.size()), b_wide(b.size());
+          be_->FromBf16(static_cast<int64_t>(a.size()), a_bits.data(), a_wide.data());
+          be_->FromBf16(static_cast<int64_t>(b.size()), b_bits.data(), b_wide.data());
+          const Vec c0 = Random(cs.m * ldc, "gemm.c");
+          Vec want = c0, got = c0;
+          be_->Gemm(ta, tb, cs.m, cs.n, cs.k, 0.5f, a_wide.data(), lda, b_wide.data(), ldb, beta,
+                    want.data(), ldc);
+          be_->GemmBf16(ta, tb, cs.m, cs.n, cs.k, 0.5f, a_bits.data(), lda, b_bits.data(), ldb,
+                        beta, got.data(), ldc);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+          EXPECT_NE(std::memcmp(want.data(), c0.data(), want.size() * sizeof(float)), 0) << what;
+        }
+      }
+    }
+  }
+  // k == 0 scales C by beta, as Gemm does.
+  Vec c = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  be_->GemmBf16(false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, 0.5f, c.data(), 3);
+  EXPECT_EQ(c, (Vec{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}));
+}
+
 // Tolerance: atol 1e-4, rtol 1e-5 (k = 300 products of values in [-1, 1]).
 TEST_F(CpuBackendTest, GemmLargerK) {
   const int64_t m = 33, n = 17, k = 300;

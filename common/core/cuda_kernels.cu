@@ -2,8 +2,9 @@
 //
 // One stream, one cuBLAS handle, one caching allocator, on the device SetCudaDevice chose.
 // Determinism: every kernel gives the same bits on every call. No floating-point atomics;
-// each reduction runs in a fixed order, documented per kernel. GEMMs run on cuBLAS in
-// pedantic math mode (no TF32, no reduced precision) with a fixed workspace. This file is
+// each reduction runs in a fixed order, documented per kernel. float32 GEMMs run on cuBLAS
+// in pedantic math mode (no TF32, no reduced precision, unless SetAllowTf32) and bf16 ones
+// (GemmBf16) on its bf16 tensor cores with float32 accumulation, with a fixed workspace. This file is
 // compiled with --fmad=false, so no a*b+c is fused into an FMA and the element-wise
 // kernels compute exactly the CPU backend's expressions: Add, Scale, Fill, Copy, AddBias,
 // BiasGelu, GeluBackward, EmbeddingForward, SoftmaxCrossEntropyBackward, SgdStep and
@@ -79,6 +80,11 @@ struct CublasApi {
   decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&::cublasSgemm_v2) sgemm = nullptr;
   decltype(&::cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  // The exported C function (the header also declares a C++ overload taking cudaDataType).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
 absl::StatusOr<const CublasApi*> LoadCublas() {
@@ -114,6 +120,7 @@ absl::StatusOr<const CublasApi*> LoadCublas() {
         FindSymbol(lib, "cublasSetWorkspace_v2", &api->set_workspace, &missing);
         FindSymbol(lib, "cublasSgemm_v2", &api->sgemm, &missing);
         FindSymbol(lib, "cublasSgemmStridedBatched", &api->sgemm_strided_batched, &missing);
+        FindSymbol(lib, "cublasGemmEx", &api->gemm_ex, &missing);
         if (!missing.empty()) {
           return absl::UnavailableError(absl::StrCat(
               "the loaded cuBLAS lacks ", absl::StrJoin(missing, ", "), " (a CUDA ",
@@ -188,11 +195,9 @@ void RecordCudaError(cudaError_t err, const char* what) {
   RecordError(s);
 }
 
-// Puts the handle in the math mode SetAllowTf32 asked for. Called with ctx.blas_mu held,
-// right before a product; false when cuBLAS refused (recorded).
-bool UseRequestedMathMode(Context& ctx) {
-  const cublasMath_t want =
-      ctx.allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+// Puts the handle in math mode `want`. Called with ctx.blas_mu held, right before a
+// product; false when cuBLAS refused (recorded).
+bool UseMathMode(Context& ctx, cublasMath_t want) {
   if (want == ctx.math_mode) return true;
   if (ctx.blas_api->set_math_mode(ctx.blas, want) != CUBLAS_STATUS_SUCCESS) {
     RecordError(absl::InternalError("cublasSetMathMode failed"));
@@ -200,6 +205,11 @@ bool UseRequestedMathMode(Context& ctx) {
   }
   ctx.math_mode = want;
   return true;
+}
+
+// The float32 products' mode: what SetAllowTf32 asked for.
+bool UseRequestedMathMode(Context& ctx) {
+  return UseMathMode(ctx, ctx.allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
 }
 
 // Makes `c.device` current on the calling thread (once per thread and device) and starts
@@ -842,6 +852,32 @@ class CudaBackendImpl final : public Backend {
         static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc));
     if (st != CUBLAS_STATUS_SUCCESS) {
       RecordError(absl::InternalError(absl::StrCat("cublasSgemm failed with status ", st)));
+    }
+  }
+
+  void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                float* c, int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      Gemm(trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, c, ldc);
+      return;
+    }
+    if (Enter() == nullptr) return;
+    // As Gemm: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. bf16 inputs
+    // with CUBLAS_COMPUTE_32F run on tensor cores in the default math mode (pedantic mode
+    // is for the float32 products); the algorithm and workspace are fixed, so the bits
+    // repeat.
+    Context& ctx = Ctx();
+    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    if (!UseMathMode(ctx, CUBLAS_DEFAULT_MATH)) return;
+    const cublasStatus_t st = ctx.blas_api->gemm_ex(
+        ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
+        static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+        static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      RecordError(absl::InternalError(absl::StrCat("cublasGemmEx (bf16) failed with status ", st)));
     }
   }
 

@@ -138,6 +138,49 @@ TEST_F(CudaKernelsTest, GemmEveryTransposeAndBeta) {
   ExpectBitEqual(Host(dc), c, "gemm k=0");
 }
 
+// GemmBf16 on cuBLAS's bf16 tensor cores: products of bf16 values are exact, so it agrees
+// with the CPU's Gemm on the widened values within float32 accumulation error, for every
+// transpose, both betas and padded leading dimensions; and it repeats its own bits.
+TEST_F(CudaKernelsTest, GemmBf16AgreesWithTheCpuAndRepeatsItsBits) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& cs : {Case{1, 1, 1}, Case{7, 5, 3}, Case{130, 33, 257}, Case{512, 384, 768}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, 1.0f}) {
+          const std::string tag = absl::StrCat("gemm bf16 ", cs.m, "x", cs.n, "x", cs.k, " ta",
+                                               ta, " tb", tb, " beta", beta);
+          const int64_t lda = (ta ? cs.m : cs.k) + 3, ldb = (tb ? cs.k : cs.n) + 1;
+          const int64_t ldc = cs.n + 2;
+          const Vec a = Random(static_cast<size_t>((ta ? cs.k : cs.m) * lda), tag + "a");
+          const Vec b = Random(static_cast<size_t>((tb ? cs.n : cs.k) * ldb), tag + "b");
+          const Vec c0 = Random(static_cast<size_t>(cs.m * ldc), tag + "c");
+          std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
+          cpu_->ToBf16(static_cast<int64_t>(a.size()), a.data(), a_bits.data());
+          cpu_->ToBf16(static_cast<int64_t>(b.size()), b.data(), b_bits.data());
+          Vec want = c0;
+          cpu_->GemmBf16(ta, tb, cs.m, cs.n, cs.k, 0.5f, a_bits.data(), lda, b_bits.data(), ldb,
+                         beta, want.data(), ldc);
+          Tensor da = Tensor::Empty({static_cast<int64_t>(a.size())}, DType::kBFloat16,
+                                    Device::kCuda);
+          Tensor db = Tensor::Empty({static_cast<int64_t>(b.size())}, DType::kBFloat16,
+                                    Device::kCuda);
+          ASSERT_TRUE(da.CopyFromHost(a_bits.data()).ok());
+          ASSERT_TRUE(db.CopyFromHost(b_bits.data()).ok());
+          Tensor dc = Dev(c0), dc2 = Dev(c0);
+          cuda_->GemmBf16(ta, tb, cs.m, cs.n, cs.k, 0.5f, da.bf16(), lda, db.bf16(), ldb, beta,
+                          dc.f32(), ldc);
+          cuda_->GemmBf16(ta, tb, cs.m, cs.n, cs.k, 0.5f, da.bf16(), lda, db.bf16(), ldb, beta,
+                          dc2.f32(), ldc);
+          ExpectNear(Host(dc), want, 2e-6 * static_cast<double>(cs.k), 1e-5, tag);
+          ExpectBitEqual(Host(dc2), Host(dc), tag + " (repeated)");
+        }
+      }
+    }
+  }
+}
+
 // bf16 rounding and conversion: the CPU's bits exactly (common/core/bf16.h is shared).
 TEST_F(CudaKernelsTest, Bf16RoundingAndConversionAreBitExact) {
   const int64_t n = 100003;

@@ -61,19 +61,21 @@ Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options
 }
 
 absl::StatusOr<Tensor> Linear::WeightOperand(const MicroBatch& mb) {
-  return GemmOperand(name_, mb, be_, weight_.value);
+  return PackIfBf16(name_, mb, be_, weight_.value);
 }
 
 absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* y) {
   BATON_RETURN_IF_ERROR(CheckActivation(name_, input, in_));
   BATON_ASSIGN_OR_RETURN(const Tensor on_device, input.On(device_));  // data may come from the host
-  BATON_ASSIGN_OR_RETURN(const Tensor x, GemmOperand(name_, mb, be_, on_device));
+  // In bf16 the input is rounded to bf16 bits: the product's operand, and what is kept for
+  // the weight gradient (half the bytes).
+  BATON_ASSIGN_OR_RETURN(const Tensor x, PackIfBf16(name_, mb, be_, on_device));
   BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
   const int64_t rows = x.numel() / in_;
   Saved saved;
-  BATON_ASSIGN_OR_RETURN(saved.x, PackIfBf16(name_, mb, be_, x));  // bf16: half the bytes
+  saved.x = x;
   BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
-  be_->Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), in_, w.f32(), in_, 0.0f, z.f32(), out_);
+  Product(be_, false, true, rows, out_, in_, x, w, 0.0f, z.f32());
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
   if (options_.gelu) {
     BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, z.shape(), device_));
@@ -97,27 +99,25 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
                                                    s->x.DebugString()));
   }
   const int64_t rows = dy.numel() / out_;
+  // dz = dL/d(x W^T + b): in bf16 rounded to bf16 bits, the operand of both gradients' products
+  // and what is kept for the weight gradient (a later action in split-backward schedules).
   if (options_.gelu) {
-    BATON_ASSIGN_OR_RETURN(s->dz, NewTensor(name_, dy.shape(), device_));
-    be_->GeluBackward(dy.numel(), s->pre.f32(), dy.f32(), s->dz.f32());
+    BATON_ASSIGN_OR_RETURN(Tensor dz, NewTensor(name_, dy.shape(), device_));
+    be_->GeluBackward(dy.numel(), s->pre.f32(), dy.f32(), dz.f32());
     s->pre = Tensor();
-    RoundIfBf16(mb, be_, &s->dz);
+    BATON_ASSIGN_OR_RETURN(s->dz, PackIfBf16(name_, mb, be_, dz));
   } else {
-    BATON_ASSIGN_OR_RETURN(s->dz, GemmOperand(name_, mb, be_, dy));
+    BATON_ASSIGN_OR_RETURN(s->dz, PackIfBf16(name_, mb, be_, dy));
   }
   if (options_.compute_input_grad) {
     BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
     BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, s->x.shape(), device_));
-    be_->Gemm(false, false, rows, in_, out_, 1.0f, s->dz.f32(), out_, w.f32(), in_, 0.0f,
-              g.f32(), in_);
+    Product(be_, false, false, rows, in_, out_, s->dz, w, 0.0f, g.f32());
     RoundIfBf16(mb, be_, &g);
     *dx = std::move(g);
   } else {
     *dx = Tensor();
   }
-  // Kept for the weight gradient (a later action in split-backward schedules): in bf16 as
-  // bf16 bits, as the input is.
-  BATON_ASSIGN_OR_RETURN(s->dz, PackIfBf16(name_, mb, be_, s->dz));
   return absl::OkStatus();
 }
 
@@ -128,13 +128,13 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
   const int64_t rows = s->dz.numel() / out_;
-  // dW[out, in] += dz^T x; db += column sums of dz (both float32; in bf16 the operands were
-  // rounded, and kept as bf16 bits, when they were saved).
-  BATON_ASSIGN_OR_RETURN(const Tensor dz, Unpacked(name_, be_, s->dz));
-  BATON_ASSIGN_OR_RETURN(const Tensor x, Unpacked(name_, be_, s->x));
-  be_->Gemm(true, false, out_, in_, rows, 1.0f, dz.f32(), out_, x.f32(), in_, 1.0f,
-            weight_.grad.f32(), in_);
-  if (options_.bias) be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());
+  // dW[out, in] += dz^T x, float32 (in bf16 a product of the kept bf16 bits); db += column
+  // sums of dz (float32, from the bits widened).
+  Product(be_, true, false, out_, in_, rows, s->dz, s->x, 1.0f, weight_.grad.f32());
+  if (options_.bias) {
+    BATON_ASSIGN_OR_RETURN(const Tensor dz, Unpacked(name_, be_, s->dz));
+    be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());
+  }
   stash_.Erase(mb.index);
   return absl::OkStatus();
 }

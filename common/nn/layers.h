@@ -19,8 +19,9 @@ namespace baton {
 
 // y = x W^T + b, optionally followed by GELU (fused with the bias add). W is [out, in] as
 // in PyTorch, b is [out]. In bf16 (module.h's Precision) x, W and the output gradient are
-// rounded to bf16 before their products, which accumulate in float32; the bias add and
-// GELU are float32 and the output is rounded (unless Options::round_output is false).
+// rounded to bf16 bits, and their products are the backend's GemmBf16 (float32
+// accumulation); the bias add and GELU are float32 and the output is rounded (unless
+// Options::round_output is false).
 class Linear final : public Module {
  public:
   struct Options {
@@ -50,11 +51,11 @@ class Linear final : public Module {
 
  private:
   struct Saved {
-    Tensor x;    // input (in bf16: rounded)
+    Tensor x;    // input (in bf16: its bf16 bits)
     Tensor pre;  // pre-activation (gelu only; float32)
-    Tensor dz;   // dL/d(x W^T + b), set by BackwardInput (in bf16: rounded)
+    Tensor dz;   // dL/d(x W^T + b), set by BackwardInput (in bf16: its bf16 bits)
   };
-  // W as a product operand: the parameter itself, in bf16 a rounded copy.
+  // W as a product operand: the parameter itself, in bf16 its bf16 bits.
   absl::StatusOr<Tensor> WeightOperand(const MicroBatch& mb);
   const std::string name_;
   const int64_t in_, out_;

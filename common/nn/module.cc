@@ -102,12 +102,15 @@ void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t) {
   if (mb.bf16() && t->defined()) be->RoundToBf16(t->numel(), t->f32(), t->f32());
 }
 
-absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
-                                   const Tensor& t) {
-  if (!mb.bf16()) return t;
-  BATON_ASSIGN_OR_RETURN(Tensor r, NewTensor(who, t.shape(), t.device()));
-  be->RoundToBf16(t.numel(), t.f32(), r.f32());
-  return r;
+void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             const Tensor& a, const Tensor& b, float beta, float* c) {
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  if (a.dtype() == DType::kBFloat16 && b.dtype() == DType::kBFloat16) {
+    be->GemmBf16(trans_a, trans_b, m, n, k, 1.0f, a.bf16(), lda, b.bf16(), ldb, beta, c, n);
+    return;
+  }
+  BATON_CHECK(a.dtype() == DType::kFloat32 && b.dtype() == DType::kFloat32);
+  be->Gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), lda, b.f32(), ldb, beta, c, n);
 }
 
 absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, Backend* be,

@@ -155,15 +155,17 @@ Backend* BackendOrDie(Device device);
 // In bf16 (mb.bf16()), rounds the values of `t` to bf16 in place; nothing in fp32. `t` must
 // be the caller's own tensor (not an input it shares with others).
 void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t);
-// The operand of a matrix product: `t` itself in fp32; in bf16, a copy of it rounded to
-// bf16 on the same device (RESOURCE_EXHAUSTED naming `who` when out of memory).
-absl::StatusOr<Tensor> GemmOperand(const std::string& who, const MicroBatch& mb, Backend* be,
-                                   const Tensor& t);
+// C[m,n] = op(A)[m,k] op(B)[k,n] + beta C, row-major and packed (leading dimensions the
+// stored widths): the backend's Gemm when A and B are float32, its GemmBf16 when both are
+// bf16 bits (PackIfBf16). A and B must be of one dtype (a programming error otherwise).
+void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             const Tensor& a, const Tensor& b, float beta, float* c);
 // What a module keeps of a tensor until its backward, when that tensor holds bf16 values in
 // bf16 jobs (a product operand, a rounded activation or gradient): in bf16 its bf16 bits,
 // half the memory and exact; in fp32 `t` itself. A tensor that were not bf16-valued would
-// be rounded: callers keep only tensors rounded where they were made (RoundIfBf16,
-// GemmOperand, or received in bf16), which the bf16 digests of the model tests guard.
+// be rounded: callers keep only tensors rounded where they were made (RoundIfBf16, or
+// received in bf16), which the bf16 digests of the model tests guard. A product's operands
+// are packed to be multiplied (Product): there the rounding is the point.
 absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, Backend* be,
                                   const Tensor& t);
 // A kept tensor as float32 for a kernel: a packed one unpacked into a new tensor, an fp32
