@@ -124,7 +124,7 @@ struct GptFixture {
     Tensor loss;
     absl::Status s = model->Forward(mb, batch.inputs, &loss);
     if (!s.ok()) return s;
-    return loss.f32()[0];
+    return LossValue(loss);
   }
 
   // Backward as the reference trainer runs it: block by block, input then weight gradient.

@@ -66,6 +66,10 @@ class Backend {
   // (the CPU in index order; a device in its fixed tree): the same bits for the same input on
   // the same backend. Gradient clipping's norm is built from it (common/optim/optimizer.h).
   virtual double SumSquares(int64_t n, const float* x) = 0;
+  // Writes out[0] = float(Sum(n, x) / n), the same sum, divided in double, where x is: a
+  // device does not wait for it (a loss is read once per step, not per micro-batch).
+  // n > 0.
+  virtual void MeanInto(int64_t n, const float* x, float* out) = 0;
 
   // ---- bf16 mixed precision (common/core/bf16.h: round to nearest even, NaN kept) ----
   // Writes y[i] = x[i] rounded to the nearest bf16 value, as a float. `y` may alias `x`.

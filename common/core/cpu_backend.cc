@@ -255,6 +255,10 @@ class CpuBackendImpl final : public Backend {
     return s;
   }
 
+  void MeanInto(int64_t n, const float* x, float* out) override {
+    out[0] = static_cast<float>(Sum(n, x) / static_cast<double>(n));
+  }
+
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
     for (int64_t r = 0; r < rows; ++r) {
       float* row = y + r * cols;

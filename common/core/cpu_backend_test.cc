@@ -301,6 +301,19 @@ TEST_F(CpuBackendTest, SumAccumulatesInDoubleInOrder) {
   EXPECT_EQ(be_->Sum(3, y.data()), 16777218.0);
 }
 
+// MeanInto writes Sum's sum over n, divided in double and rounded to float once.
+TEST_F(CpuBackendTest, MeanIntoIsTheSumOverNAsAFloat) {
+  const int64_t n = 10007;
+  const Vec x = Random(n, "mean.x", -1.0f, 3.0f);
+  float out = -1.0f;
+  be_->MeanInto(n, x.data(), &out);
+  EXPECT_EQ(out, static_cast<float>(be_->Sum(n, x.data()) / static_cast<double>(n)));
+  // 2^24 + 1 + 1 over 3: the ones survive in double, so the mean is 5592406 (exact).
+  const Vec y = {16777216.0f, 1.0f, 1.0f};
+  be_->MeanInto(3, y.data(), &out);
+  EXPECT_EQ(out, 5592406.0f);
+}
+
 // The same order for the squares, each squared in double (no float rounding of x^2).
 TEST_F(CpuBackendTest, SumSquaresAccumulatesInDoubleInOrder) {
   const int64_t n = 10007;

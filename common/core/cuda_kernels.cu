@@ -504,6 +504,15 @@ __global__ void SumKernel(int64_t n, const float* x, double* out) {
   if (threadIdx.x == 0) *out = s;
 }
 
+// SumKernel's sum, divided by n in double and written as a float.
+__global__ void MeanKernel(int64_t n, const float* x, float* out) {
+  __shared__ double shared[kReduceThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
+}
+
 __global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
   GRID_STRIDE(i, rows * cols) { y[i] += bias[i % cols]; }
 }
@@ -958,6 +967,15 @@ class CudaBackendImpl final : public Backend {
       SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
       CheckLaunch("SquareSumKernel");
     });
+  }
+
+  void MeanInto(int64_t n, const float* x, float* out) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    MeanKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
+    CheckLaunch("MeanKernel");
   }
 
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {

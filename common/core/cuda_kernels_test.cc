@@ -363,7 +363,15 @@ TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
   const Vec x = Random(n, "sum x");
   Tensor dx = Dev(x);
   const double want = cpu_->Sum(n, x.data());
-  EXPECT_NEAR(cuda_->Sum(n, dx.f32()), want, 1e-12 * n);
+  const double got = cuda_->Sum(n, dx.f32());
+  EXPECT_NEAR(got, want, 1e-12 * n);
+  // MeanInto: the same tree, divided on the device, left there: Sum's bits over n.
+  {
+    Tensor dmean = Tensor::Empty({1}, DType::kFloat32, Device::kCuda);
+    cuda_->MeanInto(n, dx.f32(), dmean.f32());
+    ExpectBitEqual(Host(dmean), Vec{static_cast<float>(got / static_cast<double>(n))},
+                   "MeanInto");
+  }
   // SumSquares: the same tree over the squares; deterministic on the device.
   const double want_sq = cpu_->SumSquares(n, x.data());
   const double got_sq = cuda_->SumSquares(n, dx.f32());

@@ -135,7 +135,7 @@ class Probe {
     BATON_PROBE_CHECK_OK(module_->Forward(Mb(), x_, &y));
     double l = 0.0;
     if (is_loss_) {
-      l = static_cast<double>(y.f32()[0]);
+      l = static_cast<double>(*LossValue(y));
     } else {
       for (int64_t i = 0; i < y.numel(); ++i) {
         l += static_cast<double>(dy_.f32()[i]) * static_cast<double>(y.f32()[i]);

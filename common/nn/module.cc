@@ -102,6 +102,16 @@ void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t) {
   if (mb.bf16() && t->defined()) be->RoundToBf16(t->numel(), t->f32(), t->f32());
 }
 
+absl::StatusOr<float> LossValue(const Tensor& loss) {
+  if (!loss.defined() || loss.dtype() != DType::kFloat32 || loss.numel() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a loss is a 1-element float32 tensor, got ", loss.DebugString()));
+  }
+  float value = 0.0f;
+  BATON_RETURN_IF_ERROR(loss.CopyToHost(&value));
+  return value;
+}
+
 void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              const Tensor& a, const Tensor& b, float beta, float* c) {
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;

@@ -67,7 +67,9 @@ class Module {
   virtual const std::string& name() const = 0;
 
   // y = f(x). Stashes what backward needs under mb.index. A loss module writes the mean
-  // loss of the micro-batch as a 1-element tensor.
+  // loss of the micro-batch as a 1-element float32 tensor, which may be on its device:
+  // callers read it with LossValue, once the step's work is issued (reading it right away
+  // would make the host wait for the device on every micro-batch).
   virtual absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) = 0;
   // dx = dL/dx given dy = dL/dy (for a loss module, dy is the 1-element loss scale, 1/M in
   // training). Keeps what BackwardWeight needs. A module whose input is data (token ids)
@@ -171,6 +173,11 @@ absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, 
 // A kept tensor as float32 for a kernel: a packed one unpacked into a new tensor, an fp32
 // one as it is.
 absl::StatusOr<Tensor> Unpacked(const std::string& who, Backend* be, const Tensor& t);
+
+// The value of a loss module's output (Module::Forward), on any device: a device's is copied
+// over, which waits for the work that made it. INVALID_ARGUMENT when `loss` is not a
+// 1-element float32 tensor.
+absl::StatusOr<float> LossValue(const Tensor& loss);
 
 // An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
 // module, the bytes and the device when the device is out of memory.

@@ -263,8 +263,10 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
   BATON_ASSIGN_OR_RETURN(Tensor losses, NewTensor(name_, {rows}, device_));
   be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), s.targets.i32(), s.probs.f32(),
                                   losses.f32());
-  BATON_ASSIGN_OR_RETURN(
-      *y, LossReadout(name_, be_->Sum(rows, losses.f32()) / static_cast<double>(rows)));
+  // The mean loss stays on the device: the caller reads it at the step's end (LossValue).
+  BATON_ASSIGN_OR_RETURN(Tensor mean, NewTensor(name_, {1}, device_));
+  be_->MeanInto(rows, losses.f32(), mean.f32());
+  *y = std::move(mean);
   return stash_.Put(mb.index, std::move(s));
 }
 

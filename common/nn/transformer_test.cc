@@ -145,7 +145,7 @@ TEST(LmHeadTest, ForwardIsMeanCrossEntropy) {
     for (int v = 0; v < 7; ++v) sum += std::exp(logits[v] - mx);
     total += std::log(sum) + mx - logits[targets.i32()[r]];
   }
-  EXPECT_NEAR(loss.f32()[0], total / 8, 1e-5);
+  EXPECT_NEAR(*LossValue(loss), total / 8, 1e-5);
 }
 
 TEST(MseLossTest, ForwardIsMeanSquaredError) {
@@ -156,7 +156,7 @@ TEST(MseLossTest, ForwardIsMeanSquaredError) {
   ASSERT_TRUE(mse.Forward({0, &t}, x, &loss).ok());
   double want = 0;
   for (int i = 0; i < 12; ++i) want += std::pow(double{x.f32()[i]} - t.f32()[i], 2);
-  EXPECT_NEAR(loss.f32()[0], want / 12, 1e-6);
+  EXPECT_NEAR(*LossValue(loss), want / 12, 1e-6);
   EXPECT_TRUE(mse.Parameters().empty());
 }
 

@@ -62,7 +62,9 @@ class StageExecutor::StepState {
   std::unordered_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
   std::unordered_map<int, int> next_w;                   // stage -> next micro-batch to W
   std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
-  std::vector<float> losses;  // last stage only
+  // Last stage only: each micro-batch's loss as its module wrote it (on the device), read
+  // once the step's work is issued.
+  std::vector<Tensor> losses;
   std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
   int64_t reduce_wait_ns = 0;
   // Data parallelism: per stage, finished gradients not yet handed to the reducer.
@@ -504,7 +506,10 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
     absl::StatusOr<int64_t> ns = timer_->ElapsedNs(m.from, m.to);
     if (ns.ok()) result.timeline[m.action].device_ns = *ns;
   }
-  result.losses = std::move(st.losses);
+  for (const Tensor& loss : st.losses) {
+    BATON_ASSIGN_OR_RETURN(const float value, LossValue(loss));
+    result.losses.push_back(value);
+  }
   result.reductions = std::move(st.reductions);
   result.reduce_wait_ns = st.reduce_wait_ns;
   result.peak_inflight = st.peak_inflight;
@@ -604,8 +609,8 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
       const bool last_use = (s == last_stage) || (s == 0 && ChunkFor(last_stage) == nullptr);
       if (last_use) st.batches.erase(m);
       if (s == last_stage) {
-        if (static_cast<int>(st.losses.size()) <= m) st.losses.resize(m + 1, 0.0f);
-        st.losses[m] = y.f32()[0];
+        if (static_cast<int>(st.losses.size()) <= m) st.losses.resize(m + 1);
+        st.losses[m] = std::move(y);
       } else {
         st.activations_out[StepState::Key(s, m)] = std::move(y);
       }
@@ -963,6 +968,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
   const int batches = std::max(1, spec_.eval().batches());
   const int64_t per_mb = spec_.data().batch_size() / M;
   StepLoss loss;
+  std::vector<Tensor> losses;  // the last stage's, read once every batch is issued
   std::vector<std::unique_ptr<SendWork>> sends;
   absl::Status status;
   auto run = [&]() -> absl::Status {
@@ -1007,7 +1013,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
           c.model->Discard(m);  // forward only: nothing is kept for a backward
           BATON_RETURN_IF_ERROR(f);
           if (s == n - 1) {
-            loss.Add(y.f32()[0]);
+            losses.push_back(std::move(y));
           } else if (schedule_.stage_to_rank[s + 1] == rank_) {
             carried = std::move(y);
           } else {
@@ -1035,6 +1041,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
     return status;
   }
   if (ChunkFor(n - 1) == nullptr) return std::optional<float>();
+  BATON_RETURN_IF_ERROR(loss.Add(losses));
   return std::optional<float>(loss.Mean());
 }
 

@@ -74,6 +74,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   Tensor scale = Tensor::Empty({1});
   scale.f32()[0] = 1.0f / static_cast<float>(D * M);
   StepLoss step_loss;
+  std::vector<Tensor> losses;  // read once the step's work is issued
   int64_t tokens = 0;
   // With data parallelism, each replica's gradients, summed in replica order.
   std::vector<Tensor> total;
@@ -85,7 +86,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
       MicroBatch mb{m, &b.targets, PrecisionOf(spec_)};
       Tensor loss;
       BATON_RETURN_IF_ERROR(model_->Forward(mb, b.inputs, &loss));
-      step_loss.Add(loss.f32()[0]);
+      losses.push_back(std::move(loss));
       tokens += b.inputs.dtype() == DType::kInt32 ? b.inputs.numel() : b.inputs.dim(0);
       // Block by block, input gradient then weight gradient, last block first.
       Tensor grad = scale;
@@ -139,6 +140,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   // Kernels run asynchronously on a device: a fault or a failed launch shows here, as
   // this step's error, rather than in a later step or not at all.
   if (device_ != Device::kCpu) BATON_RETURN_IF_ERROR(DeviceSynchronize(device_));
+  BATON_RETURN_IF_ERROR(step_loss.Add(losses));  // the device is done: read them now
   ++steps_done_;
 
   StepStats s;
@@ -161,6 +163,7 @@ absl::StatusOr<float> ReferenceTrainer::Evaluate() {
   const int batches = std::max(1, spec_.eval().batches());
   const int64_t per_mb = spec_.data().batch_size() / M;
   StepLoss loss;
+  std::vector<Tensor> losses;  // read once every batch is issued
   for (int b = 0; b < batches; ++b) {
     for (int m = 0; m < M; ++m) {
       BATON_ASSIGN_OR_RETURN(Batch batch, dataset_->GetValidation(b, m * per_mb, per_mb));
@@ -168,9 +171,10 @@ absl::StatusOr<float> ReferenceTrainer::Evaluate() {
       const absl::Status f = model_->Forward(MicroBatch{m, &batch.targets, PrecisionOf(spec_)}, batch.inputs, &y);
       model_->Discard(m);  // forward only
       BATON_RETURN_IF_ERROR(f);
-      loss.Add(y.f32()[0]);
+      losses.push_back(std::move(y));
     }
   }
+  BATON_RETURN_IF_ERROR(loss.Add(losses));
   return loss.Mean();
 }
 

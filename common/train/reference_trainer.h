@@ -54,6 +54,16 @@ class StepLoss {
     sum_ += loss;
     ++count_;
   }
+  // Adds loss modules' outputs in order (LossValue: on a device, the first waits for the
+  // work issued, so callers keep a step's losses and add them once, at its end).
+  absl::Status Add(const std::vector<Tensor>& losses) {
+    for (const Tensor& t : losses) {
+      absl::StatusOr<float> v = LossValue(t);
+      if (!v.ok()) return v.status();
+      Add(*v);
+    }
+    return absl::OkStatus();
+  }
   float Mean() const {
     return count_ > 0 ? static_cast<float>(sum_ / static_cast<double>(count_)) : 0.0f;
   }
