@@ -8,11 +8,11 @@
 // compiled with --fmad=false, so no a*b+c is fused into an FMA and the element-wise
 // kernels compute exactly the CPU backend's expressions: Add, Scale, Fill, Copy, AddBias,
 // BiasGelu, GeluBackward, EmbeddingForward, SoftmaxCrossEntropyBackward, SgdStep and
-// AdamWStep are bit-identical to the CPU's, and so are the column reductions that add rows
-// in order (BiasGrad, LayerNormBackwardWeight, EmbeddingBackward). Row reductions (Sum,
-// SquaredError, LayerNorm statistics, softmaxes) use a fixed tree and agree with the CPU
-// within rounding; GEMMs use cuBLAS's blocking. RmsNormBackwardWeight (rows in order) is
-// bit-identical too; RmsNorm's row statistics use the tree. RotaryForward/Backward compute
+// AdamWStep are bit-identical to the CPU's, and so is EmbeddingBackward (rows in order).
+// Row reductions (Sum, SquaredError, LayerNorm and RmsNorm statistics, softmaxes) use a
+// fixed tree, and the column reductions (BiasGrad, LayerNormBackwardWeight,
+// RmsNormBackwardWeight) fixed chunks of rows added in order (AddColumnSums): they agree
+// with the CPU within rounding; GEMMs use cuBLAS's blocking. RotaryForward/Backward compute
 // the CPU's angles in double (rotary_math.h) and so its bits in all but pathological cases;
 // SwiGLU uses the device's expf (within 2 ulp of the CPU's).
 #include <cublas_v2.h>  // types and constants only: the functions come from dlsym
@@ -517,12 +517,52 @@ __global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, flo
   GRID_STRIDE(i, rows * cols) { y[i] += bias[i % cols]; }
 }
 
-// One thread per column, rows added in order r = 0, 1, ... (the CPU's order).
-__global__ void BiasGradKernel(int64_t rows, int64_t cols, const float* dy, float* dbias) {
+// Column reductions (BiasGrad, the norms' weight gradients): acc[c] += sum over rows r of
+// term(r, c), in two passes of a fixed order. Pass one: thread (chunk p, column c) adds the
+// terms of rows p*kColumnChunkRows .. (p+1)*kColumnChunkRows-1 in row order, from zero;
+// pass two: thread c adds the chunks' sums to acc[c] in chunk order. All chunks and columns
+// run at once, where one thread per column adding every row (the CPU's order) left most of
+// the GPU idle: 768 threads walking 8192 rows. Deterministic; within rounding of the CPU.
+constexpr int64_t kColumnChunkRows = 64;
+
+__host__ __device__ inline int64_t ColumnChunks(int64_t rows) { return (rows + kColumnChunkRows - 1) / kColumnChunkRows; }
+
+struct BiasGradTerm {  // dy
+  const float* dy;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const { return dy[r * cols + c]; }
+};
+struct LayerNormGammaTerm {  // the CPU's d * ((x - mean) * rstd)
+  const float *x, *mean, *rstd, *dy;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return dy[r * cols + c] * ((x[r * cols + c] - mean[r]) * rstd[r]);
+  }
+};
+struct RmsNormGammaTerm {  // the CPU's dy * (x * rstd)
+  const float *x, *rstd, *dy;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return dy[r * cols + c] * (x[r * cols + c] * rstd[r]);
+  }
+};
+
+template <typename Term>
+__global__ void ColumnChunkSumsKernel(int64_t rows, int64_t cols, Term term, float* part) {
+  GRID_STRIDE(e, ColumnChunks(rows) * cols) {  // e = p * cols + c: a row of chunk sums
+    const int64_t c = e % cols, first = (e / cols) * kColumnChunkRows;
+    const int64_t last = first + kColumnChunkRows < rows ? first + kColumnChunkRows : rows;
+    float sum = 0.0f;
+    for (int64_t r = first; r < last; ++r) sum += term(r, c);
+    part[e] = sum;
+  }
+}
+
+__global__ void AddColumnChunksKernel(int64_t chunks, int64_t cols, const float* part, float* acc) {
   GRID_STRIDE(c, cols) {
-    float acc = dbias[c];
-    for (int64_t r = 0; r < rows; ++r) acc += dy[r * cols + c];
-    dbias[c] = acc;
+    float a = acc[c];
+    for (int64_t p = 0; p < chunks; ++p) a += part[p * cols + c];
+    acc[c] = a;
   }
 }
 
@@ -595,22 +635,6 @@ __global__ void LayerNormBackwardInputKernel(int64_t rows, int64_t cols, const f
   }
 }
 
-// One thread per column, rows in order (the CPU's order and expressions).
-__global__ void LayerNormBackwardWeightKernel(int64_t rows, int64_t cols, const float* x,
-                                              const float* mean, const float* rstd, const float* dy,
-                                              float* dgamma, float* dbeta) {
-  GRID_STRIDE(c, cols) {
-    float g = dgamma[c], b = dbeta[c];
-    for (int64_t r = 0; r < rows; ++r) {
-      const float d = dy[r * cols + c];
-      g += d * ((x[r * cols + c] - mean[r]) * rstd[r]);
-      b += d;
-    }
-    dgamma[c] = g;
-    dbeta[c] = b;
-  }
-}
-
 // One block per row: the sum of squares in the fixed tree, then the CPU's element expression.
 __global__ void RmsNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* x,
                                      const float* gamma, float* y, float* rstd) {
@@ -645,16 +669,6 @@ __global__ void RmsNormBackwardInputKernel(int64_t rows, int64_t cols, const flo
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       dxr[c] = s * (dyr[c] * gamma[c] - (xr[c] * s) * mean_dxhat_xhat);
     }
-  }
-}
-
-// One thread per column, rows in order (the CPU's order and expressions).
-__global__ void RmsNormBackwardWeightKernel(int64_t rows, int64_t cols, const float* x,
-                                            const float* rstd, const float* dy, float* dgamma) {
-  GRID_STRIDE(c, cols) {
-    float g = dgamma[c];
-    for (int64_t r = 0; r < rows; ++r) g += dy[r * cols + c] * (x[r * cols + c] * rstd[r]);
-    dgamma[c] = g;
   }
 }
 
@@ -988,12 +1002,7 @@ class CudaBackendImpl final : public Backend {
   }
 
   void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override {
-    if (cols <= 0) return;
-    cudaStream_t s = Enter();
-    if (s == nullptr) return;
-    ClearStaleError();
-    BiasGradKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, dy, dbias);
-    CheckLaunch("BiasGradKernel");
+    AddColumnSums(rows, cols, BiasGradTerm{dy, cols}, dbias);
   }
 
   void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
@@ -1041,13 +1050,8 @@ class CudaBackendImpl final : public Backend {
   void LayerNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* mean,
                                const float* rstd, const float* dy, float* dgamma,
                                float* dbeta) override {
-    if (cols <= 0) return;
-    cudaStream_t s = Enter();
-    if (s == nullptr) return;
-    ClearStaleError();
-    LayerNormBackwardWeightKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, x, mean, rstd, dy,
-                                                                    dgamma, dbeta);
-    CheckLaunch("LayerNormBackwardWeightKernel");
+    AddColumnSums(rows, cols, LayerNormGammaTerm{x, mean, rstd, dy, cols}, dgamma);
+    AddColumnSums(rows, cols, BiasGradTerm{dy, cols}, dbeta);
   }
 
   void RmsNormForward(int64_t rows, int64_t cols, float eps, const float* x, const float* gamma,
@@ -1074,12 +1078,7 @@ class CudaBackendImpl final : public Backend {
 
   void RmsNormBackwardWeight(int64_t rows, int64_t cols, const float* x, const float* rstd,
                              const float* dy, float* dgamma) override {
-    if (cols <= 0) return;
-    cudaStream_t s = Enter();
-    if (s == nullptr) return;
-    ClearStaleError();
-    RmsNormBackwardWeightKernel<<<Blocks(cols), kThreads, 0, s>>>(rows, cols, x, rstd, dy, dgamma);
-    CheckLaunch("RmsNormBackwardWeightKernel");
+    AddColumnSums(rows, cols, RmsNormGammaTerm{x, rstd, dy, cols}, dgamma);
   }
 
   void RotaryForward(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,
@@ -1341,6 +1340,29 @@ class CudaBackendImpl final : public Backend {
       RecordError(
           absl::InternalError(absl::StrCat("cublasSgemmStridedBatched failed with status ", st)));
     }
+  }
+
+  // acc[c] += the column sums of term over `rows` rows, in the two passes of
+  // ColumnChunkSumsKernel and AddColumnChunksKernel.
+  template <typename Term>
+  void AddColumnSums(int64_t rows, int64_t cols, Term term, float* acc) {
+    if (rows <= 0 || cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const int64_t chunks = ColumnChunks(rows);
+    // Freed when this returns: later work on the one stream runs after the kernels.
+    Scratch part(static_cast<size_t>(chunks * cols) * sizeof(float));
+    if (!part.ok()) {
+      RecordError(absl::ResourceExhaustedError(absl::StrCat(
+          "out of cuda memory for a column reduction's ", chunks * cols, " partial sums")));
+      return;
+    }
+    ClearStaleError();
+    ColumnChunkSumsKernel<<<Blocks(chunks * cols), kThreads, 0, s>>>(rows, cols, term, part.f32());
+    CheckLaunch("ColumnChunkSumsKernel");
+    ClearStaleError();
+    AddColumnChunksKernel<<<Blocks(cols), kThreads, 0, s>>>(chunks, cols, part.f32(), acc);
+    CheckLaunch("AddColumnChunksKernel");
   }
 
   // Runs `launch(stream, device_out)` and returns *device_out copied to the host (this

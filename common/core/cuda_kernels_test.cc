@@ -320,14 +320,22 @@ TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
   ExpectBitEqual(Host(dyb), y, "AddBias");
 }
 
-TEST_F(CudaKernelsTest, ColumnReductionsInRowOrderAreBitExact) {
+// Column reductions: chunks of 64 rows in order, then the chunks in order, against the
+// CPU's rows in order: within float32 accumulation error over `rows` O(1) terms (atol
+// 2e-6 per row, rtol 1e-5), and the same bits on a second run. 300 rows are 5 chunks, the
+// last one short. The embedding's backward still adds rows in order: bit-exact.
+TEST_F(CudaKernelsTest, ColumnReductionsAgreeWithinRoundingAndRepeat) {
   const int64_t rows = 300, cols = 77;
+  const double atol = 2e-6 * rows, rtol = 1e-5;
   const Vec dy = Random(rows * cols, "bg dy");
-  Vec dbias = Random(cols, "bg acc");  // accumulates into what is there
-  Tensor ddy = Dev(dy), ddbias = Dev(dbias);
+  const Vec dbias0 = Random(cols, "bg acc");  // accumulates into what is there
+  Vec dbias = dbias0;
+  Tensor ddy = Dev(dy), ddbias = Dev(dbias0), ddbias2 = Dev(dbias0);
   cpu_->BiasGrad(rows, cols, dy.data(), dbias.data());
   cuda_->BiasGrad(rows, cols, ddy.f32(), ddbias.f32());
-  ExpectBitEqual(Host(ddbias), dbias, "BiasGrad");
+  cuda_->BiasGrad(rows, cols, ddy.f32(), ddbias2.f32());
+  ExpectNear(Host(ddbias), dbias, atol, rtol, "BiasGrad");
+  ExpectBitEqual(Host(ddbias2), Host(ddbias), "BiasGrad (repeated)");
 
   const Vec x = Random(rows * cols, "ln x");
   const Vec mean = Random(rows, "ln mean"), rstd = Random(rows, "ln rstd", 0.5f, 2.0f);
@@ -337,8 +345,8 @@ TEST_F(CudaKernelsTest, ColumnReductionsInRowOrderAreBitExact) {
                                 dgamma.data(), dbeta.data());
   cuda_->LayerNormBackwardWeight(rows, cols, dx.f32(), dmean.f32(), drstd.f32(), ddy.f32(),
                                  ddg.f32(), ddb.f32());
-  ExpectBitEqual(Host(ddg), dgamma, "LayerNormBackwardWeight gamma");
-  ExpectBitEqual(Host(ddb), dbeta, "LayerNormBackwardWeight beta");
+  ExpectNear(Host(ddg), dgamma, atol, rtol, "LayerNormBackwardWeight gamma");
+  ExpectNear(Host(ddb), dbeta, atol, rtol, "LayerNormBackwardWeight beta");
 
   const int64_t B = 3, T = 11, C = 40, V = 17;
   const std::vector<int32_t> tokens = RandomIds(B * T, V, "emb tokens");
@@ -493,7 +501,7 @@ TEST_F(CudaKernelsTest, GroupedQueryAttentionForwardAndBackward) {
 }
 
 // RMSNorm: the row statistics in a tree (rtol 1e-5, atol 1e-5 on O(1) values, as
-// LayerNorm's); the weight gradient adds rows in order: bit-exact.
+// LayerNorm's); the weight gradient in the column reductions' chunks (as BiasGrad's).
 TEST_F(CudaKernelsTest, RmsNormForwardAndBackward) {
   const int64_t rows = 65, cols = 300;
   const Vec x = Random(rows * cols, "rms x", -3.0f, 3.0f);
@@ -514,7 +522,7 @@ TEST_F(CudaKernelsTest, RmsNormForwardAndBackward) {
   Tensor ddgam = Dev(dgam);
   cpu_->RmsNormBackwardWeight(rows, cols, x.data(), rstd.data(), g.data(), dgam.data());
   cuda_->RmsNormBackwardWeight(rows, cols, dx.f32(), crstd.f32(), dg.f32(), ddgam.f32());
-  ExpectBitEqual(Host(ddgam), dgam, "RmsNormBackwardWeight");
+  ExpectNear(Host(ddgam), dgam, 2e-6 * rows * 3.0, 1e-5, "RmsNormBackwardWeight");
 }
 
 // Rotary: the same float32 angles (rotary_math.h, evaluated in double) and element
