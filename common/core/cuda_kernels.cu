@@ -136,6 +136,10 @@ struct Context {
   int device = 0;
   bool started = false;  // stream, handle and workspace exist, on `device`
   cudaStream_t stream = nullptr;
+  // Set once, when the start completes (then device and stream never change: SetCudaDevice
+  // refuses): lets Enter skip `mu` on every launch after a thread's first.
+  std::atomic<cudaStream_t> ready_stream{nullptr};
+  std::atomic<int> ready_device{-1};
   const CublasApi* blas_api = nullptr;  // loaded with the handle
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
@@ -213,10 +217,18 @@ bool UseRequestedMathMode(Context& ctx) {
 }
 
 // Makes `c.device` current on the calling thread (once per thread and device) and starts
-// the context on first use. Returns the stream, or nullptr with the error recorded.
+// the context on first use. Returns the stream, or nullptr with the error recorded. Once
+// started, a thread that has been here before takes no lock: launches from the stage
+// threads do not queue on a process-wide mutex (cuBLAS calls still take blas_mu, for the
+// one handle's math mode).
 cudaStream_t Enter() {
   Context& c = Ctx();
   thread_local int current = -1;
+  // The path of every launch: started, and this thread already on the device. No lock.
+  if (cudaStream_t ready = c.ready_stream.load(std::memory_order_acquire);
+      ready != nullptr && current == c.ready_device.load(std::memory_order_relaxed)) {
+    return ready;
+  }
   int device;
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -277,6 +289,8 @@ cudaStream_t Enter() {
       return nullptr;
     }
     c.started = true;
+    c.ready_device.store(device, std::memory_order_relaxed);
+    c.ready_stream.store(c.stream, std::memory_order_release);
     return c.stream;
   }
 }
