@@ -98,6 +98,18 @@ class Backend {
   virtual void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
                                 const float* gamma, const float* beta, float* y, float* mean,
                                 float* rstd) = 0;
+  // The residual sum and the LayerNorm of it, in one pass where a backend can: writes
+  // sum = a + b (rounded to bf16 when round_bf16), then LayerNormForward of sum. The same
+  // bits as Add, RoundToBf16 and LayerNormForward in turn, which is what this default does;
+  // CUDA fuses them into one kernel (one launch and one pass over the rows instead of three).
+  virtual void AddLayerNormForward(int64_t rows, int64_t cols, float eps, const float* a,
+                                   const float* b, bool round_bf16, const float* gamma,
+                                   const float* beta, float* sum, float* y, float* mean,
+                                   float* rstd) {
+    Add(rows * cols, a, b, sum);
+    if (round_bf16) RoundToBf16(rows * cols, sum, sum);
+    LayerNormForward(rows, cols, eps, sum, gamma, beta, y, mean, rstd);
+  }
   // Writes dx from dy and the saved statistics.
   virtual void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
                                       const float* mean, const float* rstd, const float* gamma,

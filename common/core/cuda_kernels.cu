@@ -593,13 +593,14 @@ __global__ void GeluBackwardKernel(int64_t n, const float* pre, const float* dy,
   GRID_STRIDE(i, n) { dx[i] = dy[i] * GeluGrad(pre[i]); }
 }
 
-// One block per row: the statistics in the fixed tree, then the CPU's element expression.
-__global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* x,
-                                       const float* gamma, const float* beta, float* y, float* mean,
-                                       float* rstd) {
-  __shared__ float shared[kReduceThreads];
+// Row r of LayerNormForward, by the calling block: the statistics in the fixed tree, then
+// the CPU's element expression. Shared by the plain and the residual-fused kernels, so both
+// give the same bits.
+__device__ void LayerNormRow(int64_t r, int64_t cols, float eps, const float* x,
+                             const float* gamma, const float* beta, float* y, float* mean,
+                             float* rstd, float* shared) {
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  {
     const float* xr = x + r * cols;
     float sum = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c];
@@ -618,6 +619,33 @@ __global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps, co
       mean[r] = m;
       rstd[r] = s;
     }
+  }
+}
+
+// One block per row.
+__global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* x,
+                                       const float* gamma, const float* beta, float* y, float* mean,
+                                       float* rstd) {
+  __shared__ float shared[kReduceThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    LayerNormRow(r, cols, eps, x, gamma, beta, y, mean, rstd, shared);
+  }
+}
+
+// One block per row: the row's residual sum (AddKernel's, then RoundToBf16Kernel's when
+// asked), written out, then LayerNormRow over it. Each thread reads back only the sum
+// elements it wrote (the same column stride), so no other thread's write is awaited.
+__global__ void AddLayerNormForwardKernel(int64_t rows, int64_t cols, float eps, const float* a,
+                                          const float* b, bool round_bf16, const float* gamma,
+                                          const float* beta, float* sum, float* y, float* mean,
+                                          float* rstd) {
+  __shared__ float shared[kReduceThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = a[r * cols + c] + b[r * cols + c];
+      sum[r * cols + c] = round_bf16 ? baton::RoundToBf16(v) : v;
+    }
+    LayerNormRow(r, cols, eps, sum, gamma, beta, y, mean, rstd, shared);
   }
 }
 
@@ -1047,6 +1075,18 @@ class CudaBackendImpl final : public Backend {
     LayerNormForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(rows, cols, eps, x, gamma,
                                                                       beta, y, mean, rstd);
     CheckLaunch("LayerNormForwardKernel");
+  }
+
+  void AddLayerNormForward(int64_t rows, int64_t cols, float eps, const float* a, const float* b,
+                           bool round_bf16, const float* gamma, const float* beta, float* sum,
+                           float* y, float* mean, float* rstd) override {
+    if (rows <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    AddLayerNormForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(
+        rows, cols, eps, a, b, round_bf16, gamma, beta, sum, y, mean, rstd);
+    CheckLaunch("AddLayerNormForwardKernel");
   }
 
   void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x, const float* mean,

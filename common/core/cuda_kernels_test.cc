@@ -500,6 +500,32 @@ TEST_F(CudaKernelsTest, GroupedQueryAttentionForwardAndBackward) {
   }
 }
 
+// AddLayerNormForward's one kernel gives the bits of AddKernel, RoundToBf16Kernel and
+// LayerNormForwardKernel in turn (they share LayerNormRow), with and without the rounding.
+TEST_F(CudaKernelsTest, FusedResidualLayerNormIsTheThreeKernelsInTurn) {
+  const int64_t rows = 65, cols = 300;
+  const Vec a = Random(rows * cols, "res a", -3.0f, 3.0f), b = Random(rows * cols, "res b");
+  const Vec gamma = Random(cols, "res gamma", 0.5f, 1.5f), beta = Random(cols, "res beta");
+  Tensor da = Dev(a), db = Dev(b), dgamma = Dev(gamma), dbeta = Dev(beta);
+  for (bool round : {false, true}) {
+    const std::string what = round ? "AddLayerNormForward (bf16)" : "AddLayerNormForward";
+    Tensor sum = Dev(Vec(rows * cols)), y = Dev(Vec(rows * cols)), mean = Dev(Vec(rows)),
+           rstd = Dev(Vec(rows));
+    cuda_->AddLayerNormForward(rows, cols, 1e-5f, da.f32(), db.f32(), round, dgamma.f32(),
+                               dbeta.f32(), sum.f32(), y.f32(), mean.f32(), rstd.f32());
+    Tensor sum2 = Dev(Vec(rows * cols)), y2 = Dev(Vec(rows * cols)), mean2 = Dev(Vec(rows)),
+           rstd2 = Dev(Vec(rows));
+    cuda_->Add(rows * cols, da.f32(), db.f32(), sum2.f32());
+    if (round) cuda_->RoundToBf16(rows * cols, sum2.f32(), sum2.f32());
+    cuda_->LayerNormForward(rows, cols, 1e-5f, sum2.f32(), dgamma.f32(), dbeta.f32(), y2.f32(),
+                            mean2.f32(), rstd2.f32());
+    ExpectBitEqual(Host(sum), Host(sum2), what + " sum");
+    ExpectBitEqual(Host(y), Host(y2), what + " y");
+    ExpectBitEqual(Host(mean), Host(mean2), what + " mean");
+    ExpectBitEqual(Host(rstd), Host(rstd2), what + " rstd");
+  }
+}
+
 // RMSNorm: the row statistics in a tree (rtol 1e-5, atol 1e-5 on O(1) values, as
 // LayerNorm's); the weight gradient in the column reductions' chunks (as BiasGrad's).
 TEST_F(CudaKernelsTest, RmsNormForwardAndBackward) {

@@ -190,21 +190,53 @@ LayerNorm::LayerNorm(std::string name, int64_t channels, float eps, Device devic
       beta_(MakeParameter(name_ + ".bias", {channels}, Init::kZeros, 0.0f, 0, device)),
       stash_(name_) {}
 
-absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
-  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
-  const int64_t rows = x.numel() / channels_;
-  Saved s;
-  BATON_ASSIGN_OR_RETURN(s.mean, NewTensor(name_, {rows}, device_));
-  BATON_ASSIGN_OR_RETURN(s.rstd, NewTensor(name_, {rows}, device_));
-  BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
-  be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
-                        out.f32(), s.mean.f32(), s.rstd.f32());
+absl::Status LayerNorm::Allocate(const Shape& shape, Saved* s, Tensor* out) {
+  const int64_t rows = NumElements(shape) / channels_;
+  BATON_ASSIGN_OR_RETURN(s->mean, NewTensor(name_, {rows}, device_));
+  BATON_ASSIGN_OR_RETURN(s->rstd, NewTensor(name_, {rows}, device_));
+  BATON_ASSIGN_OR_RETURN(*out, NewTensor(name_, shape, device_));
+  return absl::OkStatus();
+}
+
+absl::Status LayerNorm::Keep(const MicroBatch& mb, const Tensor& x, Saved s, Tensor out,
+                             Tensor* y) {
   RoundIfBf16(mb, be_, &out);
   // In bf16 the input is a rounded activation (a block's output or residual sum, the
   // embedding's output, or what a stage received): kept as its bf16 bits.
   BATON_ASSIGN_OR_RETURN(s.x, PackIfBf16(name_, mb, be_, x));
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(s));
+}
+
+absl::Status LayerNorm::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, x, channels_));
+  const int64_t rows = x.numel() / channels_;
+  Saved s;
+  Tensor out;
+  BATON_RETURN_IF_ERROR(Allocate(x.shape(), &s, &out));
+  be_->LayerNormForward(rows, channels_, eps_, x.f32(), gamma_.value.f32(), beta_.value.f32(),
+                        out.f32(), s.mean.f32(), s.rstd.f32());
+  return Keep(mb, x, std::move(s), std::move(out), y);
+}
+
+absl::Status LayerNorm::ForwardResidual(const MicroBatch& mb, const Tensor& a, const Tensor& b,
+                                        Tensor* sum, Tensor* y) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, a, channels_));
+  BATON_RETURN_IF_ERROR(CheckActivation(name_, b, channels_));
+  if (a.shape() != b.shape() || a.device() != device_ || b.device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": a residual sum of ", a.DebugString(),
+                                                   " and ", b.DebugString(), " on ",
+                                                   DeviceName(device_)));
+  }
+  const int64_t rows = a.numel() / channels_;
+  Saved s;
+  Tensor out;
+  BATON_RETURN_IF_ERROR(Allocate(a.shape(), &s, &out));
+  BATON_ASSIGN_OR_RETURN(Tensor x, NewTensor(name_, a.shape(), device_));
+  be_->AddLayerNormForward(rows, channels_, eps_, a.f32(), b.f32(), mb.bf16(), gamma_.value.f32(),
+                           beta_.value.f32(), x.f32(), out.f32(), s.mean.f32(), s.rstd.f32());
+  *sum = x;
+  return Keep(mb, x, std::move(s), std::move(out), y);
 }
 
 absl::Status LayerNorm::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {

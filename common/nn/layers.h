@@ -91,6 +91,12 @@ class LayerNorm final : public Module {
   LayerNorm(std::string name, int64_t channels, float eps = 1e-5f, Device device = Device::kCpu);
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
+  // A residual sum and this LayerNorm of it: *sum = a + b (rounded in bf16, as a block's
+  // residual sums are), then Forward(*sum), in one backend call (AddLayerNormForward: one
+  // kernel on CUDA). The same bits as the add, the rounding and Forward in turn; the
+  // backward is Forward's.
+  absl::Status ForwardResidual(const MicroBatch& mb, const Tensor& a, const Tensor& b,
+                               Tensor* sum, Tensor* y);
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;
   absl::Status BackwardWeight(const MicroBatch& mb) override;
   void CollectParameters(std::vector<Parameter*>* out) override;
@@ -102,6 +108,11 @@ class LayerNorm final : public Module {
     Tensor x, mean, rstd;  // x: in bf16, its bf16 bits
     Tensor dy;  // set by BackwardInput (in bf16: its bf16 bits)
   };
+  // Forward's and ForwardResidual's shared parts: the statistics and the output for an
+  // input of `shape`; then, once the backend filled them from input `x`, the output's
+  // rounding and what is kept.
+  absl::Status Allocate(const Shape& shape, Saved* s, Tensor* out);
+  absl::Status Keep(const MicroBatch& mb, const Tensor& x, Saved s, Tensor out, Tensor* y);
   const std::string name_;
   const int64_t channels_;
   const float eps_;

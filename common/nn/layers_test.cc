@@ -349,6 +349,41 @@ TEST(GeluTest, RefusesBadInput) {
               "block.0.act", "gradient of another shape");
 }
 
+// ForwardResidual is the add, the rounding (bf16) and Forward in turn, bit for bit: the
+// sum, the output, and the gradients of the backward that follows.
+TEST(LayerNormTest, ForwardResidualIsTheAddTheRoundingAndForward) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(p == Precision::kBf16 ? "bf16" : "fp32");
+    MicroBatch mb{0, nullptr, p};
+    Backend* be = BackendOrDie(Device::kCpu);
+    const Tensor a = RandomTensor({3, 4, 8}, 7, "a"), b = RandomTensor({3, 4, 8}, 7, "b");
+    const Tensor dy = RandomTensor({3, 4, 8}, 7, "dy");
+    LayerNorm fused("ln", 8), plain("ln", 8);
+    PerturbParameters(fused, 5, 0.5f);
+    PerturbParameters(plain, 5, 0.5f);
+    Tensor sum, y, dx;
+    ASSERT_TRUE(fused.ForwardResidual(mb, a, b, &sum, &y).ok());
+    ASSERT_TRUE(fused.BackwardInput(mb, dy, &dx).ok());
+    ASSERT_TRUE(fused.BackwardWeight(mb).ok());
+    Tensor want_sum = Tensor::Empty(a.shape()), want_y, want_dx;
+    be->Add(a.numel(), a.f32(), b.f32(), want_sum.f32());
+    RoundIfBf16(mb, be, &want_sum);
+    ASSERT_TRUE(plain.Forward(mb, want_sum, &want_y).ok());
+    ASSERT_TRUE(plain.BackwardInput(mb, dy, &want_dx).ok());
+    ASSERT_TRUE(plain.BackwardWeight(mb).ok());
+    EXPECT_TRUE(testing::BitEqual(sum, want_sum));
+    EXPECT_TRUE(testing::BitEqual(y, want_y));
+    EXPECT_TRUE(testing::BitEqual(dx, want_dx));
+    for (size_t i = 0; i < fused.Parameters().size(); ++i) {
+      EXPECT_TRUE(testing::BitEqual(fused.Parameters()[i]->grad, plain.Parameters()[i]->grad)) << i;
+    }
+    // Differently shaped terms are refused, naming the module.
+    Tensor s2, y2;
+    ExpectError(fused.ForwardResidual(mb, a, RandomTensor({3, 5, 8}, 7, "c"), &s2, &y2),
+                kInvalid, "ln", "shapes differ");
+  }
+}
+
 TEST(LayerNormTest, RefusesBadShapes) {
   LayerNorm ln("head.ln", 6);
   Tensor y, dx;

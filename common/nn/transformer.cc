@@ -143,11 +143,9 @@ absl::Status TransformerBlock::ForwardSteps(const MicroBatch& mb, const Tensor& 
   Tensor h, a;
   BATON_RETURN_IF_ERROR(ln1_.Forward(mb, x, &h));
   BATON_RETURN_IF_ERROR(attn_.Forward(mb, h, &a));
-  BATON_ASSIGN_OR_RETURN(Tensor x1, NewTensor(name_, x.shape(), device_));
-  be_->Add(x.numel(), x.f32(), a.f32(), x1.f32());
-  RoundIfBf16(mb, be_, &x1);
-  Tensor h2, f, m;
-  BATON_RETURN_IF_ERROR(ln2_.Forward(mb, x1, &h2));
+  // x1 = x + a (rounded in bf16) and ln2(x1), in one backend call.
+  Tensor x1, h2, f, m;
+  BATON_RETURN_IF_ERROR(ln2_.ForwardResidual(mb, x, a, &x1, &h2));
   BATON_RETURN_IF_ERROR(fc_.Forward(mb, h2, &f));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, f, &m));
   be_->Add(x.numel(), x1.f32(), m.f32(), m.f32());  // m becomes the block output

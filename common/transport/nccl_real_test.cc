@@ -210,7 +210,9 @@ TEST(NcclRealTest, TwoRanksOnTwoGpusBringUpTheirCommunicators) {
   EXPECT_TRUE(started[1].ok()) << started[1];
   for (auto& one : t) one.reset();
   for (CudaStream s : computes) {
-    if (s != nullptr) EXPECT_TRUE(api->StreamDestroy(s).ok());
+    if (s != nullptr) {
+      EXPECT_TRUE(api->StreamDestroy(s).ok());
+    }
   }
 }
 
