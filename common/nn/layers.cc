@@ -224,9 +224,9 @@ absl::Status LayerNorm::ForwardResidual(const MicroBatch& mb, const Tensor& a, c
   BATON_RETURN_IF_ERROR(CheckActivation(name_, a, channels_));
   BATON_RETURN_IF_ERROR(CheckActivation(name_, b, channels_));
   if (a.shape() != b.shape() || a.device() != device_ || b.device() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat(name_, ": a residual sum of ", a.DebugString(),
-                                                   " and ", b.DebugString(), " on ",
-                                                   DeviceName(device_)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": the terms of a residual sum must have one shape and be on ",
+        DeviceName(device_), ", got ", a.DebugString(), " and ", b.DebugString()));
   }
   const int64_t rows = a.numel() / channels_;
   Saved s;
