@@ -138,6 +138,9 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectNccl(GroupStore& store, NcclA
   o.cuda_device = CurrentCudaDevice();
   o.ordered = !fast;
   o.init_timeout = timeout;
+  // The real library sums the GPU's gradients as the compute stream writes them; a fake's
+  // streams are its own.
+  if (api->device() == Device::kCuda) o.compute_stream = CudaComputeStream();
   if (member == 0) {
     const NcclResult r = api->GetUniqueId(&o.id);
     if (r != NcclResult::kSuccess) {

@@ -26,13 +26,14 @@ void Poll(F ready) {
 }  // namespace
 
 NcclCollective::NcclCollective(NcclApi* api, int rank, int size, bool ordered, int cuda_device,
-                               NcclComm comm)
+                               CudaStream compute, NcclComm comm)
     : api_(api),
       rank_(rank),
       size_(size),
       ordered_(ordered),
       cuda_device_(cuda_device),
-      comm_(comm) {
+      comm_(comm),
+      compute_(compute) {
   AddLiveNcclCommunicators(1);  // until the destructor has ended it (cuda_context.h)
 }
 
@@ -47,7 +48,8 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
   NcclResult r = api->CommInitRank(&comm, size, options.id, rank, options.cuda_device);
   // The engine owns the communicator from here: its destructor aborts one that failed.
   std::unique_ptr<NcclCollective> c(
-      new NcclCollective(api, rank, size, options.ordered, options.cuda_device, comm));
+      new NcclCollective(api, rank, size, options.ordered, options.cuda_device,
+                         static_cast<CudaStream>(options.compute_stream), comm));
   const absl::Time deadline = absl::Now() + options.init_timeout;
   if (r == NcclResult::kInProgress || r == NcclResult::kSuccess) r = c->Settle(deadline);
   if (r == NcclResult::kInProgress) {
@@ -66,6 +68,11 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Connect(
   absl::StatusOr<CudaEvent> event = api->EventCreate(options.cuda_device);
   if (!event.ok()) return c->Fail(event.status());
   c->event_ = *event;
+  if (c->compute_ != nullptr) {
+    absl::StatusOr<CudaEvent> written = api->EventCreate(options.cuda_device);
+    if (!written.ok()) return c->Fail(written.status());
+    c->written_ = *written;
+  }
   return c;
 }
 
@@ -102,6 +109,7 @@ NcclCollective::~NcclCollective() {
   }
   if (gathered_ != nullptr && drained) (void)api_->DeviceFreeAsync(gathered_, stream_);
   if (event_ != nullptr) (void)api_->EventDestroy(event_);
+  if (written_ != nullptr) (void)api_->EventDestroy(written_);
   if (stream_ != nullptr && drained) (void)api_->StreamDestroy(stream_);
   AddLiveNcclCommunicators(-1);
 }
@@ -190,6 +198,11 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
     return absl::DeadlineExceededError("all-reduce: the deadline passed before it started");
   }
   const size_t count = static_cast<size_t>(n);
+  // The buffer may still be being written on the compute stream: this stream reads it after.
+  if (compute_ != nullptr) {
+    if (absl::Status s = api_->EventRecord(written_, compute_); !s.ok()) return Fail(s);
+    if (absl::Status s = api_->StreamWaitEvent(stream_, written_); !s.ok()) return Fail(s);
+  }
   // Enqueues one NCCL call and waits for the communicator to take it.
   auto issue = [&](const char* call, NcclResult r) -> absl::Status {
     if (r == NcclResult::kInProgress) r = Settle(deadline);

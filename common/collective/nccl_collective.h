@@ -10,9 +10,11 @@
 // order.
 //
 // Data: device() is the API's (kCuda for the real library, kCpu for the fake); the buffer
-// passed to AllReduceSum must be memory of that device, already written (the caller
-// synchronised its compute stream), and holds the result when the call returns (the
-// engine's stream has finished with it).
+// passed to AllReduceSum must be memory of that device, and holds the result when the call
+// returns (the engine's stream has finished with it). With options.compute_stream the
+// buffer may still be being written by work queued on that stream: each call records an
+// event there and the engine's stream waits for it (follows_compute_stream()). Without
+// one, the caller must have synchronised the writes.
 //
 // Deadlines and failures: every wait polls the stream's event and the communicator's
 // asynchronous error. At the deadline, on an NCCL error, or when Abort was called, the
@@ -46,6 +48,9 @@ struct NcclCollectiveOptions {
   bool ordered = true;  // false: ncclAllReduce (REDUCE_MODE_FAST)
   // How long the members have to join (ncclCommInitRank completing).
   absl::Duration init_timeout = absl::Seconds(60);
+  // The stream that writes AllReduceSum's buffers (the process's compute stream, as an
+  // opaque cudaStream_t; a stream of the fake in tests), or nullptr (above).
+  void* compute_stream = nullptr;
 };
 
 class NcclCollective final : public Collective {
@@ -63,12 +68,14 @@ class NcclCollective final : public Collective {
   int size() const override { return size_; }
   Device device() const override { return api_->device(); }
   bool ordered() const override { return ordered_; }
+  bool follows_compute_stream() const override { return compute_ != nullptr; }
   const char* engine() const override { return "nccl"; }
   absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override;
   void Abort(const absl::Status& why) override;
 
  private:
-  NcclCollective(NcclApi* api, int rank, int size, bool ordered, int cuda_device, NcclComm comm);
+  NcclCollective(NcclApi* api, int rank, int size, bool ordered, int cuda_device,
+                 CudaStream compute, NcclComm comm);
 
   // Waits until the communicator's last call is no longer in progress; its result.
   NcclResult Settle(absl::Time deadline);
@@ -87,6 +94,8 @@ class NcclCollective final : public Collective {
   NcclComm comm_ = nullptr;      // null once aborted
   CudaStream stream_ = nullptr;  // the engine's own
   CudaEvent event_ = nullptr;
+  CudaStream const compute_;      // options.compute_stream; not owned
+  CudaEvent written_ = nullptr;   // recorded on compute_ by each call (when compute_ is set)
   float* gathered_ = nullptr;    // size_ * capacity_ floats on device(); ordered mode only
   int64_t capacity_ = 0;
   Mutex mu_;

@@ -86,6 +86,41 @@ TEST(NcclCollectiveRealTest, AOneMemberGroupJoinsAndReducesInBothModes) {
   }
 }
 
+// A one-member group that follows the compute stream: the buffer is written by a copy still
+// queued on that stream (a large one, from pageable memory, so that it is likely still
+// running) when AllReduceSum is called, and the result is what the copy wrote.
+TEST(NcclCollectiveRealTest, AnEngineThatFollowsTheComputeStreamReadsWhatItQueued) {
+  BATON_NCCL_OR_SKIP(api);
+  constexpr size_t kN = size_t{1} << 24;
+  NcclCollectiveOptions o;
+  o.api = api;
+  ASSERT_EQ(api->GetUniqueId(&o.id), NcclResult::kSuccess);
+  o.init_timeout = absl::Seconds(30);
+  o.compute_stream = CudaComputeStream();
+  ASSERT_NE(o.compute_stream, nullptr);
+  absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(0, 1, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->follows_compute_stream());
+  std::vector<float> host(kN);
+  for (size_t i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 1000) - 0.5f;
+  absl::StatusOr<void*> staged = api->DeviceAlloc(kN * sizeof(float), 0);
+  absl::StatusOr<void*> buf = api->DeviceAlloc(kN * sizeof(float), 0);
+  ASSERT_TRUE(staged.ok() && buf.ok());
+  ASSERT_TRUE(CudaCopy(*staged, host.data(), kN * sizeof(float), CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(CudaZero(*buf, kN * sizeof(float)).ok());
+  ASSERT_TRUE(CudaSynchronize().ok());
+  // Queued, not waited for: the engine must order itself after it.
+  ASSERT_TRUE(CudaCopyDeviceAsync(*buf, *staged, kN * sizeof(float)).ok());
+  ASSERT_TRUE(
+      (*c)->AllReduceSum(static_cast<float*>(*buf), kN, absl::Now() + absl::Seconds(30)).ok());
+  std::vector<float> back(kN);
+  ASSERT_TRUE(CudaCopy(back.data(), *buf, kN * sizeof(float), CopyKind::kDeviceToHost).ok());
+  EXPECT_EQ(back, host);
+  c->reset();
+  EXPECT_TRUE(api->DeviceFree(*buf).ok());
+  EXPECT_TRUE(api->DeviceFree(*staged).ok());
+}
+
 // Two members on two GPUs, ordered mode: every member ends with the sum in member order,
 // bit for bit (the engine's contract), through the real ncclAllGather.
 TEST(NcclCollectiveRealTest, TwoMembersOnTwoGpusSumInMemberOrderBitForBit) {
@@ -96,7 +131,7 @@ TEST(NcclCollectiveRealTest, TwoMembersOnTwoGpusSumInMemberOrderBitForBit) {
   ASSERT_EQ(api->GetUniqueId(&id), NcclResult::kSuccess);
   auto value = [](int member, size_t i) {
     return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + member)) *
-           (i % 5 == member ? 3e7f : 1.0f);
+           (i % 5 == static_cast<size_t>(member) ? 3e7f : 1.0f);
   };
   std::vector<float> got[2];
   std::thread members[2];

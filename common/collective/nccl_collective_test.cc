@@ -3,8 +3,10 @@
 #include "common/collective/nccl_collective.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -23,13 +25,15 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 struct Member {
   std::unique_ptr<FakeNccl> api;
   std::unique_ptr<NcclCollective> collective;
+  CudaStream compute = nullptr;  // with a compute stream only
 };
 
 // Joins `size` members (each on its own thread, as they must: a join completes only once all
 // joined), with per-member fake options, and runs body(rank, member) on each thread.
 template <typename F>
+// With `compute_stream`, each member's engine follows a stream of its fake (Member::compute).
 void OnEveryMember(int size, F body, bool ordered = true,
-                   std::vector<FakeNcclOptions> faults = {}) {
+                   std::vector<FakeNcclOptions> faults = {}, bool compute_stream = false) {
   faults.resize(size);
   FakeNccl id_maker;
   NcclUniqueId id;
@@ -44,11 +48,21 @@ void OnEveryMember(int size, F body, bool ordered = true,
       o.id = id;
       o.ordered = ordered;
       o.init_timeout = absl::Seconds(10);
+      if (compute_stream) {
+        absl::StatusOr<CudaStream> compute = m.api->StreamCreate(0);
+        ASSERT_TRUE(compute.ok()) << compute.status();
+        m.compute = *compute;
+        o.compute_stream = m.compute;
+      }
       absl::StatusOr<std::unique_ptr<NcclCollective>> c = NcclCollective::Connect(r, size, o);
       ASSERT_TRUE(c.ok()) << c.status();
       m.collective = *std::move(c);
+      EXPECT_EQ(m.collective->follows_compute_stream(), compute_stream);
       body(r, m);
       m.collective.reset();
+      if (m.compute != nullptr) {
+        EXPECT_TRUE(m.api->StreamDestroy(m.compute).ok());
+      }
       const FakeNccl::Counts left = m.api->counts();
       EXPECT_EQ(left.comms, 0) << "member " << r;
       EXPECT_EQ(left.streams, 0) << "member " << r;
@@ -72,6 +86,40 @@ TEST(NcclCollectiveTest, OrderedModeSumsInMemberOrderAndEveryMemberGetsTheSameBi
     ASSERT_TRUE(m.collective->AllReduceSum(data.data(), 2, Soon()).ok());
     out[r] = data;
   });
+  ExpectOrderedSumOfThree(out);
+}
+
+// An engine that follows the compute stream sums what that stream writes, even when the
+// writes are still queued behind slow work there when AllReduceSum is called; the result is
+// there when the call returns. Without following it, the same calls would sum the zeros.
+TEST(NcclCollectiveTest, AnEngineThatFollowsTheComputeStreamSumsWhatTheStreamWrites) {
+  constexpr int kRounds = 3;
+  std::vector<std::vector<float>> out(3);
+  OnEveryMember(
+      3,
+      [&](int r, Member& m) {
+        // Each round's buffer outlives the stream's work on it, whatever the engine does.
+        std::vector<std::vector<float>> data(kRounds, std::vector<float>(2, 0.0f));
+        for (int round = 0; round < kRounds; ++round) {
+          float* at = data[round].data();
+          const float* src = kOrderSensitive[r];
+          ASSERT_TRUE(m.api
+                          ->LaunchHostFunc(m.compute,
+                                           [at, src] {
+                                             std::this_thread::sleep_for(
+                                                 std::chrono::milliseconds(150));
+                                             std::memcpy(at, src, 2 * sizeof(float));
+                                           })
+                          .ok());
+          ASSERT_TRUE(m.collective->AllReduceSum(at, 2, Soon()).ok());
+          out[r] = data[round];
+          ExpectOrderedSumOfThree({out[r], out[r], out[r]});
+        }
+        std::promise<void> drained;
+        ASSERT_TRUE(m.api->LaunchHostFunc(m.compute, [&drained] { drained.set_value(); }).ok());
+        drained.get_future().wait();
+      },
+      /*ordered=*/true, /*faults=*/{}, /*compute_stream=*/true);
   ExpectOrderedSumOfThree(out);
 }
 

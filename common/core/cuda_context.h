@@ -65,6 +65,9 @@ Backend* CudaBackend();
 
 // Copies `bytes` on the process stream and waits for it (and so for all work issued before).
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind);
+// Copies `bytes` of device memory on the process stream, in stream order (does not wait:
+// the host must not read either side before a synchronising call).
+absl::Status CudaCopyDeviceAsync(void* dst, const void* src, size_t bytes);
 // Sets `bytes` of device memory to zero, in stream order (does not wait).
 absl::Status CudaZero(void* p, size_t bytes);
 // Waits for all work issued so far; returns the first error this thread's calls and
@@ -102,6 +105,9 @@ inline Allocator* CudaAllocator() { return nullptr; }
 inline Allocator* CudaPinnedHostAllocator() { return nullptr; }
 inline Backend* CudaBackend() { return nullptr; }
 inline absl::Status CudaCopy(void*, const void*, size_t, CopyKind) {
+  return absl::UnavailableError("built without CUDA");
+}
+inline absl::Status CudaCopyDeviceAsync(void*, const void*, size_t) {
   return absl::UnavailableError("built without CUDA");
 }
 inline absl::Status CudaZero(void*, size_t) { return absl::UnavailableError("built without CUDA"); }

@@ -1521,6 +1521,19 @@ absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   return CudaSynchronize();  // an earlier kernel's failure shows here too
 }
 
+absl::Status CudaCopyDeviceAsync(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  cudaStream_t s = Enter();
+  if (s == nullptr) return CudaSynchronize();
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+  if (err != cudaSuccess) {
+    const absl::Status st = CudaError(err, "cudaMemcpyAsync");
+    RecordCudaError(err, "cudaMemcpyAsync");
+    return st;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaZero(void* p, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   cudaStream_t s = Enter();

@@ -188,10 +188,14 @@ class StageExecutor::GradReducer {
   // buffer (a parameter larger than a bucket is a bucket of its own), reduced, and scattered
   // back. Element-wise, bucketing changes nothing of the result. The buffer lives where the
   // engine wants it: host memory (Gloo, in-process; device gradients are staged through
-  // it) or the GPU (NCCL: device-to-device copies, on the compute stream, which they wait
-  // for).
+  // it) or the GPU (NCCL: device-to-device copies on the compute stream). An engine that
+  // follows the compute stream (NCCL in a worker) orders its all-reduce after the copies
+  // into the bucket itself, so they are queued without a wait; the copies back are queued
+  // after the all-reduce returned (it holds the result then), ahead of the optimizer's
+  // kernels on the same stream. Otherwise every copy waits for the stream.
   absl::Status Reduce(const Task& task, int64_t* bytes) {
     const bool on_device = collective_->device() == Device::kCuda;
+    const bool async = on_device && collective_->follows_compute_stream();
     size_t i = 0;
     const std::vector<Parameter*>& ps = task.params;
     while (i < ps.size()) {
@@ -223,8 +227,10 @@ class StageExecutor::GradReducer {
               "the data-parallel engine sums GPU memory but this rank's gradients are on the "
               "CPU");
         }
-        return to_bucket ? CudaCopy(at, grad.raw(), grad.nbytes(), CopyKind::kDeviceToDevice)
-                         : CudaCopy(grad.raw(), at, grad.nbytes(), CopyKind::kDeviceToDevice);
+        void* dst = to_bucket ? static_cast<void*>(at) : grad.raw();
+        const void* src = to_bucket ? grad.raw() : static_cast<const void*>(at);
+        return async ? CudaCopyDeviceAsync(dst, src, grad.nbytes())
+                     : CudaCopy(dst, src, grad.nbytes(), CopyKind::kDeviceToDevice);
       };
       int64_t at = 0;
       for (size_t k = i; k < end; ++k) {
