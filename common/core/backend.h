@@ -231,6 +231,11 @@ class Backend {
   // accumulated in double.
   virtual double SquaredError(int64_t n, const float* pred, const float* target,
                               float* diff) = 0;
+  // Writes diff as SquaredError does and out[0] = float(SquaredError(...) / n), the same
+  // sum divided in double, where diff is: a device does not wait for it (MeanInto's
+  // contract; a loss is read once per step). n > 0.
+  virtual void SquaredErrorMeanInto(int64_t n, const float* pred, const float* target,
+                                    float* diff, float* out) = 0;
 
   // ---- Optimizers (element-wise; one call per parameter) ----
   // PyTorch SGD semantics: g' = g + wd*w; buf = momentum*buf + g' (buf = g' on step 1);

@@ -650,6 +650,11 @@ class CpuBackendImpl final : public Backend {
     return s;
   }
 
+  void SquaredErrorMeanInto(int64_t n, const float* pred, const float* target, float* diff,
+                            float* out) override {
+    out[0] = static_cast<float>(SquaredError(n, pred, target, diff) / static_cast<double>(n));
+  }
+
   void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
                float* w, const float* g, float* buf) override {
     for (int64_t i = 0; i < n; ++i) {

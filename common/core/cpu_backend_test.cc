@@ -314,6 +314,25 @@ TEST_F(CpuBackendTest, MeanIntoIsTheSumOverNAsAFloat) {
   EXPECT_EQ(out, 5592406.0f);
 }
 
+// SquaredErrorMeanInto: SquaredError's differences, and its sum over n rounded to float once.
+TEST_F(CpuBackendTest, SquaredErrorMeanIsSquaredErrorsSumOverNAsAFloat) {
+  const int64_t n = 10007;
+  const Vec pred = Random(n, "sqmean.pred", -1.0f, 3.0f);
+  const Vec target = Random(n, "sqmean.target", -2.0f, 2.0f);
+  Vec diff(n), want_diff(n);
+  float out = -1.0f;
+  be_->SquaredErrorMeanInto(n, pred.data(), target.data(), diff.data(), &out);
+  const double sse = be_->SquaredError(n, pred.data(), target.data(), want_diff.data());
+  EXPECT_EQ(out, static_cast<float>(sse / static_cast<double>(n)));
+  EXPECT_EQ(std::memcmp(diff.data(), want_diff.data(), n * sizeof(float)), 0);
+  // (3^2 + 4^2) / 2, exactly.
+  const Vec p2 = {4.0f, -1.0f}, t2 = {1.0f, 3.0f};
+  Vec d2(2);
+  be_->SquaredErrorMeanInto(2, p2.data(), t2.data(), d2.data(), &out);
+  EXPECT_EQ(out, 12.5f);
+  EXPECT_EQ(d2, (Vec{3.0f, -4.0f}));
+}
+
 // The same order for the squares, each squared in double (no float rounding of x^2).
 TEST_F(CpuBackendTest, SumSquaresAccumulatesInDoubleInOrder) {
   const int64_t n = 10007;

@@ -861,6 +861,17 @@ __global__ void SquareSumKernel(int64_t n, const float* diff, double* out) {
   if (threadIdx.x == 0) *out = s;
 }
 
+// SquareSumKernel's sum, divided by n in double and written as a float (MeanKernel's way).
+__global__ void SquareMeanKernel(int64_t n, const float* diff, float* out) {
+  __shared__ double shared[kReduceThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    s += static_cast<double>(diff[i]) * diff[i];
+  }
+  s = BlockSum(s, shared);
+  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
+}
+
 __global__ void SgdKernel(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
                           float* w, const float* g, float* buf) {
   GRID_STRIDE(i, n) {
@@ -1335,6 +1346,19 @@ class CudaBackendImpl final : public Backend {
       SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
       CheckLaunch("SquareSumKernel");
     });
+  }
+
+  void SquaredErrorMeanInto(int64_t n, const float* pred, const float* target, float* diff,
+                            float* out) override {
+    if (n <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    ClearStaleError();
+    DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
+    CheckLaunch("DiffKernel");
+    ClearStaleError();
+    SquareMeanKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
+    CheckLaunch("SquareMeanKernel");
   }
 
   void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step, float* w,

@@ -392,6 +392,17 @@ TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
   const double se = cpu_->SquaredError(n, x.data(), t.data(), diff.data());
   EXPECT_NEAR(cuda_->SquaredError(n, dx.f32(), dt.f32(), ddiff.f32()), se, 1e-12 * se);
   ExpectBitEqual(Host(ddiff), diff, "SquaredError diff");
+  // SquaredErrorMeanInto: the same differences and the same tree as SquaredError, divided on
+  // the device and left there.
+  {
+    const double dse = cuda_->SquaredError(n, dx.f32(), dt.f32(), ddiff.f32());
+    Tensor dmean = Tensor::Empty({1}, DType::kFloat32, Device::kCuda);
+    Tensor ddiff2 = Dev(Vec(n));
+    cuda_->SquaredErrorMeanInto(n, dx.f32(), dt.f32(), ddiff2.f32(), dmean.f32());
+    ExpectBitEqual(Host(dmean), Vec{static_cast<float>(dse / static_cast<double>(n))},
+                   "SquaredErrorMeanInto");
+    ExpectBitEqual(Host(ddiff2), diff, "SquaredErrorMeanInto diff");
+  }
 
   const int64_t rows = 65, cols = 300;
   const Vec lx = Random(rows * cols, "ln fwd x", -3.0f, 3.0f);

@@ -19,15 +19,6 @@ absl::StatusOr<float> LossScale(const std::string& who, const Tensor& dy) {
 }
 
 namespace {
-// The 1-element host tensor holding a micro-batch's mean loss.
-absl::StatusOr<Tensor> LossReadout(const std::string& who, double loss) {
-  BATON_ASSIGN_OR_RETURN(Tensor t, NewTensor(who, {1}, Device::kCpu));
-  t.f32()[0] = static_cast<float>(loss);
-  return t;
-}
-}  // namespace
-
-namespace {
 Linear::Options LinearOpts(bool bias, bool gelu, float stddev) {
   Linear::Options o;
   o.bias = bias;
@@ -318,10 +309,16 @@ absl::Status MseLoss::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) 
         name_, ": needs f32 predictions and targets of the same shape, got ", x.DebugString(),
         " and ", t == nullptr ? std::string("none") : t->DebugString()));
   }
+  if (x.numel() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": the mean squared error of no elements is undefined, got ", x.DebugString()));
+  }
   BATON_ASSIGN_OR_RETURN(const Tensor target, t->On(device_));
   BATON_ASSIGN_OR_RETURN(Tensor diff, NewTensor(name_, x.shape(), device_));
-  const double sse = be_->SquaredError(x.numel(), x.f32(), target.f32(), diff.f32());
-  BATON_ASSIGN_OR_RETURN(*y, LossReadout(name_, sse / static_cast<double>(x.numel())));
+  // The mean stays where it is computed (read with LossValue once the step is issued).
+  BATON_ASSIGN_OR_RETURN(Tensor mean, NewTensor(name_, {1}, device_));
+  be_->SquaredErrorMeanInto(x.numel(), x.f32(), target.f32(), diff.f32(), mean.f32());
+  *y = std::move(mean);
   return stash_.Put(mb.index, std::move(diff));
 }
 

@@ -73,8 +73,8 @@ class TransformerBlock final : public Module {
 // parameterised module that keeps the shape), Linear(C, V) "<name>.logits" without bias,
 // and softmax cross-entropy against the micro-batch's int32 targets [B, T] (on any device:
 // checked on the host, copied over). Forward writes the mean loss over the B*T positions as
-// a 1-element host tensor (the read-out); BackwardInput takes the 1-element loss scale, on
-// any device. With tied embeddings `logits.init_name` is the embedding's name, so the
+// a 1-element tensor on the module's device, not read back (LossValue reads it, once the
+// step's work is issued); BackwardInput takes the 1-element loss scale, on any device. With tied embeddings `logits.init_name` is the embedding's name, so the
 // output projection starts as its copy (the clock's TIE_GRAD keeps the two equal).
 class LmHead final : public Module {
  public:
@@ -113,7 +113,7 @@ std::unique_ptr<LmHead> GptHead(std::string name, int64_t channels, int64_t voca
 
 // Mean squared error against the micro-batch's f32 targets (same shape as the input, on
 // any device), averaged over all elements, as PyTorch's MSELoss. No parameters. The loss
-// is a 1-element host tensor, like LmHead's.
+// is a 1-element tensor on the module's device, like LmHead's. Refuses an empty input.
 class MseLoss final : public Module {
  public:
   explicit MseLoss(std::string name, Device device = Device::kCpu);

@@ -157,6 +157,8 @@ TEST(MseLossTest, ForwardIsMeanSquaredError) {
   double want = 0;
   for (int i = 0; i < 12; ++i) want += std::pow(double{x.f32()[i]} - t.f32()[i], 2);
   EXPECT_NEAR(*LossValue(loss), want / 12, 1e-6);
+  EXPECT_EQ(loss.shape(), Shape({1}));
+  EXPECT_EQ(loss.device(), Device::kCpu);  // the module's device
   EXPECT_TRUE(mse.Parameters().empty());
 }
 
@@ -315,6 +317,8 @@ TEST(MseLossTest, RefusesBadTargetsAndScale) {
   ExpectError(mse.Forward({0, &wrong_shape}, x, &y), kInvalid, "out.mse", "targets of 2x3");
   const Tensor int_targets = Tensor::Zeros({3, 2}, DType::kInt32);
   ExpectError(mse.Forward({0, &int_targets}, x, &y), kInvalid, "out.mse", "int32 targets");
+  const Tensor empty = Tensor::Zeros({0, 2});
+  ExpectError(mse.Forward({0, &empty}, empty, &y), kInvalid, "out.mse", "no elements");
   EXPECT_EQ(mse.InFlight(), 0);
   const Tensor t = Tensor::Zeros({3, 2});
   ASSERT_TRUE(mse.Forward({0, &t}, x, &y).ok());
