@@ -26,6 +26,7 @@
 #include <map>
 #include <string>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -509,22 +510,30 @@ __global__ void FillKernel(int64_t n, float value, float* y) {
   GRID_STRIDE(i, n) { y[i] = value; }
 }
 
-// One block: thread t adds x[t], x[t + B], ... in order (in double), then the fixed tree.
-__global__ void SumKernel(int64_t n, const float* x, double* out) {
+// The whole-tensor sums (Sum, SumSquares, SquaredError, MeanInto, SquaredErrorMeanInto).
+// One block: thread t adds x[t], x[t + B], ... (kSquares: their squares, each squared in
+// double) in order, in double, then the fixed tree. Writes the sum (Out = double) or the
+// sum divided by n in double, as a float (Out = float: a mean, left on the device).
+template <bool kSquares, typename Out>
+__global__ void WholeSumKernel(int64_t n, const float* x, Out* out) {
   __shared__ double shared[kReduceThreads];
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v = x[i];
+    if constexpr (kSquares) {
+      s += v * v;
+    } else {
+      s += v;
+    }
+  }
   s = BlockSum(s, shared);
-  if (threadIdx.x == 0) *out = s;
-}
-
-// SumKernel's sum, divided by n in double and written as a float.
-__global__ void MeanKernel(int64_t n, const float* x, float* out) {
-  __shared__ double shared[kReduceThreads];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-  s = BlockSum(s, shared);
-  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
+  if (threadIdx.x == 0) {
+    if constexpr (std::is_same_v<Out, float>) {
+      *out = static_cast<float>(s / static_cast<double>(n));
+    } else {
+      *out = s;
+    }
+  }
 }
 
 __global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
@@ -850,28 +859,6 @@ __global__ void DiffKernel(int64_t n, const float* pred, const float* target, fl
   GRID_STRIDE(i, n) { diff[i] = pred[i] - target[i]; }
 }
 
-// One block: thread t adds diff[t]^2, diff[t + B]^2, ... in double, then the fixed tree.
-__global__ void SquareSumKernel(int64_t n, const float* diff, double* out) {
-  __shared__ double shared[kReduceThreads];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    s += static_cast<double>(diff[i]) * diff[i];
-  }
-  s = BlockSum(s, shared);
-  if (threadIdx.x == 0) *out = s;
-}
-
-// SquareSumKernel's sum, divided by n in double and written as a float (MeanKernel's way).
-__global__ void SquareMeanKernel(int64_t n, const float* diff, float* out) {
-  __shared__ double shared[kReduceThreads];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    s += static_cast<double>(diff[i]) * diff[i];
-  }
-  s = BlockSum(s, shared);
-  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(n));
-}
-
 __global__ void SgdKernel(int64_t n, float lr, float momentum, float weight_decay, bool first_step,
                           float* w, const float* g, float* buf) {
   GRID_STRIDE(i, n) {
@@ -1022,8 +1009,8 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
       ClearStaleError();
-      SumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
-      CheckLaunch("SumKernel");
+      WholeSumKernel<false><<<1, kReduceThreads, 0, s>>>(n, x, out);
+      CheckLaunch("WholeSumKernel");
     });
   }
 
@@ -1031,8 +1018,8 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
       ClearStaleError();
-      SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
-      CheckLaunch("SquareSumKernel");
+      WholeSumKernel<true><<<1, kReduceThreads, 0, s>>>(n, x, out);
+      CheckLaunch("WholeSumKernel");
     });
   }
 
@@ -1041,8 +1028,8 @@ class CudaBackendImpl final : public Backend {
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
-    MeanKernel<<<1, kReduceThreads, 0, s>>>(n, x, out);
-    CheckLaunch("MeanKernel");
+    WholeSumKernel<false><<<1, kReduceThreads, 0, s>>>(n, x, out);
+    CheckLaunch("WholeSumKernel");
   }
 
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
@@ -1339,12 +1326,7 @@ class CudaBackendImpl final : public Backend {
   double SquaredError(int64_t n, const float* pred, const float* target, float* diff) override {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
-      ClearStaleError();
-      DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
-      CheckLaunch("DiffKernel");
-      ClearStaleError();
-      SquareSumKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
-      CheckLaunch("SquareSumKernel");
+      LaunchSquaredError(s, n, pred, target, diff, out);
     });
   }
 
@@ -1353,12 +1335,20 @@ class CudaBackendImpl final : public Backend {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    LaunchSquaredError(s, n, pred, target, diff, out);
+  }
+
+  // diff = pred - target, then the sum of its squares (Out = double) or their mean
+  // (Out = float) into *out, on stream s (WholeSumKernel).
+  template <typename Out>
+  static void LaunchSquaredError(cudaStream_t s, int64_t n, const float* pred,
+                                 const float* target, float* diff, Out* out) {
     ClearStaleError();
     DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
     CheckLaunch("DiffKernel");
     ClearStaleError();
-    SquareMeanKernel<<<1, kReduceThreads, 0, s>>>(n, diff, out);
-    CheckLaunch("SquareMeanKernel");
+    WholeSumKernel<true><<<1, kReduceThreads, 0, s>>>(n, diff, out);
+    CheckLaunch("WholeSumKernel");
   }
 
   void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step, float* w,
