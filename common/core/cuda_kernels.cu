@@ -189,15 +189,19 @@ bool IsStickyCudaError(cudaError_t err) {
   }
 }
 
-void RecordCudaError(cudaError_t err, const char* what) {
+// When `err` is sticky, records it as the process's device fault (CudaDeviceFault).
+void RecordDeviceFault(cudaError_t err, const char* what) {
+  if (!IsStickyCudaError(err)) return;
   const absl::Status s = CudaError(err, what);
-  if (IsStickyCudaError(err)) {
-    std::lock_guard<std::mutex> lock(g_fault_mu);
-    g_device_fault.Update(absl::Status(
-        s.code(), absl::StrCat("the GPU's context is broken (", s.message(),
-                               "): nothing more can run on it in this process")));
-  }
-  RecordError(s);
+  std::lock_guard<std::mutex> lock(g_fault_mu);
+  g_device_fault.Update(absl::Status(
+      s.code(), absl::StrCat("the GPU's context is broken (", s.message(),
+                             "): nothing more can run on it in this process")));
+}
+
+void RecordCudaError(cudaError_t err, const char* what) {
+  RecordDeviceFault(err, what);
+  RecordError(CudaError(err, what));
 }
 
 // Puts the handle in math mode `want`. Called with ctx.blas_mu held, right before a
@@ -224,17 +228,24 @@ bool UseRequestedMathMode(Context& ctx) {
 // one handle's math mode).
 cudaStream_t Enter() {
   Context& c = Ctx();
-  thread_local int current = -1;
+  thread_local int current = -1;  // the device this function made current on this thread
+  // Another call on this thread (NcclApi's, a self-test's cudaSetDevice) may have made
+  // another device current since: cudaGetDevice (host-only, cheap) says which one is.
+  const auto still_on = [](int device) {
+    int now = -1;
+    return cudaGetDevice(&now) == cudaSuccess && now == device;
+  };
   // The path of every launch: started, and this thread already on the device. No lock.
   if (cudaStream_t ready = c.ready_stream.load(std::memory_order_acquire);
-      ready != nullptr && current == c.ready_device.load(std::memory_order_relaxed)) {
+      ready != nullptr && current == c.ready_device.load(std::memory_order_relaxed) &&
+      still_on(current)) {
     return ready;
   }
   int device;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     device = c.device;
-    if (current != device) {
+    if (current != device || !still_on(device)) {
       const cudaError_t err = cudaSetDevice(device);
       if (err != cudaSuccess) {
         cudaGetLastError();
@@ -1570,7 +1581,11 @@ absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int6
   ClearStaleError();
   OrderedSumKernel<<<Blocks(n), kThreads, 0, s>>>(n, members, src, dst);
   const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? absl::OkStatus() : CudaError(err, "OrderedSumKernel launch");
+  if (err == cudaSuccess) return absl::OkStatus();
+  // Returned to the engine, which fails the collective with it; a sticky fault is also the
+  // process's (CudaDeviceFault), as at every other launch.
+  RecordDeviceFault(err, "OrderedSumKernel launch");
+  return CudaError(err, "OrderedSumKernel launch");
 }
 
 namespace {

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
+#include "common/core/cuda_device.h"
 #include "common/core/device_timer.h"
 #include "common/core/rng.h"
 #include "common/core/tensor.h"
@@ -876,6 +877,34 @@ TEST_F(CudaKernelsTest, CudaCopyRoundTripAndZero) {
   a->Deallocate(d1, bytes);
   a->Deallocate(d2, bytes);
   EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+// CudaCopyDeviceAsync queues the copy on the compute stream: a later synchronising copy
+// sees it, without a wait of its own.
+TEST_F(CudaKernelsTest, CudaCopyDeviceAsyncIsInStreamOrder) {
+  const Vec v = Random(100003, "cuda async copy");
+  const size_t bytes = v.size() * sizeof(float);
+  Tensor src = Dev(v), dst = Dev(Vec(v.size(), 0.0f));
+  ASSERT_TRUE(CudaCopyDeviceAsync(dst.raw(), src.raw(), bytes).ok());
+  cuda_->Scale(static_cast<int64_t>(v.size()), 2.0f, dst.f32(), dst.f32());
+  Vec want(v.size());
+  for (size_t i = 0; i < v.size(); ++i) want[i] = v[i] * 2.0f;
+  ExpectBitEqual(Host(dst), want, "copied then doubled");
+  EXPECT_TRUE(CudaCopyDeviceAsync(nullptr, nullptr, 0).ok());
+}
+
+// Another call on a stage thread may make another device current (NcclApi's and the
+// self-test's cudaSetDevice): the launches after it still run on the compute device.
+TEST_F(CudaKernelsTest, LaunchesFollowTheComputeDeviceAfterAnotherWasMadeCurrent) {
+  BATON_SKIP_WITHOUT_CUDA_DEVICES(2);
+  const int64_t n = 4099;
+  Tensor t = Dev(Vec(n, 0.0f));
+  cuda_->Fill(n, 2.0f, t.f32());  // this thread is on the compute device now
+  ASSERT_TRUE(CudaSynchronize().ok());
+  ASSERT_TRUE(CudaSelfTest(1).ok());  // leaves device 1 current on this thread
+  cuda_->Fill(n, 3.0f, t.f32());
+  ASSERT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+  ExpectBitEqual(Host(t), Vec(n, 3.0f), "filled after the self-test on GPU 1");
 }
 
 // A device tensor staged for the transports lands in page-locked host memory (a CUDA
