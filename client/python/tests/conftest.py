@@ -11,8 +11,10 @@ into a fresh virtual environment); nothing here imports client/python/src direct
 import contextlib
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -87,3 +89,31 @@ def idle(cluster):
 def tiny_gpt(name, steps=6, stages=2, **pipeline):
     """A job of a second or two on 2 workers."""
     return cluster_test.tiny_gpt(name, steps=steps, stages=stages, **pipeline)
+
+
+@contextlib.contextmanager
+def tarpit():
+    """The address of a port that accepts connections and never answers, until exit."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        held = []
+        stop = threading.Event()
+
+        def accept():
+            listener.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(listener.accept()[0])
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        try:
+            yield f"127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            stop.set()
+            t.join(timeout=5)
+            for conn in held:
+                conn.close()

@@ -4,9 +4,7 @@ the weights digest of a job submitted through the package equals the reference t
 (`batonctl train-local`)."""
 
 import json
-import os
 import socket
-import threading
 import time
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 import baton
 from baton.v1 import job_pb2
 
-from conftest import NUM_WORKERS, tiny_gpt
+from conftest import NUM_WORKERS, tarpit, tiny_gpt
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -225,37 +223,16 @@ def test_unreachable_coordinator_is_a_connection_error_within_the_deadline():
     assert time.monotonic() - start < 5
     assert f"127.0.0.1:{port}" in str(e.value) and isinstance(e.value, ConnectionError)
     # A port that accepts and never answers: bounded by the client's deadline.
-    with socket.socket() as tarpit:
-        tarpit.bind(("127.0.0.1", 0))
-        tarpit.listen(8)
-        address = f"127.0.0.1:{tarpit.getsockname()[1]}"
-        held = []
-        stop = threading.Event()
-
-        def accept():
-            tarpit.settimeout(0.2)
-            while not stop.is_set():
-                try:
-                    held.append(tarpit.accept()[0])
-                except OSError:
-                    pass
-        t = threading.Thread(target=accept, daemon=True)
-        t.start()
-        try:
-            c = baton.Client(address, timeout=2)
-            start = time.monotonic()
-            with pytest.raises(baton.Unavailable) as e:
-                list(c.list())
-            elapsed = time.monotonic() - start
-            assert 1.5 < elapsed < 8, elapsed
-            assert address in str(e.value)
-            with pytest.raises(baton.Unavailable):
-                c.wait("job-000001", timeout=2)
-        finally:
-            stop.set()
-            t.join(timeout=5)
-            for conn in held:
-                conn.close()
+    with tarpit() as address:
+        c = baton.Client(address, timeout=2)
+        start = time.monotonic()
+        with pytest.raises(baton.Unavailable) as e:
+            list(c.list())
+        elapsed = time.monotonic() - start
+        assert 1.5 < elapsed < 8, elapsed
+        assert address in str(e.value)
+        with pytest.raises(baton.Unavailable):
+            c.wait("job-000001", timeout=2)
 
 
 def test_bad_client_settings_are_refused():

@@ -54,11 +54,27 @@ def _fenced(obj) -> str:
     return f"```text\n{_doc(obj)}\n```"
 
 
-def _members(cls):
-    for name, member in cls.__dict__.items():
-        if name.startswith("_") or name in ("from_proto", "append"):
-            continue
-        yield name, member
+def _members(cls, inherited=True):
+    """Public members, a base class's first (Job's fields come from JobFields)."""
+    seen = set()
+    classes = [k for k in reversed(cls.__mro__) if k is not object] if inherited else [cls]
+    for klass in classes:
+        for name, member in klass.__dict__.items():
+            if name.startswith("_") or name in ("from_proto", "append") or name in seen:
+                continue
+            seen.add(name)
+            yield name, member
+
+
+def _methods(owner, cls, inherited=True):
+    """A class's methods as headings; a coroutine's is marked async."""
+    out = []
+    for mname, fn in _members(cls, inherited):
+        if inspect.isfunction(fn):
+            marker = "async " if inspect.iscoroutinefunction(fn) else ""
+            out += [f"#### `{marker}{owner}.{mname}{_signature(fn, drop_self=True)}`", "",
+                    _fenced(fn), ""]
+    return out
 
 
 def render() -> str:
@@ -82,21 +98,22 @@ def render() -> str:
         init = cls.__dict__.get("__init__")
         sig = _signature(init, drop_self=True) if name == "Client" else ""
         out += [f"### `baton.{name}{sig}`", "", _fenced(cls), ""]
-        props, methods = [], []
-        for mname, member in _members(cls):
-            if isinstance(member, property):
-                props.append((mname, member))
-            elif inspect.isfunction(member):
-                methods.append((mname, member))
+        props = [(p, m) for p, m in _members(cls) if isinstance(m, property)]
         if props:
             out.append("| property | |")
             out.append("| --- | --- |")
             for pname, prop in props:
                 out.append(f"| `{pname}` | {' '.join(_doc(prop).split()) or ''} |")
             out.append("")
-        for mname, fn in methods:
-            out += [f"#### `{name}.{mname}{_signature(fn, drop_self=True)}`", "",
-                    _fenced(fn), ""]
+        out += _methods(name, cls)
+    import baton.aio
+    out += ["### `baton.aio`", "", _fenced(baton.aio), ""]
+    client = baton.aio.Client
+    out += [f"### `baton.aio.Client{_signature(client.__init__, drop_self=True)}`", "",
+            _fenced(client), ""] + _methods("Client", client)
+    out += ["### `baton.aio.AsyncJob`", "", _fenced(baton.aio.AsyncJob), "",
+            "Properties: those of `baton.Job`.", ""]
+    out += _methods("AsyncJob", baton.aio.AsyncJob, inherited=False)
     out += ["### `baton.to_job_spec" + _signature(baton.to_job_spec) + "`", "",
             _fenced(baton.to_job_spec), ""]
     out += ["### Errors", "", "Every error derives from `baton.BatonError`. Calls to the "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import grpc
 
@@ -19,8 +19,8 @@ from baton._errors import (Cancelled, ConfigError, DeadlineExceeded, JobCancelle
                            RpcError, Unavailable, WaitTimeout, from_grpc)
 from baton._spec import SpecLike, to_job_spec
 from baton._trace import chrome_trace
-from baton._types import (Event, History, Job, JobState, StateEvent, StepEvent, Worker,
-                          event_from_proto)
+from baton._types import (Event, History, Job, JobFields, JobState, StateEvent, StepEvent,
+                          Worker, event_from_proto)
 from baton.v1 import jobs_pb2, jobs_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -30,6 +30,7 @@ WATCH_TIMEOUT = 24 * 3600.0
 _MAX_MESSAGE = 64 << 20
 
 JobRef = Union[str, Job]
+JobT = TypeVar("JobT", bound=JobFields)
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,62 @@ def _tls_settings(tls: Union[TLS, str, "os.PathLike[str]", bool, None]) -> Optio
     raise ConfigError(f"tls is a baton.TLS, a CA file path, True or False, got {tls!r}")
 
 
-def _job_id(job: JobRef) -> str:
-    if isinstance(job, Job):
+def _job_id(job: Union[str, JobFields]) -> str:
+    if isinstance(job, JobFields):
         return job.id
     if isinstance(job, str) and job:
         return job
     raise ConfigError(f"a job is a Job or a job id string, got {job!r}")
+
+
+@dataclass(frozen=True)
+class _Connection:
+    """What a client's channel is made of, checked: shared by Client and baton.aio.Client."""
+
+    address: str
+    timeout: float
+    metadata: Tuple[Tuple[str, str], ...]
+    options: List[Tuple[str, Any]]
+    credentials: Any  # grpc.ChannelCredentials, or None for plaintext
+
+    @staticmethod
+    def of(address: Optional[str], token: Optional[str],
+           tls: Union[TLS, str, bool, None], timeout: float) -> "_Connection":
+        """The constructor arguments' defaults and checks (see Client)."""
+        address = address or os.environ.get("BATON_COORDINATOR") or DEFAULT_ADDRESS
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"address wants host:port, got {address!r}")
+        if not timeout or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if token is None:
+            token = os.environ.get("BATON_TOKEN", "").strip() or None
+        settings = _tls_settings(tls)
+        options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                                          ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        credentials = None
+        if settings is not None:
+            if (settings.cert is None) != (settings.key is None):
+                raise ConfigError("TLS cert and key go together: give both or neither")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(settings.ca, "ca"),
+                private_key=_read(settings.key, "key"),
+                certificate_chain=_read(settings.cert, "cert"))
+            if settings.server_name:
+                options.append(("grpc.ssl_target_name_override", settings.server_name))
+        return _Connection(address, float(timeout),
+                           (("authorization", f"Bearer {token}"),) if token else (), options,
+                           credentials)
+
+    def channel(self, api: Any) -> Any:
+        """A channel to the coordinator from `api`: the grpc module, or grpc.aio."""
+        if self.credentials is not None:
+            return api.secure_channel(self.address, self.credentials, options=self.options)
+        return api.insecure_channel(self.address, options=self.options)
+
+    def __repr__(self) -> str:
+        return (f"({self.address!r}, tls={self.credentials is not None}, "
+                f"token={'set' if self.metadata else 'none'})")
 
 
 class Client:
@@ -101,33 +152,11 @@ class Client:
 
     def __init__(self, address: Optional[str] = None, token: Optional[str] = None,
                  tls: Union[TLS, str, bool, None] = None, *, timeout: float = DEFAULT_TIMEOUT):
-        address = address or os.environ.get("BATON_COORDINATOR") or DEFAULT_ADDRESS
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"address wants host:port, got {address!r}")
-        if not timeout or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if token is None:
-            token = os.environ.get("BATON_TOKEN", "").strip() or None
-        settings = _tls_settings(tls)
-        self.address = address
-        self.timeout = float(timeout)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                                          ("grpc.max_send_message_length", _MAX_MESSAGE)]
-        if settings is not None:
-            if (settings.cert is None) != (settings.key is None):
-                raise ConfigError("TLS cert and key go together: give both or neither")
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=_read(settings.ca, "ca"),
-                private_key=_read(settings.key, "key"),
-                certificate_chain=_read(settings.cert, "cert"))
-            if settings.server_name:
-                options.append(("grpc.ssl_target_name_override", settings.server_name))
-            self._channel = grpc.secure_channel(address, creds, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
-        self._tls = settings is not None
+        self._connection = _Connection.of(address, token, tls, timeout)
+        self.address = self._connection.address
+        self.timeout = self._connection.timeout
+        self._metadata = self._connection.metadata
+        self._channel = self._connection.channel(grpc)
         self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
         # The channel's last connectivity state (set on gRPC's thread): a deadline missed
         # while not READY means the coordinator was never reached.
@@ -174,8 +203,7 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Client({self.address!r}, tls={self._tls}, "
-                f"token={'set' if self._metadata else 'none'})")
+        return f"Client{self._connection!r}"
 
     # -- jobs ------------------------------------------------------------------------
     def submit(self, spec: SpecLike, submission_id: Optional[str] = None,
@@ -275,11 +303,7 @@ class Client:
             except (Unavailable, DeadlineExceeded, Cancelled):
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(last, timeout) from None
-        if last.state == JobState.SUCCEEDED:
-            return last
-        if last.state == JobState.CANCELLED:
-            raise JobCancelled(last, last.reason)
-        raise JobFailed(last, last.reason)
+        return _outcome(last)
 
     def history(self, job: JobRef) -> History:
         """The job's per-step loss, throughput and duration so far (lists, in step order;
@@ -290,34 +314,56 @@ class Client:
         while from_step:
             page = self._unary("GetJobHistory",
                                jobs_pb2.GetJobHistoryRequest(job_id=job_id, from_step=from_step))
-            for p in page.steps:
-                out.append(p)
-            if page.next_from_step and page.next_from_step <= from_step:
-                raise RpcError(grpc.StatusCode.DATA_LOSS,
-                               f"the coordinator's next page of {job_id} starts at step "
-                               f"{page.next_from_step}, not after step {from_step}",
-                               "GetJobHistory")
-            from_step = page.next_from_step
+            from_step = _add_history_page(out, page, from_step)
         return out
 
     def trace(self, job: JobRef, step: Optional[int] = None) -> dict:
         """One step's action timeline on every rank, as Chrome trace-event JSON (a dict:
         json.dump it and open it in Perfetto or chrome://tracing). step: 1-based; None for
         the latest step every rank has reported. NotFound names the steps kept."""
-        if step is not None and step <= 0:
-            raise ConfigError(f"step is 1-based, got {step}")
-        trace = self._unary("GetJobTrace",
-                            jobs_pb2.GetJobTraceRequest(job_id=_job_id(job), step=step or 0))
-        try:
-            return chrome_trace(trace)
-        except ValueError as e:
-            raise RpcError(grpc.StatusCode.DATA_LOSS, str(e), "GetJobTrace") from None
+        return _trace_json(self._unary("GetJobTrace", _trace_request(job, step)))
 
     # -- cluster ---------------------------------------------------------------------
     def workers(self) -> List[Worker]:
         """Every worker the coordinator knows, with its state and device."""
         response = self._unary("ListWorkers", jobs_pb2.ListWorkersRequest())
         return [Worker.from_proto(w) for w in response.workers]
+
+
+def _outcome(last: JobT) -> JobT:
+    """wait's result: the snapshot of a job that SUCCEEDED; JobFailed or JobCancelled."""
+    if last.state == JobState.SUCCEEDED:
+        return last
+    if last.state == JobState.CANCELLED:
+        raise JobCancelled(last, last.reason)
+    raise JobFailed(last, last.reason)
+
+
+def _add_history_page(out: History, page: jobs_pb2.JobHistory,
+                      from_step: int) -> int:
+    """Appends a GetJobHistory page asked from `from_step`; the next page's first step, 0
+    after the last. DATA_LOSS when the next page would not start after this one."""
+    for p in page.steps:
+        out.append(p)
+    if page.next_from_step and page.next_from_step <= from_step:
+        raise RpcError(grpc.StatusCode.DATA_LOSS,
+                       f"the coordinator's next page of {out.job_id} starts at step "
+                       f"{page.next_from_step}, not after step {from_step}", "GetJobHistory")
+    return page.next_from_step
+
+
+def _trace_request(job: Union[str, JobFields],
+                   step: Optional[int]) -> jobs_pb2.GetJobTraceRequest:
+    if step is not None and step <= 0:
+        raise ConfigError(f"step is 1-based, got {step}")
+    return jobs_pb2.GetJobTraceRequest(job_id=_job_id(job), step=step or 0)
+
+
+def _trace_json(trace: jobs_pb2.JobTrace) -> dict:
+    try:
+        return chrome_trace(trace)
+    except ValueError as e:
+        raise RpcError(grpc.StatusCode.DATA_LOSS, str(e), "GetJobTrace") from None
 
 
 def _with_progress(events: Iterator[Event], job_id: str,

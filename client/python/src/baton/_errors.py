@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import grpc
 
 if TYPE_CHECKING:  # pragma: no cover
-    from baton._types import Job
+    from baton._types import JobFields
 
 
 class BatonError(Exception):
@@ -107,7 +107,7 @@ class Internal(RpcError):
 class JobError(BatonError):
     """A job ended without succeeding. `job` is its final snapshot, `reason` why."""
 
-    def __init__(self, job: "Job", reason: str):
+    def __init__(self, job: "JobFields", reason: str):
         super().__init__(f"{job.id} {job.state.value}: {reason}")
         self.job = job
         self.reason = reason
@@ -124,7 +124,7 @@ class JobCancelled(JobError):
 class WaitTimeout(BatonError, TimeoutError):
     """wait() ran out of time before the job ended. `job` is the last snapshot seen."""
 
-    def __init__(self, job: "Job", timeout: float):
+    def __init__(self, job: "JobFields", timeout: float):
         super().__init__(f"{job.id} still {job.state.value} after {timeout:g} s "
                          f"({job.steps_done}/{job.total_steps} steps)")
         self.job = job

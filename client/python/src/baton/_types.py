@@ -54,18 +54,12 @@ def _seconds(d) -> float:
     return d.seconds + d.nanos / 1e9
 
 
-class Job:
-    """A snapshot of one job, as the coordinator returned it; `refresh()` gets a new one.
+class JobFields:
+    """A job snapshot's fields: what Job (the Client's) and baton.aio.AsyncJob share."""
 
-    The methods that act on the job (`wait`, `watch`, `cancel`, `history`, `trace`) go
-    through the Client that returned it.
-    """
-
-    def __init__(self, proto: jobs_pb2.Job, client: "Client"):
+    def __init__(self, proto: jobs_pb2.Job):
         self.proto = proto
-        self._client = client
 
-    # -- fields ----------------------------------------------------------------------
     @property
     def id(self) -> str:
         """The coordinator's id, e.g. "job-000042"."""
@@ -158,7 +152,23 @@ class Job:
         """When it was submitted (UTC datetime)."""
         return _time(self.proto.create_time)
 
-    # -- actions ---------------------------------------------------------------------
+    def __repr__(self) -> str:
+        loss = f", loss={self.last_loss:.4g}" if self.last_loss is not None else ""
+        return (f"{type(self).__name__}(id={self.id!r}, name={self.name!r}, "
+                f"state={self.state.value}, steps={self.steps_done}/{self.total_steps}{loss})")
+
+
+class Job(JobFields):
+    """A snapshot of one job, as the coordinator returned it; `refresh()` gets a new one.
+
+    The methods that act on the job (`wait`, `watch`, `cancel`, `history`, `trace`) go
+    through the Client that returned it.
+    """
+
+    def __init__(self, proto: jobs_pb2.Job, client: "Client"):
+        super().__init__(proto)
+        self._client = client
+
     def refresh(self) -> "Job":
         """A new snapshot of this job."""
         return self._client.get(self.id)
@@ -182,11 +192,6 @@ class Job:
     def trace(self, step: Optional[int] = None) -> dict:
         """Client.trace(self, step): Chrome trace JSON of one step."""
         return self._client.trace(self, step)
-
-    def __repr__(self) -> str:
-        loss = f", loss={self.last_loss:.4g}" if self.last_loss is not None else ""
-        return (f"Job(id={self.id!r}, name={self.name!r}, state={self.state.value}, "
-                f"steps={self.steps_done}/{self.total_steps}{loss})")
 
 
 @dataclass(frozen=True)
