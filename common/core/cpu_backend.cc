@@ -213,10 +213,11 @@ class CpuBackendImpl final : public Backend {
     // The elements each operand spans in memory: op(A) is m x k, op(B) is k x n.
     const int64_t a_extent = trans_a ? (k - 1) * lda + m : (m - 1) * lda + k;
     const int64_t b_extent = trans_b ? (n - 1) * ldb + k : (k - 1) * ldb + n;
-    std::vector<float> wide_a(a_extent), wide_b(b_extent);  // freed when the product is done
-    FromBf16(a_extent, a, wide_a.data());
-    FromBf16(b_extent, b, wide_b.data());
-    Gemm(trans_a, trans_b, m, n, k, alpha, wide_a.data(), lda, wide_b.data(), ldb, beta, c, ldc);
+    // Freed when the product is done; not zeroed first (the widening writes every element).
+    std::unique_ptr<float[]> wide_a(new float[a_extent]), wide_b(new float[b_extent]);
+    FromBf16(a_extent, a, wide_a.get());
+    FromBf16(b_extent, b, wide_b.get());
+    Gemm(trans_a, trans_b, m, n, k, alpha, wide_a.get(), lda, wide_b.get(), ldb, beta, c, ldc);
   }
 
   void Add(int64_t n, const float* a, const float* b, float* out) override {
