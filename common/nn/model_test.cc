@@ -40,14 +40,15 @@ baton::v1::ModelSpec MlpSpec() {
   return spec;
 }
 
-baton::v1::ModelSpec GptSpec() {
+baton::v1::ModelSpec GptSpec(int vocab = 7, int context = 5, int d_model = 8, int heads = 2,
+                             int layers = 2) {
   baton::v1::ModelSpec spec;
   auto* g = spec.mutable_gpt();
-  g->set_vocab_size(7);
-  g->set_context(5);
-  g->set_d_model(8);
-  g->set_heads(2);
-  g->set_layers(2);
+  g->set_vocab_size(vocab);
+  g->set_context(context);
+  g->set_d_model(d_model);
+  g->set_heads(heads);
+  g->set_layers(layers);
   return spec;
 }
 
@@ -246,12 +247,7 @@ TEST(ModelTest, ActivationBytesAreWhatEachBlockKeeps) {
       baton::v1::ModelSpec spec;
       Data d;
       if (gpt) {
-        auto* g = spec.mutable_gpt();
-        g->set_vocab_size(16);
-        g->set_context(16);
-        g->set_d_model(32);
-        g->set_heads(2);
-        g->set_layers(2);
+        spec = GptSpec(16, 16, 32, 2, 2);
         d = {RandomIds({2, 16}, 16, 53, "x"), RandomIds({2, 16}, 16, 53, "y")};
       } else {
         auto* m = spec.mutable_mlp();
@@ -299,14 +295,7 @@ TEST(ModelTest, ActivationBytesAreWhatEachBlockKeeps) {
 // bytes per element of its [T, C] input where fp32 keeps 64 (the pre-activation, the
 // attention probabilities and the statistics stay float32); the head keeps fewer too.
 TEST(ModelTest, Bf16KeepsFewerActivationBytes) {
-  baton::v1::ModelSpec spec;
-  auto* g = spec.mutable_gpt();
-  g->set_vocab_size(64);
-  g->set_context(64);
-  g->set_d_model(64);
-  g->set_heads(4);
-  g->set_layers(1);
-  const std::vector<BlockInfo> info = DescribeBlocks(spec);
+  const std::vector<BlockInfo> info = DescribeBlocks(GptSpec(64, 64, 64, 4, 1));
   ASSERT_EQ(info.size(), 3u);
   EXPECT_EQ(ActivationBytes(info[0], true), ActivationBytes(info[0], false));  // token ids
   const int64_t T = 64, C = 64, H = 4;
