@@ -90,7 +90,10 @@ inline std::vector<baton::v1::JobPlan> Plans(const baton::v1::JobSpec& spec,
     sp->set_first_block((*blocks)[s].first);
     sp->set_last_block((*blocks)[s].last);
   }
-  *common.mutable_recv_timeout() = ToProtoDuration(absl::Seconds(5));
+  // Only bounds a hang: the ranks' threads may start far apart, and the tests that stop a
+  // run waiting for a peer must see it stopped, not timed out (a test of the deadline sets
+  // its own).
+  *common.mutable_recv_timeout() = ToProtoDuration(absl::Seconds(60));
   common.set_data_parallel(1);
   std::vector<baton::v1::JobPlan> plans;
   for (int r = 0; r < kRanks; ++r) {

@@ -8,7 +8,9 @@
 namespace baton {
 namespace {
 
-absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+// A deadline for calls expected to succeed (or to fail for another reason): it only bounds
+// a hang, so no load makes a call miss it.
+absl::Time Soon() { return absl::Now() + absl::Seconds(60); }
 
 // Runs body(rank) on one thread per member and joins them.
 template <typename F>
@@ -67,11 +69,9 @@ TEST(InProcessCollectiveTest, AMissingMemberEndsTheCallAtTheDeadlineAndFailsTheG
   std::unique_ptr<Collective> a = group.Member(0);
   std::unique_ptr<Collective> b = group.Member(1);
   float x = 1;
-  const absl::Time start = absl::Now();
   absl::Status s = a->AllReduceSum(&x, 1, absl::Now() + absl::Milliseconds(200));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("1 of 2 replicas had not joined"), std::string::npos) << s;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // The late member does not wait for a group that has failed.
   s = b->AllReduceSum(&x, 1, Soon());
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
@@ -86,6 +86,7 @@ TEST(InProcessCollectiveTest, AbortWakesAWaitingMemberWithTheReason) {
     float x = 1;
     waited = a->AllReduceSum(&x, 1, Soon());
   });
+  // As a rule `a` waits by now; a call that starts after the abort fails the same way.
   absl::SleepFor(absl::Milliseconds(50));
   b->Abort(absl::UnavailableError("replica 1's stage 0 failed"));
   t.join();

@@ -35,6 +35,29 @@ inline bool SameTensor(const Tensor& a, const Tensor& b) {
 
 inline absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
+// Deadlines for operations whose expected outcome is not DEADLINE_EXCEEDED: they only
+// bound a hang, so no load can make the test miss them.
+//  - kHangBound: for an operation expected to succeed (or to fail for another reason).
+//  - kNeverReached: for what a test shows an operation does NOT wait for (an abort that
+//    must not wait for the receive deadline, a failure that must be reported before the
+//    send deadline): the operation ending with a status that is not DEADLINE_EXCEEDED
+//    proves it, and a regression is a hung test, not a flaky assertion on elapsed time.
+inline constexpr absl::Duration kHangBound = absl::Seconds(60);
+inline constexpr absl::Duration kNeverReached = absl::Minutes(10);
+
+// Polls `done` (every millisecond) until it is true; false if it is still false after
+// kHangBound. For waiting until a fact a test needs (a tensor filed, a caller blocked) is
+// true, instead of sleeping and assuming it is.
+template <typename F>
+bool WaitUntil(F done) {
+  const absl::Time deadline = In(kHangBound);
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 }  // namespace transport_test
 }  // namespace baton
 

@@ -565,6 +565,8 @@ void FakeNccl::EndComm(NcclComm comm, bool abort) {
   MutexLock lock(w.mu);
   auto it = comms_.find(comm);
   if (it == comms_.end()) return;
+  const Comm& c = *it->second;
+  if (c.finalizing && c.pending == 0 && c.error == NcclResult::kSuccess) ++finalized_;
   it->second->gone = true;
   Withdraw(it->second.get());
   comms_.erase(it);
@@ -766,6 +768,7 @@ FakeNccl::Counts FakeNccl::counts() const {
   c.comms = static_cast<int>(comms_.size());
   c.aborted = aborted_;
   c.destroyed = destroyed_;
+  c.finalized = finalized_;
   c.streams = static_cast<int>(streams_.size());
   c.events = static_cast<int>(events_.size());
   c.device_wide_frees = device_wide_frees_;

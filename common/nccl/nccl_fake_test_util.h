@@ -132,6 +132,9 @@ class FakeNccl final : public NcclApi {
     int comms = 0;      // live communicators
     int aborted = 0;    // communicators ended with CommAbort (ever)
     int destroyed = 0;  // ended with CommDestroy (ever)
+    // Ended (either way) after a CommFinalize that had completed, nothing left pending and
+    // no error (ever): a clean close rather than one that gave up on the finalize.
+    int finalized = 0;
     int streams = 0;
     int events = 0;
     int buffers = 0;  // DeviceAlloc and HostAlloc blocks
@@ -163,6 +166,7 @@ class FakeNccl final : public NcclApi {
   absl::flat_hash_map<void*, size_t> buffers_;
   int aborted_ = 0;
   int destroyed_ = 0;
+  int finalized_ = 0;
   int device_wide_frees_ = 0;
 };
 

@@ -32,6 +32,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using transport_test::In;
+using transport_test::kHangBound;
+using transport_test::kNeverReached;
 using transport_test::Pattern;
 using transport_test::SameTensor;
 
@@ -131,7 +133,7 @@ TYPED_TEST(TransportContractTest, TensorsArriveBitExactInClockOrder) {
   auto tag = [](int i) {
     return Tag(i % 11, 0, i % 2 ? TensorKind::kGradient : TensorKind::kActivation, i / 11);
   };
-  const absl::Time deadline = In(absl::Seconds(20));
+  const absl::Time deadline = In(kHangBound);
   std::vector<std::unique_ptr<SendWork>> works;
   for (int i = 0; i < kN; ++i) works.push_back(b->at(0)->Send(1, tag(i), tensor(i)));
   for (int i = 0; i < kN; ++i) {
@@ -150,7 +152,7 @@ TYPED_TEST(TransportContractTest, TheReceiverOwnsWhatItGets) {
   ASSERT_TRUE(b->ok());
   Tensor t = Pattern({16}, DType::kFloat32, 3);
   const Tensor sent = t.Clone();
-  const absl::Time deadline = In(absl::Seconds(20));
+  const absl::Time deadline = In(kHangBound);
   std::unique_ptr<SendWork> w = b->at(0)->Send(1, Tag(0), t);
   absl::StatusOr<Tensor> got = b->at(1)->Recv(0, Tag(0), deadline);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -165,7 +167,7 @@ TYPED_TEST(TransportContractTest, ActivationsForwardAndGradientsBackOnThreeRanks
   constexpr int kM = 4;
   auto b = this->Make(kRanks);
   ASSERT_TRUE(b->ok());
-  const absl::Time deadline = In(absl::Seconds(20));
+  const absl::Time deadline = In(kHangBound);
   auto add = [](const Tensor& t, float v) {
     Tensor out = t.Clone();
     for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] += v;
@@ -226,27 +228,26 @@ TYPED_TEST(TransportContractTest, AReceiveDeadlineNamesThePeerAndTheTag) {
   auto b = this->Make(2);
   ASSERT_TRUE(b->ok());
   const TensorTag tag = Tag(2, 0, TensorKind::kActivation, 3);
-  const absl::Time start = absl::Now();
   absl::StatusOr<Tensor> t = b->at(1)->Recv(0, tag, In(absl::Milliseconds(200)));
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
   EXPECT_THAT(std::string(t.status().message()),
               AllOf(HasSubstr("from rank 0"), HasSubstr(tag.ToString())));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 // Abort wakes a blocked receive at once with the reason, and later operations fail too.
 TYPED_TEST(TransportContractTest, AbortWakesABlockedReceiveWithTheReason) {
   auto b = this->Make(2);
   ASSERT_TRUE(b->ok());
-  const absl::Time far = In(absl::Seconds(30));
-  const absl::Time start = absl::Now();
+  // Woken by the abort, never by this deadline (that would be DEADLINE_EXCEEDED).
+  const absl::Time far = In(kNeverReached);
   absl::Status seen;
   std::thread waiter([&] { seen = b->at(1)->Recv(0, Tag(0), far).status(); });
+  // As a rule the receive blocks by now; one that starts after the abort fails the same
+  // way (below), so the outcome does not depend on it.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   b->at(1)->Abort(absl::InternalError("disk on fire"));
   waiter.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(seen.code(), absl::StatusCode::kAborted) << seen;
   EXPECT_THAT(std::string(seen.message()), HasSubstr("rank 1 aborted: disk on fire"));
   EXPECT_FALSE(b->at(1)->Recv(0, Tag(1), far).ok());
@@ -296,7 +297,7 @@ TYPED_TEST(TransportContractTest, APipelineTrainsLikeTheReferenceTrainer) {
     ASSERT_TRUE(b->ok());
     StageExecutorOptions eo;
     eo.job_id = kJob;
-    eo.recv_timeout = absl::Seconds(30);
+    eo.recv_timeout = kHangBound;
     std::vector<std::unique_ptr<StageExecutor>> ex;
     for (int r = 0; r < 2; ++r) {
       auto e = StageExecutor::Create(spec, *schedule, *blocks, r, b->at(r), eo);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -127,9 +128,7 @@ TEST(NcclRealTest, InitWhosePeerNeverComesStaysInProgressAndAborts) {
   ASSERT_EQ(init, NcclResult::kInProgress) << NcclResultName(init) << ": " << api->LastError(comm);
   ASSERT_NE(comm, nullptr);
   EXPECT_EQ(Settle(api, comm, absl::Milliseconds(500)), NcclResult::kInProgress);
-  const absl::Time start = absl::Now();
-  EXPECT_EQ(api->CommAbort(comm), NcclResult::kSuccess);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(api->CommAbort(comm), NcclResult::kSuccess);  // returns: it did not wait
 }
 
 TEST(NcclRealTest, UnrecordedEventIsComplete) {
@@ -152,13 +151,19 @@ TEST(NcclRealTest, APollThatFindsAnEventPendingDoesNotFailTheNextKernel) {
   ASSERT_TRUE(stream.ok()) << stream.status();
   absl::StatusOr<CudaEvent> event = api->EventCreate(0);
   ASSERT_TRUE(event.ok()) << event.status();
-  // Hold the stream for a while, then mark it: the event is pending when polled.
-  ASSERT_EQ(
-      cudaLaunchHostFunc(
-          reinterpret_cast<cudaStream_t>(*stream), [](void*) { usleep(300 * 1000); }, nullptr),
-      cudaSuccess);
+  // Hold the stream until the poll is done, then mark it: the event is pending when
+  // polled, however the threads run.
+  std::atomic<bool> polled{false};
+  ASSERT_EQ(cudaLaunchHostFunc(
+                reinterpret_cast<cudaStream_t>(*stream),
+                [](void* flag) {
+                  while (!static_cast<std::atomic<bool>*>(flag)->load()) usleep(1000);
+                },
+                &polled),
+            cudaSuccess);
   ASSERT_TRUE(api->EventRecord(*event, *stream).ok());
   absl::StatusOr<bool> done = api->EventQuery(*event);
+  polled = true;
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_FALSE(*done) << "the event was not pending: the test proves nothing";
   // A kernel on the same thread, then its check.
@@ -170,7 +175,7 @@ TEST(NcclRealTest, APollThatFindsAnEventPendingDoesNotFailTheNextKernel) {
   std::vector<float> host(4096);
   ASSERT_TRUE(x.CopyToHost(host.data()).ok());
   EXPECT_EQ(host[4095], 2.5f);
-  ASSERT_TRUE(Reached(api, *event, absl::Seconds(10)));
+  ASSERT_TRUE(Reached(api, *event, absl::Seconds(60)));
   EXPECT_TRUE(api->EventDestroy(*event).ok());
   EXPECT_TRUE(api->StreamDestroy(*stream).ok());
 }

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <future>
+
 #include "absl/strings/str_cat.h"
 #include "common/comm/transport_test_util.h"
 #include "common/nccl/nccl_fake_test_util.h"
@@ -38,6 +40,8 @@ TensorTag Tag(int microbatch, int stage = 0, TensorKind kind = TensorKind::kActi
 }
 
 using transport_test::In;
+using transport_test::kHangBound;
+using transport_test::kNeverReached;
 using transport_test::Pattern;
 using transport_test::SameTensor;
 using Cluster = NcclTestCluster;
@@ -50,14 +54,15 @@ using Cluster = NcclTestCluster;
 TEST(NcclTransportTest, BlockingBringUpGoesInOneGlobalOrder) {
   FakeNcclOptions blocking;
   blocking.blocking_init = true;
+  blocking.blocking_init_timeout = kHangBound;  // the ranks' threads may start far apart
   Cluster c(3, {{0, blocking}, {1, blocking}, {2, blocking}});
   const auto statuses = c.Start({}, [](NcclTransport::Options& o) {
     std::reverse(o.peers.begin(), o.peers.end());  // rank 1 lists rank 2 first
   });
   for (const auto& [r, s] : statuses) ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s;
   auto w = c[1]->Send(2, Tag(0), Tensor::Zeros({4}));
-  EXPECT_TRUE(c[2]->Recv(1, Tag(0), In(absl::Seconds(5))).ok());
-  EXPECT_TRUE(w->Wait(In(absl::Seconds(5))).ok());
+  EXPECT_TRUE(c[2]->Recv(1, Tag(0), In(kHangBound)).ok());
+  EXPECT_TRUE(w->Wait(In(kHangBound)).ok());
 }
 
 // A 2-rank 1F1B exchange: rank 0 sends activations and receives gradients, rank 1 the
@@ -71,7 +76,7 @@ TEST(NcclTransportTest, TwoRanksExchangeInClockOrder) {
   const Shape shape = {3, 17};
   auto act = [&](int m) { return Pattern(shape, DType::kFloat32, 100 + m); };
   auto grad = [&](int m) { return Pattern(shape, DType::kFloat32, 200 + m); };
-  const absl::Time deadline = In(absl::Seconds(5));
+  const absl::Time deadline = In(kHangBound);
 
   std::thread r0([&] {
     std::vector<std::unique_ptr<SendWork>> works;
@@ -109,7 +114,7 @@ TEST(NcclTransportTest, TwoRanksExchangeInClockOrder) {
 TEST(NcclTransportTest, BothRanksSendBeforeTheyReceive) {
   Cluster c(2);
   ASSERT_TRUE(c.StartAll());
-  const absl::Time deadline = In(absl::Seconds(5));
+  const absl::Time deadline = In(kHangBound);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -141,7 +146,7 @@ TEST(NcclTransportTest, ManyTagsInOrderEveryShapeAndDtype) {
   auto tag = [](int i) {
     return Tag(i % 11, i % 3, i % 2 ? TensorKind::kGradient : TensorKind::kActivation, i / 11);
   };
-  const absl::Time deadline = In(absl::Seconds(10));
+  const absl::Time deadline = In(kHangBound);
   std::vector<std::unique_ptr<SendWork>> works;
   for (int i = 0; i < kN; ++i) works.push_back(c[0]->Send(1, tag(i), tensor(i)));
   for (int i = 0; i < kN; ++i) {
@@ -159,18 +164,22 @@ TEST(NcclTransportTest, SendWaitsForTheComputeStream) {
   ASSERT_TRUE(c.StartAll());
   Tensor t = Tensor::Zeros({1024}, DType::kInt32);
   const Tensor expected = Pattern({1024}, DType::kInt32, 99);
+  // The compute stream writes only once Send has returned, however the threads run.
+  std::promise<void> sent;
+  std::shared_future<void> sent_done = sent.get_future().share();
   ASSERT_TRUE(c.api(0)
                   ->LaunchHostFunc(c.compute(0),
-                                   [t, expected]() mutable {
-                                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                                   [t, expected, sent_done]() mutable {
+                                     sent_done.wait();
                                      std::memcpy(t.raw(), expected.raw(), t.nbytes());
                                    })
                   .ok());
   auto w = c[0]->Send(1, Tag(0), t);
-  auto got = c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  sent.set_value();
+  auto got = c[1]->Recv(0, Tag(0), In(kHangBound));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(SameTensor(*got, expected));
-  EXPECT_TRUE(w->Wait(In(absl::Seconds(5))).ok());
+  EXPECT_TRUE(w->Wait(In(kHangBound)).ok());
 }
 
 // The fake returns kInProgress from every call and keeps reporting it for a while: the
@@ -180,7 +189,7 @@ TEST(NcclTransportTest, CallsThatReturnInProgressArePolled) {
   slow.in_progress_polls = 3;
   Cluster c(2, {{0, slow}, {1, slow}});
   ASSERT_TRUE(c.StartAll());
-  const absl::Time deadline = In(absl::Seconds(5));
+  const absl::Time deadline = In(kHangBound);
   std::thread r1([&] {
     for (int i = 0; i < 20; ++i) {
       auto t = c[1]->Recv(0, Tag(i), deadline);
@@ -208,8 +217,9 @@ TEST(NcclTransportTest, OutOfOrderTagIsRefusedNamingBothTagsAndThePeer) {
   const TensorTag second = Tag(1);
   auto w0 = c[0]->Send(1, first, Pattern({8}, DType::kFloat32, 1));
   auto w1 = c[0]->Send(1, second, Pattern({8}, DType::kFloat32, 2));
-  const absl::Time start = absl::Now();
-  auto t = c[1]->Recv(0, second, In(absl::Seconds(5)));
+  // Refused as soon as `first` arrives: a receive that waited for its deadline instead
+  // would end DEADLINE_EXCEEDED.
+  auto t = c[1]->Recv(0, second, In(kNeverReached));
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
   EXPECT_THAT(
@@ -217,10 +227,9 @@ TEST(NcclTransportTest, OutOfOrderTagIsRefusedNamingBothTagsAndThePeer) {
       AllOf(HasSubstr("rank 1: receiving " + second.ToString() + " from rank 0"),
             HasSubstr(first.ToString() + " from rank 0 arrived instead"), HasSubstr("same order")));
   // The edge is done for: the payload of `first` is on its way and cannot be taken back.
-  auto again = c[1]->Recv(0, first, In(absl::Seconds(5)));
+  auto again = c[1]->Recv(0, first, In(kNeverReached));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("failed earlier"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // The sender's sends never complete now; their waits end at the deadline.
   EXPECT_EQ(w1->Wait(In(absl::Milliseconds(100))).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(w0->Wait(In(absl::Milliseconds(100))).ok());
@@ -230,7 +239,7 @@ TEST(NcclTransportTest, KindAndStepAreCheckedToo) {
   Cluster c(2);
   ASSERT_TRUE(c.StartAll());
   auto w = c[0]->Send(1, Tag(0, 0, TensorKind::kActivation, /*step=*/3), Tensor::Zeros({2}));
-  auto t = c[1]->Recv(0, Tag(0, 0, TensorKind::kGradient, 3), In(absl::Seconds(5)));
+  auto t = c[1]->Recv(0, Tag(0, 0, TensorKind::kGradient, 3), In(kHangBound));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("activation from rank 0 arrived"));
 }
@@ -318,7 +327,7 @@ TEST(NcclTransportTest, GarbageHeaderIsDataLoss) {
   char garbage[nccl_internal::kHeaderBytes];
   std::memset(garbage, 0xab, sizeof(garbage));
   a.raw.SendRaw(garbage);
-  auto t = a.c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  auto t = a.c[1]->Recv(0, Tag(0), In(kHangBound));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
   EXPECT_THAT(std::string(t.status().message()),
               AllOf(HasSubstr("rank 1: receiving " + Tag(0).ToString() + " from rank 0"),
@@ -334,7 +343,7 @@ TEST(NcclTransportTest, HeaderWhoseSizeDoesNotMatchItsShapeIsDataLoss) {
   h.shape = {4};
   h.nbytes = 20;  // f32[4] is 16
   a.raw.SendHeader(h, 20);
-  auto t = a.c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  auto t = a.c[1]->Recv(0, Tag(0), In(kHangBound));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
   EXPECT_THAT(std::string(t.status().message()),
               AllOf(HasSubstr("from rank 0"), HasSubstr("announces 20 bytes"), HasSubstr("16")));
@@ -350,7 +359,7 @@ TEST(NcclTransportTest, TensorTooLargeToAllocateIsResourceExhausted) {
   h.shape = {int64_t{1} << 40};  // 4 TiB of f32
   h.nbytes = uint64_t{4} << 40;
   a.raw.SendHeader(h);
-  auto t = a.c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  auto t = a.c[1]->Recv(0, Tag(0), In(kHangBound));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
   EXPECT_THAT(std::string(t.status().message()),
               HasSubstr("rank 1: receiving " + Tag(0).ToString() + " from rank 0"));
@@ -361,7 +370,7 @@ TEST(NcclTransportTest, HeaderFromAnotherRankIsRefused) {
   AgainstRaw a;
   ASSERT_TRUE(a.started.ok()) << a.started;
   a.raw.SendHeader(nccl_internal::TensorHeader(/*source_rank=*/2, Tag(0), Tensor::Zeros({1})), 4);
-  auto t = a.c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  auto t = a.c[1]->Recv(0, Tag(0), In(kHangBound));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("from rank 2 arrived instead"));
 }
@@ -381,23 +390,22 @@ TEST(NcclTransportTest, ByteCountMismatchFailsBothSidesNamingTheEdge) {
   bad.mismatch_bytes_at_op = 3;  // 1: hello, 2: the first header, 3: its payload
   Cluster c(2, {{0, bad}});
   ASSERT_TRUE(c.StartAll());
-  const absl::Time start = absl::Now();
+  // Neither side waits for its deadline: that would end DEADLINE_EXCEEDED.
   auto w = c[0]->Send(1, Tag(0), Pattern({16}, DType::kFloat32, 1));
-  auto t = c[1]->Recv(0, Tag(0), In(absl::Seconds(5)));
+  auto t = c[1]->Recv(0, Tag(0), In(kNeverReached));
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInternal) << t.status();
   EXPECT_THAT(
       std::string(t.status().message()),
       AllOf(HasSubstr("receiving " + Tag(0).ToString() + " from rank 0"),
             HasSubstr("rank 0 -> rank 1"), HasSubstr("ncclInvalidUsage"), HasSubstr("68 bytes")));
-  const absl::Status ws = w->Wait(In(absl::Seconds(5)));
+  const absl::Status ws = w->Wait(In(kNeverReached));
   EXPECT_EQ(ws.code(), absl::StatusCode::kInternal) << ws;
   EXPECT_THAT(std::string(ws.message()),
               AllOf(HasSubstr("sending " + Tag(0).ToString() + " to rank 1"),
                     HasSubstr("ncclInvalidUsage")));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // An asynchronous error aborts the whole transport.
-  auto later = c[1]->Recv(0, Tag(1), In(absl::Seconds(5)));
+  auto later = c[1]->Recv(0, Tag(1), In(kHangBound));
   EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(later.status().message()), HasSubstr("rank 1 aborted: "));
 }
@@ -408,11 +416,11 @@ TEST(NcclTransportTest, InitThatNeverCompletesIsDeadlineExceededNamingThePeer) {
   FakeNcclOptions hang;
   hang.init_never_completes = true;
   Cluster c(2, {{1, hang}});
-  const absl::Time start = absl::Now();
+  // Whichever rank's thread runs first (or is late past the other's timeout), each gives up
+  // at its own init_timeout with the same account of both edges.
   std::map<int, std::vector<int>> failed;
   auto s = c.Start(
       {}, [](NcclTransport::Options& o) { o.init_timeout = absl::Milliseconds(300); }, &failed);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   for (int r : {0, 1}) {
     EXPECT_EQ(s[r].code(), absl::StatusCode::kDeadlineExceeded) << s[r];
     EXPECT_THAT(std::string(s[r].message()),
@@ -435,10 +443,15 @@ TEST(NcclTransportTest, InitFailureIsUnavailableNamingThePeer) {
   FakeNcclOptions broken;
   broken.init_fails = true;
   Cluster c(2, {{1, broken}});
-  const absl::Time start = absl::Now();
   std::map<int, std::vector<int>> failed;
+  // Rank 1 waits for rank 0's ids as long as it takes (a late rank 0 must not turn its
+  // failure into a deadline); rank 0 waits 300 ms for rank 1 to join.
   auto s = c.Start(
-      {}, [](NcclTransport::Options& o) { o.init_timeout = absl::Milliseconds(300); }, &failed);
+      {},
+      [](NcclTransport::Options& o) {
+        o.init_timeout = o.rank == 1 ? kNeverReached : absl::Milliseconds(300);
+      },
+      &failed);
   EXPECT_EQ(s[1].code(), absl::StatusCode::kUnavailable) << s[1];
   EXPECT_THAT(std::string(s[1].message()),
               AllOf(HasSubstr("rank 1 -> rank 0"), HasSubstr("ncclCommInitRankConfig"),
@@ -446,7 +459,6 @@ TEST(NcclTransportTest, InitFailureIsUnavailableNamingThePeer) {
   EXPECT_EQ(failed[1], std::vector<int>{0});
   // Its peer waits for it until the deadline.
   EXPECT_EQ(s[0].code(), absl::StatusCode::kDeadlineExceeded) << s[0];
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 TEST(NcclTransportTest, PeerThatNeverStartsIsDeadlineExceeded) {
@@ -482,7 +494,7 @@ TEST(NcclTransportTest, BadOptionsAreInvalidArgument) {
 TEST(NcclTransportTest, BadArgumentsAreInvalidArgument) {
   Cluster c(3);
   ASSERT_TRUE(c.StartAll());
-  const absl::Time deadline = In(absl::Seconds(1));
+  const absl::Time deadline = In(kHangBound);
   // Rank 0's only peer is rank 1.
   EXPECT_EQ(c[0]->Send(2, Tag(0), Tensor::Zeros({1}))->Wait(deadline).code(),
             absl::StatusCode::kInvalidArgument);
@@ -494,8 +506,8 @@ TEST(NcclTransportTest, BadArgumentsAreInvalidArgument) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("the tag's job key is not this transport's"));
   // Nothing was sent: the edge still works.
   auto w = c[0]->Send(1, Tag(1), Tensor::Zeros({1}));
-  EXPECT_TRUE(c[1]->Recv(0, Tag(1), In(absl::Seconds(5))).ok());
-  EXPECT_TRUE(w->Wait(In(absl::Seconds(5))).ok());
+  EXPECT_TRUE(c[1]->Recv(0, Tag(1), In(kHangBound)).ok());
+  EXPECT_TRUE(w->Wait(In(kHangBound)).ok());
 }
 
 // --- Failures while running ----------------------------------------------------------------
@@ -505,9 +517,8 @@ TEST(NcclTransportTest, AsyncErrorFailsTheWaiterNamingThePeerAndAbortsTheTranspo
   flaky.async_error_at_op = 4;  // 1: hello, 2-3: the first tensor, 4: the second's header
   Cluster c(2, {{0, flaky}});
   ASSERT_TRUE(c.StartAll());
-  const absl::Time start = absl::Now();
   std::thread receiver([&] {
-    EXPECT_TRUE(c[1]->Recv(0, Tag(0), In(absl::Seconds(5))).ok());
+    EXPECT_TRUE(c[1]->Recv(0, Tag(0), In(kHangBound)).ok());
     // The second never comes: rank 1 finds out at its deadline (or when told out of band).
     auto t = c[1]->Recv(0, Tag(1), In(absl::Milliseconds(300)));
     EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
@@ -516,22 +527,22 @@ TEST(NcclTransportTest, AsyncErrorFailsTheWaiterNamingThePeerAndAbortsTheTranspo
                       HasSubstr("from rank 0")));
   });
   auto w0 = c[0]->Send(1, Tag(0), Pattern({5}, DType::kFloat32, 0));
-  EXPECT_TRUE(w0->Wait(In(absl::Seconds(5))).ok());
-  // The communicator breaks as the second tensor's header is enqueued.
+  EXPECT_TRUE(w0->Wait(In(kHangBound)).ok());
+  // The communicator breaks as the second tensor's header is enqueued: the wait ends on
+  // the asynchronous error, not at its deadline.
   auto w1 = c[0]->Send(1, Tag(1), Pattern({5}, DType::kFloat32, 1));
-  const absl::Status s = w1->Wait(In(absl::Seconds(10)));
+  const absl::Status s = w1->Wait(In(kNeverReached));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("rank 0: sending " + Tag(1).ToString() + " to rank 1"),
                     HasSubstr("NCCL error on the communicator rank 0 -> rank 1"),
                     HasSubstr("ncclRemoteError"), HasSubstr("injected")));
   // The transport is aborted with a reason that names the peer.
-  auto r = c[0]->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(5)));
+  auto r = c[0]->Recv(1, Tag(0, 1, TensorKind::kGradient), In(kNeverReached));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(r.status().message()),
               AllOf(HasSubstr("rank 0 aborted: "), HasSubstr("rank 0 -> rank 1")));
   receiver.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
 TEST(NcclTransportTest, PeerThatNeverReceivesHitsTheSendDeadline) {
@@ -541,20 +552,19 @@ TEST(NcclTransportTest, PeerThatNeverReceivesHitsTheSendDeadline) {
   EXPECT_FALSE(w->IsCompleted());
   const absl::Time start = absl::Now();
   const absl::Status s = w->Wait(In(absl::Milliseconds(200)));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));  // not before its deadline
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("rank 0: sending " + Tag(0).ToString() + " to rank 1"),
                     HasSubstr("not received by rank 1"), HasSubstr("was aborted")));
   EXPECT_TRUE(w->IsCompleted());
   // That edge is failed; sends to the peer fail at once, receives from it still work.
-  const absl::Status later = c[0]->Send(1, Tag(1), Tensor::Zeros({1}))->Wait(In(absl::Seconds(5)));
+  const absl::Status later = c[0]->Send(1, Tag(1), Tensor::Zeros({1}))->Wait(In(kNeverReached));
   EXPECT_EQ(later.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(later.message()), HasSubstr("failed earlier"));
   auto back = c[1]->Send(0, Tag(0, 1, TensorKind::kGradient), Tensor::Zeros({3}));
-  EXPECT_TRUE(c[0]->Recv(1, Tag(0, 1, TensorKind::kGradient), In(absl::Seconds(5))).ok());
-  EXPECT_TRUE(back->Wait(In(absl::Seconds(5))).ok());
+  EXPECT_TRUE(c[0]->Recv(1, Tag(0, 1, TensorKind::kGradient), In(kHangBound)).ok());
+  EXPECT_TRUE(back->Wait(In(kHangBound)).ok());
 }
 
 TEST(NcclTransportTest, ReceivesThatAreNeverPostedTimeOutOnBothSides) {
@@ -562,7 +572,6 @@ TEST(NcclTransportTest, ReceivesThatAreNeverPostedTimeOutOnBothSides) {
   deaf.drop_recvs_from_op = 2;  // after the handshake
   Cluster c(2, {{1, deaf}});
   ASSERT_TRUE(c.StartAll());
-  const absl::Time start = absl::Now();
   auto w = c[0]->Send(1, Tag(0), Pattern({10}, DType::kFloat32, 0));
   auto t = c[1]->Recv(0, Tag(0), In(absl::Milliseconds(200)));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
@@ -570,26 +579,26 @@ TEST(NcclTransportTest, ReceivesThatAreNeverPostedTimeOutOnBothSides) {
       std::string(t.status().message()),
       AllOf(HasSubstr(Tag(0).ToString()), HasSubstr("from rank 0"), HasSubstr("nothing arrived")));
   EXPECT_EQ(w->Wait(In(absl::Milliseconds(200))).code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 TEST(NcclTransportTest, AbortWakesEveryWaiterWithTheReason) {
   Cluster c(3);
   ASSERT_TRUE(c.StartAll());
-  const absl::Time far = In(absl::Seconds(20));
-  const absl::Time start = absl::Now();
+  // Woken by the abort, not by this deadline: that would end DEADLINE_EXCEEDED.
+  const absl::Time far = In(kNeverReached);
   // Rank 1 waits for rank 0 and rank 2 (who send nothing) and for a send rank 0 never takes.
   auto w = c[1]->Send(0, Tag(0, 1, TensorKind::kGradient), Tensor::Zeros({4}));
   std::vector<absl::Status> got(3);
   std::thread a([&] { got[0] = c[1]->Recv(0, Tag(0, 0), far).status(); });
   std::thread b([&] { got[1] = c[1]->Recv(2, Tag(0, 2, TensorKind::kGradient), far).status(); });
   std::thread d([&] { got[2] = w->Wait(far); });
+  // Lets the three block first, as a rule; a thread that is late calls after the abort
+  // and gets the same answer (below), so the outcome does not depend on it.
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   c[1]->Abort(absl::InternalError("rank 1's optimizer blew up"));
   a.join();
   b.join();
   d.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   for (const absl::Status& s : got) {
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
     EXPECT_EQ(s.message(), "rank 1 aborted: rank 1's optimizer blew up");
@@ -601,27 +610,35 @@ TEST(NcclTransportTest, AbortWakesEveryWaiterWithTheReason) {
   EXPECT_EQ(c[1]->Recv(0, Tag(1), far).status().code(), absl::StatusCode::kAborted);
 }
 
+// Destruction aborts pending sends instead of waiting for them: with a shutdown_timeout
+// no test outlives, a destructor that waited (to finalize a communicator with sends on it,
+// or for its streams) would hang the test rather than return.
 TEST(NcclTransportTest, DestroyingWithSendsPendingDoesNotHang) {
   Cluster c(2);
-  ASSERT_TRUE(c.Start({}, [](NcclTransport::Options& o) { o.max_sends_in_flight = 2; }).at(0).ok());
+  ASSERT_TRUE(c.Start({}, [](NcclTransport::Options& o) {
+                 o.max_sends_in_flight = 2;
+                 o.shutdown_timeout = kNeverReached;
+               }).at(0).ok());
   ASSERT_NE(c[1], nullptr);
   // Some sends are on the stream, others wait for a staging slot; rank 1 never receives.
   std::vector<std::unique_ptr<SendWork>> works;
   for (int i = 0; i < 6; ++i) works.push_back(c[0]->Send(1, Tag(i), Tensor::Zeros({1000})));
-  // And rank 1 is half-way through a receive that timed out.
-  EXPECT_EQ(c[1]->Recv(0, Tag(0, 9), In(absl::Milliseconds(50))).status().code(),
-            absl::StatusCode::kFailedPrecondition);  // rank 0's Tag(0) arrived first
-  const absl::Time start = absl::Now();
+  // And rank 1's receiving edge failed part-way: it expected another tag than the one that
+  // came (the receive ends when rank 0's Tag(0) header arrives, however long that takes).
+  EXPECT_EQ(c[1]->Recv(0, Tag(0, 9), In(kHangBound)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   c.Destroy(0);
   c.Destroy(1);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   for (auto& w : works) {
     EXPECT_TRUE(w->IsCompleted());
-    const absl::Status s = w->Wait(In(absl::Seconds(1)));
+    const absl::Status s = w->Wait(In(kHangBound));
     EXPECT_FALSE(s.ok());
   }
   EXPECT_THAT(std::string(works.back()->Wait(absl::Now()).message()),
               HasSubstr("destroyed with sends pending"));
+  // Rank 0 released its communicators with CommAbort without a finalize first (which
+  // would have waited for the pending sends).
+  EXPECT_EQ(c.api(0)->counts().finalized, 0);
   for (int r : {0, 1}) {
     const FakeNccl::Counts n = c.api(r)->counts();
     EXPECT_EQ(n.comms, 0) << "rank " << r;
@@ -631,20 +648,24 @@ TEST(NcclTransportTest, DestroyingWithSendsPendingDoesNotHang) {
   }
 }
 
+// Every finalize completes (none is cut short by shutdown_timeout, set here beyond any
+// test's life: a finalize that never completed would hang the test).
 TEST(NcclTransportTest, CleanShutdownFinalizesAndReleasesEverything) {
   Cluster c(2);
-  ASSERT_TRUE(c.StartAll());
+  for (const auto& [r, s] :
+       c.Start({}, [](NcclTransport::Options& o) { o.shutdown_timeout = kNeverReached; })) {
+    ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s;
+  }
   auto w = c[0]->Send(1, Tag(0), Tensor::Zeros({7}));
-  ASSERT_TRUE(c[1]->Recv(0, Tag(0), In(absl::Seconds(5))).ok());
-  ASSERT_TRUE(w->Wait(In(absl::Seconds(5))).ok());
-  const absl::Time start = absl::Now();
+  ASSERT_TRUE(c[1]->Recv(0, Tag(0), In(kHangBound)).ok());
+  ASSERT_TRUE(w->Wait(In(kHangBound)).ok());
   c.Destroy(0);
   c.Destroy(1);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   for (int r : {0, 1}) {
     const FakeNccl::Counts n = c.api(r)->counts();
     EXPECT_EQ(n.comms, 0);
-    EXPECT_EQ(n.aborted, 2);  // released by CommAbort after a finalize
+    EXPECT_EQ(n.finalized, 2);  // each finalized with nothing pending ...
+    EXPECT_EQ(n.aborted, 2);    // ... then released by CommAbort
     EXPECT_EQ(n.streams, 1);
     EXPECT_EQ(n.events, 0);
     EXPECT_EQ(n.buffers, 0);
@@ -689,11 +710,13 @@ TEST(InMemoryNcclIdExchangeTest, FetchWaitsPublishOnce) {
   b.bytes[0] = 2;
   EXPECT_EQ(ids.Fetch("k", In(absl::Milliseconds(20))).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+  // Published a little later, as a rule while Fetch waits; published first, it is
+  // fetched all the same.
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     EXPECT_TRUE(ids.Publish("k", a).ok());
   });
-  auto got = ids.Fetch("k", In(absl::Seconds(5)));
+  auto got = ids.Fetch("k", In(kHangBound));
   later.join();
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, a);

@@ -43,7 +43,9 @@ class NcclTestCluster {
   void Destroy(int r) { ranks_[r]->transport.reset(); }
   InMemoryNcclIdExchange& ids() { return ids_; }
 
-  // Rank r of a pipeline: its neighbours are its peers.
+  // Rank r of a pipeline: its neighbours are its peers. The bring-up and shutdown bounds
+  // are far beyond what load can take, so that they only bound a hang; a test of a timeout
+  // sets its own.
   NcclTransport::Options Options(int r) {
     NcclTransport::Options o;
     o.rank = r;
@@ -52,11 +54,11 @@ class NcclTestCluster {
     o.attempt = attempt_;
     if (r > 0) o.peers.push_back(r - 1);
     if (r + 1 < size()) o.peers.push_back(r + 1);
-    o.init_timeout = absl::Seconds(5);
+    o.init_timeout = absl::Seconds(60);
     o.compute_stream = reinterpret_cast<void*>(ranks_[r]->compute);
     o.api = ranks_[r]->api.get();
     o.ids = &ids_;
-    o.shutdown_timeout = absl::Seconds(1);
+    o.shutdown_timeout = absl::Seconds(60);
     return o;
   }
 

@@ -239,7 +239,9 @@ absl::StatusOr<TensorInbox::Reservation> TensorInbox::Reserve(
     waited = true;
     absl::Duration wait = deadline - now;
     if (cancelled) wait = std::min(wait, absl::Milliseconds(50));
+    ++deliveries_waiting_;
     changed_.wait_for(lock.native(), WaitFor(wait));
+    --deliveries_waiting_;
   }
   if (waited) ++stats_.delivery_waits;
   entries_.emplace(key, Entry{false, Tensor(), bytes});
@@ -294,13 +296,18 @@ absl::StatusOr<Tensor> TensorInbox::Take(int source_rank, const TensorTag& tag,
           absl::StrCat("timed out waiting for ", tag.ToString(), " from rank ", source_rank,
                        it == entries_.end() ? "" : " (it is still arriving)"));
     }
+    ++takes_waiting_;
     changed_.wait_for(lock.native(), WaitFor(deadline - now));
+    --takes_waiting_;
   }
 }
 
 TensorInboxStats TensorInbox::Stats() const {
   MutexLock lock(mu_);
-  return stats_;
+  TensorInboxStats s = stats_;
+  s.deliveries_waiting = deliveries_waiting_;
+  s.takes_waiting = takes_waiting_;
+  return s;
 }
 
 }  // namespace baton

@@ -86,6 +86,11 @@ struct TensorInboxStats {
   int64_t tensors_filed = 0;      // waiting to be taken
   int64_t tensors_delivered = 0;  // since Open
   int64_t delivery_waits = 0;     // deliveries that had to wait for space (backpressure)
+  // Callers blocked right now (kept across Open and Close): deliveries waiting for space,
+  // and Takes waiting for their tensor. For tests and diagnostics, to see that a caller is
+  // waiting instead of assuming it after a sleep.
+  int64_t deliveries_waiting = 0;
+  int64_t takes_waiting = 0;
 };
 
 class TensorInbox {
@@ -200,6 +205,9 @@ class TensorInbox {
   absl::flat_hash_map<Key, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> bytes_by_source_ ABSL_GUARDED_BY(mu_);
   TensorInboxStats stats_ ABSL_GUARDED_BY(mu_);
+  // Stats().deliveries_waiting and takes_waiting: not in stats_, which Open resets.
+  int64_t deliveries_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t takes_waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton
