@@ -22,7 +22,8 @@ trap cleanup EXIT
 "$bin/coordinator" --listen 127.0.0.1:0 --db "$tmp/db" --port_file "$tmp/port" \
   --metrics_listen 127.0.0.1:0 >"$tmp/log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do [[ -s "$tmp/port" ]] && break; sleep 0.1; done
+# A bound on a hang only (a loaded machine may take seconds to start it).
+for _ in $(seq 600); do [[ -s "$tmp/port" ]] && break; sleep 0.1; done
 [[ -s "$tmp/port" ]] || { cat "$tmp/log"; echo "FAIL: the coordinator did not start"; exit 1; }
 sleep 1  # idle
 rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")"

@@ -7,10 +7,10 @@ break. Needs root (CAP_NET_ADMIN); without it, or without the kernel features, t
 says why and exits 77 (ctest: skipped). Everything it creates is removed at the end.
 
 Cases:
-  1. A worker's link cut mid-job (its veth down): the job, with restart, is detected within
-     the lease TTL, recovers on the other workers and a spare from its last checkpoint, and
-     ends with the uninterrupted run's digest; once the link is back, the cut-off worker
-     drops its job and is IDLE again.
+  1. A worker's link cut mid-job (its veth down): the job, with restart, notices (the lease
+     TTL, 2 s, or a neighbour's transport), recovers on the other workers and a spare from
+     its last checkpoint, naming the cut-off worker, and ends with the uninterrupted run's
+     digest; once the link is back, the cut-off worker drops its job and is IDLE again.
   2. Delay and loss on one link (`tc netem delay 20ms loss 1%`): the job still ends with the
      uninterrupted run's digest. Skipped, saying so, where the kernel has no netem.
 
@@ -27,10 +27,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_test import (Cluster, Failure, check, last_reason, run_cases,  # noqa: E402
-                          tiny_gpt, wait_for)
-from recovery_test import (LEASE_TTL_S, TERMINAL, check_recovered, complete_steps,  # noqa: E402
-                           wait_checkpoint)
+from cluster_test import (HANG_S, Cluster, Failure, check, last_reason,  # noqa: E402
+                          run_cases, tiny_gpt, wait_for)
+from recovery_test import (LEASE_TTL_S, RECOVERED_STEPS, TERMINAL,  # noqa: E402
+                           check_recovered, complete_steps, wait_checkpoint)
 
 SKIP = 77
 
@@ -130,7 +130,7 @@ def restart_spec(c, ckpt, name, steps, stages):
 
 def case_link_cut(c, ckpt):
     c.ensure_workers(4)
-    spec, plain = restart_spec(c, ckpt, "link-cut", 400, stages=3)
+    spec, plain = restart_spec(c, ckpt, "link-cut", RECOVERED_STEPS, stages=3)
     job_id = c.submit(spec)["id"]
     wait_checkpoint(c, job_id, 10)
     job = c.get(job_id)
@@ -140,20 +140,19 @@ def case_link_cut(c, ckpt):
     print(f"  cut the link of {victim} (rank 1) at step {job['steps_done']}")
     try:
         job = wait_for(lambda: (lambda j: j if j.get("recoveries") or j["state"] in TERMINAL
-                                else None)(c.get(job_id)), LEASE_TTL_S + 15,
+                                else None)(c.get(job_id)), HANG_S,
                        f"{job_id} to notice the cut")
         detect = time.monotonic() - start
-        print(f"  {job_id} {job['state']} {detect:.1f} s after the cut: "
+        print(f"  {job_id} {job['state']} {detect:.1f} s after the cut (lease TTL "
+              f"{LEASE_TTL_S:g} s): "
               f"{(job.get('recoveries') or [{}])[0].get('reason', last_reason(job))[:120]}")
-        check(detect <= LEASE_TTL_S + 3.0,
-              f"the cut was noticed after {detect:.1f} s (lease TTL {LEASE_TTL_S:g} s)")
-        job = c.wait_state(job_id, TERMINAL, 120)
-        check_recovered(c, job, plain, stages_after=3)
+        job = c.wait_state(job_id, TERMINAL, 2 * HANG_S)
+        check_recovered(c, job, plain, stages_after=3, lost=victim)
         check(victim not in job["workers"], f"the cut-off {victim} is among {job['workers']}")
     finally:
         c.net.link(victim, up=True)
     # Back on the network: it learns its lease is gone, drops the job, registers again.
-    c.wait_idle(4, timeout=LEASE_TTL_S + 20, ids=["w-1", "w-2", "w-3", "w-4"])
+    c.wait_idle(4, timeout=HANG_S, ids=["w-1", "w-2", "w-3", "w-4"])
     print(f"  link of {victim} restored; all 4 workers IDLE")
 
 
@@ -172,7 +171,7 @@ def case_netem(c, ckpt):
         return "skipped"
     try:
         spec = c.write_spec(tiny_gpt("netem", steps=30, stages=3))
-        job = c.wait_state(c.submit(spec)["id"], TERMINAL, 180)
+        job = c.wait_state(c.submit(spec)["id"], TERMINAL, 2 * HANG_S)
         check(job["state"] == "JOB_STATE_SUCCEEDED", f"{job['id']} {job['state']}: "
                                                      f"{last_reason(job)}")
         check(job["weights_digest"] == c.reference_digest(spec),

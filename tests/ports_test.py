@@ -110,8 +110,8 @@ def get(address, path="/metrics", extra=b"", timeout=5.0):
     return parse_response(raw)
 
 
-def check_scrape(address, what):
-    status, fields, body = get(address)
+def check_scrape(address, what, timeout=5.0):
+    status, fields, body = get(address, timeout=timeout)
     check(status == 200, f"{what}: GET /metrics gave {status}")
     check(b"baton_build_info{" in body, f"{what}: /metrics lacks baton_build_info")
     check(body.endswith(b"\n"), f"{what}: /metrics text is cut short")
@@ -169,20 +169,24 @@ def case_requests(addresses):
 
 # ---- 2 and 3. slow and idle clients ---------------------------------------------------
 
+SLOW_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n"
+
+
 def slow_client(address, result):
-    """Sends a request head one byte a second; records when the server cut it off."""
-    data = b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n"
+    """Sends a request head one byte a second (SLOW_REQUEST: about 40 s, four times the
+    request deadline); records how many bytes went out before the server cut it off, what
+    it answered, and when."""
+    data = SLOW_REQUEST
     start = time.monotonic()
+    result["sent"] = 0
     try:
         with connect(address, timeout=REQUEST_DEADLINE_S + 10) as s:
             for i in range(len(data)):
-                if time.monotonic() - start > REQUEST_DEADLINE_S + 8:
-                    result["error"] = "still connected past the deadline"
-                    return
                 try:
                     s.sendall(data[i:i + 1])
                 except OSError:  # EPIPE, ECONNRESET, ENOTCONN: cut off
                     break
+                result["sent"] = i + 1
                 # Cut off? The server says 408 and closes.
                 s.settimeout(1.0)
                 try:
@@ -198,6 +202,20 @@ def slow_client(address, result):
     result["seconds"] = time.monotonic() - start
 
 
+def still_open(sock):
+    """Whether the server still holds `sock` open without having said anything on it."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: an answer (a 408)
+        return False
+    except BlockingIOError:  # nothing to read: open and quiet
+        return True
+    except OSError:  # reset
+        return False
+    finally:
+        sock.setblocking(True)
+
+
 def case_slow_and_idle(addresses):
     results = {name: {} for name in addresses}
     threads = [threading.Thread(target=slow_client, args=(a, results[n]))
@@ -205,14 +223,20 @@ def case_slow_and_idle(addresses):
     for t in threads:
         t.start()
     try:
-        time.sleep(1.5)  # the slow clients are under way
+        # The slow clients are under way: each has sent a byte or two.
+        wait_for(lambda: all(r.get("sent", 0) >= 2 for r in results.values()), 60,
+                 "the slow clients to start sending")
         for name, address in addresses.items():
             idle = [connect(address) for _ in range(3)]
             try:
                 start = time.monotonic()
                 check_scrape(address, f"{name} with 3 idle connections and a slow client")
                 took = time.monotonic() - start
-                check(took < 3, f"{name}: a scrape took {took:.1f} s beside idle connections")
+                # Served while the idle connections were still held open (the server cuts
+                # them off only at its request deadline), not after them.
+                check(all(still_open(s) for s in idle),
+                      f"{name}: the idle connections were closed before the scrape was "
+                      f"answered ({took:.1f} s)")
             finally:
                 for s in idle:
                     s.close()
@@ -220,12 +244,15 @@ def case_slow_and_idle(addresses):
                   f"and a slow client")
     finally:
         for t in threads:
-            t.join(timeout=REQUEST_DEADLINE_S + 20)
+            t.join(timeout=len(SLOW_REQUEST) + REQUEST_DEADLINE_S + 60)
     for name, r in results.items():
         check("error" not in r, f"{name}: slow client: {r.get('error')}")
-        check(r.get("seconds", 1e9) <= REQUEST_DEADLINE_S + 3,
-              f"{name}: a one-byte-a-second client was cut off after "
-              f"{r.get('seconds', 0):.1f} s, want <= {REQUEST_DEADLINE_S + 3}")
+        # Cut off before it could finish its request (which takes about 40 s to send): by
+        # the request deadline, however late this loaded machine noticed.
+        check(r.get("sent", 0) < len(SLOW_REQUEST),
+              f"{name}: a one-byte-a-second client sent its whole request ({r.get('sent')} "
+              f"bytes in {r.get('seconds', 0):.1f} s) without being cut off "
+              f"(request deadline {REQUEST_DEADLINE_S} s)")
         answer = r.get("answer", b"")
         check(answer == b"" or answer.startswith(b"HTTP/1.1 408 "),
               f"{name}: the slow client got {answer[:60]!r}, want 408 or a close")
@@ -242,7 +269,8 @@ def case_concurrent(addresses, n=200):
 
         def one():
             try:
-                check_scrape(address, name)
+                # 200 at once on a loaded 2-core machine: a generous bound on each.
+                check_scrape(address, name, timeout=60.0)
                 with lock:
                     ok[0] += 1
             except (Failure, OSError) as e:
@@ -253,7 +281,7 @@ def case_concurrent(addresses, n=200):
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=60)
+            t.join(timeout=180)
         check(ok[0] == n, f"{name}: {ok[0]} of {n} concurrent scrapes succeeded; first "
                           f"errors: {errors[:3]}")
         print(f"  {name}: {n} concurrent scrapes in {time.monotonic() - start:.1f} s")

@@ -102,11 +102,12 @@ def test_errors_and_deadlines_are_baton_clients(cluster):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        async with baton.aio.Client(f"127.0.0.1:{port}", timeout=5) as client:
+        async with baton.aio.Client(f"127.0.0.1:{port}", timeout=60) as client:
             start = time.monotonic()
             with pytest.raises(baton.Unavailable) as e:
                 await client.get("job-000001")
-            assert time.monotonic() - start < 5
+            # Refused, not the deadline: not "no connection within 60 s", long before it.
+            assert "within" not in str(e.value) and time.monotonic() - start < 30, str(e.value)
             assert f"127.0.0.1:{port}" in str(e.value) and isinstance(e.value, ConnectionError)
 
     run(main())
@@ -121,8 +122,11 @@ def test_a_port_that_never_answers_is_unavailable_by_the_deadline():
             with pytest.raises(baton.Unavailable) as e:
                 [j async for j in client.list()]
             elapsed = time.monotonic() - start
-            assert 1.5 < elapsed < 8, elapsed
+            # Ended by the client's deadline (its error says so), not before it; the upper
+            # bound only catches a hang.
+            assert 1.5 < elapsed < 60, elapsed
+            assert "no connection within 2 s" in str(e.value), str(e.value)
             assert address in str(e.value)
 
     with tarpit() as address:
-        run(main(address), timeout=30)
+        run(main(address), timeout=120)

@@ -84,14 +84,32 @@ def test_submission_id_makes_submit_idempotent(client, idle):
     assert sum(1 for j in client.list() if j.submission_id == "py-idem-1") == 1
 
 
+def hold_every_worker(client):
+    """A job on every worker that runs until cancelled, returned once it runs: a job
+    submitted after it waits in the queue until it is cancelled."""
+    holder = client.submit(tiny_gpt("py-holder", steps=1000000, stages=NUM_WORKERS))
+    for event in client.watch(holder, timeout=120):
+        if isinstance(event, baton.StepEvent):
+            return holder
+    pytest.fail(f"{holder.id} ended before its first step: {holder.refresh().reason}")
+
+
 def test_watch_sees_every_state_and_step(client, idle):
-    job = client.submit(tiny_gpt("py-watch", steps=5))
-    events = list(client.watch(job))
-    assert isinstance(events[0], baton.StateEvent)
+    # The job waits behind another until the watch is open (its first event: QUEUED), so
+    # the watch sees every state and step of its run, however slowly this test gets there.
+    holder = hold_every_worker(client)
+    try:
+        job = client.submit(tiny_gpt("py-watch", steps=5))
+        watch = client.watch(job, timeout=120)
+        first = next(watch)
+    finally:
+        client.cancel(holder, reason="the watched job's turn")
+    events = [first, *watch]
+    assert isinstance(events[0], baton.StateEvent) and events[0].state == "QUEUED", events[0]
     states = [e.state for e in events if isinstance(e, baton.StateEvent)]
     steps = [e for e in events if isinstance(e, baton.StepEvent)]
     assert states[-1] == "SUCCEEDED"
-    assert "RUNNING" in states
+    assert "PLACING" in states and "RUNNING" in states, states
     assert [s.step for s in steps] == [1, 2, 3, 4, 5]
     assert all(s.total_steps == 5 and s.loss > 0 and s.duration > 0 for s in steps)
     # The timings of the ranks that had reported the step when the last rank did: at least
@@ -164,7 +182,9 @@ def test_wait_times_out_with_the_last_snapshot(client, idle):
         start = time.monotonic()
         with pytest.raises(baton.WaitTimeout) as e:
             client.wait(job, timeout=1.5)
-        assert time.monotonic() - start < 10
+        # Not before its timeout; after it, by a bound that only catches a hang (the job
+        # would run for many minutes).
+        assert 1.5 <= time.monotonic() - start < 60
         assert isinstance(e.value, TimeoutError)
         assert e.value.job.id == job.id and not e.value.job.done
     finally:
@@ -216,20 +236,24 @@ def test_unreachable_coordinator_is_a_connection_error_within_the_deadline():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = baton.Client(f"127.0.0.1:{port}", timeout=5)
+    c = baton.Client(f"127.0.0.1:{port}", timeout=60)
     start = time.monotonic()
     with pytest.raises(baton.Unavailable) as e:
         c.get("job-000001")
-    assert time.monotonic() - start < 5
+    # Refused, not the deadline: the error is not "no connection within 60 s", and it came
+    # long before that.
+    assert "within" not in str(e.value) and time.monotonic() - start < 30, str(e.value)
     assert f"127.0.0.1:{port}" in str(e.value) and isinstance(e.value, ConnectionError)
-    # A port that accepts and never answers: bounded by the client's deadline.
+    # A port that accepts and never answers: ended by the client's deadline (its error says
+    # so), not before it.
     with tarpit() as address:
         c = baton.Client(address, timeout=2)
         start = time.monotonic()
         with pytest.raises(baton.Unavailable) as e:
             list(c.list())
         elapsed = time.monotonic() - start
-        assert 1.5 < elapsed < 8, elapsed
+        assert 1.5 < elapsed < 60, elapsed
+        assert "no connection within 2 s" in str(e.value), str(e.value)
         assert address in str(e.value)
         with pytest.raises(baton.Unavailable):
             c.wait("job-000001", timeout=2)
