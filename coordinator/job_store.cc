@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/core/mutex.h"
 
@@ -243,8 +244,10 @@ absl::StatusOr<baton::v1::Job> JobStore::Get(const std::string& id) {
   if (rc != SQLITE_OK) return Error("preparing get", rc);
   st.BindText(1, id);
   rc = sqlite3_step(st.get());
-  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
-  if (rc != SQLITE_ROW) return Error(absl::StrCat("reading ", id), rc);
+  if (rc == SQLITE_DONE) {
+    return absl::NotFoundError(absl::StrCat("job ", EchoInput(id), " not found"));
+  }
+  if (rc != SQLITE_ROW) return Error(absl::StrCat("reading ", EchoInput(id)), rc);
   baton::v1::Job job;
   if (!job.ParseFromString(st.ColumnBlob(0))) {
     return absl::DataLossError(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/core/log_text.h"
 #include "common/rpc/rpc.h"
 #include "common/rpc/security.h"
 
@@ -31,7 +32,8 @@ absl::Status CheckAddress(const std::string& address) {
         "address: required (host:port of the worker's WorkerService and TensorService)");
   }
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("address: \"", address, "\" is not host:port"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: \"", EchoInput(address), "\" is not host:port"));
   }
   int port = 0;
   const char* first = address.data() + colon + 1;
@@ -39,7 +41,7 @@ absl::Status CheckAddress(const std::string& address) {
   const auto [ptr, ec] = std::from_chars(first, last, port);
   if (ec != std::errc() || ptr != last || port < 1 || port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("address: \"", address, "\" has no valid port (1-65535)"));
+        absl::StrCat("address: \"", EchoInput(address), "\" has no valid port (1-65535)"));
   }
   return absl::OkStatus();
 }
@@ -62,7 +64,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
   }
   if (!request.worker_id().empty() && !ValidWorkerId(request.worker_id())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("worker_id: \"", request.worker_id(),
+        absl::StrCat("worker_id: \"", EchoInput(request.worker_id()),
                      "\" must be 1 to 64 characters of letters, digits, '-', '_' and '.'"));
   }
   Registration out;
@@ -88,7 +90,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     if ((!id.empty() && other_id == id) || w.address() == request.address()) {
       return absl::AlreadyExistsError(absl::StrCat(
           other_id == id ? absl::StrCat("worker_id: \"", id, "\"")
-                         : absl::StrCat("address: ", request.address()),
+                         : absl::StrCat("address: ", EchoInput(request.address())),
           " belongs to live worker ", other_id, " of another identity (",
           w.identity().empty() ? "none" : w.identity(), "); it can be taken once its lease "
           "runs out"));

@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/core/log_text.h"
 
 namespace baton::cli {
 
@@ -32,11 +33,14 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
     for (const FlagSpec& f : flags) {
       if (body == f.name || (!f.short_name.empty() && body == f.short_name)) spec = &f;
     }
-    if (spec == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", EchoInput(a)));
+    }
     if (spec->boolean) {
       if (has_value && value != "true" && value != "false") {
         return absl::InvalidArgumentError(
-            absl::StrCat("flag --", spec->name, " takes true or false, got '", value, "'"));
+            absl::StrCat("flag --", spec->name, " takes true or false, got '", EchoInput(value),
+                         "'"));
       }
       args.values_[spec->name] = has_value ? value : "true";
       continue;
@@ -63,7 +67,7 @@ absl::StatusOr<int64_t> Args::GetInt(const std::string& name, int64_t fallback) 
   int64_t v = 0;
   if (!absl::SimpleAtoi(it->second, &v)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("flag --", name, " wants an integer, got '", it->second, "'"));
+        absl::StrCat("flag --", name, " wants an integer, got '", EchoInput(it->second), "'"));
   }
   return v;
 }

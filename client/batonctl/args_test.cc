@@ -46,5 +46,22 @@ TEST(ArgsTest, DoubleDashEndsFlags) {
   EXPECT_FALSE(a->Has("steps"));
 }
 
+// An argument comes back in errors escaped and bounded: a terminal shows the message, not
+// what a pasted escape sequence would do, and a megabyte argument makes a short line.
+TEST(ArgsTest, ErrorsQuoteArgumentsEscapedAndBounded) {
+  absl::StatusOr<Args> a = Args::Parse({"--" + std::string(1 << 20, 'x') + "\x1b[2J"}, kFlags);
+  ASSERT_FALSE(a.ok());
+  EXPECT_LT(a.status().message().size(), 1024u);
+  EXPECT_NE(a.status().message().find("unknown flag --xxx"), absl::string_view::npos);
+  EXPECT_EQ(a.status().message().find('\x1b'), absl::string_view::npos);
+
+  a = Args::Parse({"--steps", "1\n2\xff"}, kFlags);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<int64_t> v = a->GetInt("steps", 0);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("'1\\n2\\xff'"), absl::string_view::npos)
+      << v.status();
+}
+
 }  // namespace
 }  // namespace baton::cli

@@ -22,6 +22,7 @@
 #include "common/checkpoint/safetensors.h"
 #include "common/core/backend.h"
 #include "common/core/file.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
 #include "google/protobuf/util/json_util.h"
@@ -59,13 +60,13 @@ std::string Show(const Value* v) {
     case Value::kBoolValue:
       return v->bool_value() ? "true" : "false";
     case Value::kStringValue:
-      return absl::StrCat("\"", v->string_value(), "\"");
+      return absl::StrCat("\"", EchoInput(v->string_value()), "\"");
     case Value::kNumberValue:
       return absl::StrFormat("%.9g", v->number_value());
     default: {
       std::string out;
       if (!google::protobuf::util::MessageToJsonString(*v, &out).ok()) return "(a value)";
-      return out;
+      return EchoInput(out);
     }
   }
 }
@@ -482,7 +483,8 @@ absl::StatusOr<TensorIndex> ReadTensorIndex(const std::string& dir,
   }
   for (const auto& [name, file] : map->struct_value().fields()) {
     if (file.kind_case() != Value::kStringValue || !PlainFileName(file.string_value())) {
-      return absl::InvalidArgumentError(absl::StrCat(kField, ": ", sharded, ": weight_map[\"", name,
+      return absl::InvalidArgumentError(absl::StrCat(kField, ": ", sharded, ": weight_map[\"",
+                                                     EchoInput(name),
                                                      "\"] is ", Show(&file),
                                                      ", not a file name in the model directory"));
     }
@@ -528,8 +530,8 @@ absl::StatusOr<Struct> ParseHfConfig(const std::string& json, const std::string&
   opts.ignore_unknown_fields = true;
   const auto st = google::protobuf::util::JsonStringToMessage(json, &out, opts);
   if (!st.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " is not a JSON object: ", st.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " is not a JSON object: ", EchoInput(st.ToString(), 2 * kMaxEchoBytes)));
   }
   return out;
 }
@@ -612,6 +614,27 @@ absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& 
     return absl::InvalidArgumentError(absl::StrCat(
         family, f.spec_field, " is ", show(f.spec_value), " but config.json ", f.key, " is ",
         show(f.hf_value), f.at_most ? " (the context may be at most that)" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHfModelAtSubmit(const std::string& from_hf,
+                                  const std::vector<std::string>& data_roots) {
+  BATON_ASSIGN_OR_RETURN(const std::string dir, HfDir(from_hf, data_roots));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return absl::OkStatus();  // the workers' to find
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kField, ": '", EchoInput(dir),
+                     "' is not a directory (a Hugging Face model directory holds config.json "
+                     "and model.safetensors)"));
+  }
+  const std::pair<const char*, int64_t> files[] = {{"config.json", kMaxJsonBytes},
+                                                   {"model.safetensors", -1},
+                                                   {"model.safetensors.index.json", kMaxJsonBytes}};
+  for (const auto& [file, max_bytes] : files) {
+    BATON_RETURN_IF_ERROR(
+        CheckDataFileAtSubmit((fs::path(dir) / file).string(), kField, max_bytes));
   }
   return absl::OkStatus();
 }

@@ -99,6 +99,15 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
                            const std::vector<std::string>& data_roots, int first_block,
                            Sequential* blocks);
 
+// The submit-time check of init.from_hf on a service that may see the workers' files (the
+// coordinator): the directory is found as LoadHfWeights finds it (and confined to
+// `data_roots` alike). When it exists here it must be a directory, and those of its
+// config.json, model.safetensors and model.safetensors.index.json that exist regular files,
+// the JSON ones of at most the 64 MiB LoadHfWeights reads (CheckDataFileAtSubmit; errors
+// name init.from_hf). A directory this host does not have is left to the workers.
+absl::Status CheckHfModelAtSubmit(const std::string& from_hf,
+                                  const std::vector<std::string>& data_roots);
+
 // The config.json text for a (validated) gpt or llama model: what transformers'
 // from_pretrained needs (architectures, model_type, dimensions, n_positions /
 // max_position_embeddings = context, tie_word_embeddings, torch_dtype float32, the norm

@@ -596,5 +596,39 @@ TEST(HfConfig, RefusesWhatBatonDoesNotComputeNamingTheKey) {
   }
 }
 
+// The values a config.json refusal quotes come back escaped and bounded.
+TEST(HfConfig, RefusalsQuoteTheFileBoundedAndEscaped) {
+  auto config = ParseHfConfig(Gpt2Config(""));
+  ASSERT_TRUE(config.ok());
+  (*config->mutable_fields())["model_type"].set_string_value(std::string(1 << 20, 'g') +
+                                                             "\x1b[2J\xff");
+  absl::Status s = ModelSpecFromHfConfig(*config).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("config.json model_type is \"ggg"));
+  EXPECT_LT(s.message().size(), 1024u);
+  (*config->mutable_fields())["model_type"].set_string_value("gpt\x1b[2J");
+  s = ModelSpecFromHfConfig(*config).status();
+  EXPECT_THAT(s.message(), HasSubstr("config.json model_type is \"gpt\\x1b[2J\""));
+}
+
+// A model.safetensors whose length field puts its header over the format's 100,000,000
+// bytes is refused from those 8 bytes: nothing reads or allocates the header (here a sparse
+// file of 128 MiB claiming a 101,000,000-byte header).
+TEST_F(HfTest, AnOversizedSafetensorsHeaderIsRefusedUnread) {
+  baton::v1::ModelSpec spec = Gpt(true);
+  Written(spec, "gpt");
+  const std::string file = (dir_ / "gpt" / "model.safetensors").string();
+  std::string first8(8, '\0');
+  const uint64_t n = 101'000'000;
+  for (int i = 0; i < 8; ++i) first8[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  ASSERT_TRUE(WriteFileAtomically(file, first8).ok());
+  fs::resize_file(file, uint64_t{128} << 20);
+  auto dst = Bags(spec, 0, -1, 0);
+  absl::Status s = Load(spec, "gpt", 0, dst.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the header is too large"));
+  EXPECT_THAT(s.message(), HasSubstr(file));
+}
+
 }  // namespace
 }  // namespace baton

@@ -1,20 +1,19 @@
 #include "common/checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <tuple>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
+#include "common/core/log_text.h"
 
 namespace baton {
 namespace {
 
-// Larger headers are refused before parsing (the reference implementation's limit).
-constexpr uint64_t kMaxHeader = 100ull << 20;
 // Exact integers in a JSON number (parsed as a double).
 constexpr double kMaxExact = 9007199254740992.0;  // 2^53
 
@@ -66,22 +65,227 @@ absl::Status Bad(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("safetensors: ", what));
 }
 
-// A non-negative integer from a JSON number.
-absl::StatusOr<uint64_t> Integer(const google::protobuf::Value& v, absl::string_view what) {
-  if (v.kind_case() != google::protobuf::Value::kNumberValue) {
-    return Bad(absl::StrCat(what, " is not a number"));
+// Reads the header's JSON in one pass, building nothing but the result, so parsing takes
+// memory proportional to the header (a generic JSON tree, protobuf's Struct, took about 33
+// times the header's size). Strict JSON (RFC 8259) in valid UTF-8; errors give the byte
+// offset and show the bytes there escaped and bounded (EchoInput).
+class HeaderReader {
+ public:
+  explicit HeaderReader(absl::string_view json) : s_(json) {}
+
+  bool AtEnd() {
+    SkipSpace();
+    return pos_ == s_.size();
   }
-  const double d = v.number_value();
-  if (!(d >= 0) || d > kMaxExact || d != static_cast<double>(static_cast<uint64_t>(d))) {
-    return Bad(absl::StrCat(what, " is not a non-negative integer"));
+  // The next significant character (0 at the end), not consumed.
+  char Peek() {
+    SkipSpace();
+    return pos_ < s_.size() ? s_[pos_] : '\0';
   }
-  return static_cast<uint64_t>(d);
-}
+  bool Consume(char c) {
+    if (Peek() != c) return false;
+    ++pos_;
+    return true;
+  }
+  absl::Status Expect(char c) {
+    if (Consume(c)) return absl::OkStatus();
+    return Syntax(absl::StrCat("want '", std::string(1, c), "'"));
+  }
+  // The header is not JSON: `what` at the current position.
+  absl::Status Syntax(absl::string_view what) const {
+    return Bad(absl::StrCat(
+        "the header is not a JSON object: ", what, " at byte ", pos_,
+        pos_ < s_.size() ? absl::StrCat(" ('", EchoInput(s_.substr(pos_, 24), 48), "')")
+                         : std::string(" (its end)")));
+  }
+
+  // A string, its escapes decoded.
+  absl::StatusOr<std::string> String() {
+    if (Peek() != '"') return Syntax("want a string");
+    ++pos_;
+    std::string out;
+    while (true) {
+      const size_t start = pos_;
+      while (pos_ < s_.size() && s_[pos_] != '"' && s_[pos_] != '\\' &&
+             static_cast<unsigned char>(s_[pos_]) >= 0x20 &&
+             static_cast<unsigned char>(s_[pos_]) < 0x80) {
+        ++pos_;
+      }
+      out.append(s_.data() + start, pos_ - start);
+      if (pos_ >= s_.size()) return Syntax("an unterminated string");
+      const unsigned char c = static_cast<unsigned char>(s_[pos_]);
+      if (c == '"') {
+        ++pos_;
+        return out;
+      }
+      if (c < 0x20) return Syntax("a control character in a string");
+      if (c >= 0x80) {
+        const size_t n = log_text_internal::Utf8SequenceLength(s_.substr(pos_));
+        if (n == 0) return Syntax("a byte that is not UTF-8");
+        out.append(s_.data() + pos_, n);
+        pos_ += n;
+        continue;
+      }
+      ++pos_;  // the backslash
+      if (pos_ >= s_.size()) return Syntax("an unterminated string");
+      const char e = s_[pos_++];
+      switch (e) {
+        case '"': case '\\': case '/': out += e; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          absl::StatusOr<uint32_t> cp = CodePoint();
+          if (!cp.ok()) return cp.status();
+          AppendUtf8(*cp, &out);
+          break;
+        }
+        default:
+          --pos_;
+          return Syntax("an unknown escape");
+      }
+    }
+  }
+
+  // A non-negative integer (a JSON number with an integral value of at most 2^53; 4.0 and
+  // 4e0 are 4); `what` names it in errors.
+  absl::StatusOr<uint64_t> Integer(absl::string_view what) {
+    absl::StatusOr<absl::string_view> token = Number(what);
+    if (!token.ok()) return token.status();
+    const absl::Status not_integer = Bad(absl::StrCat(what, " is not a non-negative integer"));
+    if (token->size() > 64) return not_integer;
+    char buffer[65];
+    std::memcpy(buffer, token->data(), token->size());
+    buffer[token->size()] = '\0';
+    const double d = std::strtod(buffer, nullptr);
+    if (!(d >= 0) || d > kMaxExact || d != static_cast<double>(static_cast<uint64_t>(d))) {
+      return not_integer;
+    }
+    return static_cast<uint64_t>(d);
+  }
+
+  // Skips one value of any kind (a key this reader does not use).
+  absl::Status SkipValue(int depth = 0) {
+    if (depth > 64) return Syntax("values nested too deeply");
+    const char c = Peek();
+    if (c == '"') return String().status();
+    if (c == '{' || c == '[') {
+      ++pos_;
+      const char close = c == '{' ? '}' : ']';
+      if (Consume(close)) return absl::OkStatus();
+      do {
+        if (c == '{') {
+          if (absl::Status st = String().status(); !st.ok()) return st;
+          if (absl::Status st = Expect(':'); !st.ok()) return st;
+        }
+        if (absl::Status st = SkipValue(depth + 1); !st.ok()) return st;
+      } while (Consume(','));
+      return Expect(close);
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return Number("a value").status();
+    for (const absl::string_view word : {"true", "false", "null"}) {
+      if (s_.substr(pos_, word.size()) == word) {
+        pos_ += word.size();
+        return absl::OkStatus();
+      }
+    }
+    return Syntax("want a value");
+  }
+
+ private:
+  void SkipSpace() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  // The text of a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  absl::StatusOr<absl::string_view> Number(absl::string_view what) {
+    const char first = Peek();
+    if (first != '-' && !(first >= '0' && first <= '9')) {
+      return Bad(absl::StrCat(what, " is not a number"));
+    }
+    const size_t start = pos_;
+    if (first == '-') ++pos_;
+    const size_t int_start = pos_;
+    const size_t int_digits = Digits();
+    if (int_digits == 0 || (s_[int_start] == '0' && int_digits > 1)) {
+      return Syntax("a malformed number");
+    }
+    if (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      if (Digits() == 0) return Syntax("a malformed number");
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+      if (Digits() == 0) return Syntax("a malformed number");
+    }
+    return s_.substr(start, pos_ - start);
+  }
+  size_t Digits() {
+    const size_t start = pos_;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+    return pos_ - start;
+  }
+  absl::StatusOr<uint32_t> Hex4() {
+    if (s_.size() - pos_ < 4) return Syntax("a short \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = s_[pos_];
+      v <<= 4;
+      if (h >= '0' && h <= '9') {
+        v |= h - '0';
+      } else if (h >= 'a' && h <= 'f') {
+        v |= h - 'a' + 10;
+      } else if (h >= 'A' && h <= 'F') {
+        v |= h - 'A' + 10;
+      } else {
+        return Syntax("a malformed \\u escape");
+      }
+      ++pos_;
+    }
+    return v;
+  }
+  // After "\u": the code point, a surrogate pair joined.
+  absl::StatusOr<uint32_t> CodePoint() {
+    absl::StatusOr<uint32_t> hi = Hex4();
+    if (!hi.ok() || *hi < 0xd800 || *hi > 0xdfff) return hi;
+    if (*hi > 0xdbff || s_.substr(pos_, 2) != "\\u") return Syntax("a lone surrogate");
+    pos_ += 2;
+    absl::StatusOr<uint32_t> lo = Hex4();
+    if (!lo.ok()) return lo;
+    if (*lo < 0xdc00 || *lo > 0xdfff) return Syntax("a lone surrogate");
+    return 0x10000 + ((*hi - 0xd800) << 10) + (*lo - 0xdc00);
+  }
+  static void AppendUtf8(uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    } else {
+      out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    }
+  }
+
+  const absl::string_view s_;
+  size_t pos_ = 0;
+};
 
 }  // namespace
 
-absl::StatusOr<std::string> EncodeSafetensors(
-    const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<TensorLayout>& tensors, const std::map<std::string, std::string>& metadata) {
   std::string header = "{";
   bool first = true;
   auto comma = [&] {
@@ -101,27 +305,42 @@ absl::StatusOr<std::string> EncodeSafetensors(
   }
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const NamedTensor& nt : tensors) {
-    if (nt.name.empty() || nt.name == "__metadata__") {
-      return Bad(absl::StrCat("a tensor cannot be named \"", nt.name, "\""));
+  for (const TensorLayout& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__") {
+      return Bad(absl::StrCat("a tensor cannot be named \"", t.name, "\""));
     }
-    if (!names.insert(nt.name).second) return Bad(absl::StrCat("tensor ", nt.name, " twice"));
-    if (nt.tensor == nullptr || !nt.tensor->defined()) {
-      return Bad(absl::StrCat("tensor ", nt.name, " is undefined"));
-    }
-    const Tensor& t = *nt.tensor;
+    if (!names.insert(t.name).second) return Bad(absl::StrCat("tensor ", t.name, " twice"));
+    const uint64_t bytes = static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype);
     comma();
-    absl::StrAppend(&header, Quote(nt.name), ":{\"dtype\":\"", DTypeTag(t.dtype()),
-                    "\",\"shape\":[", absl::StrJoin(t.shape(), ","), "],\"data_offsets\":[",
-                    offset, ",", offset + t.nbytes(), "]}");
-    offset += t.nbytes();
+    absl::StrAppend(&header, Quote(t.name), ":{\"dtype\":\"", DTypeTag(t.dtype),
+                    "\",\"shape\":[", absl::StrJoin(t.shape, ","), "],\"data_offsets\":[",
+                    offset, ",", offset + bytes, "]}");
+    offset += bytes;
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';
-  std::string out(8 + header.size() + offset, '\0');
+  std::string out(8 + header.size(), '\0');
   PutU64(header.size(), out.data());
   std::memcpy(out.data() + 8, header.data(), header.size());
-  char* data = out.data() + 8 + header.size();
+  return out;
+}
+
+absl::StatusOr<std::string> EncodeSafetensors(
+    const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  size_t data_bytes = 0;
+  for (const NamedTensor& nt : tensors) {
+    if (nt.tensor == nullptr || !nt.tensor->defined()) {
+      return Bad(absl::StrCat("tensor ", nt.name, " is undefined"));
+    }
+    layout.push_back({nt.name, nt.tensor->dtype(), nt.tensor->shape()});
+    data_bytes += nt.tensor->nbytes();
+  }
+  absl::StatusOr<std::string> out = EncodeSafetensorsHeader(layout, metadata);
+  if (!out.ok()) return out;
+  const size_t header_bytes = out->size();
+  out->resize(header_bytes + data_bytes);
+  char* data = out->data() + header_bytes;
   for (const NamedTensor& nt : tensors) {
     absl::Status st = nt.tensor->CopyToHost(data);
     if (!st.ok()) {
@@ -139,9 +358,12 @@ absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint6
                             " bytes, shorter than its 8-byte header length"));
   }
   const uint64_t n = GetU64(first8.data());
-  if (n > kMaxHeader || n > file_bytes - 8) {
-    return Bad(absl::StrCat("header length ", n, " exceeds the file (", file_bytes,
-                            " bytes) or the limit of ", kMaxHeader));
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return Bad(absl::StrCat("the header is too large: its length field says ", n,
+                            " bytes, over the format's limit of ", kMaxSafetensorsHeaderBytes));
+  }
+  if (n > file_bytes - 8) {
+    return Bad(absl::StrCat("header length ", n, " exceeds the file (", file_bytes, " bytes)"));
   }
   return n;
 }
@@ -161,97 +383,160 @@ absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file) {
   return out;
 }
 
-absl::StatusOr<Safetensors> ParseSafetensorsHeader(absl::string_view json, uint64_t data_bytes) {
-  google::protobuf::Struct header;
-  google::protobuf::util::JsonParseOptions opts;
-  const auto parsed =
-      google::protobuf::util::JsonStringToMessage(std::string(json), &header, opts);
-  if (!parsed.ok()) {
-    return Bad(absl::StrCat("the header is not a JSON object: ", parsed.ToString()));
-  }
-  Safetensors out;
-  // (begin, end, name) of every tensor, to check the data is covered exactly.
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;
-  for (const auto& [name, value] : header.fields()) {
-    if (name == "__metadata__") {
-      if (value.kind_case() != google::protobuf::Value::kStructValue) {
-        return Bad("__metadata__ is not an object");
-      }
-      for (const auto& [k, v] : value.struct_value().fields()) {
-        if (v.kind_case() != google::protobuf::Value::kStringValue) {
-          return Bad(absl::StrCat("metadata ", k, " is not a string"));
+namespace {
+
+// The "__metadata__" object, string to string (a repeated key: the last wins).
+absl::Status ReadMetadata(HeaderReader* r, std::map<std::string, std::string>* out) {
+  if (!r->Consume('{')) return Bad("__metadata__ is not an object");
+  if (r->Consume('}')) return absl::OkStatus();
+  do {
+    absl::StatusOr<std::string> key = r->String();
+    if (!key.ok()) return key.status();
+    if (absl::Status st = r->Expect(':'); !st.ok()) return st;
+    if (r->Peek() != '"') {
+      return Bad(absl::StrCat("metadata ", EchoInput(*key), " is not a string"));
+    }
+    absl::StatusOr<std::string> value = r->String();
+    if (!value.ok()) return value.status();
+    (*out)[*std::move(key)] = *std::move(value);
+  } while (r->Consume(','));
+  return r->Expect('}');
+}
+
+// [begin, end] of a tensor's data_offsets.
+absl::Status ReadOffsets(HeaderReader* r, const std::string& where, uint64_t* begin,
+                         uint64_t* end) {
+  const absl::Status not_pair = Bad(absl::StrCat(where, ": data_offsets is not [begin, end]"));
+  if (!r->Consume('[') || r->Peek() == ']') return not_pair;
+  absl::StatusOr<uint64_t> b = r->Integer(absl::StrCat(where, ": begin"));
+  if (!b.ok()) return b.status();
+  if (!r->Consume(',') || r->Peek() == ']') return not_pair;
+  absl::StatusOr<uint64_t> e = r->Integer(absl::StrCat(where, ": end"));
+  if (!e.ok()) return e.status();
+  if (!r->Consume(']')) return not_pair;
+  *begin = *b;
+  *end = *e;
+  return absl::OkStatus();
+}
+
+// One tensor's object ({"dtype", "shape", "data_offsets"}; other keys are skipped), checked
+// against a data section of `data_bytes` bytes. `where` names the tensor in errors.
+absl::Status ReadEntry(HeaderReader* r, const std::string& where, uint64_t data_bytes,
+                       SafetensorsEntry* e) {
+  if (!r->Consume('{')) return Bad(absl::StrCat(where, " is not an object"));
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+  uint64_t begin = 0, end = 0;
+  if (!r->Consume('}')) {
+    do {
+      absl::StatusOr<std::string> key = r->String();
+      if (!key.ok()) return key.status();
+      if (absl::Status st = r->Expect(':'); !st.ok()) return st;
+      absl::Status st;
+      if (*key == "dtype") {
+        if (r->Peek() != '"') return Bad(absl::StrCat(where, ": dtype is not a string"));
+        absl::StatusOr<std::string> tag = r->String();
+        if (!tag.ok()) return tag.status();
+        e->file_dtype = *std::move(tag);
+        has_dtype = true;
+      } else if (*key == "shape") {
+        if (!r->Consume('[')) return Bad(absl::StrCat(where, ": shape is not a list"));
+        e->shape.clear();
+        if (!r->Consume(']')) {
+          do {
+            absl::StatusOr<uint64_t> dim =
+                r->Integer(absl::StrCat(where, ": a shape dimension"));
+            if (!dim.ok()) return dim.status();
+            e->shape.push_back(static_cast<int64_t>(*dim));
+          } while (r->Consume(','));
+          st = r->Expect(']');
         }
-        out.metadata[k] = v.string_value();
+        has_shape = true;
+      } else if (*key == "data_offsets") {
+        st = ReadOffsets(r, where, &begin, &end);
+        has_offsets = true;
+      } else {
+        st = r->SkipValue();
       }
-      continue;
-    }
-    const std::string where = absl::StrCat("tensor ", name);
-    if (value.kind_case() != google::protobuf::Value::kStructValue) {
-      return Bad(absl::StrCat(where, " is not an object"));
-    }
-    const auto& f = value.struct_value().fields();
-    const auto dtype = f.find("dtype");
-    const auto shape = f.find("shape");
-    const auto offsets = f.find("data_offsets");
-    if (dtype == f.end() || shape == f.end() || offsets == f.end()) {
-      return Bad(absl::StrCat(where, " lacks dtype, shape or data_offsets"));
-    }
-    SafetensorsEntry e;
-    const std::string tag = dtype->second.string_value();
-    if (tag == "F32" || tag == "F16" || tag == "BF16") {
-      e.dtype = DType::kFloat32;
-    } else if (tag == "I32") {
-      e.dtype = DType::kInt32;
-    } else {
-      return Bad(absl::StrCat(where, " has dtype \"", tag,
-                              "\"; only F32, F16, BF16 and I32 are read"));
-    }
-    e.file_dtype = tag;
-    if (shape->second.kind_case() != google::protobuf::Value::kListValue) {
-      return Bad(absl::StrCat(where, ": shape is not a list"));
-    }
-    uint64_t numel = 1;
-    for (const auto& d : shape->second.list_value().values()) {
-      absl::StatusOr<uint64_t> dim = Integer(d, absl::StrCat(where, ": a shape dimension"));
-      if (!dim.ok()) return dim.status();
-      if (*dim != 0 && numel > (uint64_t{1} << 62) / *dim) {
-        return Bad(absl::StrCat(where, ": shape too large"));
-      }
-      numel *= *dim;
-      e.shape.push_back(static_cast<int64_t>(*dim));
-    }
-    if (offsets->second.kind_case() != google::protobuf::Value::kListValue ||
-        offsets->second.list_value().values_size() != 2) {
-      return Bad(absl::StrCat(where, ": data_offsets is not [begin, end]"));
-    }
-    absl::StatusOr<uint64_t> begin =
-        Integer(offsets->second.list_value().values(0), absl::StrCat(where, ": begin"));
-    if (!begin.ok()) return begin.status();
-    absl::StatusOr<uint64_t> end =
-        Integer(offsets->second.list_value().values(1), absl::StrCat(where, ": end"));
-    if (!end.ok()) return end.status();
-    if (*end < *begin || *end > data_bytes) {
-      return Bad(absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
-                              "] are not within the ", data_bytes, " data bytes"));
-    }
-    if (*end - *begin != SafetensorsDataBytes(e)) {
-      return Bad(absl::StrCat(where, ": ", tag, ShapeString(e.shape), " needs ",
-                              SafetensorsDataBytes(e), " bytes, data_offsets give ",
-                              *end - *begin));
-    }
-    e.offset = *begin;
-    spans.emplace_back(*begin, *end, name);
-    out.tensors.emplace(name, std::move(e));
+      if (!st.ok()) return st;
+    } while (r->Consume(','));
+    if (absl::Status st = r->Expect('}'); !st.ok()) return st;
   }
-  std::sort(spans.begin(), spans.end());
+  if (!has_dtype || !has_shape || !has_offsets) {
+    return Bad(absl::StrCat(where, " lacks dtype, shape or data_offsets"));
+  }
+  const std::string& tag = e->file_dtype;
+  if (tag == "F32" || tag == "F16" || tag == "BF16") {
+    e->dtype = DType::kFloat32;
+  } else if (tag == "I32") {
+    e->dtype = DType::kInt32;
+  } else {
+    return Bad(absl::StrCat(where, " has dtype \"", EchoInput(tag),
+                            "\"; only F32, F16, BF16 and I32 are read"));
+  }
+  uint64_t numel = 1;
+  for (const int64_t d : e->shape) {
+    const uint64_t dim = static_cast<uint64_t>(d);
+    if (dim != 0 && numel > (uint64_t{1} << 62) / dim) {
+      return Bad(absl::StrCat(where, ": shape too large"));
+    }
+    numel *= dim;
+  }
+  if (end < begin || end > data_bytes) {
+    return Bad(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
+                            "] are not within the ", data_bytes, " data bytes"));
+  }
+  if (end - begin != SafetensorsDataBytes(*e)) {
+    return Bad(absl::StrCat(where, ": ", tag, ShapeString(e->shape), " needs ",
+                            SafetensorsDataBytes(*e), " bytes, data_offsets give ", end - begin));
+  }
+  e->offset = begin;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Safetensors> ParseSafetensorsHeader(absl::string_view json, uint64_t data_bytes) {
+  HeaderReader r(json);
+  Safetensors out;
+  // Every tensor by where its data begins, to check the data is covered exactly.
+  using Tensors = std::map<std::string, SafetensorsEntry>;
+  std::vector<std::pair<uint64_t, const Tensors::value_type*>> starts;
+  if (absl::Status st = r.Expect('{'); !st.ok()) return st;
+  if (!r.Consume('}')) {
+    do {
+      absl::StatusOr<std::string> name = r.String();
+      if (!name.ok()) return name.status();
+      if (absl::Status st = r.Expect(':'); !st.ok()) return st;
+      if (*name == "__metadata__") {
+        if (absl::Status st = ReadMetadata(&r, &out.metadata); !st.ok()) return st;
+        continue;
+      }
+      const std::string where = absl::StrCat("tensor ", EchoInput(*name));
+      SafetensorsEntry e;
+      if (absl::Status st = ReadEntry(&r, where, data_bytes, &e); !st.ok()) return st;
+      const auto [it, added] = out.tensors.emplace(*std::move(name), std::move(e));
+      if (!added) return Bad(absl::StrCat(where, " is named twice"));
+      starts.emplace_back(it->second.offset, &*it);
+    } while (r.Consume(','));
+    if (absl::Status st = r.Expect('}'); !st.ok()) return st;
+  }
+  if (!r.AtEnd()) return r.Syntax("more after the object");
+  // By begin, then end, then name: the file's layout (empty tensors by name).
+  std::sort(starts.begin(), starts.end(), [](const auto& a, const auto& b) {
+    const uint64_t a_end = a.first + SafetensorsDataBytes(a.second->second);
+    const uint64_t b_end = b.first + SafetensorsDataBytes(b.second->second);
+    return std::tie(a.first, a_end, a.second->first) < std::tie(b.first, b_end, b.second->first);
+  });
+  out.order.reserve(starts.size());
   uint64_t at = 0;
-  for (const auto& [begin, end, name] : spans) {
+  for (const auto& [begin, tensor] : starts) {
     if (begin != at) {
-      return Bad(absl::StrCat("tensor ", name, " starts at ", begin, " but the data before it ends at ", at,
+      return Bad(absl::StrCat("tensor ", EchoInput(tensor->first), " starts at ", begin,
+                              " but the data before it ends at ", at,
                               begin < at ? " (overlap)" : " (a hole)"));
     }
-    at = end;
-    out.order.push_back(name);
+    at = begin + SafetensorsDataBytes(tensor->second);
+    out.order.push_back(tensor->first);
   }
   if (at != data_bytes) {
     return Bad(absl::StrCat("the tensors cover ", at, " of the ", data_bytes, " data bytes"));

@@ -13,13 +13,14 @@
 #ifndef BATON_COMMON_CHECKPOINT_SAFETENSORS_H_
 #define BATON_COMMON_CHECKPOINT_SAFETENSORS_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -33,8 +34,21 @@ struct NamedTensor {
 
 // The file's bytes. INVALID_ARGUMENT for an empty, reserved ("__metadata__") or duplicate
 // name, or an undefined tensor; a device copy's error as it comes.
+// = EncodeSafetensorsHeader of the tensors' layouts, then their bytes.
 absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& tensors,
                                               const std::map<std::string, std::string>& metadata);
+
+// A tensor's place in a file to write: its name, dtype and shape (its bytes follow).
+struct TensorLayout {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+};
+// The start of the file of tensors laid out contiguously in the order given: the 8-byte
+// header length and the header, padded (for writing the data after it, from elsewhere).
+// INVALID_ARGUMENT for names as EncodeSafetensors.
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<TensorLayout>& tensors, const std::map<std::string, std::string>& metadata);
 
 // One tensor of a parsed file; `data` points into the buffer that was parsed.
 struct SafetensorsEntry {
@@ -51,13 +65,21 @@ struct Safetensors {
   std::vector<std::string> order;  // tensor names by offset, as laid out in the file
 };
 
+// The largest header read, as the format's reference implementation has it
+// (MAX_HEADER_SIZE): a longer one is refused from its length field alone.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
 // Parses `file` (which must outlive the result). INVALID_ARGUMENT naming what is wrong and
 // where (header length, JSON, a tensor's dtype, shape or offsets, holes or overlaps in the
-// data) for anything that is not a well-formed file of F32/I32 tensors.
+// data) for anything that is not a well-formed file of F32/I32 tensors. The header must be
+// JSON in UTF-8; a tensor named twice is refused. Names and bytes of the file that an error
+// quotes are escaped and bounded (EchoInput). Parsing takes memory proportional to the header
+// (about four times it for a header of many small entries), besides the result's.
 absl::StatusOr<Safetensors> ParseSafetensors(absl::string_view file);
 
 // For reading some tensors of a large file without reading all of it: the header's length N
-// from the file's first 8 bytes (INVALID_ARGUMENT when N exceeds the file or the limit), then
+// from the file's first 8 bytes (INVALID_ARGUMENT when N exceeds the file, or, saying the
+// header is too large, kMaxSafetensorsHeaderBytes: check it before allocating N bytes), then
 // the header itself (bytes 8 .. 8 + N) parsed as ParseSafetensors does, for a file whose data
 // section has `data_bytes` bytes. Entries have their offset and an empty `data`: read
 // entry.data_size() bytes at 8 + N + offset and point `data` at them.

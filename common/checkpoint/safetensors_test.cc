@@ -1,7 +1,17 @@
 #include "common/checkpoint/safetensors.h"
 
-#include <cstring>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -105,8 +115,17 @@ TEST(Safetensors, ParseRefusesMalformedFilesNamingWhatIsWrong) {
   const std::string eight(8, 'x');
   const std::vector<Case> cases = {
       {"abc", "shorter than its 8-byte header length"},
-      {std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", "exceeds the file"},
+      {std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", "the header is too large"},
+      {std::string("\x10\0\0\0\0\0\0\0", 8) + "{}", "exceeds the file"},
       {File("not json"), "not a JSON object"},
+      {File(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+            R"("t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            eight),
+       "tensor t is named twice"},
+      {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} x)", eight),
+       "more after the object"},
+      {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", eight),
+       "data_offsets is not [begin, end]"},
       {File(R"({"t":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}})", "1234567812345678"),
        "tensor t has dtype \"F64\""},
       {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "1234"),
@@ -137,6 +156,144 @@ TEST(Safetensors, ParseRefusesMalformedFilesNamingWhatIsWrong) {
     EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument) << c.error;
     EXPECT_THAT(st.status().message(), HasSubstr(c.error));
   }
+}
+
+// The length field alone decides: a header over the format's 100,000,000 bytes is refused
+// before anything reads or allocates it, however large the file says it is.
+TEST(Safetensors, AHeaderOverTheFormatsLimitIsRefusedFromItsLength) {
+  auto first8 = [](uint64_t n) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    return out;
+  };
+  const uint64_t huge_file = uint64_t{1} << 62;
+  absl::StatusOr<uint64_t> n = SafetensorsHeaderLength(first8(100'000'000), huge_file);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 100'000'000u);
+  for (const uint64_t over : {uint64_t{100'000'001}, uint64_t{100} << 20, uint64_t{1} << 60}) {
+    n = SafetensorsHeaderLength(first8(over), huge_file);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << over;
+    EXPECT_THAT(n.status().message(), HasSubstr("the header is too large")) << over;
+    EXPECT_THAT(n.status().message(), HasSubstr(absl::StrCat(over))) << over;
+  }
+  // A whole file in memory that claims a 2^60-byte header.
+  absl::StatusOr<Safetensors> st = ParseSafetensors(first8(uint64_t{1} << 60) + "{}");
+  EXPECT_THAT(st.status().message(), HasSubstr("the header is too large"));
+}
+
+// Runs `fn` in a child process whose address space may grow by at most `budget` bytes past
+// its size when it starts. 0: `fn` returned true; 1: it returned false; anything else: the
+// child failed another way (an allocation over the budget throws, or aborts).
+int ExitOfChildWithin(uint64_t budget, const std::function<bool()>& fn) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    const rlim_t limit = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + budget;
+    const struct rlimit r = {limit, limit};
+    if (pages <= 0 || setrlimit(RLIMIT_AS, &r) != 0) _exit(3);
+    int code = 4;
+    try {
+      code = fn() ? 0 : 1;
+    } catch (...) {
+      code = 5;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The sanitizers reserve and keep memory of their own: an address-space budget means
+// nothing under them.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// A header of tens of megabytes parses in a few times its size (a generic JSON tree took 33
+// times it: 2.8 GiB for an 85 MiB header). The parse runs in a child whose address space
+// may grow by 6 headers at most; over that it fails.
+TEST(Safetensors, ALargeHeaderParsesInMemoryProportionalToIt) {
+  if (kSanitized) GTEST_SKIP() << "address-space budgets do not hold under sanitizers";
+  constexpr size_t kTarget = size_t{64} << 20;
+  // Many entries, named like a large model's.
+  std::string entries = "{";
+  uint64_t data = 0;
+  for (int i = 0; entries.size() < kTarget; ++i) {
+    absl::StrAppendFormat(&entries,
+                          "%s\"model.layers.%07d.mlp.up_proj.weight\":{\"dtype\":\"F32\","
+                          "\"shape\":[1],\"data_offsets\":[%d,%d]}",
+                          i == 0 ? "" : ",", i, data, data + 4);
+    data += 4;
+  }
+  entries += "}";
+  const int entries_exit = ExitOfChildWithin(6 * entries.size(), [&] {
+    absl::StatusOr<Safetensors> st = ParseSafetensorsHeader(entries, data);
+    return st.ok() && st->tensors.size() == data / 4 && st->order.size() == data / 4;
+  });
+  EXPECT_EQ(entries_exit, 0) << "parsing " << entries.size() << " bytes of entries";
+
+  // One large metadata value, with escapes to decode.
+  std::string metadata = R"({"__metadata__":{"notes":")";
+  while (metadata.size() < kTarget) metadata += R"(line\n\u00e9 )";
+  metadata += R"("},"t":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})";
+  const int metadata_exit = ExitOfChildWithin(6 * metadata.size(), [&] {
+    absl::StatusOr<Safetensors> st = ParseSafetensorsHeader(metadata, 4);
+    return st.ok() && absl::StartsWith(st->metadata.at("notes"), "line\n\xc3\xa9 line");
+  });
+  EXPECT_EQ(metadata_exit, 0) << "parsing " << metadata.size() << " bytes of metadata";
+}
+
+// What a header holds reaches errors escaped and bounded: a name of invalid UTF-8 and
+// control bytes, a megabyte-long name, a header that is not JSON at all.
+TEST(Safetensors, ErrorsQuoteTheFileBoundedAndEscaped) {
+  auto expect_clean = [](const absl::Status& s) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_LT(s.message().size(), 1024u) << s.message().substr(0, 2048);
+    for (const char c : s.message()) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      EXPECT_TRUE(u >= 0x20 && u < 0x7f) << "byte " << int{u} << " in " << s.message();
+    }
+  };
+  const std::string long_name(1 << 20, 'w');
+  absl::Status s = ParseSafetensors(File(absl::StrCat(R"({")", long_name,
+                                                      R"(":{"dtype":"F64","shape":[],)"
+                                                      R"("data_offsets":[0,8]}})"),
+                                         "12345678"))
+                       .status();
+  expect_clean(s);
+  EXPECT_THAT(s.message(), HasSubstr("has dtype \"F64\""));
+  EXPECT_THAT(s.message(), HasSubstr("more bytes)"));
+
+  s = ParseSafetensors(
+          File(R"({"bad\u001b[2J\u0000":{"dtype":"X","shape":[],"data_offsets":[0,0]}})"))
+          .status();
+  expect_clean(s);
+  EXPECT_THAT(s.message(), HasSubstr("tensor bad\\x1b[2J\\x00 has dtype \"X\""));
+
+  // Bytes that are not UTF-8 where a name should be, and a header of binary garbage.
+  s = ParseSafetensors(File("{\"\xff\xfe\x1b\":{}}")).status();
+  expect_clean(s);
+  EXPECT_THAT(s.message(), HasSubstr("not UTF-8"));
+  EXPECT_THAT(s.message(), HasSubstr("\\xff\\xfe\\x1b"));
+  s = ParseSafetensors(File(std::string(4096, '\x9b'))).status();
+  expect_clean(s);
+  EXPECT_THAT(s.message(), HasSubstr("not a JSON object"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/log_text.h"
 
 namespace baton {
 namespace {
@@ -15,7 +16,8 @@ namespace {
 absl::Status FileError(int err, const char* op, const ReadFileOptions& o, const std::string& path) {
   // ErrnoToStatus appends ": <strerror>".
   return absl::ErrnoToStatus(
-      err, absl::StrCat("cannot ", op, " ", o.what, o.what.empty() ? "" : " ", "'", path, "'"));
+      err, absl::StrCat("cannot ", op, " ", o.what, o.what.empty() ? "" : " ", "'",
+                        EchoInput(path), "'"));
 }
 
 // Closes the descriptor when it goes out of scope.
@@ -36,10 +38,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const ReadFileOpti
     struct stat st;
     if (::fstat(f.fd, &st) != 0) return FileError(errno, "stat", o, path);
     if (o.regular_only && !S_ISREG(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", EchoInput(path), "' is not a regular file"));
     }
     if (o.max_bytes >= 0 && S_ISREG(st.st_mode) && st.st_size > o.max_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("'", path, "' has ", st.st_size,
+      return absl::InvalidArgumentError(absl::StrCat("'", EchoInput(path), "' has ", st.st_size,
                                                      " bytes, over the bound of ", o.max_bytes));
     }
   }
@@ -54,7 +57,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const ReadFileOpti
     }
     if (o.max_bytes >= 0 && static_cast<int64_t>(out.size()) + n > o.max_bytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", path, "' is over the bound of ", o.max_bytes, " bytes"));
+          absl::StrCat("'", EchoInput(path), "' is over the bound of ", o.max_bytes, " bytes"));
     }
     out.append(buf, static_cast<size_t>(n));
   }

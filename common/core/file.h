@@ -21,10 +21,10 @@ struct ReadFileOptions {
   bool regular_only = false;
 };
 
-// The file's bytes. Errors name the path and what failed: the errno's code (NOT_FOUND for a
-// missing file, PERMISSION_DENIED, ...) with strerror for open and read, INVALID_ARGUMENT for
-// a file that is not regular ("'x' is not a regular file") or over the bound ("'x' has N
-// bytes, over the bound of M").
+// The file's bytes. Errors name the path (quoted as EchoInput does) and what failed: the
+// errno's code (NOT_FOUND for a missing file, PERMISSION_DENIED, ...) with strerror for open
+// and read, INVALID_ARGUMENT for a file that is not regular ("'x' is not a regular file") or
+// over the bound ("'x' has N bytes, over the bound of M").
 absl::StatusOr<std::string> ReadFile(const std::string& path, const ReadFileOptions& options = {});
 
 }  // namespace baton

@@ -1,6 +1,7 @@
 #include "common/data/dataset.h"
 
 #include "common/core/file.h"
+#include "common/core/log_text.h"
 #include "common/core/paths.h"
 
 #include <fcntl.h>
@@ -71,6 +72,28 @@ absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
   c.roots = roots;
   c.roots_are = "the directories this cluster reads data from";
   return ConfinePath(path, c);
+}
+
+absl::Status CheckDataFileAtSubmit(const std::string& path, const std::string& field,
+                                   int64_t max_bytes) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return absl::OkStatus();  // the workers' to find
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : nullptr;
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", EchoInput(path), "' is ", kind != nullptr ? kind : "not a regular file",
+        "; the workers read only regular files"));
+  }
+  if (max_bytes >= 0 && st.st_size > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", EchoInput(path), "' has ",
+                                                   st.st_size, " bytes, over the bound of ",
+                                                   max_bytes, " the workers read"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> DataRootsFromFlag(const std::string& flag) {

@@ -111,6 +111,16 @@ absl::StatusOr<std::string> ConfineDataPath(const std::string& path,
                                             const std::vector<std::string>& roots,
                                             const std::string& field = "data.text.path");
 
+// The submit-time check of a file a spec names (`field`: data.text.path, or a file of
+// init.from_hf), on a service that may see the workers' files (the coordinator, `path` as
+// ConfineDataPath resolved it): when `path` exists here, it must be a regular file (a FIFO,
+// a device, a directory or a socket is refused; it is looked at with stat(2), never opened,
+// so a FIFO cannot block) of at most `max_bytes` bytes (-1: no bound), as the workers will
+// require (DataAccess). INVALID_ARGUMENT naming `field`, the path and what is wrong. A path
+// that does not exist here, or that this host cannot look at, is left to the workers.
+absl::Status CheckDataFileAtSubmit(const std::string& path, const std::string& field,
+                                   int64_t max_bytes);
+
 // The content of a TextData: the whole file at `path` (read as bytes), or the inline text.
 // File errors carry the errno's code (NOT_FOUND for a missing file) and name
 // data.text.path and the path; a path outside access.roots, a file that is not a regular

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/log_text.h"
 #include "common/core/rng.h"
 #include "common/core/status.h"
 #include "common/data/dataset.h"
@@ -25,7 +26,8 @@ absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Create(std::string tex
         ", vocab_size=", options.vocab_size, ", batch_size=", options.batch_size, ")"));
   }
   const std::string in_source =
-      options.source.empty() ? std::string() : absl::StrCat(" in '", options.source, "'");
+      options.source.empty() ? std::string()
+                             : absl::StrCat(" in '", EchoInput(options.source), "'");
   if (text.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(options.field, ": empty text", in_source));
   }

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "common/core/log_text.h"
 #include "common/core/paths.h"
 #include "common/core/rng.h"
 #include "common/core/status.h"
@@ -78,7 +79,7 @@ absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern,
   globfree(&g);
   if (rc != 0 && rc != GLOB_NOMATCH) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": cannot expand the pattern '", pattern, "'"));
+        absl::StrCat(field, ": cannot expand the pattern '", EchoInput(pattern), "'"));
   }
   std::sort(out.begin(), out.end());  // byte order, whatever the locale
   return out;
@@ -133,7 +134,7 @@ absl::StatusOr<std::unique_ptr<TokenDataset::Shard>> OpenShard(const std::string
                                                                int64_t context,
                                                                const std::string& model_field,
                                                                const std::string& field) {
-  const std::string where = absl::StrCat(field, ": '", path, "'");
+  const std::string where = absl::StrCat(field, ": '", EchoInput(path), "'");
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat(where, ": cannot open"));
   struct FdCloser {
@@ -255,7 +256,8 @@ absl::StatusOr<std::vector<std::string>> ResolveTokenFiles(
     const bool relative = fs::path(entry).is_relative();
     if (relative && !roots.empty() && ClimbsOut(entry)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ": '", entry, "' climbs out of the data roots with '..'"));
+          absl::StrCat(field, ": '", EchoInput(entry),
+                       "' climbs out of the data roots with '..'"));
     }
     // Where to look: the entry itself, or under each root in turn.
     std::vector<std::string> candidates;
@@ -272,8 +274,9 @@ absl::StatusOr<std::vector<std::string>> ResolveTokenFiles(
         if (!matches.empty()) break;
       }
       if (matches.empty()) {
-        return absl::NotFoundError(absl::StrCat(field, ": no file matches '", entry, "'",
-                                                roots.empty() || !relative ? "" : " under the data roots"));
+        return absl::NotFoundError(
+            absl::StrCat(field, ": no file matches '", EchoInput(entry), "'",
+                         roots.empty() || !relative ? "" : " under the data roots"));
       }
     } else {
       std::string path = candidates.front();
@@ -391,8 +394,9 @@ absl::StatusOr<Batch> TokenDataset::Read(const std::vector<std::unique_ptr<Shard
       const uint32_t id = shard.At(pos + t);
       if (id >= vocab) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, ": '", shard.info.path, "' has token id ", id, " at token offset ", pos + t,
-            ", not below ", options_.model_field, ".vocab_size=", options_.vocab_size));
+            field, ": '", EchoInput(shard.info.path), "' has token id ", id,
+            " at token offset ", pos + t, ", not below ", options_.model_field,
+            ".vocab_size=", options_.vocab_size));
       }
       if (t < T) inputs[k * T + t] = static_cast<int32_t>(id);
       if (t > 0) targets[k * T + t - 1] = static_cast<int32_t>(id);
