@@ -23,8 +23,14 @@ class CoordinatorMetrics::Collector : public prometheus::Collectable {
       if (!source_) return {};
       counts = source_();
     }
+    prometheus::MetricFamily exports;
+    exports.name = "baton_coordinator_exports";
+    exports.help = "ExportJob streams under way.";
+    exports.type = prometheus::MetricType::Gauge;
+    exports.metric.emplace_back().gauge.value = static_cast<double>(counts.exports);
     return {Family("baton_coordinator_workers", "Registered workers by state.", counts.workers),
-            Family("baton_coordinator_jobs", "Jobs by state, history included.", counts.jobs)};
+            Family("baton_coordinator_jobs", "Jobs by state, history included.", counts.jobs),
+            std::move(exports)};
   }
 
  private:

@@ -1,8 +1,8 @@
 // The coordinator's Prometheus metrics (contract: docs/observability.md).
 //
 // Counters and histograms are updated as things happen; the gauges of workers and jobs by
-// state are computed when Prometheus scrapes, from a snapshot the coordinator supplies
-// (so they cannot drift from the registry and the job store).
+// state, and of exports under way, are computed when Prometheus scrapes, from a snapshot
+// the coordinator supplies (so they cannot drift from the registry and the job store).
 //
 // Thread-safe.
 #ifndef BATON_COORDINATOR_COORDINATOR_METRICS_H_
@@ -32,6 +32,7 @@ namespace baton {
 struct StateCounts {
   std::map<std::string, int64_t> workers;
   std::map<std::string, int64_t> jobs;
+  int64_t exports = 0;  // ExportJob streams under way
 };
 
 class CoordinatorMetrics {
@@ -52,7 +53,8 @@ class CoordinatorMetrics {
   // UNAUTHENTICATED or PERMISSION_DENIED (other codes are ignored).
   void AddAuthRefusal(absl::string_view service, absl::StatusCode code);
 
-  // The collector of baton_coordinator_workers and baton_coordinator_jobs; serve it beside
+  // The collector of baton_coordinator_workers, baton_coordinator_jobs and
+  // baton_coordinator_exports; serve it beside
   // the registry. Until SetStateSource is called it reports nothing.
   std::shared_ptr<prometheus::Collectable> StateCollector();
   // `source` is called on the scraping thread; it must be safe to call then, and until

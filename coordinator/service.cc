@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/rpc.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -101,22 +100,25 @@ grpc::Status JobServiceImpl::ExportJob(grpc::ServerContext* context,
   if (absl::Status s = OwnerOrAdmin(*who, request->job_id(), "export"); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  absl::StatusOr<Coordinator::Export> out = core_->ExportJob(*request);
+  // Holds a place under the export caps until this returns, however it returns.
+  absl::StatusOr<std::unique_ptr<Coordinator::Export>> out =
+      core_->ExportJob(*request, CapsKey(*context, *who));
   if (!out.ok()) return ToGrpcStatus(out.status());
-  // Chunks well under gRPC's default 4 MiB message bound.
-  constexpr size_t kChunk = size_t{1} << 20;
-  const std::string& bytes = out->bytes;
-  for (size_t at = 0; at == 0 || at < bytes.size(); at += kChunk) {
-    baton::v1::ExportChunk chunk;
-    if (at == 0) {
-      chunk.set_step(out->step);
-      chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
-      chunk.set_checkpoint_dir(out->dir);
-    }
-    chunk.set_data(bytes.substr(at, kChunk));
+  WeightsExport& weights = *(*out)->weights;
+  baton::v1::ExportChunk chunk;
+  chunk.set_step((*out)->step);
+  chunk.set_total_bytes(static_cast<int64_t>(weights.total_bytes()));
+  chunk.set_checkpoint_dir((*out)->dir);
+  // Pieces of at most 1 MiB (kBlockStreamChunkBytes), well under gRPC's 4 MiB message bound;
+  // the chunk's buffer is reused from piece to piece.
+  for (;;) {
+    if (absl::Status s = weights.Next(chunk.mutable_data()); !s.ok()) return ToGrpcStatus(s);
+    if (chunk.data().empty()) return grpc::Status::OK;
     if (!writer->Write(chunk)) return ToGrpcStatus(absl::CancelledError("the client went away"));
+    chunk.clear_step();
+    chunk.clear_total_bytes();
+    chunk.clear_checkpoint_dir();
   }
-  return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::GetJobTrace(grpc::ServerContext* context,
@@ -146,39 +148,20 @@ std::string PeerHost(const std::string& peer) {
 }
 }  // namespace
 
+std::string JobServiceImpl::CapsKey(const grpc::ServerContext& context,
+                                    const Principal& who) const {
+  if (auth_ != nullptr && auth_->enabled()) return absl::StrCat("caller ", who.name);
+  return absl::StrCat("client host ", PeerHost(context.peer()));
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const baton::v1::WatchJobRequest* request,
                                       grpc::ServerWriter<baton::v1::JobEvent>* writer) {
   absl::StatusOr<Principal> who = Caller(*context, Role::kViewer, "watch jobs");
   if (!who.ok()) return ToGrpcStatus(who.status());
-  // Callers are told apart by their token's name; without tokens everyone is anonymous, and
-  // by the client host then.
-  const std::string caller = auth_ != nullptr && auth_->enabled()
-                                 ? absl::StrCat("caller ", who->name)
-                                 : absl::StrCat("client host ", PeerHost(context->peer()));
-  {
-    MutexLock lock(watch_mu_);
-    if (watches_ >= limits_.total) {
-      return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-          "too many watch streams open (", watches_, "; the limit is ", limits_.total, ")")));
-    }
-    if (watches_by_caller_[caller] >= limits_.per_caller) {
-      return ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("too many watch streams for ", caller, " (", watches_by_caller_[caller],
-                       " open; the limit per caller is ", limits_.per_caller, ")")));
-    }
-    ++watches_;
-    ++watches_by_caller_[caller];
-  }
-  struct Release {
-    JobServiceImpl* self;
-    std::string caller;
-    ~Release() {
-      MutexLock lock(self->watch_mu_);
-      --self->watches_;
-      if (--self->watches_by_caller_[caller] == 0) self->watches_by_caller_.erase(caller);
-    }
-  } release{this, caller};
+  // Held until this returns.
+  absl::StatusOr<CallCaps::Slot> slot = watch_caps_.Acquire(CapsKey(*context, *who));
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<std::unique_ptr<JobWatch>> watch = core_->WatchJob(request->job_id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   bool done = false;

@@ -5,23 +5,21 @@
 #ifndef BATON_COORDINATOR_SERVICE_H_
 #define BATON_COORDINATOR_SERVICE_H_
 
-#include <map>
-#include <mutex>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "baton/v1/cluster.grpc.pb.h"
 #include "baton/v1/jobs.grpc.pb.h"
 #include "coordinator/auth.h"
+#include "coordinator/call_caps.h"
 #include "coordinator/coordinator.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 
 // Each open WatchJob stream holds a server thread: they are capped in all and per caller
 // (the token's name; the client host when the coordinator has no tokens and everyone is
-// anonymous), and a stream past a cap is refused with RESOURCE_EXHAUSTED naming it. A
-// viewer's streams then cannot lock out a submitter on the same host.
+// anonymous), and a stream past a cap is refused with RESOURCE_EXHAUSTED naming it
+// (CallCaps). A viewer's streams then cannot lock out a submitter on the same host.
+// ExportJob streams are capped the same way, by the core (CoordinatorOptions::max_exports).
 struct WatchLimits {
   int total = 512;
   int per_caller = 64;
@@ -35,7 +33,7 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
  public:
   explicit JobServiceImpl(Coordinator* core, WatchLimits limits = WatchLimits(),
                           const Authenticator* auth = nullptr)
-      : core_(core), limits_(limits), auth_(auth) {}
+      : core_(core), auth_(auth), watch_caps_("watch streams", limits.total, limits.per_caller) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const baton::v1::SubmitJobRequest* request,
                          baton::v1::Job* response) override;
@@ -62,7 +60,9 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   grpc::Status GetJobHistory(grpc::ServerContext* context,
                              const baton::v1::GetJobHistoryRequest* request,
                              baton::v1::JobHistory* response) override;
-  // The job's submitter or an admin only (its weights are theirs).
+  // The job's submitter or an admin only (its weights are theirs). Sends the export as it
+  // is read, one piece (ExportChunk) at a time: the memory it holds does not grow with the
+  // model. The first piece carries step, total_bytes and checkpoint_dir.
   grpc::Status ExportJob(grpc::ServerContext* context, const baton::v1::ExportJobRequest* request,
                          grpc::ServerWriter<baton::v1::ExportChunk>* writer) override;
 
@@ -74,13 +74,13 @@ class JobServiceImpl final : public baton::v1::JobService::Service {
   // submitter otherwise (counted), NOT_FOUND for an unknown job.
   absl::Status OwnerOrAdmin(const Principal& who, const std::string& job_id,
                             absl::string_view what) const;
+  // Who `who` is for the caps on streams: "caller NAME" (its token's name), or with no
+  // tokens, where everyone is anonymous, "client host HOST".
+  std::string CapsKey(const grpc::ServerContext& context, const Principal& who) const;
 
   Coordinator* const core_;
-  const WatchLimits limits_;
   const Authenticator* const auth_;
-  Mutex watch_mu_;
-  int watches_ ABSL_GUARDED_BY(watch_mu_) = 0;
-  std::map<std::string, int> watches_by_caller_ ABSL_GUARDED_BY(watch_mu_);
+  CallCaps watch_caps_;
 };
 
 // baton.v1.ClusterService (workers). `core` is not owned and must outlive the service.
