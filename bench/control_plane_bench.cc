@@ -135,15 +135,16 @@ class SimWorkers final : public WorkerClient {
     cv_.notify_one();
     return absl::OkStatus();
   }
-  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                        const std::string& reason, absl::Duration timeout) override {
+  absl::StatusOr<AbortAnswer> AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
+                                       const std::string& reason,
+                                       absl::Duration timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_.insert(job_id);
     for (auto& [w, j] : running_) {
       if (j == job_id) j.clear();
     }
     cv_.notify_all();
-    return absl::OkStatus();
+    return AbortAnswer::kStopped;
   }
   std::string JobOf(const std::string& worker) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -51,23 +51,27 @@ void EffectsRunner::RunNow(Effects effects) {
 }
 
 void EffectsRunner::RunAbort(const AbortCall& a) {
-  std::vector<char> reached(a.workers.size(), 0);
+  std::vector<char> stopped(a.workers.size(), 0);
   FanOut(static_cast<int>(a.workers.size()), [&](int i) {
     const PlacedWorker& w = a.workers[i];
-    const absl::Status s = options_.client->AbortJob({w.address, w.session}, a.job_id, a.reason,
-                                                     options_.abort_timeout);
-    // Any answer but "unreachable" means the worker is there and has the message.
-    reached[i] = s.code() != absl::StatusCode::kUnavailable &&
-                 s.code() != absl::StatusCode::kDeadlineExceeded;
-    if (!s.ok() && callbacks_.log) {
-      callbacks_.log(
-          absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w), ": ", s.ToString()));
+    const absl::StatusOr<AbortAnswer> answer = options_.client->AbortJob(
+        {w.address, w.session}, a.job_id, a.reason, options_.abort_timeout);
+    // Only a worker that says the job no longer runs there is free: one still stopping, or
+    // one that did not answer, is freed later by a heartbeat reporting no job (or its
+    // lease runs out).
+    stopped[i] = answer.ok() && *answer == AbortAnswer::kStopped;
+    if (callbacks_.log && !answer.ok()) {
+      callbacks_.log(absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w), ": ",
+                                  answer.status().ToString()));
+    } else if (callbacks_.log && !stopped[i]) {
+      callbacks_.log(absl::StrCat("AbortJob ", a.job_id, " on ", WorkerName(w),
+                                  ": still stopping; busy until its heartbeat reports it free"));
     }
   });
   if (!a.free_after) return;
   std::vector<PlacedWorker> to_free;
   for (size_t i = 0; i < a.workers.size(); ++i) {
-    if (reached[i]) to_free.push_back(a.workers[i]);
+    if (stopped[i]) to_free.push_back(a.workers[i]);
   }
   if (callbacks_.aborted) callbacks_.aborted(a, std::move(to_free));
 }

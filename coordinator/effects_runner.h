@@ -71,9 +71,10 @@ class EffectsRunner {
   // no lock of the runner's held; each may take the coordinator's lock, and `started` may
   // call RunNow for what its answers lead to.
   struct Callbacks {
-    // An AbortCall with free_after has returned: `reached` are its workers whose answer
-    // was anything but unreachable (UNAVAILABLE, DEADLINE_EXCEEDED), in call order.
-    std::function<void(const AbortCall& call, std::vector<PlacedWorker> reached)> aborted;
+    // An AbortCall with free_after has returned: `stopped` are its workers that answered
+    // that no thread of the job runs there any more (AbortAnswer::kStopped), in call order.
+    // The others (still stopping, an error, unreachable) stay busy.
+    std::function<void(const AbortCall& call, std::vector<PlacedWorker> stopped)> aborted;
     // A StartCall's answers, one per rank; a rank not called (rank 0 when another rank's
     // call failed) is CANCELLED.
     std::function<void(const StartCall& call, const std::vector<absl::Status>& results)> started;

@@ -25,18 +25,18 @@ class ScriptedClient final : public WorkerClient {
     auto it = start_.find(worker.address);
     return it == start_.end() ? absl::OkStatus() : it->second;
   }
-  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                        const std::string& reason, absl::Duration) override {
+  absl::StatusOr<AbortAnswer> AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
+                                       const std::string& reason, absl::Duration) override {
     MutexLock lock(mu_);
     calls_.push_back("abort " + worker.address + " " + job_id + ": " + reason);
     auto it = abort_.find(worker.address);
-    return it == abort_.end() ? absl::OkStatus() : it->second;
+    return it == abort_.end() ? absl::StatusOr<AbortAnswer>(AbortAnswer::kStopped) : it->second;
   }
   void SetStart(const std::string& address, absl::Status s) {
     MutexLock lock(mu_);
     start_[address] = std::move(s);
   }
-  void SetAbort(const std::string& address, absl::Status s) {
+  void SetAbort(const std::string& address, absl::StatusOr<AbortAnswer> s) {
     MutexLock lock(mu_);
     abort_[address] = std::move(s);
   }
@@ -53,7 +53,7 @@ class ScriptedClient final : public WorkerClient {
   Mutex mu_;
   std::vector<std::string> calls_;
   std::map<std::string, absl::Status> start_;
-  std::map<std::string, absl::Status> abort_;
+  std::map<std::string, absl::StatusOr<AbortAnswer>> abort_;
   std::map<std::string, int> busy_;
 };
 
@@ -97,10 +97,10 @@ class EffectsRunnerTest : public ::testing::Test {
   }
   EffectsRunner::Callbacks Callbacks() {
     EffectsRunner::Callbacks c;
-    c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> reached) {
+    c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> stopped) {
       MutexLock lock(mu_);
       std::string s = "aborted " + call.job_id + ":";
-      for (const PlacedWorker& w : reached) s += " " + w.address;
+      for (const PlacedWorker& w : stopped) s += " " + w.address;
       events_.push_back(s);
     };
     c.started = [this](const StartCall& call, const std::vector<absl::Status>& results) {
@@ -195,24 +195,28 @@ TEST_F(EffectsRunnerTest, NoRetryOnceTheJobIsNoLongerPlacing) {
   EXPECT_EQ(slept_, absl::ZeroDuration());
 }
 
-TEST_F(EffectsRunnerTest, OnlyReachedWorkersAreReportedAndOnlyWhenAsked) {
+// A worker is free once it says the job no longer runs there; one still stopping (its
+// evaluation, say, has not reached a micro-batch boundary yet), one that failed the call and
+// one unreachable stay busy (a heartbeat reporting no job frees them later).
+TEST_F(EffectsRunnerTest, OnlyStoppedWorkersAreReportedAndOnlyWhenAsked) {
   client_->SetAbort("b", absl::UnavailableError("connection refused"));
   client_->SetAbort("c", absl::DeadlineExceededError("slow"));
-  client_->SetAbort("d", absl::NotFoundError("no such job"));  // reached: it answered
+  client_->SetAbort("d", absl::NotFoundError("no such job"));
+  client_->SetAbort("e", AbortAnswer::kStopping);
   EffectsRunner runner(Options(), Callbacks());
   Effects e;
   AbortCall a;
   a.job_id = "job-000001";
-  a.workers = {Worker("a"), Worker("b"), Worker("c"), Worker("d")};
+  a.workers = {Worker("a"), Worker("b"), Worker("c"), Worker("d"), Worker("e")};
   e.aborts.push_back(a);
   AbortCall quiet = a;
   quiet.job_id = "job-000002";
   quiet.free_after = false;
   e.aborts.push_back(quiet);
   runner.RunNow(std::move(e));
-  EXPECT_EQ(events_, (std::vector<std::string>{"aborted job-000001: a d"}));
-  EXPECT_EQ(client_->Calls().size(), 8u);
-  EXPECT_EQ(logged_.size(), 6u);  // b, c and d failed, for each call
+  EXPECT_EQ(events_, (std::vector<std::string>{"aborted job-000001: a"}));
+  EXPECT_EQ(client_->Calls().size(), 10u);
+  EXPECT_EQ(logged_.size(), 8u);  // b, c and d failed and e still stops, for each call
 }
 
 TEST_F(EffectsRunnerTest, BackgroundRunsAreJoinedByClose) {

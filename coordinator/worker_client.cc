@@ -1,6 +1,7 @@
 #include "coordinator/worker_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/core/status.h"
 #include "common/rpc/rpc.h"
 #include "common/core/mutex.h"
 
@@ -33,14 +34,18 @@ absl::Status GrpcWorkerClient::StartJob(const WorkerEndpoint& worker,
   return FromGrpcStatus(StubFor(worker.address)->StartJob(ctx.get(), request, &response));
 }
 
-absl::Status GrpcWorkerClient::AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                                        const std::string& reason, absl::Duration timeout) {
+absl::StatusOr<AbortAnswer> GrpcWorkerClient::AbortJob(const WorkerEndpoint& worker,
+                                                       const std::string& job_id,
+                                                       const std::string& reason,
+                                                       absl::Duration timeout) {
   baton::v1::AbortJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
   baton::v1::AbortJobResponse response;
   std::unique_ptr<grpc::ClientContext> ctx = Context(worker, timeout);
-  return FromGrpcStatus(StubFor(worker.address)->AbortJob(ctx.get(), request, &response));
+  BATON_RETURN_IF_ERROR(
+      FromGrpcStatus(StubFor(worker.address)->AbortJob(ctx.get(), request, &response)));
+  return response.stopped() ? AbortAnswer::kStopped : AbortAnswer::kStopping;
 }
 
 }  // namespace baton

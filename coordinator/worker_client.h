@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "baton/v1/worker.grpc.pb.h"
 #include "baton/v1/worker.pb.h"
@@ -25,6 +26,12 @@ struct WorkerEndpoint {
   std::string session;
 };
 
+// A worker's answer to AbortJob (AbortJobResponse.stopped).
+enum class AbortAnswer {
+  kStopped,   // no thread of the job runs there any more: the worker is free
+  kStopping,  // told, but still stopping: it is free once its heartbeat reports no job
+};
+
 // Thread-safe: the coordinator calls it from several threads at once.
 class WorkerClient {
  public:
@@ -33,8 +40,10 @@ class WorkerClient {
   virtual absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                                 absl::Duration timeout) = 0;
   // WorkerService.AbortJob; idempotent on the worker side.
-  virtual absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                                const std::string& reason, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<AbortAnswer> AbortJob(const WorkerEndpoint& worker,
+                                               const std::string& job_id,
+                                               const std::string& reason,
+                                               absl::Duration timeout) = 0;
 };
 
 // The gRPC implementation: one channel and stub per address, created on first use and
@@ -43,8 +52,9 @@ class GrpcWorkerClient final : public WorkerClient {
  public:
   absl::Status StartJob(const WorkerEndpoint& worker, const baton::v1::JobPlan& plan,
                         absl::Duration timeout) override;
-  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                        const std::string& reason, absl::Duration timeout) override;
+  absl::StatusOr<AbortAnswer> AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
+                                       const std::string& reason,
+                                       absl::Duration timeout) override;
 
  private:
   baton::v1::WorkerService::Stub* StubFor(const std::string& address);

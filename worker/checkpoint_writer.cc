@@ -10,8 +10,11 @@
 namespace baton {
 
 CheckpointWriter::CheckpointWriter(std::string job_dir, std::vector<std::string> block_names,
-                                   int keep)
-    : job_dir_(std::move(job_dir)), block_names_(std::move(block_names)), keep_(keep) {}
+                                   int keep, const std::atomic<bool>* stop)
+    : job_dir_(std::move(job_dir)),
+      block_names_(std::move(block_names)),
+      keep_(keep),
+      stop_(stop) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (pending_.valid()) pending_.wait();
@@ -31,7 +34,7 @@ void CheckpointWriter::Start(CheckpointSnapshot snap, int64_t step, absl::Durati
     d.bytes = snap.file_bytes();
     d.stall = stall;
     const absl::Time t0 = absl::Now();
-    d.status = WriteSnapshot(snap);
+    d.status = WriteSnapshot(snap, stop_);
     d.write = absl::Now() - t0;
     if (d.status.ok()) {
       // Every rank prunes after its write; the last to finish a checkpoint sees it

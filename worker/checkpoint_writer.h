@@ -13,6 +13,7 @@
 #ifndef BATON_WORKER_CHECKPOINT_WRITER_H_
 #define BATON_WORKER_CHECKPOINT_WRITER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <optional>
@@ -36,7 +37,10 @@ class CheckpointWriter {
   };
 
   // `job_dir` is dir/JOB; `block_names` every block of the model (for pruning to `keep`).
-  CheckpointWriter(std::string job_dir, std::vector<std::string> block_names, int keep);
+  // Once `stop` (not owned, may be null) reads true, a write in flight ends within 8 MiB
+  // written (WriteSnapshot), its checkpoint left incomplete, and its Done says ABORTED.
+  CheckpointWriter(std::string job_dir, std::vector<std::string> block_names, int keep,
+                   const std::atomic<bool>* stop = nullptr);
   ~CheckpointWriter();  // waits for the write in flight
 
   // Starts writing the snapshot of step `step`, which took `snapshot_time` to take. A write
@@ -52,6 +56,7 @@ class CheckpointWriter {
   const std::string job_dir_;
   const std::vector<std::string> block_names_;
   const int keep_;
+  const std::atomic<bool>* const stop_;
   std::future<Done> pending_;
   std::vector<Done> finished_;
 };

@@ -341,6 +341,9 @@ JobRun::Outcome JobRun::Run(ProgressSink* sink) {
   // The attempt's rendezvous values expire with it; later ones for it are refused.
   if (options_.rendezvous != nullptr) options_.rendezvous->CloseJob(plan_.job_key());
   if (!status.ok() && aborted_.load()) {
+    // Where the abort reached the run, for the log; its result says why it was aborted.
+    WorkerLog(absl::StrCat("job ", plan_.job_id(), " rank ", plan_.rank(),
+                           " stopped on the abort: ", status.message()));
     MutexLock lock(mu_);
     status = absl::Status(abort_status_.code(), absl::StrCat("aborted: ", abort_status_.message()));
   }
@@ -363,11 +366,13 @@ baton::v1::ReportResultRequest JobRun::ResultReport(const absl::Status& status) 
 
 absl::Status JobRun::RunSteps(ProgressSink* sink) {
   Pipeline p(this);
-  BATON_RETURN_IF_ERROR(Prepare(p));
-  BATON_RETURN_IF_ERROR(Connect(p));
-  BATON_RETURN_IF_ERROR(JoinGroup(p));
-  BATON_RETURN_IF_ERROR(Build(p));
-  BATON_RETURN_IF_ERROR(Resume(p));
+  // An abort is checked between the phases too: building the blocks and loading a
+  // checkpoint wait on no transport that Abort could wake.
+  for (absl::Status (JobRun::*phase)(Pipeline&) :
+       {&JobRun::Prepare, &JobRun::Connect, &JobRun::JoinGroup, &JobRun::Build, &JobRun::Resume}) {
+    BATON_RETURN_IF_ERROR((this->*phase)(p));
+    if (aborted_.load()) return absl::AbortedError(absl::StrCat("aborted while ", phase_));
+  }
   BATON_RETURN_IF_ERROR(Train(p, sink));
   if (p.stopped_after > 0) {
     // Preempted: no digests (the weights are mid-training); the checkpoint carries on.
@@ -462,6 +467,9 @@ absl::Status JobRun::Build(Pipeline& p) {
   eo.recv_timeout = p.recv_timeout;
   // Placement wrote the device every rank computes on into the plan's spec.
   eo.device = p.spec().device() == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu;
+  // Abort reaches the steps and evaluations between micro-batches, also where the transport
+  // has nothing to wake (a single stage, an evaluation's first stage).
+  eo.stop = &aborted_;
   if (options_.metrics != nullptr) {
     JobMetricsInfo info;
     info.job_id = plan_.job_id();
@@ -543,7 +551,7 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
   // Every replica holds the same weights and optimizer state: replica 0's ranks write them.
   if (!p.checkpoint_dir.empty() && plan_.replica() == 0) {
     p.writer = std::make_unique<CheckpointWriter>(p.checkpoint_dir, p.block_names,
-                                                  p.spec().checkpoint().keep());
+                                                  p.spec().checkpoint().keep(), &aborted_);
   }
   for (int64_t step = p.first_step; step < p.spec().steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");

@@ -26,9 +26,11 @@
 //                    rendezvous values are closed, and the Outcome carries the block
 //                    digests, or the error and its FailureCause;
 //   Abort(why)    -> from any thread: aborts the transport, so the running step ends
-//                    within a receive's wake-up; Run then ends with why's code and
-//                    "aborted: <why>" (ABORTED: an echo of a failure elsewhere; UNAVAILABLE:
-//                    a root cause, the worker shutting down).
+//                    within a receive's wake-up, and sets the flag the steps and
+//                    evaluations read before every micro-batch (StageExecutorOptions::stop),
+//                    the checkpoint writes every 8 MiB, and Run between its phases; Run
+//                    then ends with why's code and "aborted: <why>" (ABORTED: an echo of a
+//                    failure elsewhere; UNAVAILABLE: a root cause, the worker shutting down).
 //
 // Thread safety: Abort, plan, steps_done and aborted from any thread; Open and Run from
 // one thread, once each, in that order. abort_status_ and transport_ are guarded by mu_;

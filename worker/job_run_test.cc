@@ -72,6 +72,9 @@ class JobRunTest : public ::testing::Test {
     return a;
   }
 
+  // The jobs' checkpoint.dir: a directory under the checkpoint root (never the root).
+  std::string CkptDir() const { return (dir_ / "ckpt").string(); }
+
   JobRunOptions OptionsFor(int rank) {
     JobRunOptions o;
     o.worker_id = absl::StrCat("w-", rank);
@@ -211,9 +214,13 @@ TEST_F(JobRunTest, AnAbortFromOutsideEndsTheRunWithItsReason) {
   absl::StatusOr<std::unique_ptr<JobRun>> run = JobRun::Create(plans[1], OptionsFor(1));
   ASSERT_TRUE(run.ok()) << run.status();
   (*run)->Open();
-  // The worker shuts down while rank 1 waits for rank 0 (which never runs).
+  // The worker shuts down while rank 1 waits for rank 0 (which never runs): once its
+  // receive is blocked in the inbox (the bound only catches a hang).
   std::thread stop([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (nodes_[1]->inbox.Stats().takes_waiting == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     (*run)->Abort(absl::UnavailableError("worker w-1 is shutting down"));
   });
   CoordinatorProgressSink sink(
@@ -229,7 +236,7 @@ TEST_F(JobRunTest, AnAbortFromOutsideEndsTheRunWithItsReason) {
 
 TEST_F(JobRunTest, ResumesFromACheckpointToTheReferenceWeights) {
   baton::v1::JobSpec spec = TinySpec(4);
-  spec.mutable_checkpoint()->set_dir(dir_.string());
+  spec.mutable_checkpoint()->set_dir(CkptDir());
   spec.mutable_checkpoint()->set_every_steps(2);
   // The first attempt writes checkpoints after steps 2 and 4.
   std::vector<JobRun::Outcome> first = RunRanks(Plans(spec, "job-ckpt", Addresses()), {0, 1});
@@ -249,7 +256,7 @@ TEST_F(JobRunTest, ResumesFromACheckpointToTheReferenceWeights) {
   for (baton::v1::JobPlan& p : plans) {
     p.set_attempt(2);
     p.set_job_key(p.job_key() + 1);
-    p.set_resume_job_dir(CheckpointJobDir(dir_.string(), "job-ckpt"));
+    p.set_resume_job_dir(CheckpointJobDir(CkptDir(), "job-ckpt"));
     p.set_resume_step(2);
   }
   const int64_t reported_before = static_cast<int64_t>(fake_.progress().size());
@@ -278,7 +285,7 @@ TEST_F(JobRunTest, ResumesFromACheckpointToTheReferenceWeights) {
 // checkpoints ends with the uninterrupted run's weights.
 TEST_F(JobRunTest, APreemptedRunCheckpointsWhereToldAndResumesToTheReferenceWeights) {
   baton::v1::JobSpec spec = TinySpec(6);
-  spec.mutable_checkpoint()->set_dir(dir_.string());
+  spec.mutable_checkpoint()->set_dir(CkptDir());
   spec.mutable_checkpoint()->set_every_steps(2);
   fake_.PreemptAtStep(3);
   std::vector<JobRun::Outcome> first = RunRanks(Plans(spec, "job-pre", Addresses()), {0, 1});
@@ -296,7 +303,7 @@ TEST_F(JobRunTest, APreemptedRunCheckpointsWhereToldAndResumesToTheReferenceWeig
     ASSERT_FALSE(in_result.empty());
     EXPECT_EQ(in_result.back(), 3);
   }
-  const std::string job_dir = CheckpointJobDir(dir_.string(), "job-pre");
+  const std::string job_dir = CheckpointJobDir(CkptDir(), "job-pre");
   EXPECT_EQ(ListCheckpointSteps(job_dir), (std::vector<int64_t>{2, 3}));
 
   fake_.PreemptAtStep(0);
@@ -323,7 +330,7 @@ TEST_F(JobRunTest, APreemptedRunCheckpointsWhereToldAndResumesToTheReferenceWeig
 // Told to stop on a step whose checkpoint was just taken, a rank takes no second one.
 TEST_F(JobRunTest, APreemptionOnACheckpointStepWritesItOnce) {
   baton::v1::JobSpec spec = TinySpec(6);
-  spec.mutable_checkpoint()->set_dir(dir_.string());
+  spec.mutable_checkpoint()->set_dir(CkptDir());
   spec.mutable_checkpoint()->set_every_steps(2);
   fake_.PreemptAtStep(4);
   std::vector<JobRun::Outcome> out = RunRanks(Plans(spec, "job-pre4", Addresses()), {0, 1});
@@ -339,7 +346,7 @@ TEST_F(JobRunTest, APreemptionOnACheckpointStepWritesItOnce) {
     for (const auto& w : out[r].report.checkpoints()) written.push_back(w.step());
     EXPECT_EQ(written, (std::vector<int64_t>{2, 4})) << "rank " << r;
   }
-  EXPECT_EQ(ListCheckpointSteps(CheckpointJobDir(dir_.string(), "job-pre4")),
+  EXPECT_EQ(ListCheckpointSteps(CheckpointJobDir(CkptDir(), "job-pre4")),
             (std::vector<int64_t>{2, 4}));
 }
 

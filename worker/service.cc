@@ -17,9 +17,10 @@ grpc::Status WorkerServiceImpl::StartJob(grpc::ServerContext* ctx,
 
 grpc::Status WorkerServiceImpl::AbortJob(grpc::ServerContext* ctx,
                                          const baton::v1::AbortJobRequest* req,
-                                         baton::v1::AbortJobResponse*) {
+                                         baton::v1::AbortJobResponse* resp) {
   if (absl::Status s = FromCoordinator(*ctx); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(agent_->AbortJob(req->job_id(), req->reason()));
+  resp->set_stopped(agent_->AbortJob(req->job_id(), req->reason(), agent_->abort_wait()));
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* ctx,

@@ -57,7 +57,8 @@ WorkerAgent::WorkerAgent(WorkerOptions options, TensorInbox* inbox,
       lease_(LeaseOptionsOf(options_), coordinator_.get(), std::move(session),
              LeaseKeeper::Hooks{[this] { return RunningJob(); },
                                 [this](const std::string& id, const std::string& reason) {
-                                  AbortJob(id, reason).IgnoreError();
+                                  // On the heartbeat thread: never wait for the job.
+                                  AbortJob(id, reason, absl::ZeroDuration());
                                 }}) {}
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -149,15 +150,18 @@ absl::Status WorkerAgent::StartJobOrThrow(const baton::v1::JobPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status WorkerAgent::AbortJob(const std::string& job_id, const std::string& reason) {
+bool WorkerAgent::AbortJob(const std::string& job_id, const std::string& reason,
+                           absl::Duration wait) {
   std::shared_ptr<JobRun> job;
   {
     MutexLock lock(mu_);
     job = job_;
   }
-  if (job == nullptr || job->plan().job_id() != job_id) return absl::OkStatus();  // idempotent
+  if (job == nullptr || job->plan().job_id() != job_id) return true;  // idempotent
   job->Abort(absl::AbortedError(reason));
-  return absl::OkStatus();
+  MutexLock lock(mu_);
+  return wake_.wait_for(lock.native(), std::chrono::nanoseconds(absl::ToInt64Nanoseconds(wait)),
+                        [this, &job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_ != job; });
 }
 
 baton::v1::WorkerStatus WorkerAgent::Status() const {
@@ -179,16 +183,21 @@ void WorkerAgent::RunJob(std::shared_ptr<JobRun> run) {
   CoordinatorProgressSink sink(
       coordinator_.get(), [this] { return worker_id(); }, run.get());
   const JobRun::Outcome outcome = run->Run(&sink);
-  ReportResult(*run, outcome);
   if (absl::Status fault = CudaDeviceFault(); !fault.ok()) {
     WorkerLog(
         absl::StrCat("leaving: ", fault.message(),
                      "; a new process gets a new context (the supervisor restarts this one)"));
     if (options_.on_device_fault) options_.on_device_fault(fault);
   }
-  MutexLock lock(mu_);
-  job_.reset();
-  if (options_.metrics != nullptr) options_.metrics->SetBusy(false);
+  // The run is over: the worker is free before the coordinator hears of it, so a job it
+  // places here on the result finds it idle (StartJob joins this thread).
+  {
+    MutexLock lock(mu_);
+    job_.reset();
+    if (options_.metrics != nullptr) options_.metrics->SetBusy(false);
+    wake_.notify_all();  // AbortJob waits for this
+  }
+  ReportResult(*run, outcome);
 }
 
 void WorkerAgent::ReportResult(const JobRun& run, const JobRun::Outcome& outcome) {

@@ -15,9 +15,11 @@
 //                      else opens the run (inbox, rendezvous) and starts the job thread,
 //                      which runs it, sending each step's report to the coordinator
 //                      (ReportProgress; an answer without keep_running aborts the run);
-//   at the end      -> ReportResult with the outcome (retried while the coordinator is
-//                      UNAVAILABLE, up to ten times, half a second apart, until Stop);
-//   AbortJob(id)    -> JobRun::Abort (ABORTED: an echo);
+//   at the end      -> the worker is idle again (Status, heartbeats), then ReportResult
+//                      with the outcome (retried while the coordinator is UNAVAILABLE, up
+//                      to ten times, half a second apart, until Stop);
+//   AbortJob(id)    -> JobRun::Abort (ABORTED: an echo), then a bounded wait for the job
+//                      thread to end, answering whether it did;
 //   Stop()          -> the same, as UNAVAILABLE "worker W is shutting down", a root cause
 //                      the coordinator names instead of the peers' echoes; then the lease
 //                      keeper says goodbye.
@@ -74,6 +76,10 @@ struct WorkerOptions {
   DataAccess data;
   // The cluster's join token (--join_token_file), sent when registering; empty: none.
   std::string join_token;
+  // How long WorkerService.AbortJob waits for the aborted job's thread to end before it
+  // answers that the job is still stopping (the coordinator then keeps the worker busy
+  // until a heartbeat reports it free). Under the coordinator's abort deadline.
+  absl::Duration abort_wait = absl::Seconds(1);
   // Called (from the job's thread, once) when a job ended with this process's GPU context
   // broken (CudaDeviceFault): nothing can run on the GPU again, so the worker should leave
   // (main.cc shuts it down with exit status 3, for its supervisor to restart it). Until it
@@ -108,8 +114,14 @@ class WorkerAgent {
 
   // WorkerService, as plain calls.
   absl::Status StartJob(const baton::v1::JobPlan& plan);
-  absl::Status AbortJob(const std::string& job_id, const std::string& reason);
+  // Aborts job `job_id` if it runs here, then waits up to `wait` for its thread to end.
+  // Returns whether no thread of that job runs here any more (true at once when it did not
+  // run here): only then may the coordinator take this worker for idle.
+  bool AbortJob(const std::string& job_id, const std::string& reason, absl::Duration wait);
+  // BUSY from StartJob until the job's run has ended (its thread may still be reporting the
+  // result: StartJob joins it), IDLE otherwise.
   baton::v1::WorkerStatus Status() const;
+  absl::Duration abort_wait() const { return options_.abort_wait; }
 
   std::string worker_id() const;
 
@@ -133,7 +145,7 @@ class WorkerAgent {
   LeaseKeeper lease_;  // uses coordinator_: declared after it
 
   mutable Mutex mu_;
-  std::condition_variable wake_;  // Stop
+  std::condition_variable wake_;  // Stop; a job thread freeing the worker (AbortJob)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<JobRun> job_ ABSL_GUARDED_BY(mu_);  // the running job, if any
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);

@@ -50,7 +50,7 @@ Worker MakeWorker(const std::string& id) {
 TEST(WorkerAgentTest, RegistersWithItsSessionKeepsTheLeaseAndSaysGoodbye) {
   Worker w = MakeWorker("w-7");
   w.agent->Start();
-  ASSERT_TRUE(w.coordinator->AwaitHeartbeats(2, absl::Seconds(10)));
+  ASSERT_TRUE(w.coordinator->AwaitHeartbeats(2, absl::Seconds(60)));  // only bounds a hang
   const std::vector<baton::v1::RegisterWorkerRequest> reg = w.coordinator->registrations();
   ASSERT_EQ(reg.size(), 1u);
   EXPECT_EQ(reg[0].worker_id(), "w-7");
@@ -114,7 +114,7 @@ TEST(WorkerAgentTest, RunsAJobAndReportsItsResult) {
 TEST(WorkerAgentTest, AJobTheCoordinatorNoLongerRunsIsAbortedByTheHeartbeat) {
   Worker w = MakeWorker("w-1");
   w.agent->Start();
-  ASSERT_TRUE(w.coordinator->AwaitHeartbeats(1, absl::Seconds(10)));
+  ASSERT_TRUE(w.coordinator->AwaitHeartbeats(1, absl::Seconds(60)));
   const std::vector<baton::v1::JobPlan> plans =
       Plans(TinySpec(1000), "job-gone", {"127.0.0.1:1", w.node->address});
   // Rank 1 alone: it waits for rank 0 until the heartbeat says the job is gone.
@@ -122,7 +122,7 @@ TEST(WorkerAgentTest, AJobTheCoordinatorNoLongerRunsIsAbortedByTheHeartbeat) {
   EXPECT_EQ(w.agent->Status().state(), baton::v1::WORKER_STATE_BUSY);
   EXPECT_EQ(w.agent->Status().job_id(), "job-gone");
   w.coordinator->AbortJobInHeartbeats("job-gone");
-  ASSERT_TRUE(w.coordinator->AwaitResults(1, absl::Seconds(10)));
+  ASSERT_TRUE(w.coordinator->AwaitResults(1, absl::Seconds(60)));
   const baton::v1::ReportResultRequest result = w.coordinator->results()[0];
   EXPECT_EQ(result.error(), "ABORTED: aborted: the coordinator no longer runs this job");
   EXPECT_EQ(result.cause(), baton::v1::FAILURE_CAUSE_ABORTED);
@@ -133,6 +133,28 @@ TEST(WorkerAgentTest, AJobTheCoordinatorNoLongerRunsIsAbortedByTheHeartbeat) {
   }
   EXPECT_TRUE(named);
   w.agent->Stop();
+}
+
+// WorkerService.AbortJob answers "stopped" only once the job's thread has let go of the
+// worker: the coordinator then lists it IDLE and may place the next job on it at once.
+TEST(WorkerAgentTest, AbortJobAnswersStoppedOnlyOnceTheJobHasLetGo) {
+  Worker w = MakeWorker("w-1");
+  const std::vector<baton::v1::JobPlan> plans =
+      Plans(TinySpec(1000), "job-cancel", {"127.0.0.1:1", w.node->address});
+  // Rank 1 alone: it waits for rank 0 until it is aborted.
+  ASSERT_TRUE(w.agent->StartJob(plans[1]).ok());
+  // Another job's abort: nothing of it runs here.
+  EXPECT_TRUE(w.agent->AbortJob("job-other", "not this one", absl::Minutes(1)));
+  EXPECT_EQ(w.agent->Status().state(), baton::v1::WORKER_STATE_BUSY);
+  // The bound only guards against a hang: the receive wakes at once.
+  EXPECT_TRUE(w.agent->AbortJob("job-cancel", "cancelled by request", absl::Minutes(1)));
+  EXPECT_EQ(w.agent->Status().state(), baton::v1::WORKER_STATE_IDLE);
+  const std::vector<baton::v1::JobPlan> next =
+      Plans(TinySpec(1000), "job-next", {"127.0.0.1:1", w.node->address});
+  EXPECT_TRUE(w.agent->StartJob(next[1]).ok());
+  w.agent->Stop();
+  ASSERT_TRUE(w.coordinator->AwaitResults(2, absl::Seconds(60)));
+  EXPECT_EQ(w.coordinator->results()[0].error(), "ABORTED: aborted: cancelled by request");
 }
 
 TEST(WorkerAgentTest, StoppingReportsTheJobAsShutDown) {

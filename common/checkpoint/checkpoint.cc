@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/core/file.h"
+#include "common/checkpoint/block_stream.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/core/digest.h"
 #include "google/protobuf/struct.pb.h"
@@ -116,9 +117,12 @@ std::string CheckpointStepDir(const std::string& job_dir, int64_t step) {
   return (fs::path(job_dir) / absl::StrCat(kStepPrefix, step)).string();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 const std::atomic<bool>* stop) {
   // Unique per call in this process, so concurrent writers never share a temporary file.
   static std::atomic<uint64_t> temp_counter{0};
+  // Written in pieces this large, `stop` read before each.
+  constexpr size_t kPiece = size_t{8} << 20;
   const fs::path target(path);
   const std::string tmp =
       absl::StrCat(path, ".tmp-", getpid(), "-", temp_counter.fetch_add(1));
@@ -126,7 +130,13 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
   if (fd < 0) return Errno("create", tmp, errno);
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::AbortedError(
+          absl::StrCat("writing ", path, " stopped after ", done, " of ", bytes.size(), " bytes"));
+    }
+    const ssize_t n = write(fd, bytes.data() + done, std::min(kPiece, bytes.size() - done));
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -236,18 +246,18 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
   return snap;
 }
 
-absl::Status WriteSnapshot(const CheckpointSnapshot& snap) {
+absl::Status WriteSnapshot(const CheckpointSnapshot& snap, const std::atomic<bool>* stop) {
   if (absl::Status st = MakeDirs(snap.step_dir); !st.ok()) return st;
   for (size_t i = 0; i < snap.files.size(); ++i) {
-    if (absl::Status st = WriteFileAtomically((fs::path(snap.step_dir) / snap.files[i].file).string(),
-                                              snap.contents[i]);
+    if (absl::Status st = WriteFileAtomically(
+            (fs::path(snap.step_dir) / snap.files[i].file).string(), snap.contents[i], stop);
         !st.ok()) {
       return st;
     }
   }
   // Last: a manifest never names a file that is not there.
   return WriteFileAtomically((fs::path(snap.step_dir) / snap.manifest_file).string(),
-                             snap.manifest);
+                             snap.manifest, stop);
 }
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
@@ -434,8 +444,7 @@ absl::Status VerifyCheckpoint(const std::string& step_dir,
     if (f == index->blocks.end()) {
       return absl::NotFoundError(absl::StrCat(step_dir, " has no file for block ", b));
     }
-    absl::StatusOr<std::string> bytes = ReadVerified(step_dir, f->second);
-    if (!bytes.ok()) return bytes.status();
+    if (absl::Status s = VerifyBlockFile(step_dir, f->second); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -514,36 +523,6 @@ absl::StatusOr<std::vector<std::string>> CheckpointBlockOrder(const CheckpointIn
   return names;
 }
 
-absl::StatusOr<std::string> ExportWeights(const std::string& step_dir) {
-  absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(step_dir);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::vector<std::string>> block_names = CheckpointBlockOrder(*index);
-  if (!block_names.ok()) return block_names.status();
-  std::vector<Tensor> tensors;
-  std::vector<std::string> names;
-  std::string job;
-  for (const std::string& b : *block_names) {
-    const CheckpointBlockFile& f = index->blocks.at(b);
-    absl::StatusOr<std::string> bytes = ReadVerified(step_dir, f);
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<Safetensors> st = ParseSafetensors(*bytes);  // tensors are copied out below
-    if (!st.ok()) {
-      return absl::DataLossError(absl::StrCat(step_dir, "/", f.file, ": ", st.status().message()));
-    }
-    job = st->metadata["job"];
-    for (const std::string& tname : st->order) {
-      if (absl::StartsWith(tname, kOptimizerPrefix)) continue;
-      absl::StatusOr<Tensor> t = EntryToTensor(st->tensors.at(tname), Device::kCpu);
-      if (!t.ok()) return t.status();
-      tensors.push_back(*std::move(t));
-      names.push_back(tname);
-    }
-  }
-  std::vector<NamedTensor> out;
-  for (size_t i = 0; i < tensors.size(); ++i) out.push_back({names[i], &tensors[i]});
-  return EncodeSafetensors(out, {{"format", "baton-weights-1"},
-                                 {"job", job},
-                                 {"step", absl::StrCat(index->step)}});
-}
+// ExportWeights: block_stream.cc, on WeightsExport.
 
 }  // namespace baton

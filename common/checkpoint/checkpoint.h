@@ -20,6 +20,7 @@
 #ifndef BATON_COMMON_CHECKPOINT_CHECKPOINT_H_
 #define BATON_COMMON_CHECKPOINT_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -40,7 +41,10 @@ std::string CheckpointJobDir(const std::string& dir, const std::string& job);
 std::string CheckpointStepDir(const std::string& job_dir, int64_t step);
 
 // Writes `bytes` to `path` atomically (see above). Errors name the path and the call.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+// `stop` (may be null) is read before every 8 MiB written: once true, the temporary file
+// is removed, `path` is left as it was, and the result is ABORTED.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 const std::atomic<bool>* stop = nullptr);
 
 // Checks that `dir` can hold checkpoints: creates it if needed and writes and removes a
 // probe file. FAILED_PRECONDITION naming the directory and the reason otherwise.
@@ -88,8 +92,11 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
                                                   const std::vector<Module*>& blocks,
                                                   Optimizer& optimizer);
 // Writes a snapshot: the block files, then the manifest, each atomically. Thread-safe for
-// different snapshots; touches nothing but the files.
-absl::Status WriteSnapshot(const CheckpointSnapshot& snap);
+// different snapshots; touches nothing but the files. Once `stop` (may be null) reads true
+// it ends with ABORTED (WriteFileAtomically), before the manifest: the step directory is
+// then an incomplete checkpoint, which resume skips and pruning removes.
+absl::Status WriteSnapshot(const CheckpointSnapshot& snap,
+                           const std::atomic<bool>* stop = nullptr);
 
 // A step directory's manifests, merged.
 struct CheckpointIndex {
@@ -115,7 +122,8 @@ std::vector<int64_t> ListCheckpointSteps(const std::string& job_dir);
 
 // Whether step_dir is a complete checkpoint of the named blocks (empty: of every block its
 // manifests say the model has): OK, or why not (NOT_FOUND: no manifest or a block missing;
-// DATA_LOSS: a file missing or failing its SHA-256).
+// DATA_LOSS: a file missing or failing its SHA-256). Files are read in pieces
+// (VerifyBlockFile), never whole.
 absl::Status VerifyCheckpoint(const std::string& step_dir,
                               const std::vector<std::string>& block_names);
 
@@ -146,7 +154,8 @@ absl::StatusOr<std::vector<std::string>> CheckpointBlockOrder(const CheckpointIn
 
 // The model's weights (no optimizer state) from a complete checkpoint, as one safetensors
 // file: every parameter under its name, blocks in canonical order; metadata format, job,
-// step. Files are checked against their SHA-256.
+// step. Files are checked against their SHA-256. The whole file in memory: to send or write
+// a large model, stream it with WeightsExport (block_stream.h), which this gathers.
 absl::StatusOr<std::string> ExportWeights(const std::string& step_dir);
 
 }  // namespace baton

@@ -21,6 +21,7 @@
 #include "common/core/status.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/generators.h"
+#include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "common/nccl/nccl_fake_test_util.h"
@@ -630,14 +631,14 @@ TEST(PipelineFailureTest, AFailedReplicaStopsEveryReplica) {
   p->set_microbatches(2);
   p->set_data_parallel(3);
   LocalPipelineOptions opts;
-  opts.recv_timeout = absl::Seconds(30);
+  // No rank waits for this deadline: the step ends on the failure (a rank that waited for
+  // it would fail the step with DEADLINE_EXCEEDED instead of the reason checked below).
+  opts.recv_timeout = absl::Minutes(10);
   auto t = LocalPipelineTrainer::Create(spec, opts);
   ASSERT_TRUE(t.ok()) << t.status();
   (*t)->hub(2).transport(1)->Abort(absl::UnavailableError("replica 2 lost its GPU"));
-  const absl::Time start = absl::Now();
   auto s = (*t)->Step();
   ASSERT_FALSE(s.ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_NE(s.status().message().find("replica 2 lost its GPU"), absl::string_view::npos)
       << s.status();
   EXPECT_EQ((*t)->Step().status().code(), absl::StatusCode::kFailedPrecondition);
@@ -807,6 +808,100 @@ TEST(PipelineEvalTest, ValidationLossEqualsTheReferenceTrainers) {
       }
       EXPECT_EQ(DigestHex((*t)->WeightsDigest()), digests[pl.replicas]);
     }
+  }
+}
+
+// StageExecutorOptions::stop: a cancel must reach a rank that has nothing to receive. A step
+// ends before its next compute action (weights untouched), an evaluation before its next
+// micro-batch, each with ABORTED saying where; before, a first stage evaluating 10,000
+// batches ran them all, cancelled or not.
+TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
+  const std::string dir = testing::TempDir() + "/pipeline-stop";
+  std::filesystem::create_directories(dir);
+  auto write_shard = [&](const std::string& name, int tokens) {
+    std::vector<uint16_t> ids(tokens);
+    for (int i = 0; i < tokens; ++i) ids[i] = static_cast<uint16_t>((i * 7) % 30);
+    const std::string path = dir + "/" + name;
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(ids.data(), sizeof(uint16_t), ids.size(), f);
+    std::fclose(f);
+    return path;
+  };
+  baton::v1::JobSpec spec = JobFor(Model::kGpt);
+  spec.mutable_data()->clear_text();
+  spec.mutable_data()->mutable_tokens()->add_train(write_shard("train.bin", 4000));
+  spec.mutable_data()->mutable_tokens()->add_val(write_shard("val.bin", 600));
+  spec.mutable_eval()->set_every(1);
+  spec.mutable_eval()->set_batches(kMaxEvalBatches);
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->set_microbatches(2);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  absl::StatusOr<Schedule> lowered = BuildSchedule({ScheduleKind::k1F1B, 2, 1, 2});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  absl::StatusOr<Schedule> sched = AddJobActions(*lowered, spec);  // the tied embedding's
+  ASSERT_TRUE(sched.ok()) << sched.status();
+  absl::StatusOr<std::vector<BlockRange>> blocks =
+      PartitionBlocks(DescribeBlocks(spec.model()), 2);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+
+  // Rank 0 alone: a step stopped after its first action.
+  {
+    InProcessHub hub(2);
+    std::atomic<bool> stop{false};
+    class StopAfterFirst : public StepObserver {
+     public:
+      explicit StopAfterFirst(std::atomic<bool>* s) : stop_(s) {}
+      void OnAction(const ActionTiming&, int) override { stop_->store(true); }
+      std::atomic<bool>* stop_;
+    } observer(&stop);
+    StageExecutorOptions opts;
+    opts.stop = &stop;
+    opts.observer = &observer;
+    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    std::vector<Digest> before;
+    for (const auto& [index, d] : (*rank0)->BlockDigests()) before.push_back(d);
+    auto r = (*rank0)->RunStep(0);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+    EXPECT_NE(r.status().message().find("stopped (rank 0 step 0 before "),
+              absl::string_view::npos)
+        << r.status();
+    std::vector<Digest> after;
+    for (const auto& [index, d] : (*rank0)->BlockDigests()) after.push_back(d);
+    EXPECT_EQ(before, after) << "a stopped step changed the weights";
+  }
+  // Rank 0 evaluating, its activations piling up for a rank 1 that never runs: stopped
+  // once a few are out, it ends at the next micro-batch.
+  {
+    InProcessHub hub(2);
+    std::atomic<bool> stop{false};
+    StageExecutorOptions opts;
+    opts.stop = &stop;
+    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    absl::StatusOr<std::optional<float>> result;
+    std::thread evaluating([&] { result = (*rank0)->Evaluate(0); });
+    // A bound on a hang only: 3 activations leave within milliseconds.
+    const absl::Time give_up = absl::Now() + absl::Minutes(2);
+    while (hub.Pending() < 3 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    stop.store(true);
+    evaluating.join();
+    ASSERT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
+    EXPECT_NE(result.status().message().find("rank 0 evaluation 1: stopped (batch "),
+              absl::string_view::npos)
+        << result.status();
+    EXPECT_LT(hub.Pending(), 2 * kMaxEvalBatches) << "the evaluation ran to its end";
+  }
+  // Set before it starts: nothing runs.
+  {
+    InProcessHub hub(2);
+    std::atomic<bool> stop{true};
+    StageExecutorOptions opts;
+    opts.stop = &stop;
+    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    EXPECT_EQ((*rank0)->Evaluate(0).status().code(), absl::StatusCode::kAborted);
+    EXPECT_EQ(hub.Pending(), 0);
   }
 }
 
@@ -982,10 +1077,8 @@ TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
   opts.recv_timeout = absl::Milliseconds(100);
   auto rank1 = StageExecutor::Create(spec, *sched, *blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
-  const absl::Time start = absl::Now();
   auto r = (*rank1)->RunStep(0);  // rank 0 never runs
   ASSERT_FALSE(r.ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(r.status().message().find("from rank 0"), absl::string_view::npos) << r.status();
   EXPECT_NE(r.status().message().find("microbatch 0 stage 0 activation"),
@@ -993,7 +1086,7 @@ TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
       << r.status();
   // The failing rank aborted the transport: a peer waiting now is told why at once.
   auto echo = hub.transport(0)->Recv(1, TensorTag{0, 0, 0, 1, TensorKind::kGradient},
-                                     absl::Now() + absl::Seconds(30));
+                                     absl::Now() + absl::Minutes(10));  // never reached
   EXPECT_EQ(echo.status().code(), absl::StatusCode::kAborted);
 }
 
@@ -1001,7 +1094,7 @@ TEST(PipelineFailureTest, AWrongShapedTensorFromAPeerFailsTheStepBeforeAnyBlockS
   TwoStageMlp job;
   InProcessHub hub(2);
   StageExecutorOptions opts;
-  opts.recv_timeout = absl::Seconds(5);
+  opts.recv_timeout = absl::Seconds(60);  // only bounds a hang
   auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   // Rank 0 sends microbatch 0's activation with one row too many.
@@ -1009,7 +1102,7 @@ TEST(PipelineFailureTest, AWrongShapedTensorFromAPeerFailsTheStepBeforeAnyBlockS
   const Tensor wrong = Tensor::Empty({rows + 1, job.spec.model().mlp().width()});
   ASSERT_TRUE(hub.transport(0)
                   ->Send(1, TensorTag{0, 0, 0, 0, TensorKind::kActivation}, wrong)
-                  ->Wait(absl::Now() + absl::Seconds(5))
+                  ->Wait(absl::Now() + absl::Seconds(60))
                   .ok());
   auto r = (*rank1)->RunStep(0);
   ASSERT_FALSE(r.ok());
@@ -1028,14 +1121,14 @@ TEST(PipelineFailureTest, ATensorOfAnotherDtypeThanPlannedFailsTheStep) {
   job.spec.set_precision(baton::v1::PRECISION_BF16);
   InProcessHub hub(2);
   StageExecutorOptions opts;
-  opts.recv_timeout = absl::Seconds(5);
+  opts.recv_timeout = absl::Seconds(60);  // only bounds a hang
   auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   const int64_t rows = job.spec.data().batch_size() / job.spec.pipeline().microbatches();
   const Tensor f32 = Tensor::Zeros({rows, job.spec.model().mlp().width()});
   ASSERT_TRUE(hub.transport(0)
                   ->Send(1, TensorTag{0, 0, 0, 0, TensorKind::kActivation}, f32)
-                  ->Wait(absl::Now() + absl::Seconds(5))
+                  ->Wait(absl::Now() + absl::Seconds(60))
                   .ok());
   auto r = (*rank1)->RunStep(0);
   ASSERT_FALSE(r.ok());
@@ -1197,7 +1290,9 @@ TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
   auto* p = spec.mutable_pipeline();
   p->set_stages(3);
   p->set_microbatches(2);
-  auto t = LocalPipelineTrainer::Create(spec);
+  LocalPipelineOptions opts;
+  opts.recv_timeout = absl::Minutes(10);  // a rank that waited for a peer would hang here
+  auto t = LocalPipelineTrainer::Create(spec, opts);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->schedule().clips_grads());
   // A NaN in a middle block's weight makes every later activation, and the gradients, NaN.
@@ -1209,10 +1304,8 @@ TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
   ASSERT_TRUE(w.CopyToHost(host.data()).ok());
   host[0] = std::nanf("");
   ASSERT_TRUE(w.CopyFromHost(host.data()).ok());
-  const absl::Time start = absl::Now();
   auto s = (*t)->Step();
   ASSERT_FALSE(s.ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_TRUE(IsDiverged(s.status())) << s.status();
   EXPECT_NE(s.status().message().find("global gradient norm"), absl::string_view::npos)
       << s.status();
@@ -1225,16 +1318,15 @@ TEST(PipelineFailureTest, PeerAbortStopsEveryRank) {
   p->set_stages(3);
   p->set_microbatches(4);
   LocalPipelineOptions opts;
-  opts.recv_timeout = absl::Seconds(30);
+  opts.recv_timeout = absl::Minutes(10);
   auto t = LocalPipelineTrainer::Create(spec, opts);
   ASSERT_TRUE(t.ok()) << t.status();
-  // An abort before the step (a peer dying) must end the step quickly on every rank with
-  // the reason, long before the 30 s deadline.
+  // An abort before the step (a peer dying) must end the step on every rank with the
+  // reason, never at the receive deadline (a rank that waited for it would end the step
+  // with DEADLINE_EXCEEDED, not the reason).
   (*t)->hub().transport(1)->Abort(absl::UnavailableError("worker 1 lost its GPU"));
-  const absl::Time start = absl::Now();
   auto s = (*t)->Step();
   ASSERT_FALSE(s.ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_NE(s.status().message().find("worker 1 lost its GPU"), absl::string_view::npos)
       << s.status();
   // The pipeline refuses further steps instead of running on half-updated weights.

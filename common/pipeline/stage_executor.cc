@@ -393,6 +393,14 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   return ex;
 }
 
+bool StageExecutor::Stopped() const {
+  return options_.stop != nullptr && options_.stop->load(std::memory_order_relaxed);
+}
+
+absl::Status StageExecutor::StoppedError(absl::string_view where) const {
+  return absl::AbortedError(absl::StrCat("stopped (", where, "): the run was told to stop"));
+}
+
 StageExecutor::Chunk* StageExecutor::ChunkFor(int stage) {
   for (Chunk& c : chunks_) {
     if (c.stage == stage) return &c;
@@ -453,6 +461,11 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   std::vector<Marks> marks;
   if (timer_ != nullptr) timer_->Reset();
   for (const Action& a : schedule_.ranks[rank_]) {
+    if (IsCompute(a.kind) && Stopped()) {
+      status = StoppedError(absl::StrCat("rank ", rank_, " step ", step, " before ",
+                                         a.ToString()));
+      break;
+    }
     ActionTiming t{a, ns_since_start(), 0, 0};
     const bool timed = timer_ != nullptr && (IsCompute(a.kind) || a.kind == ActionKind::kStep);
     const int from = timed ? timer_->Mark() : -1;
@@ -981,6 +994,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
     for (int b = 0; b < batches; ++b) {
       const int64_t eval_step = -(index * batches + b) - 1;  // never a training step
       for (int m = 0; m < M; ++m) {
+        if (Stopped()) return StoppedError(absl::StrCat("batch ", b, " microbatch ", m));
         const absl::Time deadline = absl::Now() + options_.recv_timeout;
         std::optional<Batch> batch;
         auto data = [&]() -> absl::StatusOr<const Batch*> {

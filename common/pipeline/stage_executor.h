@@ -57,6 +57,7 @@
 #ifndef BATON_COMMON_PIPELINE_STAGE_EXECUTOR_H_
 #define BATON_COMMON_PIPELINE_STAGE_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,6 +66,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "baton/v1/job.pb.h"
 #include "common/spec/spec.h"
@@ -120,6 +122,11 @@ struct StageExecutorOptions {
   // Not owned; required when the clock has REDUCE_GRAD actions.
   int replica = 0;
   Collective* collective = nullptr;
+  // Polled before every compute action of a step and every micro-batch of an evaluation:
+  // once it reads true, the step or evaluation ends with ABORTED, as a failure does. It lets
+  // a cancel reach a rank that has nothing to receive (a single-stage job, an evaluation's
+  // first stage), whose transport's abort would never wake it. Not owned; may be null.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct RankStepResult {
@@ -225,6 +232,9 @@ class StageExecutor {
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);
   Chunk* ChunkFor(int stage);
+  // Whether options_.stop says to stop, and the error a step or evaluation then ends with.
+  bool Stopped() const;
+  absl::Status StoppedError(absl::string_view where) const;
   std::vector<Module*> Blocks();  // every chunk's blocks, in stage then block order
 
   baton::v1::JobSpec spec_;

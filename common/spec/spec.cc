@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/core/file.h"
+#include "common/core/log_text.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/status.h"
@@ -380,9 +381,11 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(const std::string& json) {
   options.ignore_unknown_fields = false;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
   if (!status.ok()) {
+    // The parser's message may quote the input (an unknown field's name): bounded.
     const auto message = status.message();
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid job spec JSON: ", std::string(message.data(), message.size())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid job spec JSON: ",
+        EchoInput(absl::string_view(message.data(), message.size()), 2 * kMaxEchoBytes)));
   }
   return spec;
 }
@@ -391,7 +394,8 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   BATON_ASSIGN_OR_RETURN(const std::string json, ReadFile(path, {.what = "job spec"}));
   absl::StatusOr<JobSpec> spec = ParseJobSpecJson(json);
   if (!spec.ok()) {
-    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(EchoInput(path), ": ", spec.status().message()));
   }
   return spec;
 }
@@ -489,7 +493,7 @@ absl::Status ParseDeviceName(absl::string_view text, Device* device, int* index)
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("device \"", text, "\" is not cpu, cuda or cuda:N"));
+      absl::StrCat("device \"", EchoInput(text), "\" is not cpu, cuda or cuda:N"));
 }
 
 std::string DescribeDevice(Device device) {
@@ -620,6 +624,12 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     if (spec->eval().batches() < 0) {
       return Invalid("eval.batches",
                      absl::StrCat("must be at least 0 (0: 1 batch), got ", spec->eval().batches()));
+    }
+    if (spec->eval().batches() > kMaxEvalBatches) {
+      return Invalid("eval.batches",
+                     absl::StrCat(spec->eval().batches(), " is more than the ", kMaxEvalBatches,
+                                  " allowed: each evaluation runs that many batches forward "
+                                  "between two training steps, holding the job's workers"));
     }
     if (!data.has_tokens() || data.tokens().val_size() == 0) {
       return Invalid("eval.every",

@@ -55,6 +55,10 @@ inline constexpr int64_t kMaxActionsPerRank = int64_t{1} << 18;
 inline constexpr int64_t kMaxStageBytes = int64_t{256} << 30;
 //   * data-parallel replicas of the pipeline.
 inline constexpr int32_t kMaxDataParallel = 1024;
+//   * validation batches per evaluation (eval.batches): an evaluation runs them forward
+//     between two training steps, so one evaluation may cost at most about as much as this
+//     many training steps' forwards (nanoGPT evaluates 200, llm.c 20).
+inline constexpr int32_t kMaxEvalBatches = 10000;
 
 // A rough upper estimate of the memory a job needs: parameters with their gradients and
 // optimizer state (16 bytes per parameter), and the activations of one batch kept for the

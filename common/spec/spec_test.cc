@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/core/cuda_device.h"
 #include "common/schedule/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
@@ -540,6 +541,15 @@ const std::vector<Refusal>& Refusals() {
          s->mutable_eval()->set_batches(-1);
        },
        "eval.batches", ""},
+      // 2^31 - 1 batches would evaluate for days between two steps.
+      {"EvalBatchesBeyondTheBound", true,
+       [](JobSpec* s) {
+         s->mutable_data()->mutable_tokens()->add_train("a.bin");
+         s->mutable_data()->mutable_tokens()->add_val("v.bin");
+         s->mutable_eval()->set_every(5);
+         s->mutable_eval()->set_batches(2147483647);
+       },
+       "eval.batches", "holding the job's workers"},
   };
   return *refusals;
 }
@@ -749,6 +759,33 @@ TEST(ParseTest, RefusesUnknownField) {
   spec = ParseJobSpecJson(R"({"model": {"mlp": {"widht": 3}}})");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
   EXPECT_TRUE(absl::StrContains(spec.status().message(), "widht")) << spec.status();
+}
+
+// A client's text comes back in errors bounded and escaped: a megabyte-long unknown field
+// with control and non-UTF-8 bytes, a device name with a terminal escape.
+TEST(ParseTest, ErrorsQuoteTheInputBoundedAndEscaped) {
+  auto expect_clean = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_LT(s.message().size(), 1024u) << s.message().substr(0, 2048);
+    for (const char c : s.message()) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      EXPECT_TRUE(u >= 0x20 && u != 0x7f) << "byte " << int{u};
+    }
+  };
+  const std::string field = std::string(1 << 20, 'f') + "\\u001b[2J";
+  absl::Status s = ParseJobSpecJson(absl::StrCat(R"({"steps": 1, ")", field, R"(": 2})")).status();
+  expect_clean(s);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "invalid job spec JSON: ")) << s;
+  JobSpec named;
+  named.set_name(std::string(1 << 20, 'n') + "\x1b");
+  s = ValidateAndDefaultJobSpec(&named);
+  expect_clean(s);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "name: ")) << s;
+  Device device;
+  int index = 0;
+  s = ParseDeviceName("cuda\x1b[2J\xff", &device, &index);
+  expect_clean(s);
+  EXPECT_TRUE(absl::StrContains(s.message(), "device \"cuda\\x1b[2J\\xff\"")) << s;
 }
 
 TEST(ParseTest, RefusesMalformedJson) {

@@ -20,9 +20,9 @@ class AcceptingWorkers final : public baton::WorkerClient {
                         absl::Duration) override {
     return absl::OkStatus();
   }
-  absl::Status AbortJob(const baton::WorkerEndpoint&, const std::string&, const std::string&,
-                        absl::Duration) override {
-    return absl::OkStatus();
+  absl::StatusOr<baton::AbortAnswer> AbortJob(const baton::WorkerEndpoint&, const std::string&,
+                                              const std::string&, absl::Duration) override {
+    return baton::AbortAnswer::kStopped;
   }
 };
 
