@@ -15,7 +15,8 @@ namespace baton {
 namespace {
 
 bool ValidName(absl::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
+  // Also a path component (a user's default checkpoint directory, users/NAME).
+  if (name.empty() || name.size() > 64 || name == "." || name == "..") return false;
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' &&
         c != '@' && c != '-') {
@@ -62,7 +63,8 @@ absl::StatusOr<std::vector<Authenticator::Entry>> Authenticator::Load(const std:
       return bad(absl::StrCat("the token is shorter than ", kMinTokenChars, " characters"));
     }
     if (!ValidName(fields[1])) {
-      return bad("the name must be 1 to 64 of letters, digits, '.', '_', '@' and '-'");
+      return bad(
+          "the name must be 1 to 64 of letters, digits, '.', '_', '@' and '-', not . or ..");
     }
     e.principal.name = std::string(fields[1]);
     if (fields[2] == "viewer") {

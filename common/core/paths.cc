@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/log_text.h"
 
 namespace baton {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confineme
   const fs::path resolved = Resolve(path, c.base, ec);
   if (ec) {
     return absl::InvalidArgumentError(
-        absl::StrCat(c.field, ": '", path, "' cannot be resolved: ", ec.message()));
+        absl::StrCat(c.field, ": '", EchoInput(path), "' cannot be resolved: ", ec.message()));
   }
   for (const std::string& root : c.roots) {
     std::error_code rec;
@@ -51,9 +52,11 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confineme
     if (PathWithin(resolved.string(), r.string(), c.root_itself)) return resolved.string();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      c.field, ": '", path, "' is outside ", c.roots_are, " (", absl::StrJoin(c.roots, ", "), ")",
-      resolved.string() != path ? absl::StrCat("; it resolves to '", resolved.string(), "'")
-                                : std::string()));
+      c.field, ": '", EchoInput(path), "' is outside ", c.roots_are, " (",
+      absl::StrJoin(c.roots, ", "), ")",
+      resolved.string() != path
+          ? absl::StrCat("; it resolves to '", EchoInput(resolved.string()), "'")
+          : std::string()));
 }
 
 std::string CheckpointRootFromFlag(const std::string& flag) {
@@ -71,7 +74,16 @@ absl::StatusOr<std::string> ConfineCheckpointDir(const std::string& dir, const s
   c.roots_are = "this cluster's checkpoint root (--checkpoint_root)";
   c.base = root;
   c.root_itself = true;
-  return ConfinePath(dir, c);
+  absl::StatusOr<std::string> in = ConfinePath(dir, c);
+  if (!in.ok()) return in;
+  absl::StatusOr<std::string> resolved_root = ConfinePath(root, c);
+  if (resolved_root.ok() && PathWithin(*resolved_root, *in)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.field, ": '", EchoInput(dir), "' is the checkpoint root itself (", *resolved_root,
+        "), which holds every job's checkpoints: name a directory under it (a spec that names "
+        "none gets its user's own)"));
+  }
+  return in;
 }
 
 }  // namespace baton

@@ -31,8 +31,8 @@ bool PathWithin(const std::string& path, const std::string& dir, bool dir_itself
 // `path` made absolute (against c.base when relative) and resolved (symlinks as far as the
 // path exists, then "." and ".."), when it lies under one of c.roots, each resolved alike
 // and compared component by component (/data2 is not under /data). INVALID_ARGUMENT
-// naming c.field, the path, what it resolves to and the roots otherwise. With no roots,
-// `path` unchanged.
+// naming c.field, the path, what it resolves to (both quoted as EchoInput does: escaped and
+// bounded) and the roots otherwise. With no roots, `path` unchanged.
 absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confinement& c);
 
 // The checkpoint root a service's --checkpoint_root flag names: the flag's directory, or
@@ -40,8 +40,9 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const Confineme
 std::string CheckpointRootFromFlag(const std::string& flag);
 
 // Where a spec's checkpoint.dir lies on a service whose checkpoint root is `root`: a
-// relative dir is taken under the root; the result must be the root or under it
-// (ConfinePath; errors name checkpoint.dir).
+// relative dir is taken under the root; the result must lie strictly under it (ConfinePath;
+// errors name checkpoint.dir): the root itself holds every job's checkpoints, and is no
+// single job's (or user's) to own.
 absl::StatusOr<std::string> ConfineCheckpointDir(const std::string& dir, const std::string& root);
 
 }  // namespace baton

@@ -34,8 +34,22 @@ TEST_F(PathsTest, CheckpointDirsLieUnderTheRoot) {
   // Relative: under the root. Absolute: as given. The root itself holds job directories.
   EXPECT_EQ(*ConfineCheckpointDir("alice/run-1", root_), root_ + "/alice/run-1");
   EXPECT_EQ(*ConfineCheckpointDir(root_ + "/alice", root_), root_ + "/alice");
-  EXPECT_EQ(*ConfineCheckpointDir(root_, root_), root_);
   EXPECT_EQ(*ConfineCheckpointDir("alice/../bob", root_), root_ + "/bob");
+}
+
+// The root holds every job's checkpoints: a job naming it (or a path that resolves to it)
+// would own everyone's directory.
+TEST_F(PathsTest, TheCheckpointRootItselfIsRefused) {
+  for (const std::string& root : {root_, std::string("."), std::string("alice/.."),
+                                  root_ + "/", std::string("")}) {
+    absl::StatusOr<std::string> got = ConfineCheckpointDir(root, root_);
+    ASSERT_FALSE(got.ok()) << "'" << root << "' -> " << *got;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    if (!root.empty()) {
+      EXPECT_THAT(std::string(got.status().message()),
+                  HasSubstr("is the checkpoint root itself"));
+    }
+  }
 }
 
 TEST_F(PathsTest, EscapesAreRefusedNamingTheField) {
