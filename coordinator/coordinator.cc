@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/hf.h"
 #include "common/core/digest.h"
 #include "common/core/log_text.h"
 #include "common/core/paths.h"
@@ -61,7 +62,15 @@ std::string Truncate(std::string s) {
   return s;
 }
 
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string ShortStateName(JobState state) {
+  std::string name = baton::v1::JobState_Name(state);
+  if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
+  return name;
+}
+
 // "1 rank", "all 4 ranks".
+
 std::string Ranks(size_t n) { return n == 1 ? "1 rank" : absl::StrCat("all ", n, " ranks"); }
 
 std::string WorkerName(const PlacedWorker& w) {
@@ -80,6 +89,8 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) {
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       registry_(options_.lease_ttl, options_.clock),
+      checkpoint_dirs_(options_.checkpoint_root),
+      export_caps_("exports", options_.max_exports, options_.max_exports_per_caller),
       runner_(EffectsRunner::Options{options_.worker_client, options_.start_timeout,
                                      options_.abort_timeout, options_.busy_retry,
                                      options_.clock, options_.sleep, options_.background},
@@ -87,8 +98,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
 
 EffectsRunner::Callbacks Coordinator::RunnerCallbacks() {
   EffectsRunner::Callbacks c;
-  c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> reached) {
-    AbortReturned(call, reached);
+  c.aborted = [this](const AbortCall& call, std::vector<PlacedWorker> stopped) {
+    AbortReturned(call, stopped);
   };
   c.started = [this](const StartCall& call, const std::vector<absl::Status>& results) {
     FinishStart(call.job_id, call.workers, results);
@@ -131,6 +142,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     return absl::InvalidArgumentError(
         absl::StrCat("--trace_steps: must be at least 1, got ", options.trace_steps));
   }
+  if (options.max_exports < 1 || options.max_exports_per_caller < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_exports and --max_exports_per_caller: must be at least 1, got ",
+        options.max_exports, " and ", options.max_exports_per_caller));
+  }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   if (!options.sleep) options.sleep = [](absl::Duration d) { absl::SleepFor(d); };
   if (options.worker_client == nullptr)
@@ -151,16 +167,19 @@ absl::Status Coordinator::Recover() {
                                        baton::v1::JOB_STATE_RUNNING,
                                        baton::v1::JOB_STATE_RECOVERING,
                                        baton::v1::JOB_STATE_PREEMPTED}));
-  // Who owns which checkpoint directory: every stored job's, once.
-  std::map<std::string, CheckpointOwner> owners;
+  // Who writes checkpoints where: every stored job's directory, oldest job first (the first
+  // to name a directory owns it; pages run newest first).
+  struct CheckpointUse {
+    std::string dir, user, job_id;
+  };
+  std::vector<CheckpointUse> uses;
   std::string token;
   do {
     BATON_ASSIGN_OR_RETURN(JobStore::Page page, store_->List(kMaxPageSize, token, kMaxPageBytes));
     for (const Job& j : page.jobs) {
-      if (!j.spec().has_checkpoint()) continue;
-      CheckpointOwner& o = owners[j.spec().checkpoint().dir()];
-      // Pages run newest first: the oldest job's submitter ends up the owner.
-      o = {j.submitted_by(), j.id()};
+      if (j.spec().has_checkpoint()) {
+        uses.push_back({j.spec().checkpoint().dir(), j.submitted_by(), j.id()});
+      }
     }
     token = page.next_page_token;
   } while (!token.empty());
@@ -168,7 +187,13 @@ absl::Status Coordinator::Recover() {
   std::vector<std::vector<int64_t>> needs;
   for (const auto& [seq, job] : jobs) needs.push_back(RankNeeds(job.spec()));
   MutexLock lock(mu_);
-  checkpoint_owners_ = std::move(owners);
+  for (auto it = uses.rbegin(); it != uses.rend(); ++it) {
+    if (!checkpoint_dirs_.Add(it->dir, it->user, it->job_id)) {
+      LogWarning(absl::StrCat(it->job_id, "'s checkpoint.dir '", it->dir,
+                              "' is not a directory a job may own (the checkpoint root itself, "
+                              "or users/): it claims nothing for its submitter ", it->user));
+    }
+  }
   size_t next_need = 0;
   for (auto& [seq, job] : jobs) {
     auto active = std::make_unique<ActiveJob>();
@@ -249,14 +274,23 @@ void Coordinator::LogWarning(const std::string& message) {
   std::fflush(stderr);
 }
 
-void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWorker>& reached) {
-  // An unreachable worker stays busy: its lease runs out if it is dead, and a heartbeat
-  // saying it runs nothing frees it if it is not (see Heartbeat).
+void Coordinator::AbortReturned(const AbortCall& a, const std::vector<PlacedWorker>& stopped) {
+  // A worker still stopping, or unreachable, stays busy: a heartbeat saying it runs nothing
+  // frees it (see Heartbeat), or its lease runs out if it is dead.
   MutexLock lock(mu_);
-  FreeWorkersLocked(a.job_id, reached);
+  FreeWorkersLocked(a.job_id, stopped);
   if (a.counted) {
     if (ActiveJob* j = FindActiveLocked(a.job_id); j != nullptr && j->pending_aborts > 0) {
       --j->pending_aborts;
+      // Those still stopping are waited for a while more: placed again at once, the job
+      // would get fewer stages than its own workers give it back a moment later.
+      for (const PlacedWorker& w : a.workers) {
+        const bool freed = std::any_of(stopped.begin(), stopped.end(), [&](const PlacedWorker& s) {
+          return s.worker_id == w.worker_id;
+        });
+        if (!freed) j->stopping_workers.insert(w.worker_id);
+      }
+      if (!j->stopping_workers.empty()) j->stopping_until = Now() + options_.stop_grace;
       WakeLoop();
     }
   }
@@ -302,6 +336,8 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
       }
       if (failed < 0) {
         j->last_step_at = Now();
+        j->running_since = Now();
+        j->attempt_first_step = j->job.steps_done();
         AppendStateLocked(j, baton::v1::JOB_STATE_RUNNING,
                           absl::StrCat(Ranks(workers.size()), " started"));
       } else {
@@ -360,9 +396,7 @@ void Coordinator::AppendStateLocked(ActiveJob* job, JobState state, const std::s
   if (started && options_.metrics != nullptr && job->job.has_create_time()) {
     options_.metrics->ObserveQueueWait(Now() - FromProtoTime(job->job.create_time()));
   }
-  std::string name = baton::v1::JobState_Name(state);
-  if (absl::StartsWith(name, "JOB_STATE_")) name = name.substr(10);
-  LogWarning(absl::StrCat(job->job.id(), " ", name, ": ", change.reason()));
+  LogWarning(absl::StrCat(job->job.id(), " ", ShortStateName(state), ": ", change.reason()));
   PersistLocked(job);
   JobEvent event;
   *event.mutable_state_change() = std::move(change);
@@ -374,6 +408,24 @@ Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
   const std::string job_id = job_id_ref;  // the reference may point into the job itself
   ActiveJob* j = FindActiveLocked(job_id);
   if (j == nullptr) return Job();
+  if (j->preempted_others && state != baton::v1::JOB_STATE_SUCCEEDED) {
+    // It stopped other jobs and never trained on their workers: that counts against its
+    // user, whose jobs may not preempt for a while.
+    const std::string& user = j->job.submitted_by();
+    preempt_bars_[user] = PreemptBar{Now() + options_.preempt_penalty, job_id};
+    LogWarning(absl::StrCat(job_id, " preempted other jobs and ended without training a step: ",
+                            user, "'s jobs may not preempt for ",
+                            absl::FormatDuration(options_.preempt_penalty)));
+    // Jobs it preempted that no rank has been told to stop yet keep running.
+    for (auto& [other_id, v] : active_) {
+      if (v->preempted_for != job_id || v->preempt_step == 0 || v->stop_sent) continue;
+      v->preempt_step = 0;
+      v->preempted_for.clear();
+      AppendStateLocked(v.get(), NoteState(v->job.state()),
+                        absl::StrCat("preemption withdrawn: ", job_id, " ended (",
+                                     ShortStateName(state), ") before any rank stopped"));
+    }
+  }
   AppendStateLocked(j, state, reason);
   AbortCall abort;
   abort.job_id = job_id;
@@ -391,6 +443,18 @@ Job Coordinator::EndJobLocked(const std::string& job_id_ref, JobState state,
   active_.erase(job_id);
   WakeLoop();  // the queue head may have changed
   return final_job;
+}
+
+bool Coordinator::StillStoppingLocked(ActiveJob* j) {
+  for (auto it = j->stopping_workers.begin(); it != j->stopping_workers.end();) {
+    // Free (idle, dead, gone) or moved on to another job: no longer waited for.
+    const std::optional<baton::v1::WorkerInfo> w = registry_.Get(*it);
+    const bool stopping = w.has_value() && w->state() == baton::v1::WORKER_STATE_BUSY &&
+                          w->job_id() == j->job.id();
+    it = stopping ? std::next(it) : j->stopping_workers.erase(it);
+  }
+  if (Now() >= j->stopping_until) j->stopping_workers.clear();
+  return !j->stopping_workers.empty();
 }
 
 void Coordinator::FreeWorkersLocked(const std::string& job_id,
@@ -411,7 +475,7 @@ absl::StatusOr<Coordinator::RankSlot*> Coordinator::RankLocked(ActiveJob* job, i
   if (slot->worker.worker_id != worker_id) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of ", job->job.id(),
                                                       " runs on ", slot->worker.worker_id, ", not ",
-                                                      worker_id));
+                                                      EchoInput(worker_id)));
   }
   return slot;
 }
@@ -492,7 +556,7 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.recovering = j->job.state() == baton::v1::JOB_STATE_RECOVERING;
     // A recovering or preempted job is placed again only once its previous workers stopped.
     q.stopping = (q.recovering || j->job.state() == baton::v1::JOB_STATE_PREEMPTED) &&
-                 (j->pending_aborts > 0 || starting_.count(id) > 0);
+                 (j->pending_aborts > 0 || starting_.count(id) > 0 || StillStoppingLocked(j));
     q.preempting = preempting.count(id) > 0;
     q.rank_need_bytes = q.recovering ? RankNeedBytes(*q.spec) : BusiestRankBytes(j->rank_needs);
     if (!q.recovering) {
@@ -502,6 +566,14 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     q.seq = j->seq;
     q.queued_since = j->queued_since;
     q.user = j->job.submitted_by();
+    if (auto bar = preempt_bars_.find(q.user);
+        bar != preempt_bars_.end() && in.now < bar->second.until) {
+      q.no_preempt = absl::StrCat(q.user, "'s ", bar->second.job_id,
+                                  " preempted other jobs and ended without training a step, so ",
+                                  q.user, "'s jobs may not preempt until ",
+                                  absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", bar->second.until,
+                                                   absl::UTCTimeZone()));
+    }
     auto limit = limits.find(q.user);
     if (limit == limits.end()) {
       // Jobs recorded before roles were (an empty role) kept no limits: as an admin's.
@@ -532,6 +604,17 @@ void Coordinator::PlaceQueuedLocked(Effects* effects) {
     r.preemptible = j->job.state() == baton::v1::JOB_STATE_RUNNING &&
                     j->job.spec().has_checkpoint() && j->preempt_step == 0 &&
                     j->echo.reason.empty() && reported && newest + 1 < j->job.spec().steps();
+    // Protected until this attempt has run long enough: a job just resumed keeps its workers.
+    const absl::Duration ran = in.now - j->running_since;
+    const int64_t trained = newest - j->attempt_first_step;
+    if (r.preemptible &&
+        (ran < options_.preempt_min_run || trained < options_.preempt_min_steps)) {
+      r.protection = absl::StrCat(
+          j->attempt() > 0 ? "resumed " : "started ", absl::ToInt64Seconds(ran),
+          "s ago and trained ", trained, trained == 1 ? " step" : " steps",
+          "; jobs run ", absl::FormatDuration(options_.preempt_min_run), " and ",
+          options_.preempt_min_steps, " steps before they may be preempted");
+    }
     in.running.push_back(std::move(r));
   }
   const QueueRound round = PlanQueueRound(in);
@@ -658,6 +741,7 @@ void Coordinator::StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start
                     absl::StrCat("placing on ", absl::StrJoin(names, ", "), " (", recovery,
                                  choice.why, ")"));
   j->placed_at = Now();
+  j->stopping_workers.clear();
   starting_.insert(id);
   effects->starts.push_back(StartCall{id, std::move(placed), std::move(placement->plans)});
 }
@@ -677,20 +761,27 @@ void Coordinator::Tick() {
     for (const std::string& id : echoed) {
       ActiveJob* j = FindActiveLocked(id);
       // No rank said what went wrong: a worker that stopped heartbeating (killed, frozen,
-      // cut off) is the likely root cause, and is named, before its lease runs out. Give
-      // its silence two heartbeat intervals to show before settling for the echo.
+      // cut off) is the likely root cause, and is named, before its lease runs out. Silent
+      // means half a lease without a heartbeat (1.5 intervals at least): one heartbeat late
+      // on a loaded machine is not silence. Give the silence that long and half an interval
+      // more to show before settling for the echo.
+      const absl::Duration silent_after =
+          std::max(options_.heartbeat_interval * 1.5, registry_.lease_ttl() / 2);
       std::vector<std::string> silent;
       for (const RankSlot& slot : j->ranks) {
         if (!slot.held) continue;
         const std::optional<baton::v1::WorkerInfo> w = registry_.Get(slot.worker.worker_id);
         if (!w.has_value() || !w->has_last_heartbeat()) continue;
         const absl::Duration quiet = Now() - FromProtoTime(w->last_heartbeat());
-        if (quiet > options_.heartbeat_interval * 1.5) {
+        if (quiet > silent_after) {
           silent.push_back(absl::StrCat(WorkerName(slot.worker), " silent for ",
                                         absl::FormatDuration(absl::Trunc(quiet, absl::Milliseconds(1)))));
         }
       }
-      if (silent.empty() && Now() - j->echo.since < options_.heartbeat_interval * 2) continue;
+      if (silent.empty() &&
+          Now() - j->echo.since < silent_after + options_.heartbeat_interval / 2) {
+        continue;
+      }
       if (!silent.empty()) {
         FailLocked(id,
                    absl::StrCat(absl::StrJoin(silent, ", "), " (no heartbeat; presumed lost); ",
@@ -721,6 +812,11 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   baton::v1::JobSpec spec = request.spec();
+  // A spec that checkpoints without naming where: its user's own directory (CheckpointDirs).
+  if (spec.has_checkpoint() && spec.checkpoint().dir().empty()) {
+    spec.mutable_checkpoint()->set_dir(
+        DefaultCheckpointDir(options_.checkpoint_root, submitted_by));
+  }
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   std::vector<MeasuredRun> auto_costs;
   if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
@@ -735,20 +831,27 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   // A text file lives on the workers and is read there, but only under the data roots:
   // a spec naming /etc/shadow is refused now, naming the field.
   if (spec.data().has_text() && spec.data().text().has_path()) {
-    BATON_RETURN_IF_ERROR(ConfineDataPath(spec.data().text().path(), options_.data_roots).status());
+    BATON_ASSIGN_OR_RETURN(const std::string text,
+                           ConfineDataPath(spec.data().text().path(), options_.data_roots));
+    // What this host sees of it must be what a worker reads: a FIFO or a file over the
+    // workers' bound is refused now, not when every worker of the job fails on it.
+    BATON_RETURN_IF_ERROR(
+        CheckDataFileAtSubmit(text, "data.text.path", options_.max_data_file_bytes));
   }
   // So do token shards; the ones this host can see are checked too (header, size, window).
   BATON_RETURN_IF_ERROR(CheckTokenDataAtSubmit(spec, options_.data_roots));
   // So does a Hugging Face model directory: an absolute one must lie under the roots, a
-  // relative one (looked up under each root on the workers) must not climb out of them.
+  // relative one (looked up under each root on the workers) must not climb out of them;
+  // its files that this host sees must be regular files.
   if (spec.init().has_from_hf()) {
     const std::string& dir = spec.init().from_hf();
     if (!dir.empty() && dir.front() == '/') {
       BATON_RETURN_IF_ERROR(ConfineDataPath(dir, options_.data_roots, "init.from_hf").status());
     } else if (absl::StrContains(absl::StrCat("/", dir, "/"), "/../")) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "init.from_hf: '", dir, "' climbs out of the data roots with '..'"));
+          "init.from_hf: '", EchoInput(dir), "' climbs out of the data roots with '..'"));
     }
+    BATON_RETURN_IF_ERROR(CheckHfModelAtSubmit(dir, options_.data_roots));
   }
   // The workers write checkpoints only under the checkpoint root: a spec naming /etc or
   // "ckpt/../../.." is refused now, and the job records where its directory resolved.
@@ -771,8 +874,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (spec.has_resume_from()) {
     BATON_RETURN_IF_ERROR(ResolveResumeLocked(spec, &checkpoints, submitted_by, admin));
   }
-  if (spec.has_checkpoint() && !admin) {
-    BATON_RETURN_IF_ERROR(CheckCheckpointOwnerLocked(spec.checkpoint().dir(), submitted_by));
+  if (spec.has_checkpoint()) {
+    BATON_RETURN_IF_ERROR(checkpoint_dirs_.Check(spec.checkpoint().dir(), submitted_by, admin));
   }
   if (!request.submission_id().empty()) {
     BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
@@ -792,7 +895,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
         if (!ValidateAndDefaultJobSpec(&asked).ok()) asked = spec;
       }
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), asked)) {
-        return absl::AlreadyExistsError(absl::StrCat("submission_id: \"", request.submission_id(),
+        return absl::AlreadyExistsError(absl::StrCat("submission_id: \"",
+                                                     EchoInput(request.submission_id()),
                                                      "\" was already used for ", existing->id(),
                                                      " with a different spec"));
       }
@@ -831,7 +935,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   job.set_submitted_role(role);
   if (spec.has_checkpoint()) {
     checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
-    checkpoint_owners_.emplace(spec.checkpoint().dir(), CheckpointOwner{submitted_by, job.id()});
+    checkpoint_dirs_.Add(spec.checkpoint().dir(), submitted_by, job.id());
   }
   if (spec.has_checkpoint() || spec.has_resume_from()) {
     *job.mutable_checkpoints() = std::move(checkpoints);
@@ -859,8 +963,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   return copy;
 }
 
-absl::StatusOr<Coordinator::Export> Coordinator::ExportJob(
-    const baton::v1::ExportJobRequest& request) {
+absl::StatusOr<std::unique_ptr<Coordinator::Export>> Coordinator::ExportJob(
+    const baton::v1::ExportJobRequest& request, const std::string& caller) {
   if (request.step() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("step: a step number (0: the newest checkpoint), got ", request.step()));
@@ -870,7 +974,10 @@ absl::StatusOr<Coordinator::Export> Coordinator::ExportJob(
     return absl::FailedPreconditionError(
         absl::StrCat(job.id(), " has no checkpoints (its spec sets none)"));
   }
-  Export out;
+  // A place under the caps before any file is read: the hash check reads the whole
+  // checkpoint.
+  auto out = std::make_unique<Export>();
+  BATON_ASSIGN_OR_RETURN(out->slot, export_caps_.Acquire(caller));
   const std::string& dir = job.checkpoints().job_dir();
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
@@ -880,10 +987,11 @@ absl::StatusOr<Coordinator::Export> Coordinator::ExportJob(
         "--from on a host that has it)"));
   }
   std::vector<std::string> skipped;
-  BATON_ASSIGN_OR_RETURN(out.step,
-                         FindCheckpoint(dir, {}, request.step() > 0 ? request.step() : -1, &skipped));
-  out.dir = CheckpointStepDir(dir, out.step);
-  BATON_ASSIGN_OR_RETURN(out.bytes, ExportWeights(out.dir));
+  // Every file hashed (in pieces), then opened for streaming, which hashes them again.
+  BATON_ASSIGN_OR_RETURN(
+      out->step, FindCheckpoint(dir, {}, request.step() > 0 ? request.step() : -1, &skipped));
+  out->dir = CheckpointStepDir(dir, out->step);
+  BATON_ASSIGN_OR_RETURN(out->weights, WeightsExport::Open(out->dir));
   return out;
 }
 
@@ -936,7 +1044,9 @@ absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& re
     const JobTransition t = OnCancel(reason);
     result = EndJobLocked(request.job_id(), t.next, t.reason, &effects);
   }
-  Run(std::move(effects), /*wait=*/true);  // the workers are stopped (and idle) on return
+  // On return the workers that answered "stopped" are idle; the rest stay busy until their
+  // heartbeats report them free.
+  Run(std::move(effects), /*wait=*/true);
   return result;
 }
 
@@ -980,6 +1090,7 @@ absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::strin
 
 StateCounts Coordinator::CountStates() {
   StateCounts counts;
+  counts.exports = export_caps_.in_use();
   for (const char* state : {"idle", "busy", "dead"}) counts.workers[state] = 0;
   {
     MutexLock lock(mu_);
@@ -1333,6 +1444,7 @@ absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::RecordProgress(
   // Being preempted: the step chosen is this rank's last; it writes that step's checkpoint.
   if (j->preempt_step > 0 && request.step() == j->preempt_step) {
     response.set_checkpoint_and_stop(true);
+    j->stop_sent = true;  // the preemption can no longer be withdrawn
   }
   return response;
 }
@@ -1379,6 +1491,7 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   j->job.set_steps_done(k);
   if (request.has_loss()) j->job.set_last_loss(request.loss());
   j->last_step_at = now;
+  j->preempted_others = false;  // it trained on the workers it took
   // The job's history (GetJobHistory), without the stages. A store that cannot take it
   // loses this step's row, not the job.
   if (absl::Status s = store_->PutStep(j->job.id(), step); !s.ok()) {
@@ -1477,21 +1590,6 @@ void Coordinator::RecordCheckpointLocked(ActiveJob* j, int rank,
   PersistLocked(j);
 }
 
-absl::Status Coordinator::CheckCheckpointOwnerLocked(const std::string& dir,
-                                                     const std::string& submitted_by) {
-  for (const auto& [other, owner] : checkpoint_owners_) {
-    if (owner.user == submitted_by) continue;
-    const bool inside = PathWithin(dir, other);
-    if (inside || PathWithin(other, dir)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "checkpoint.dir: '", dir, "' ", inside ? "lies in" : "contains", " '",
-          other, "', the checkpoint directory of ", owner.job_id, " submitted by ", owner.user,
-          "; write your checkpoints elsewhere (an admin may)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
                                               baton::v1::JobCheckpoints* checkpoints,
                                               const std::string& submitted_by, bool admin) {
@@ -1505,7 +1603,7 @@ absl::Status Coordinator::ResolveResumeLocked(const baton::v1::JobSpec& spec,
     if (!stored.ok()) {
       if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
       return absl::InvalidArgumentError(
-          absl::StrCat("resume_from.job_id: there is no job ", from.job_id()));
+          absl::StrCat("resume_from.job_id: there is no job ", EchoInput(from.job_id())));
     }
     source = *std::move(stored);
   }
@@ -1551,6 +1649,11 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         r->set_lost_steps(std::max<int64_t>(0, facts.steps_done - facts.resume_step));
         r->set_stages_before(stages_before);
         r->set_preempted_by(t.preempted_by);
+        if (!t.preempted_by.empty()) {
+          if (ActiveJob* by = FindActiveLocked(t.preempted_by)) {
+            r->set_preempted_by_user(by->job.submitted_by());
+          }
+        }
         if (options_.metrics != nullptr) {
           if (t.preempted_by.empty()) {
             options_.metrics->AddRecovery();
@@ -1588,6 +1691,7 @@ void Coordinator::ApplyLocked(ActiveJob* j, const JobTransition& t, const Failur
         j->echo = EchoFailure();
         j->preempt_step = 0;
         j->preempted_for.clear();
+        j->stop_sent = false;
         j->job.clear_workers();
         j->job.set_steps_done(facts.resume_step);
         break;
@@ -1629,6 +1733,7 @@ void Coordinator::PreemptLocked(ActiveJob* v, ActiveJob* for_job) {
   // the one after that: it waits for the answer to that step's report first.
   v->preempt_step = newest + 1;
   v->preempted_for = for_job->job.id();
+  for_job->preempted_others = true;
   AppendStateLocked(v, NoteState(v->job.state()),
                     absl::StrCat("preempting for ", for_job->job.id(), " (priority ",
                                  for_job->job.spec().priority(), " > ", v->job.spec().priority(),

@@ -8,6 +8,7 @@
 //   job_tallies.h     checkpoint, resume, progress, link, group and result tallies (pure)
 //   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
 //   job_watch.h       a job's event log and its WatchJob subscriptions
+//   checkpoint_dirs.h who may write checkpoints where under the checkpoint root
 //   worker_registry.h, placement.h, job_store.h
 // This class keeps the lock and the orchestration: it decides under mu_ (with the pure
 // functions), records, and hands the calls to make to the EffectsRunner.
@@ -18,8 +19,9 @@
 //  - No RPC to a worker is ever made under mu_. Worker calls' answers come back under mu_,
 //    and a job whose state changed meanwhile is re-checked then.
 //  - A worker is never handed a new job while the coordinator still expects it to be
-//    stopping the old one (it is freed only once its AbortJob returned, its lease expired,
-//    or a heartbeat said it runs nothing).
+//    stopping the old one, nor listed IDLE: it is freed only once its AbortJob answered that
+//    the job stopped there, its result report came, its lease expired, or a heartbeat said
+//    it runs nothing.
 //  - Thread-safe. LOCKING: one mutex (mu_) guards the active jobs and the queue and the
 //    decisions on the registry (which has a lock of its own inside, so that a heartbeat
 //    that only renews a lease takes that alone), and is held while writing to the store
@@ -49,6 +51,9 @@
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
+#include "coordinator/checkpoint_dirs.h"
+#include "common/checkpoint/block_stream.h"
+#include "coordinator/call_caps.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/effects_runner.h"
 #include "coordinator/job_lifecycle.h"
@@ -111,6 +116,18 @@ struct CoordinatorOptions {
   // Whether a higher-priority job that does not fit may preempt running lower-priority jobs
   // that write checkpoints (queue_policy.h, "Preemption").
   bool preempt = true;
+  // A recovering or preempted job whose previous workers answered their abort "still
+  // stopping" waits this long at most for them to be freed (by a heartbeat that reports no
+  // job) before it is placed on fewer stages.
+  absl::Duration stop_grace = absl::Seconds(30);
+  // A job is not preempted until its attempt has run this long (since RUNNING) and trained
+  // this many steps: one just resumed keeps its workers a while, so preemptions cannot
+  // churn it. 0: no bound.
+  absl::Duration preempt_min_run = absl::Minutes(1);
+  int64_t preempt_min_steps = 1;
+  // A job that preempted others and then ended without training a step (it failed to
+  // start, or was cancelled first) bars its user's jobs from preempting for this long.
+  absl::Duration preempt_penalty = absl::Minutes(10);
   // Called under the lock after every placement round with its duration and the jobs left
   // waiting (bench/control_plane_bench.cc); keep it short. May be empty.
   std::function<void(absl::Duration, size_t)> round_observer;
@@ -120,6 +137,10 @@ struct CoordinatorOptions {
   // host can resolve them), refused at submit otherwise; empty: any (tests). The workers
   // check again with their own --data_root.
   std::vector<std::string> data_roots;
+  // The workers' bound on one text file (their --data_max_mb): a data.text.path this host
+  // sees that is larger, or is not a regular file (a FIFO, a device), is refused at submit
+  // (CheckDataFileAtSubmit); so are init.from_hf files that are not regular.
+  int64_t max_data_file_bytes = int64_t{1} << 30;
   // The directory a spec's checkpoint.dir must lie under (a relative one is taken under
   // it; paths are resolved as data paths are), refused at submit otherwise and rewritten to
   // the resolved absolute path; empty: any (tests). The workers check again with their own
@@ -134,6 +155,12 @@ struct CoordinatorOptions {
   // With require_worker_certificate, the certificate must also carry a URI SAN starting
   // with this: what tells a worker's certificate from a user's signed by the same CA.
   std::string worker_uri_prefix = kWorkerUriPrefix;
+  // ExportJob calls streaming at once, in all and per caller; one more is refused at once
+  // with RESOURCE_EXHAUSTED. Each holds a server thread, one open block file and one piece
+  // (block_stream.h) while it streams, and reads the whole checkpoint twice (the hash check,
+  // then the export).
+  int max_exports = 4;
+  int max_exports_per_caller = 2;
 };
 
 // What a ClusterService call presents besides its request: its verified certificate's
@@ -183,8 +210,9 @@ class Coordinator {
   // Newest first; page_size 0 means 50, at most 1000.
   absl::StatusOr<baton::v1::ListJobsResponse> ListJobs(const baton::v1::ListJobsRequest& request);
   // QUEUED: CANCELLED at once. RUNNING: CANCELLED; every worker still running a rank is
-  // sent AbortJob (in parallel, abort_timeout each) and is idle when this returns (one that
-  // could not be reached stays busy until its lease or a heartbeat decides). PLACING:
+  // sent AbortJob (in parallel, abort_timeout each) and is idle when this returns if it
+  // answered that the job stopped there (one still stopping, or unreachable, stays busy
+  // until a heartbeat reports it free or its lease runs out). PLACING:
   // the same, except that the workers are freed only once their StartJob calls returned
   // (and were answered with another AbortJob). A job already in a terminal state is
   // returned unchanged, not an error: cancelling is idempotent and the result tells how the
@@ -208,16 +236,26 @@ class Coordinator {
   absl::StatusOr<baton::v1::JobHistory> GetJobHistory(
       const baton::v1::GetJobHistoryRequest& request);
   // The weights of the job's complete checkpoint after request.step (0: the newest) as one
-  // safetensors file (ExportWeights, common/checkpoint), and the step and step directory it
-  // came from. NOT_FOUND for unknown jobs; FAILED_PRECONDITION when the job has no
-  // checkpoint or this coordinator cannot read its directory (naming it); the checkpoint
-  // errors otherwise. Who may: the service checks (the submitter or an admin).
+  // safetensors file, streamed (WeightsExport, common/checkpoint/block_stream.h: the bytes
+  // ExportWeights returns, in pieces read as they are asked for), and the step and step
+  // directory it came from. The checkpoint's files are checked against their SHA-256 before
+  // this returns, and again as they are streamed (a file changed since: DATA_LOSS from
+  // WeightsExport::Next). NOT_FOUND for unknown jobs; FAILED_PRECONDITION when the job has
+  // no checkpoint or this coordinator cannot read its directory (naming it);
+  // RESOURCE_EXHAUSTED, before anything is read, when options.max_exports exports are under
+  // way, or max_exports_per_caller of `caller`'s (CallCaps); the checkpoint errors
+  // otherwise. Who may: the service checks (the submitter or an admin). Takes mu_ only to
+  // look the job up: reading and hashing run without it.
   struct Export {
+    CallCaps::Slot slot;  // the export's place under the caps, given back when destroyed
     int64_t step = 0;
     std::string dir;
-    std::string bytes;
+    std::unique_ptr<WeightsExport> weights;
   };
-  absl::StatusOr<Export> ExportJob(const baton::v1::ExportJobRequest& request);
+  absl::StatusOr<std::unique_ptr<Export>> ExportJob(const baton::v1::ExportJobRequest& request,
+                                                    const std::string& caller = "anonymous");
+  // Exports under way (holding a place under the caps).
+  int ExportsInFlight() const { return export_caps_.in_use(); }
   // SCHEDULE_AUTO's calibration: the traced runs of the newest (at most two, of different
   // micro-batch sizes) earlier jobs with this spec's name and model. Takes mu_ (through
   // GetJobTrace); call without it.
@@ -288,6 +326,11 @@ class Coordinator {
     // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
     // again only once they returned (so it gets its own workers back, not fewer stages).
     int pending_aborts = 0;
+    // Its previous workers that answered the abort "still stopping": it waits for them to
+    // be freed (their heartbeats) until stopping_until (options.stop_grace), then is
+    // placed on what is idle. Checked by StillStoppingLocked.
+    std::set<std::string> stopping_workers;
+    absl::Time stopping_until;
     // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
     // measured, gathered at submission; the planner calibrates from them at placement.
     std::vector<MeasuredRun> auto_costs;
@@ -296,12 +339,19 @@ class Coordinator {
     std::vector<int64_t> rank_needs;
     // When it last entered the queue (submitted, recovering, or recovered by a restart).
     absl::Time queued_since;
-    // When this attempt was placed (preemption takes the newest first).
+    // When this attempt was placed (preemption takes the newest first), when it started
+    // RUNNING (InfinitePast before), and the step it started from.
     absl::Time placed_at;
+    absl::Time running_since = absl::InfinitePast();
+    int64_t attempt_first_step = 0;
+    // It preempted other jobs and has not trained a step since: if it ends so, its
+    // preemptions were wasted and count against its user (preempt_penalty).
+    bool preempted_others = false;
     // Being preempted: every rank stops after this step (0: not being preempted), making
     // room for `preempted_for`.
     int64_t preempt_step = 0;
     std::string preempted_for;
+    bool stop_sent = false;  // a rank was answered checkpoint_and_stop
     // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
     int attempt() const { return job.recoveries_size(); }
   };
@@ -314,9 +364,12 @@ class Coordinator {
   EffectsRunner::Callbacks RunnerCallbacks();
   // Runs effects now on this thread (wait) or on a background thread (runner_).
   void Run(Effects effects, bool wait) { runner_.Run(std::move(effects), wait); }
-  // An AbortCall with free_after returned: frees the workers it reached and counts it off
-  // the job's pending aborts.
-  void AbortReturned(const AbortCall& call, const std::vector<PlacedWorker>& reached);
+  // Whether a recovering or preempted job still waits for previous workers that were
+  // stopping when their abort answered (ActiveJob::stopping_workers); forgets those freed.
+  bool StillStoppingLocked(ActiveJob* j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An AbortCall with free_after returned: frees the workers that said the job stopped
+  // there and counts it off the job's pending aborts.
+  void AbortReturned(const AbortCall& call, const std::vector<PlacedWorker>& stopped);
   // A placement's StartJob answers are in: RUNNING, FAILED/RECOVERING, or (the job moved
   // on meanwhile) another abort.
   void FinishStart(const std::string& job_id, const std::vector<PlacedWorker>& workers,
@@ -388,10 +441,6 @@ class Coordinator {
                                    baton::v1::JobCheckpoints* checkpoints,
                                    const std::string& submitted_by, bool admin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SubmitJob: PERMISSION_DENIED naming checkpoint.dir when `dir` (resolved) lies inside,
-  // or contains, the checkpoint directory of a job another user submitted.
-  absl::Status CheckCheckpointOwnerLocked(const std::string& dir, const std::string& submitted_by)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
   std::unique_ptr<JobStore> store_;
@@ -409,13 +458,19 @@ class Coordinator {
   // Jobs whose StartJob calls are in flight: their workers are freed when those return.
   std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
   int64_t invalid_transitions_ ABSL_GUARDED_BY(mu_) = 0;
-  // Every job's checkpoint.dir (as stored: resolved at submit) -> its first job's submitter
-  // and id; loaded at Create, kept at each submission.
-  struct CheckpointOwner {
-    std::string user;
-    std::string job_id;
+  // Every job's checkpoint.dir (as stored: resolved at submit), who may write where; loaded
+  // at Create, kept at each submission.
+  CheckpointDirs checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
+  // Users whose jobs may not preempt until a time: one of their jobs preempted others and
+  // ended without training a step (options_.preempt_penalty). Not kept across restarts.
+  struct PreemptBar {
+    absl::Time until;
+    std::string job_id;  // the job that wasted its preemptions
   };
-  std::map<std::string, CheckpointOwner> checkpoint_owners_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PreemptBar> preempt_bars_ ABSL_GUARDED_BY(mu_);
+
+  // ExportJob's caps (options_.max_exports...); a lock of its own, never held with mu_.
+  CallCaps export_caps_;
 
   std::thread loop_;
   // Makes the worker calls; its callbacks take mu_. Declared last: built once options_ is.

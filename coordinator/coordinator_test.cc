@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -92,21 +93,32 @@ class FakeWorkerClient final : public WorkerClient {
     MutexLock lock(mu_);
     busy_[address] = n;
   }
-  absl::Status AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
-                        const std::string&, absl::Duration) override {
+  absl::StatusOr<AbortAnswer> AbortJob(const WorkerEndpoint& worker, const std::string& job_id,
+                                       const std::string&, absl::Duration) override {
     const std::string& address = worker.address;
     MutexLock lock(mu_);
     calls_.push_back({"abort", address, job_id, -1});
     if (unreachable_.count(address) > 0) return absl::UnavailableError("connection refused");
-    return absl::OkStatus();
+    if (still_stopping_.count(address) > 0) return AbortAnswer::kStopping;
+    return AbortAnswer::kStopped;
+  }
+  // The worker at `address` answers AbortJob that its job is still stopping.
+  void StillStopping(const std::string& address) {
+    MutexLock lock(mu_);
+    still_stopping_.insert(address);
   }
   void Unreachable(const std::string& address) {
     MutexLock lock(mu_);
     unreachable_.insert(address);
   }
-  void FailStart(const std::string& address) {
+  // StartJob calls to `address` fail (UNAVAILABLE) from now on, or no more.
+  void FailStart(const std::string& address, bool fail = true) {
     MutexLock lock(mu_);
-    fail_start_.insert(address);
+    if (fail) {
+      fail_start_.insert(address);
+    } else {
+      fail_start_.erase(address);
+    }
   }
   std::vector<Call> Calls(const std::string& kind, const std::string& job_id) {
     MutexLock lock(mu_);
@@ -131,6 +143,7 @@ class FakeWorkerClient final : public WorkerClient {
   std::vector<baton::v1::JobPlan> plans_;
   std::set<std::string> fail_start_;
   std::set<std::string> unreachable_;
+  std::set<std::string> still_stopping_;
   std::map<std::string, int> busy_;
   std::function<void(const baton::v1::JobPlan&)> on_started_;
 };
@@ -211,6 +224,10 @@ class CoordinatorTest : public testing::Test {
     o.metrics = &metrics_;
     o.trace_steps = 2;
     o.quotas = quotas_.get();
+    // Preemption's protection of a job just started or resumed is off unless a test sets
+    // it (the fake clock does not move by itself).
+    o.preempt_min_run = preempt_min_run_;
+    o.preempt_min_steps = preempt_min_steps_;
     auto c = Coordinator::Create(o);
     ASSERT_TRUE(c.ok()) << c.status();
     core_ = *std::move(c);
@@ -304,6 +321,8 @@ class CoordinatorTest : public testing::Test {
   prometheus::Registry registry_;
   CoordinatorMetrics metrics_{registry_};
   std::unique_ptr<QuotaBook> quotas_;  // set before Start() to apply quotas
+  absl::Duration preempt_min_run_ = absl::ZeroDuration();  // set before Start()
+  int64_t preempt_min_steps_ = 1;
   std::unique_ptr<Coordinator> core_;
   std::string db_dir_;  // TempDb()
 };
@@ -851,6 +870,57 @@ TEST(CoordinatorCheckpointRootTest, CheckpointDirsAreConfinedToTheRoot) {
   std::filesystem::remove_all(root);
 }
 
+// A 2-step job of carol's naming "." (the root itself) once made her the owner of every
+// directory under the root, and every other user's job was refused, across restarts. The
+// root and users/ are no job's; a spec naming no directory gets its user's own.
+TEST(CoordinatorCheckpointRootTest, NoUserCanLockTheOthersOutOfTheRoot) {
+  std::string tmpl = testing::TempDir() + "/ckpt_root.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string root = std::filesystem::canonical(tmpl).string();
+  CoordinatorOptions o = QuietOptions();
+  o.checkpoint_root = root;
+  o.db_path = root + "/jobs.db";
+  baton::v1::JobSpec spec = Spec(1);
+  spec.mutable_checkpoint()->set_every_steps(1);
+  auto submit = [&](Coordinator& core, const std::string& dir, const std::string& user) {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = spec;
+    r.mutable_spec()->mutable_checkpoint()->set_dir(dir);
+    return core.SubmitJob(r, user, /*admin=*/false);
+  };
+  {
+    auto core = Coordinator::Create(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    for (const char* dir : {".", "users", "users/..", root.c_str()}) {
+      absl::StatusOr<Job> refused = submit(**core, dir, "carol");
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << dir;
+      EXPECT_THAT(std::string(refused.status().message()), HasSubstr("checkpoint.dir"));
+    }
+    absl::StatusOr<Job> carols = submit(**core, "", "carol");
+    ASSERT_TRUE(carols.ok()) << carols.status();
+    EXPECT_EQ(carols->spec().checkpoint().dir(), root + "/users/carol");
+    EXPECT_EQ(carols->checkpoints().job_dir(), root + "/users/carol/" + carols->id());
+    // Nobody else may write in carol's default directory, nor she in theirs.
+    EXPECT_EQ(submit(**core, "users/carol/x", "dave").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(submit(**core, "users/dave", "carol").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    absl::StatusOr<Job> daves = submit(**core, "", "dave");
+    ASSERT_TRUE(daves.ok()) << daves.status();
+    EXPECT_EQ(daves->spec().checkpoint().dir(), root + "/users/dave");
+    EXPECT_TRUE(submit(**core, "team-d", "dave").ok());
+  }
+  // The same after a restart on the same job store.
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  EXPECT_TRUE(submit(**core, "", "erin").ok());
+  EXPECT_TRUE(submit(**core, "team-e", "erin").ok());
+  EXPECT_EQ(submit(**core, "team-d/x", "erin").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  core->reset();
+  std::filesystem::remove_all(root);
+}
+
 TEST_F(CoordinatorTest, ResumeFromIsResolvedAgainstTheJobItNamesAndTravelsInThePlans) {
   Register(1);
   Register(2);
@@ -1010,6 +1080,37 @@ TEST_F(CoordinatorTest, UnreachableButAliveWorkerIsFreedByItsHeartbeat) {
   EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
 }
 
+// A worker that answers the abort but whose job thread has not ended yet (an evaluation
+// between two micro-batches, a checkpoint write) is not listed IDLE, nor handed the next
+// job, until its heartbeat says it runs nothing.
+TEST_F(CoordinatorTest, WorkerStillStoppingStaysBusyUntilItsHeartbeatSaysFree) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  client_->StillStopping(Address(2));
+  const Job job = Submit(Spec(2));
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  const Job next = Submit(Spec(2));
+  baton::v1::CancelJobRequest c;
+  c.set_job_id(job.id());
+  ASSERT_TRUE(core_->CancelJob(c).ok());
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_BUSY);
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(client_->Calls("start", next.id()).empty());
+  // Still running the cancelled job: told again, still busy.
+  const baton::v1::HeartbeatResponse beat = Beat(w2, job.id());
+  ASSERT_EQ(beat.abort_job_ids_size(), 1);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_BUSY);
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_QUEUED);
+  // Its job thread ended: free, and the next job starts on both workers.
+  Beat(w2);
+  EXPECT_EQ(WorkerState(w2), baton::v1::WORKER_STATE_IDLE);
+  core_->Tick();
+  EXPECT_EQ(Get(next.id()).state(), baton::v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   const Job job = Submit(Spec(3));
@@ -1084,9 +1185,14 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   clock_.Advance(absl::Milliseconds(600));
   beat_all(other);
   core_->Tick();
-  // Every worker heartbeats: it waits up to two heartbeat intervals for one to fall silent.
+  // Every worker heartbeats: it waits half a lease and half an interval (3 s) for one to
+  // fall silent.
   EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Milliseconds(1500));
+  beat_all(other);
+  core_->Tick();
+  EXPECT_EQ(Get(other.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(1000));
   beat_all(other);
   core_->Tick();
   failed = Get(other.id());
@@ -1101,14 +1207,20 @@ TEST_F(CoordinatorTest, AbortedEchoesWaitForTheRootCause) {
   r.set_job_id(third.id());
   r.set_worker_id(running.workers(2));
   ASSERT_TRUE(core_->ReportResult(r).ok());
-  clock_.Advance(absl::Milliseconds(1600));
-  Beat(running.workers(0), third.id());  // rank 1's worker is silent
+  // Rank 1's worker is silent past half its lease (2.5 s); rank 0's heartbeats are late, but
+  // not that late.
+  clock_.Advance(absl::Milliseconds(1300));
+  Beat(running.workers(0), third.id());
+  core_->Tick();
+  EXPECT_EQ(Get(third.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(1300));
+  Beat(running.workers(0), third.id());
   core_->Tick();
   failed = Get(third.id());
   EXPECT_EQ(failed.state(), baton::v1::JOB_STATE_FAILED);
   EXPECT_THAT(Reason(failed),
               testing::StartsWith(absl::StrCat("worker ", running.workers(1), " (")));
-  EXPECT_THAT(Reason(failed), testing::HasSubstr("silent for 1.6s (no heartbeat; presumed lost); "
+  EXPECT_THAT(Reason(failed), testing::HasSubstr("silent for 2.6s (no heartbeat; presumed lost); "
                                                  "first report: rank 2 on worker "));
 }
 
@@ -1347,6 +1459,68 @@ TEST_F(CoordinatorTest, ReRegisteringBusyWorkerFailsItsJob) {
   EXPECT_EQ(WorkerState(w2b), baton::v1::WORKER_STATE_IDLE);
 }
 
+// A recovering job whose surviving worker answers the abort "still stopping" (its job
+// thread has not ended yet) waits for that worker rather than recovering at once on fewer
+// stages; for stop_grace at most.
+TEST_F(CoordinatorTest, ARecoveryWaitsForItsWorkersStillStopping) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  client_->StillStopping(Address(3));
+  baton::v1::JobSpec spec = RecoverableSpec(3, /*steps=*/10);
+  spec.mutable_restart()->set_max_restarts(2);
+  spec.mutable_restart()->set_min_stages(1);
+  const Job submitted = Submit(spec);
+  core_->Tick();
+  const Job job = Get(submitted.id());
+  ASSERT_EQ(job.state(), baton::v1::JOB_STATE_RUNNING);
+  for (int64_t step = 1; step <= 2; ++step) {
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_TRUE(Progress(*core_, job, rank, step, step == 2 ? 10 : 0).ok());
+    }
+  }
+  // w-2 (rank 1) is lost; w-1 stops at once, w-3 is still stopping.
+  OutliveLeases(job.id(), {w1, w3});
+  core_->Tick();
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(WorkerState(w1), baton::v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(WorkerState(w3), baton::v1::WORKER_STATE_BUSY);
+  core_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING) << "placed on 1 stage";
+  // w-3's job thread ended: its heartbeat frees it, and the job recovers on 2 stages.
+  Beat(w1);
+  Beat(w3);
+  core_->Tick();
+  Job now = Get(job.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(now.workers_size(), 2);
+  EXPECT_EQ(now.recoveries(0).stages_after(), 2);
+
+  // The same again, but w-3 never lets go: after stop_grace (30 s) the job recovers on the
+  // one worker left.
+  const Job again = now;
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(Progress(*core_, again, rank, 3, 0).ok());
+  baton::v1::ReportResultRequest failed;
+  failed.set_job_id(job.id());
+  failed.set_worker_id(again.workers(0));
+  failed.set_rank(0);
+  failed.set_attempt(1);
+  failed.set_error("INTERNAL: a bug of rank 0's");
+  failed.set_cause(baton::v1::FAILURE_CAUSE_INTERNAL);
+  ASSERT_TRUE(core_->ReportResult(failed).ok());
+  ASSERT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING);
+  core_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RECOVERING);
+  for (int i = 0; i < 16; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    Beat(w1);
+    Beat(w3, job.id());  // still running the old attempt
+  }
+  core_->Tick();
+  now = Get(job.id());
+  ASSERT_EQ(now.state(), baton::v1::JOB_STATE_RUNNING) << Reason(now);
+  EXPECT_EQ(now.workers_size(), 1);
+  EXPECT_EQ(now.recoveries(1).stages_after(), 1);
+}
+
 TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoint) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   const Job submitted = Submit(RecoverableSpec(3, /*steps=*/10));
@@ -1431,7 +1605,7 @@ TEST_F(CoordinatorTest, LostWorkerRecoversTheJobOnFewerStagesFromItsLastCheckpoi
   ASSERT_TRUE(core_->ReportResult(fail).ok());
   // A broken link waits for a root cause (rank 0's error or silence); none comes.
   EXPECT_EQ(Get(job.id()).state(), baton::v1::JOB_STATE_RUNNING);
-  clock_.Advance(absl::Seconds(2));
+  clock_.Advance(absl::Seconds(3));  // half a lease and half a heartbeat interval
   Beat(now.workers(0), job.id());
   core_->Tick();
   now = Get(job.id());
@@ -1661,6 +1835,131 @@ TEST_F(CoordinatorTest, AFailureWhileStoppingForAPreemptionStillRequeuesTheJob) 
   const auto plans = client_->Plans(low.id());
   ASSERT_EQ(plans.size(), 4u);
   EXPECT_EQ(plans[3].resume_job_dir(), "/shared/ckpt/" + low.id());
+}
+
+// A user allowed priority 5 once preempted bob's job 8 times with 8 jobs that never trained
+// (half failed at start, half were cancelled while preempting), once 0.15 s after it
+// resumed. Now a job is protected until it has run a minute and 2 steps since it started or
+// resumed; a preemptor cancelled before any rank stopped withdraws its preemption; and a
+// preemptor that ends without training a step bars its user from preempting for 10
+// minutes. Bob's job is preempted once, and `get` can say by whom.
+TEST_F(CoordinatorTest, PreemptionChurnIsBounded) {
+  preempt_min_run_ = absl::Minutes(1);
+  preempt_min_steps_ = 2;
+  Start(":memory:");
+  const std::string w1 = Register(1), w2 = Register(2);
+  // Time passes with both workers heartbeating what they run (their leases are 5 s).
+  auto pass = [&](absl::Duration d, const Job& job) {
+    for (absl::Duration left = d; left > absl::ZeroDuration(); left -= absl::Seconds(2)) {
+      clock_.Advance(std::min(left, absl::Seconds(2)));
+      Beat(w1, job.id());
+      Beat(w2, job.id());
+    }
+  };
+  auto submit = [&](const baton::v1::JobSpec& spec, const std::string& user, bool admin) {
+    baton::v1::SubmitJobRequest r;
+    *r.mutable_spec() = spec;
+    absl::StatusOr<Job> job = core_->SubmitJob(r, user, admin);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : Job();
+  };
+  auto cancel = [&](const Job& job) {
+    baton::v1::CancelJobRequest c;
+    c.set_job_id(job.id());
+    ASSERT_TRUE(core_->CancelJob(c).ok());
+  };
+  auto steps = [&](const Job& job, int64_t step, int attempt = 0) {
+    for (int rank = 0; rank < 2; ++rank) {
+      auto r = StepReport(*core_, job, rank, step, attempt);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->keep_running()) << "step " << step << " rank " << rank;
+    }
+  };
+  auto notes = [&](const Job& job, const std::string& start) {
+    int n = 0;
+    const Job now = Get(job.id());
+    for (const auto& h : now.history()) n += absl::StartsWith(h.reason(), start);
+    return n;
+  };
+  baton::v1::JobSpec low_spec = Spec(2, /*steps=*/40);
+  low_spec.mutable_checkpoint()->set_every_steps(5);
+  low_spec.mutable_checkpoint()->set_dir("/shared/ckpt/bob");
+  const Job low = submit(low_spec, "bob", /*admin=*/false);
+  core_->Tick();
+  const Job running = Get(low.id());
+  ASSERT_EQ(running.state(), baton::v1::JOB_STATE_RUNNING);
+  steps(running, 1);
+  baton::v1::JobSpec urgent_spec = Spec(2, /*steps=*/2);
+  urgent_spec.set_priority(5);
+
+  // Just started: protected.
+  const Job first = submit(urgent_spec, "alice", /*admin=*/true);
+  core_->Tick();
+  EXPECT_EQ(notes(low, "preempting for"), 0);
+  EXPECT_THAT(Get(first.id()).wait_reason(),
+              HasSubstr("not preempting, still protected: " + low.id() +
+                        " (started 0s ago and trained 1 step"));
+  // A minute and a step later it may be preempted; cancelling the preemptor before any rank
+  // stopped withdraws the preemption, and bars alice.
+  pass(absl::Seconds(61), running);
+  steps(running, 2);
+  core_->Tick();
+  ASSERT_EQ(notes(low, "preempting for " + first.id()), 1);
+  cancel(first);
+  EXPECT_EQ(notes(low, "preemption withdrawn: " + first.id() + " ended (CANCELLED)"), 1);
+  steps(running, 3);  // not told to stop
+  const Job second = submit(urgent_spec, "alice", /*admin=*/true);
+  core_->Tick();
+  EXPECT_EQ(notes(low, "preempting for"), 1);
+  EXPECT_THAT(Get(second.id()).wait_reason(),
+              HasSubstr("it preempts nothing: alice's " + first.id() +
+                        " preempted other jobs and ended without training a step"));
+  cancel(second);  // it preempted nothing: no penalty of its own
+
+  // Ten minutes on, alice may preempt again; her job fails to start on the freed workers.
+  pass(absl::Minutes(10), running);
+  steps(running, 4);
+  const Job third = submit(urgent_spec, "alice", /*admin=*/true);
+  core_->Tick();
+  ASSERT_EQ(notes(low, "preempting for " + third.id()), 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto r = StepReport(*core_, running, rank, 5);
+    ASSERT_TRUE(r.ok() && r->checkpoint_and_stop());
+    baton::v1::ReportResultRequest stopped;
+    stopped.set_job_id(low.id());
+    stopped.set_worker_id(running.workers(rank));
+    stopped.set_rank(rank);
+    stopped.set_stopped_after_step(5);
+    stopped.add_checkpoints()->set_step(5);
+    ASSERT_TRUE(core_->ReportResult(stopped).ok());
+  }
+  ASSERT_EQ(Get(low.id()).state(), baton::v1::JOB_STATE_PREEMPTED);
+  client_->FailStart(Address(1));
+  core_->Tick();
+  EXPECT_EQ(Get(third.id()).state(), baton::v1::JOB_STATE_FAILED);
+  client_->FailStart(Address(1), false);
+  core_->Tick();  // bob's job resumes on its workers
+  const Job resumed = Get(low.id());
+  ASSERT_EQ(resumed.state(), baton::v1::JOB_STATE_RUNNING);
+  steps(resumed, 6, /*attempt=*/1);
+
+  // Alice is barred again; an admin's more urgent job finds bob's job protected (resumed
+  // just now), and the reason says so.
+  const Job fourth = submit(urgent_spec, "alice", /*admin=*/true);
+  baton::v1::JobSpec top_spec = urgent_spec;
+  top_spec.set_priority(9);
+  const Job top = submit(top_spec, "root", /*admin=*/true);
+  core_->Tick();
+  EXPECT_EQ(Get(low.id()).state(), baton::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(notes(low, "preempting for"), 2);
+  EXPECT_THAT(Get(top.id()).wait_reason(),
+              HasSubstr("still protected: " + low.id() + " (resumed 0s ago and trained 1 step"));
+  EXPECT_THAT(Get(fourth.id()).wait_reason(),
+              HasSubstr("behind the first in line"));  // the top job is first in line
+  const Job now = Get(low.id());
+  ASSERT_EQ(now.recoveries_size(), 1);
+  EXPECT_EQ(now.recoveries(0).preempted_by(), third.id());
+  EXPECT_EQ(now.recoveries(0).preempted_by_user(), "alice");
 }
 
 // A rank that stops after another step than the one asked fails the job, naming both.
@@ -2225,6 +2524,110 @@ TEST_F(CoordinatorTest, AutoScheduleIsChosenAtPlacementFromFlopsThenFromTheLastR
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "pipeline.stages")) << refused.status();
+}
+
+// A gpt spec reading `path` as its text (the data roots decide where that may be).
+baton::v1::JobSpec TextSpec(const std::string& path) {
+  baton::v1::JobSpec spec;
+  baton::v1::GptSpec* gpt = spec.mutable_model()->mutable_gpt();
+  gpt->set_vocab_size(64);
+  gpt->set_context(4);
+  gpt->set_d_model(8);
+  gpt->set_heads(2);
+  gpt->set_layers(1);
+  spec.mutable_data()->mutable_text()->set_path(path);
+  spec.mutable_data()->set_batch_size(2);
+  spec.mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+  spec.set_steps(1);
+  return spec;
+}
+
+// A data file the coordinator sees is refused at submit when no worker would read it, as
+// the workers would refuse it: a FIFO (looked at, never opened: with no writer an open
+// would block the submit), a directory, a file over the workers' bound (sparse here). A
+// file it cannot see goes to the workers; a regular one within the bound is accepted. The
+// files of an init.from_hf directory are held to the same.
+TEST(CoordinatorDataRootTest, FilesNoWorkerWouldReadAreRefusedAtSubmit) {
+  std::string tmpl = testing::TempDir() + "/data_root.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string root = std::filesystem::canonical(tmpl).string();
+  ASSERT_EQ(mkfifo((root + "/fifo").c_str(), 0600), 0);
+  std::filesystem::create_directory(root + "/dir");
+  std::ofstream(root + "/big.txt") << "x";
+  std::filesystem::resize_file(root + "/big.txt", (uint64_t{1} << 20) + 1);
+  std::ofstream(root + "/ok.txt") << "a small text corpus, longer than the context";
+  CoordinatorOptions o = QuietOptions();
+  o.data_roots = {root};
+  o.max_data_file_bytes = int64_t{1} << 20;
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  baton::v1::SubmitJobRequest r;
+  const std::pair<std::string, std::string> refusals[] = {
+      {"fifo", "is a FIFO"},
+      {"dir", "is a directory"},
+      {"big.txt", "has 1048577 bytes, over the bound of 1048576"}};
+  for (const auto& [file, what] : refusals) {
+    *r.mutable_spec() = TextSpec(root + "/" + file);
+    absl::StatusOr<Job> refused = (*core)->SubmitJob(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << file;
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("data.text.path: '" + root + "/" + file + "' " + what));
+  }
+  for (const std::string file : {"ok.txt", "only-on-the-workers.txt"}) {
+    *r.mutable_spec() = TextSpec(root + "/" + file);
+    EXPECT_TRUE((*core)->SubmitJob(r).ok()) << file;
+  }
+
+  std::filesystem::create_directory(root + "/hf");
+  ASSERT_EQ(mkfifo((root + "/hf/config.json").c_str(), 0600), 0);
+  for (const auto& [dir, what] :
+       {std::pair<std::string, std::string>{"hf", "'" + root + "/hf/config.json' is a FIFO"},
+        {"fifo", "'" + root + "/fifo' is not a directory"}}) {
+    *r.mutable_spec() = TextSpec(root + "/ok.txt");
+    r.mutable_spec()->mutable_init()->set_from_hf(dir);
+    absl::StatusOr<Job> refused = (*core)->SubmitJob(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << dir;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("init.from_hf: " + what));
+  }
+  std::filesystem::remove_all(root);
+}
+
+// What a client sends comes back in errors bounded and escaped: a megabyte-long path or id,
+// control and non-UTF-8 bytes. The message still names the field.
+TEST(CoordinatorDataRootTest, ErrorsQuoteClientTextBoundedAndEscaped) {
+  CoordinatorOptions o = QuietOptions();
+  o.data_roots = {"/nonexistent-data-root"};
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  auto expect_clean = [](const absl::Status& s, const std::string& field) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_LT(s.message().size(), 1024u) << s.message().substr(0, 2048);
+    EXPECT_TRUE(absl::StartsWith(s.message(), field)) << s.message().substr(0, 2048);
+    for (const char c : s.message()) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      EXPECT_TRUE(u >= 0x20 && u != 0x7f && u < 0x80) << "byte " << int{u} << " in " << s;
+    }
+  };
+  const std::string huge = "/etc/" + std::string(1 << 20, 'p');
+  const std::string forged = "/etc/x\ncoordinator: job-000009 SUCCEEDED\x1b[2J\xff\xfe";
+  baton::v1::SubmitJobRequest r;
+  for (const std::string& path : {huge, forged}) {
+    *r.mutable_spec() = TextSpec(path);
+    expect_clean((*core)->SubmitJob(r).status(), "data.text.path");
+    *r.mutable_spec() = TextSpec("/nonexistent-data-root/ok.txt");
+    r.mutable_spec()->mutable_init()->set_from_hf("../" + path);
+    expect_clean((*core)->SubmitJob(r).status(), "init.from_hf");
+    *r.mutable_spec() = Spec(1);
+    r.mutable_spec()->mutable_resume_from()->set_job_id(path);
+    expect_clean((*core)->SubmitJob(r).status(), "resume_from.job_id");
+  }
+  absl::Status s = (*core)->GetJob(huge).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  expect_clean(s, "job ");
+  // A short value is still quoted as it is.
+  *r.mutable_spec() = TextSpec("/etc/shadow");
+  EXPECT_THAT(std::string((*core)->SubmitJob(r).status().message()),
+              HasSubstr("data.text.path: '/etc/shadow' is outside"));
 }
 
 TEST(CoordinatorOptionsTest, BadDurationsNameTheFlag) {

@@ -5,7 +5,8 @@
 //               --heartbeat_interval=1s --lease_ttl=5s --recv_timeout=60s [--port_file=F]
 //               [--tls_cert=F --tls_key=F --tls_ca=F] [--auth_tokens=F] [--join_token_file=F]
 //               [--health_listen=HOST:PORT] [--quotas=F] [--reserve_after=5m]
-//               [--preempt=true]
+//               [--preempt=true] [--preempt_min_run=1m] [--preempt_min_steps=1]
+//               [--preempt_penalty=10m] [--max_exports=4] [--max_exports_per_caller=2]
 //
 // Prints "coordinator listening on HOST:PORT" (the bound port, also with --listen
 // HOST:0) on stdout once it serves. SIGTERM or SIGINT shut it down gracefully; SIGHUP
@@ -49,6 +50,10 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(std::string, data_root, "",
           "comma-separated directories jobs' text files may name (default: data/ beside this "
           "binary, and /usr/share/common-licenses); the workers check again with theirs");
+ABSL_FLAG(int64_t, data_max_mb, 1024,
+          "bound on one job text file, in MiB, as the workers' --data_max_mb: a larger file "
+          "(or one that is not a regular file) this host sees under the data roots is refused "
+          "at submit");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "the directory jobs' checkpoint.dir must lie under (a relative one is taken under "
           "it; default: checkpoints/ beside this binary); the workers check again with theirs");
@@ -72,8 +77,24 @@ ABSL_FLAG(bool, preempt, true,
           "whether the first job in line may preempt running jobs of lower priority that write "
           "checkpoints (they stop at a step with its checkpoint and resume later; "
           "docs/cluster.md, \"Preemption\")");
+ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(30),
+          "a recovering or preempted job waits this long at most for its previous workers "
+          "still stopping after their abort, before it is placed on fewer stages");
+ABSL_FLAG(absl::Duration, preempt_min_run, absl::Minutes(1),
+          "a job is not preempted before its attempt has run this long since it started or "
+          "resumed (0: no bound), so preemptions cannot churn it");
+ABSL_FLAG(int64_t, preempt_min_steps, 1,
+          "nor before it trained this many steps since it started or resumed");
+ABSL_FLAG(absl::Duration, preempt_penalty, absl::Minutes(10),
+          "when a job that preempted others ends without training a step (it failed to start, "
+          "or was cancelled first), its user's jobs may not preempt for this long");
 ABSL_FLAG(int64_t, trace_steps, 200,
           "action timelines (batonctl trace) are kept for each job's latest this many steps");
+ABSL_FLAG(int32_t, max_exports, 4,
+          "ExportJob streams at once, in all; one more is refused with RESOURCE_EXHAUSTED "
+          "(docs/checkpoints.md, \"Exporting\")");
+ABSL_FLAG(int32_t, max_exports_per_caller, 2,
+          "ExportJob streams at once per caller (token name; client host without tokens)");
 
 namespace {
 
@@ -112,12 +133,19 @@ int main(int argc, char** argv) {
   options.quotas = quotas.get();
   options.reserve_after = absl::GetFlag(FLAGS_reserve_after);
   options.preempt = absl::GetFlag(FLAGS_preempt);
+  options.preempt_min_run = absl::GetFlag(FLAGS_preempt_min_run);
+  options.stop_grace = absl::GetFlag(FLAGS_stop_grace);
+  options.preempt_min_steps = absl::GetFlag(FLAGS_preempt_min_steps);
+  options.preempt_penalty = absl::GetFlag(FLAGS_preempt_penalty);
   options.db_path = absl::GetFlag(FLAGS_db);
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.recv_timeout = absl::GetFlag(FLAGS_recv_timeout);
   options.trace_steps = absl::GetFlag(FLAGS_trace_steps);
+  options.max_exports = absl::GetFlag(FLAGS_max_exports);
+  options.max_exports_per_caller = absl::GetFlag(FLAGS_max_exports_per_caller);
   options.data_roots = baton::DataRootsFromFlag(absl::GetFlag(FLAGS_data_root));
+  options.max_data_file_bytes = absl::GetFlag(FLAGS_data_max_mb) << 20;
   options.checkpoint_root = baton::CheckpointRootFromFlag(absl::GetFlag(FLAGS_checkpoint_root));
   options.require_worker_certificate = tls.mutual();
   options.worker_uri_prefix = absl::GetFlag(FLAGS_worker_uri_prefix);

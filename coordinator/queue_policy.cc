@@ -54,16 +54,24 @@ std::string Minutes(absl::Duration d) {
 // The running jobs to stop so that `spec` fits on the idle workers not taken plus theirs:
 // preemptible ones of lower priority holding workers it can use, the newest first (then
 // the fewest workers), as few as fit; empty when even all of them would not do.
+// `protected_jobs` gets the lower-priority jobs that could have been of use but are still
+// protected (RunningJob::protection), one "ID (why)" each.
 std::vector<std::string> ChooseVictims(const QueueRoundInput& in, const QueuedJob& head,
                                        const baton::v1::JobSpec& spec,
-                                       const std::vector<bool>& taken, int64_t largest) {
+                                       const std::vector<bool>& taken, int64_t largest,
+                                       std::vector<std::string>* protected_jobs) {
   std::vector<const RunningJob*> candidates;
   for (const RunningJob& r : in.running) {
     if (!r.preemptible || r.priority >= spec.priority()) continue;
     const bool useful = std::any_of(r.workers.begin(), r.workers.end(), [&](const auto& w) {
       return WorkerCanRunRank(spec, LeastNeed(head), w);
     });
-    if (useful) candidates.push_back(&r);
+    if (!useful) continue;
+    if (!r.protection.empty()) {
+      protected_jobs->push_back(absl::StrCat(r.id, " (", r.protection, ")"));
+      continue;
+    }
+    candidates.push_back(&r);
   }
   if (candidates.empty()) return {};
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -247,8 +255,17 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       misfit_memo.clear();
     };
     std::vector<std::string> victims;
-    if (!j->preempting && !j->recovering && in.preempt) {
-      victims = ChooseVictims(in, *j, spec, taken, largest);
+    std::vector<std::string> protected_jobs;
+    if (!j->preempting && !j->recovering && in.preempt && j->no_preempt.empty()) {
+      victims = ChooseVictims(in, *j, spec, taken, largest, &protected_jobs);
+    }
+    // Why it preempts nothing, when it might have: said after the reason's first part.
+    std::string no_preemption;
+    if (!j->no_preempt.empty() && in.preempt && !j->preempting && !j->recovering) {
+      no_preemption = absl::StrCat("; it preempts nothing: ", j->no_preempt);
+    } else if (victims.empty() && !protected_jobs.empty()) {
+      no_preemption = absl::StrCat("; not preempting, still protected: ",
+                                   absl::StrJoin(protected_jobs, ", "));
     }
     if (j->preempting || !victims.empty()) {
       reserve();  // while the jobs it preempted stop
@@ -265,10 +282,10 @@ QueueRound PlanQueueRound(const QueueRoundInput& in) {
       reserve();
       wait(absl::StrCat("first in line, holding workers: ", why, "; after waiting ",
                         Minutes(waited), " it holds the ", out.reserved_workers,
-                        " idle workers it can use"));
+                        " idle workers it can use", no_preemption));
     } else {
       wait(absl::StrCat("first in line: ", why, "; jobs behind it may start on idle workers "
-                        "until it has waited ", Minutes(in.reserve_after)));
+                        "until it has waited ", Minutes(in.reserve_after), no_preemption));
     }
   }
   return out;

@@ -24,7 +24,9 @@
 // those with the fewest workers, just enough for the head to fit on them and the idle
 // workers. From then on the head holds the idle workers it can use (QueuedJob::preempting)
 // until it starts. A job that writes no checkpoints is never preempted, nor is one of equal
-// or higher priority.
+// or higher priority, nor one still protected after it started or resumed
+// (RunningJob::protection), and a head whose user may not preempt now (QueuedJob::no_preempt)
+// preempts nothing: either way its reason says so.
 #ifndef BATON_COORDINATOR_QUEUE_POLICY_H_
 #define BATON_COORDINATOR_QUEUE_POLICY_H_
 
@@ -61,6 +63,8 @@ struct QueuedJob {
   // Jobs preempted for it are still stopping: it holds the idle workers it can use, and
   // preempts no more.
   bool preempting = false;
+  // Non-empty: it may not preempt, and why (its user's earlier preemptions were wasted).
+  std::string no_preempt;
 };
 
 // A placed job, as a candidate to preempt.
@@ -72,6 +76,9 @@ struct RunningJob {
   // RUNNING, writes checkpoints, every rank reported a step, not already being preempted,
   // and steps left after the next one: it can stop at a checkpoint soon.
   bool preemptible = false;
+  // Non-empty: preemptible, but protected for now, and why (it has not run the minimum
+  // time or steps since it started or resumed); not a victim until it has.
+  std::string protection;
 };
 
 struct QueueRoundInput {

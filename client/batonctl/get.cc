@@ -64,6 +64,18 @@ void PrintJob(const baton::v1::Job& job) {
                   steps.empty() ? "none yet" : absl::StrJoin(steps, ", ").c_str());
     }
   }
+  // How often it was preempted, and by whom: "2 times, by job-000005 (alice), job-000009 (bob)".
+  std::vector<std::string> preemptors;
+  for (const baton::v1::Recovery& r : job.recoveries()) {
+    if (r.preempted_by().empty()) continue;
+    preemptors.push_back(r.preempted_by_user().empty()
+                             ? r.preempted_by()
+                             : absl::StrCat(r.preempted_by(), " (", r.preempted_by_user(), ")"));
+  }
+  if (!preemptors.empty()) {
+    std::printf("  preemptions: %zu %s, by %s\n", preemptors.size(),
+                preemptors.size() == 1 ? "time" : "times", absl::StrJoin(preemptors, ", ").c_str());
+  }
   for (const baton::v1::Recovery& r : job.recoveries()) {
     std::printf("  %s %s -> %s stages, from step %lld (%lld steps again)%s: %s\n",
                 r.preempted_by().empty() ? "recovery:  " : "preempted: ",
