@@ -24,6 +24,7 @@
 #include "common/spec/spec.h"
 #include "common/rpc/rpc.h"
 #include "common/core/mutex.h"
+#include "coordinator/fake_clock_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -36,23 +37,7 @@ using baton::v1::JobState;
 
 using ::testing::HasSubstr;
 
-class FakeClock {
- public:
-  ClockFn fn() {
-    return [this] {
-      MutexLock lock(mu_);
-      return now_;
-    };
-  }
-  void Advance(absl::Duration d) {
-    MutexLock lock(mu_);
-    now_ += d;
-  }
-
- private:
-  Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
+using testing_util::FakeClock;
 
 // Records every call; StartJob fails for addresses in fail_start.
 class FakeWorkerClient final : public WorkerClient {

@@ -19,6 +19,7 @@
 #include "common/rpc/rpc.h"
 #include "common/core/mutex.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/fake_clock_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -491,24 +492,7 @@ class WorkerProcess {
   std::thread beating_;
 };
 
-// Time for the coordinator's leases, moved only by the test.
-class FakeClock {
- public:
-  ClockFn fn() {
-    return [this] {
-      MutexLock lock(mu_);
-      return now_;
-    };
-  }
-  void Advance(absl::Duration d) {
-    MutexLock lock(mu_);
-    now_ += d;
-  }
-
- private:
-  Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
+using testing_util::FakeClock;
 
 class ClusterTest : public testing::Test {
  protected:

@@ -70,6 +70,17 @@ def run(argv, timeout=60):
     return r
 
 
+def write_users(tmp):
+    """The token file (TOKENS) and the quota file (QUOTAS) in `tmp`; returns their paths."""
+    tokens, quotas = os.path.join(tmp, "tokens"), os.path.join(tmp, "quotas")
+    with open(tokens, "w") as f:
+        for name, (token, role) in TOKENS.items():
+            f.write(f"{token} {name} {role}\n")
+    with open(quotas, "w") as f:
+        f.write(QUOTAS)
+    return tokens, quotas
+
+
 def as_user(c, user):
     c.env = dict(c.env, BATON_TOKEN=TOKENS[user][0])
 
@@ -235,13 +246,7 @@ def preemption_churn_is_bounded(bin_dir, tmp):
     print("== preemption at will (a cluster of its own)")
     os.makedirs(tmp)
     c = Cluster(bin_dir, "", tmp)
-    tokens = os.path.join(tmp, "tokens")
-    with open(tokens, "w") as f:
-        for name, (token, role) in TOKENS.items():
-            f.write(f"{token} {name} {role}\n")
-    quotas = os.path.join(tmp, "quotas")
-    with open(quotas, "w") as f:
-        f.write(QUOTAS)
+    tokens, quotas = write_users(tmp)
     c.coordinator_flags = ["--auth_tokens", tokens, "--quotas", quotas, "--lease_ttl", "60s",
                            "--recv_timeout", "300s"]
     frozen = None
@@ -349,16 +354,10 @@ def main():
         for d, n in ((tls, "2"), (intruder, "1")):
             r = run(["bash", make_certs, d, n])
             check(r.returncode == 0, f"make-certs.sh {d}: {r.stderr}")
-        tokens = os.path.join(tmp, "tokens")
-        with open(tokens, "w") as f:
-            for name, (token, role) in TOKENS.items():
-                f.write(f"{token} {name} {role}\n")
+        tokens, quotas = write_users(tmp)
         join = os.path.join(tmp, "join-token")
         with open(join, "w") as f:
             f.write(JOIN_TOKEN + "\n")
-        quotas = os.path.join(tmp, "quotas")
-        with open(quotas, "w") as f:
-            f.write(QUOTAS)
         # Token shards of the test's own, and the default root the hostile client reads.
         data_dir = os.path.join(tmp, "data")
         os.makedirs(data_dir)
