@@ -366,13 +366,25 @@ def run_cases(c, cases, only, args=(), tail_all=False, tail_lines=15):
             failed.append(number)
             print(f"[case {number}] FAIL: {e}")
             for name in list(c.procs):
-                if tail_all or name == "coordinator" or c.procs[name].poll() is not None:
-                    print(f"  --- last lines of {name}'s log ---")
+                code = c.procs[name].poll()
+                if tail_all or name == "coordinator" or code is not None:
+                    how = "" if code is None else f" (it exited: {exit_words(code)})"
+                    print(f"  --- last lines of {name}'s log{how} ---")
                     print("  " + c.tail(name, tail_lines).replace("\n", "\n  "))
         except Exception:  # a bug in the test or an unexpected output
             failed.append(number)
             print(f"[case {number}] FAIL with an exception:\n{traceback.format_exc()}")
     return passed, failed, skipped
+
+
+def exit_words(code):
+    """A Popen return code in words: 'status 1', or 'signal 13 (SIGPIPE)'."""
+    if code >= 0:
+        return f"status {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
 
 
 def last_reason(job):

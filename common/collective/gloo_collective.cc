@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <utility>
 
@@ -17,6 +18,26 @@
 
 namespace baton {
 
+namespace {
+
+// Gloo's TCP pairs write with writev. A write that lands after a peer's FIN is answered by a
+// reset, and the next one raises SIGPIPE, whose default action ends this process without a
+// word: a worker whose replica's worker died would die too, silently, instead of reporting
+// the loss. Ignored, the write fails with EPIPE, which Gloo turns into an IoException and
+// AllReduceSum into a status. Process-wide, as a signal's action is; a handler the process
+// installed itself is kept (it returns, so the write still fails with EPIPE). baton's own
+// sockets send with MSG_NOSIGNAL and gRPC's do too, so nothing else relies on SIGPIPE.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction now {};
+  if (sigaction(SIGPIPE, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  (void)sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+}  // namespace
+
 GlooCollective::GlooCollective(int rank, int size, bool ordered,
                                std::shared_ptr<gloo::Context> context)
     : rank_(rank), size_(size), ordered_(ordered), context_(std::move(context)) {}
@@ -29,6 +50,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Connect(
     return absl::InvalidArgumentError(
         absl::StrCat("gloo: member ", rank, " of a group of ", size));
   }
+  IgnoreSigpipeUnlessHandled();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;

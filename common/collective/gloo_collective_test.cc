@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <future>
 #include <limits>
@@ -109,6 +110,68 @@ TEST(GlooCollectiveTest, AMemberThatSkipsACollectiveEndsItAtTheDeadline) {
   });
   EXPECT_EQ(got[0].code(), absl::StatusCode::kDeadlineExceeded) << got[0];
   EXPECT_EQ(got[1].code(), absl::StatusCode::kAborted) << got[1];
+}
+
+// A member whose process ends closes its sockets. Gloo writes to its peers with writev; a
+// write that lands after the peer's FIN is answered by a reset, and the next one raises
+// SIGPIPE, whose default action ends the writing process without a word (so a worker
+// whose replica's worker was killed died too, silently). The survivors must instead get a
+// status naming the loss and live on to report it. Which write meets the closed socket is
+// a race, so each round ends the member after a different number of collectives; before
+// SIGPIPE was ignored, most runs of this test died of it.
+TEST(GlooCollectiveTest, AMemberWhoseProcessEndsFailsItsPeersCallsAndTheyLiveOn) {
+  constexpr int64_t kN = 1000;
+  for (int round = 0; round < 200; ++round) {
+    gloo::rendezvous::HashStore store;
+    absl::Status member1_status;
+    std::thread member1([&] {
+      absl::StatusOr<std::unique_ptr<GlooCollective>> c = GlooCollective::Connect(store, 1, 2);
+      if (!c.ok()) {
+        member1_status = c.status();
+        return;
+      }
+      std::vector<float> d(kN, 1.0f);
+      for (int k = 0; k < round % 7 && member1_status.ok(); ++k) {
+        member1_status = (*c)->AllReduceSum(d.data(), kN, Soon());
+      }
+      c->reset();  // as its process ends: every socket closed, mid-group
+    });
+    absl::StatusOr<std::unique_ptr<GlooCollective>> c = GlooCollective::Connect(store, 0, 2);
+    int calls = 0;
+    std::vector<float> data(kN, 1.0f);
+    absl::Status s = c.status();
+    while (s.ok() && calls < 100) {
+      s = (*c)->AllReduceSum(data.data(), kN, Soon());
+      ++calls;
+    }
+    member1.join();
+    if (!c.ok()) {  // member 1 ended before the group was whole (rounds without collectives)
+      ASSERT_EQ(round % 7, 0) << c.status();
+      ASSERT_NE(c.status().message().find("could not join its group"), std::string::npos)
+          << c.status();
+      continue;
+    }
+    ASSERT_TRUE(member1_status.ok()) << "round " << round << ": " << member1_status;
+    ASSERT_FALSE(s.ok()) << "round " << round << ": 100 all-reduces with a member gone";
+    ASSERT_GT(calls, round % 7) << "round " << round << ": failed while both members ran: " << s;
+    ASSERT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+                s.code() == absl::StatusCode::kAborted)
+        << "round " << round << ": " << s;
+    ASSERT_NE(s.message().find("replica 0 of 2"), std::string::npos) << s;
+  }
+}
+
+// Joining a group is what exposes a process to Gloo's writes, so joining makes SIGPIPE
+// ignored; a handler the process installed itself is left in place.
+TEST(GlooCollectiveTest, JoiningAGroupIgnoresSigpipeAndKeepsAHandlerTheProcessInstalled) {
+  std::signal(SIGPIPE, SIG_DFL);
+  OnEveryMember(1, [](int, Collective&) {});
+  EXPECT_EQ(std::signal(SIGPIPE, SIG_DFL), SIG_IGN) << "SIGPIPE still ends the process";
+
+  static void (*const kOwn)(int) = [](int) {};
+  std::signal(SIGPIPE, kOwn);
+  OnEveryMember(1, [](int, Collective&) {});
+  EXPECT_EQ(std::signal(SIGPIPE, SIG_DFL), kOwn) << "the process's own handler was replaced";
 }
 
 TEST(GlooCollectiveTest, AbortFailsLaterCallsAtOnceWithTheReason) {
