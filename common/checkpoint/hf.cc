@@ -796,8 +796,11 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType
     return absl::InvalidArgumentError(
         "a Hugging Face model is written for model.gpt or model.llama only");
   }
-  str("torch_dtype", dtype == DType::kBFloat16 ? "bfloat16" : "float32");
-  str("dtype", "float32");
+  // The tensors' type, under the key transformers 5 reads ("dtype") and the one earlier
+  // versions read ("torch_dtype"): from_pretrained loads the parameters in it.
+  const char* const type = dtype == DType::kBFloat16 ? "bfloat16" : "float32";
+  str("torch_dtype", type);
+  str("dtype", type);
   boolean("use_cache", true);
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -274,6 +275,23 @@ TEST_F(HfTest, LlamaWithGroupedQueryAttentionRoundTripsBitExact) {
   auto back = ModelSpecFromHfConfig(*config);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->DebugString(), spec.DebugString());
+}
+
+// transformers reads "dtype" (and, before version 5, "torch_dtype") for the parameters'
+// type: both must name what the tensors are, or a bf16 export loads as float32.
+TEST_F(HfTest, TheConfigNamesTheTensorsDtypeUnderBothKeys) {
+  for (const baton::v1::ModelSpec& spec : {Gpt(true), Llama()}) {
+    auto src = Bags(spec, 0, -1, 7);
+    for (const auto& [dtype, name, safetensors] :
+         {std::tuple{DType::kFloat32, "float32", "F32"},
+          std::tuple{DType::kBFloat16, "bfloat16", "BF16"}}) {
+      ASSERT_TRUE(WriteHfModel(spec, ByName(*src), (dir_ / "m").string(), dtype).ok());
+      const std::string config = Config("m");
+      EXPECT_THAT(config, HasSubstr(absl::StrCat("\"dtype\": \"", name, "\"")));
+      EXPECT_THAT(config, HasSubstr(absl::StrCat("\"torch_dtype\": \"", name, "\"")));
+      EXPECT_EQ(ReadFile("m").tensors.begin()->second.file_dtype, safetensors) << name;
+    }
+  }
 }
 
 TEST_F(HfTest, ATiedLlamaIsWrittenWithoutLmHead) {
