@@ -851,7 +851,7 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
       return absl::InvalidArgumentError(absl::StrCat(
           "init.from_hf: '", EchoInput(dir), "' climbs out of the data roots with '..'"));
     }
-    BATON_RETURN_IF_ERROR(CheckHfModelAtSubmit(dir, options_.data_roots));
+    BATON_RETURN_IF_ERROR(CheckHfModelAtSubmit(spec, options_.data_roots));
   }
   // The workers write checkpoints only under the checkpoint root: a spec naming /etc or
   // "ckpt/../../.." is refused now, and the job records where its directory resolved.

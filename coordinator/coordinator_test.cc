@@ -16,14 +16,15 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/plan/clock_proto.h"
+#include "common/checkpoint/hf.h"
 #include "common/core/digest.h"
+#include "common/core/mutex.h"
 #include "common/nn/model.h"
+#include "common/plan/clock_proto.h"
 #include "common/plan/partition.h"
 #include "common/plan/planner.h"
-#include "common/spec/spec.h"
 #include "common/rpc/rpc.h"
-#include "common/core/mutex.h"
+#include "common/spec/spec.h"
 #include "coordinator/fake_clock_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -2574,6 +2575,51 @@ TEST(CoordinatorDataRootTest, FilesNoWorkerWouldReadAreRefusedAtSubmit) {
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << dir;
     EXPECT_THAT(std::string(refused.status().message()), HasSubstr("init.from_hf: " + what));
   }
+  std::filesystem::remove_all(root);
+}
+
+// A Hugging Face model the coordinator sees is checked at submit as a worker checks it when
+// it loads: the wrong model, another architecture and a truncated file are refused now, not
+// when every worker of the job fails on them a second later.
+TEST(CoordinatorDataRootTest, AHuggingFaceModelNoWorkerWouldLoadIsRefusedAtSubmit) {
+  std::string tmpl = testing::TempDir() + "/data_root.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string root = std::filesystem::canonical(tmpl).string();
+  std::ofstream(root + "/ok.txt") << "a small text corpus, longer than the context";
+  const baton::v1::JobSpec spec = TextSpec(root + "/ok.txt");
+  absl::StatusOr<std::unique_ptr<Sequential>> model = BuildBlocks(spec.model(), /*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::map<std::string, const Tensor*> by_name;
+  for (Parameter* p : (*model)->Parameters()) by_name[p->name] = &p->value;
+  ASSERT_TRUE(WriteHfModel(spec.model(), by_name, root + "/gpt").ok());
+  std::filesystem::create_directory(root + "/qwen");
+  std::ofstream(root + "/qwen/config.json")
+      << R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})";
+  std::filesystem::copy(root + "/gpt", root + "/cut");
+  std::filesystem::resize_file(root + "/cut/model.safetensors",
+                               std::filesystem::file_size(root + "/cut/model.safetensors") - 64);
+  CoordinatorOptions o = QuietOptions();
+  o.data_roots = {root};
+  auto core = Coordinator::Create(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = spec;
+  r.mutable_spec()->mutable_init()->set_from_hf("gpt");
+  EXPECT_TRUE((*core)->SubmitJob(r).ok());
+  r.mutable_spec()->mutable_model()->mutable_gpt()->set_vocab_size(65);
+  absl::Status s = (*core)->SubmitJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "init.from_hf: model.gpt.vocab_size is 65 but config.json vocab_size is 64");
+  *r.mutable_spec() = spec;
+  r.mutable_spec()->mutable_init()->set_from_hf("qwen");
+  s = (*core)->SubmitJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("init.from_hf: config.json model_type is \"qwen2\""));
+  r.mutable_spec()->mutable_init()->set_from_hf("cut");
+  s = (*core)->SubmitJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.safetensors: safetensors: the file is truncated"));
   std::filesystem::remove_all(root);
 }
 

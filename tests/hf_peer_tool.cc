@@ -265,7 +265,8 @@ absl::Status Train(const Flags& f) {
   absl::StrAppend(&json, "], \"final_loss\": ", absl::StrFormat("%.9g", final_loss), "}\n");
   BATON_RETURN_IF_ERROR(WriteFileAtomically(out, json));
   if (const auto it = f.find("export"); it != f.end()) {
-    BATON_RETURN_IF_ERROR(WriteHfModel(spec.model(), ByName(*model), it->second));
+    BATON_RETURN_IF_ERROR(
+        WriteHfModel(spec.model(), ByName(*model), it->second, {.base_dir = dir}));
   }
   return absl::OkStatus();
 }
@@ -275,7 +276,7 @@ absl::Status Roundtrip(const Flags& f) {
   BATON_ASSIGN_OR_RETURN(const std::string out, Need(f, "out"));
   BATON_ASSIGN_OR_RETURN(const baton::v1::JobSpec spec, SpecFor(dir));
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<Sequential> model, LoadModel(spec));
-  return WriteHfModel(spec.model(), ByName(*model), out);
+  return WriteHfModel(spec.model(), ByName(*model), out, {.base_dir = dir});
 }
 
 int Main(int argc, char** argv) {

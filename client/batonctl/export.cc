@@ -1,7 +1,8 @@
 // batonctl export: a job's trained weights as one safetensors file, from its checkpoints.
 #include <algorithm>
-#include <map>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/checkpoint/hf.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/core/backend.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/spec/spec.h"
 
@@ -27,7 +29,8 @@ constexpr char kUsage[] =
     "usage: batonctl export JOB [--step N] -o model.safetensors\n"
     "       batonctl export --from DIR/JOB [--step N] -o model.safetensors\n"
     "       batonctl export JOB --format hf [--step N] -o MODEL_DIR\n"
-    "       batonctl export --from DIR/JOB --spec SPEC.json --format hf [--step N] -o MODEL_DIR\n\n"
+    "       batonctl export --from DIR/JOB --spec SPEC.json --format hf [--step N] -o MODEL_DIR\n"
+    "       (--format hf also takes [--dtype bf16] [--base DIR|none])\n\n"
     "Writes the model's weights from a complete checkpoint (every file checked against its\n"
     "SHA-256) as one safetensors file, each parameter under its block-qualified name\n"
     "(\"block.3.attn.qkv.weight\"), readable by PyTorch and Hugging Face tools.\n"
@@ -39,12 +42,17 @@ constexpr char kUsage[] =
     "AutoModelForCausalLM.from_pretrained(MODEL_DIR) loads; the model's shape comes from the\n"
     "job's spec (JOB) or from --spec SPEC.json (--from).\n"
     "--dtype bf16 writes the weights rounded to bfloat16 (half the bytes; a bf16 job's\n"
-    "checkpoints keep float32 masters, which --dtype f32, the default, writes).";
+    "checkpoints keep float32 masters, which --dtype f32, the default, writes).\n"
+    "A job that started from a Hugging Face model (init.from_hf) exports with what training\n"
+    "did not change of it: GPT-2's position rows past the job's context, the imported\n"
+    "context and config.json keys (bos/eos ids, ...), generation_config.json and the\n"
+    "tokenizer files. --base DIR names that directory as seen here (default: init.from_hf\n"
+    "when it is a directory here); --base none writes the trained model alone.";
 
 // The weights to write and where they came from.
 struct Exported {
   std::string bytes;   // the safetensors file (baton's names)
-  baton::v1::ModelSpec model;  // with --format hf: the job's model
+  baton::v1::JobSpec spec;  // with --format hf: the job's spec (its model and init)
   int64_t step = 0;    // the checkpoint's step
   std::string source;  // its directory
 };
@@ -78,6 +86,24 @@ absl::StatusOr<std::string> ToBf16File(const std::string& bytes) {
   return EncodeSafetensors(named, {{"format", "pt"}});
 }
 
+// The Hugging Face directory whose untrained rest the export keeps (HfExportOptions::
+// base_dir): --base DIR; none with --base none; without --base, the job's init.from_hf when
+// that is a directory here, and an error saying what to do when it is not (an export that
+// silently dropped the imported positions and tokenizer would lose what the user gave).
+absl::StatusOr<std::string> ExportBase(const Args& args, const baton::v1::JobSpec& spec) {
+  if (args.Has("base")) return args.Get("base") == "none" ? std::string() : args.Get("base");
+  if (!spec.init().has_from_hf()) return std::string();
+  const std::string& from = spec.init().from_hf();
+  std::error_code ec;
+  if (std::filesystem::is_directory(from, ec)) return from;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the job started from the Hugging Face model '", EchoInput(from),
+      "' (init.from_hf, under the workers' data root), which is not a directory here; the "
+      "export keeps what training did not change (GPT-2's position rows past the context, "
+      "the imported context and config keys, the tokenizer files): give --base DIR, that "
+      "directory as seen here, or --base none to write the trained model alone"));
+}
+
 absl::Status CheckExport(const Args& args) {
   if (args.Has("format") && args.Get("format") != "hf" && args.Get("format") != "baton") {
     return absl::InvalidArgumentError(
@@ -95,6 +121,9 @@ absl::Status CheckExport(const Args& args) {
   if (HfFormat(args) && args.Has("from") && !args.Has("spec")) {
     return absl::InvalidArgumentError(
         "--format hf with --from needs --spec SPEC.json (the model's shape)");
+  }
+  if (args.Has("base") && !HfFormat(args)) {
+    return absl::InvalidArgumentError("--base goes with --format hf");
   }
   if (args.Has("spec") && !(HfFormat(args) && args.Has("from"))) {
     return absl::InvalidArgumentError("--spec goes with --from and --format hf");
@@ -128,13 +157,21 @@ int WriteExport(const Args& args, const Exported& e) {
       tensors.push_back(*std::move(t));
       by_name[name] = &tensors.back();
     }
-    if (absl::Status s = WriteHfModel(e.model, by_name, path, ExportDType(args)); !s.ok()) {
+    absl::StatusOr<std::string> base = ExportBase(args, e.spec);
+    if (!base.ok()) return CommandFail(kCommand, std::string(base.status().message()));
+    if (absl::Status s = WriteHfModel(e.spec.model(), by_name, path,
+                                      {.dtype = ExportDType(args), .base_dir = *base});
+        !s.ok()) {
       return CommandFail(kCommand, std::string(s.message()));
     }
     std::fprintf(stderr,
                  "wrote %s/config.json and model.safetensors: the weights after step %lld from "
-                 "%s, as a Hugging Face model\n",
-                 path.c_str(), static_cast<long long>(e.step), e.source.c_str());
+                 "%s, as a Hugging Face model%s\n",
+                 path.c_str(), static_cast<long long>(e.step), e.source.c_str(),
+                 base->empty() ? ""
+                               : absl::StrCat(" (with what it did not train of ", *base,
+                                              ": positions, config keys, tokenizer files)")
+                                     .c_str());
     return 0;
   }
   std::string bytes = e.bytes;
@@ -170,7 +207,7 @@ int RunExportFromDir(const Args& args) {
   if (HfFormat(args)) {
     absl::StatusOr<baton::v1::JobSpec> spec = LoadJobSpecFile(args.Get("spec"));
     if (!spec.ok()) return CommandFail(kCommand, std::string(spec.status().message()));
-    e.model = spec->model();
+    e.spec = *std::move(spec);
   }
   return WriteExport(args, e);
 }
@@ -209,7 +246,7 @@ int RunExport(const Args& args, const ClusterClient& c) {
     if (const grpc::Status st = c.stub().GetJob(get_ctx.get(), get, &job); !st.ok()) {
       return c.Fail(st);
     }
-    e.model = job.spec().model();
+    e.spec = job.spec();
   }
   return WriteExport(args, e);
 }
@@ -229,7 +266,10 @@ int Export(const std::vector<std::string>& argv) {
        "baton (default: one safetensors file) or hf (a Hugging Face model directory)"},
       {"spec", "", false, "with --from and --format hf: the job's spec (the model's shape)"},
       {"dtype", "", false,
-       "f32 (default: the float32 master weights) or bf16 (each rounded to bfloat16)"}};
+       "f32 (default: the float32 master weights) or bf16 (each rounded to bfloat16)"},
+      {"base", "", false,
+       "with --format hf: the Hugging Face directory the job started from (default: its "
+       "init.from_hf when that is a directory here), or none"}};
   command.positional = Positional::kOwn;  // JOB, or none with --from
   command.default_timeout = absl::Minutes(10);
   command.output_file_help =

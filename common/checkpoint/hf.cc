@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -40,6 +42,11 @@ constexpr double kGpt2LayerNormEps = 1e-5;  // baton's LayerNorm
 constexpr float kDefaultRopeTheta = 10000.0f;
 constexpr float kDefaultRmsNormEps = 1e-5f;  // LlamaSpec's default (0 means this)
 constexpr double kHfLlamaRmsNormEps = 1e-6;  // LlamaConfig's default when the key is absent
+// What an export copies from its base model directory besides config.json's keys.
+constexpr const char* kHfCarriedFiles[] = {
+    "generation_config.json",  "tokenizer.json",    "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json",        "merges.txt",
+    "tokenizer.model",         "added_tokens.json", "chat_template.jinja"};
 
 // ---------------------------------------------------------------------------------------
 // config.json values
@@ -363,13 +370,14 @@ class Shard {
   static absl::StatusOr<std::unique_ptr<Shard>> Open(const std::string& path) {
     auto s = std::unique_ptr<Shard>(new Shard());
     s->path_ = path;
+    s->shown_ = EchoInput(path);
     s->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd_ < 0) return s->Errno("cannot open");
     struct stat st;
     if (fstat(s->fd_, &st) != 0) return s->Errno("cannot stat");
     if (!S_ISREG(st.st_mode)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(kField, ": '", path, "' is not a regular file"));
+          absl::StrCat(kField, ": '", s->shown_, "' is not a regular file"));
     }
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     std::string first8;
@@ -385,14 +393,15 @@ class Shard {
     return s;
   }
 
-  const std::string& path() const { return path_; }
+  // The path as messages quote it (EchoInput: an index names the files).
+  const std::string& path() const { return shown_; }
   const Safetensors& header() const { return header_; }
 
   // The tensor `name` (in the header) as a float32 host tensor.
   absl::StatusOr<Tensor> ReadFloat(const std::string& name) {
     SafetensorsEntry e = header_.tensors.at(name);
     if (e.dtype != DType::kFloat32) {
-      return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " in ", path_,
+      return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " in ", shown_,
                                                      " has dtype ", e.file_dtype,
                                                      "; want F32, F16 or BF16"));
     }
@@ -406,10 +415,10 @@ class Shard {
   Shard() = default;
   absl::Status Errno(absl::string_view what) const {
     const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(kField, ": ", what, " '", path_, "'"));
+    return absl::ErrnoToStatus(err, absl::StrCat(kField, ": ", what, " '", shown_, "'"));
   }
   absl::Status Wrap(const absl::Status& s) const {
-    return absl::Status(s.code(), absl::StrCat(kField, ": ", path_, ": ", s.message()));
+    return absl::Status(s.code(), absl::StrCat(kField, ": ", shown_, ": ", s.message()));
   }
   absl::Status Read(uint64_t offset, uint64_t bytes, std::string* out) const {
     out->resize(bytes);
@@ -420,7 +429,7 @@ class Shard {
       if (n < 0) return Errno("cannot read");
       if (n == 0) {
         return absl::DataLossError(
-            absl::StrCat(kField, ": '", path_, "' ended early (it changed while read?)"));
+            absl::StrCat(kField, ": '", shown_, "' ended early (it changed while read?)"));
       }
       done += static_cast<uint64_t>(n);
     }
@@ -428,15 +437,10 @@ class Shard {
   }
 
   std::string path_;
+  std::string shown_;  // path_ escaped for messages
   int fd_ = -1;
   uint64_t data_start_ = 0;
   Safetensors header_;
-};
-
-// Where each tensor of a model directory is: file name (in the directory) by tensor name.
-struct TensorIndex {
-  std::string described;  // "DIR/model.safetensors" or "DIR/model.safetensors.index.json"
-  std::map<std::string, std::string> file_of;
 };
 
 // A plain file name in the directory (an index must not send us elsewhere).
@@ -450,48 +454,115 @@ absl::StatusOr<std::string> InDir(const std::string& dir, const std::string& fil
   return ConfineDataPath((fs::path(dir) / file).string(), roots, kField);
 }
 
-absl::StatusOr<TensorIndex> ReadTensorIndex(const std::string& dir,
-                                            const std::vector<std::string>& roots,
-                                            std::map<std::string, std::unique_ptr<Shard>>* shards) {
-  TensorIndex index;
-  const std::string single = (fs::path(dir) / "model.safetensors").string();
-  const std::string sharded = (fs::path(dir) / "model.safetensors.index.json").string();
-  std::error_code ec;
-  if (fs::exists(single, ec)) {
-    index.described = single;
-    BATON_ASSIGN_OR_RETURN(const std::string path, InDir(dir, "model.safetensors", roots));
-    BATON_ASSIGN_OR_RETURN(std::unique_ptr<Shard> shard, Shard::Open(path));
-    for (const auto& [name, e] : shard->header().tensors) index.file_of[name] = "model.safetensors";
-    (*shards)["model.safetensors"] = std::move(shard);
-    return index;
-  }
-  if (!fs::exists(sharded, ec)) {
-    return absl::NotFoundError(absl::StrCat(kField, ": ", dir,
-                                            " has neither model.safetensors nor "
-                                            "model.safetensors.index.json"));
-  }
-  index.described = sharded;
-  BATON_ASSIGN_OR_RETURN(const std::string path, InDir(dir, "model.safetensors.index.json", roots));
-  absl::StatusOr<std::string> text = ReadFile(
-      path, {.what = "init.from_hf index", .max_bytes = kMaxJsonBytes, .regular_only = true});
-  if (!text.ok()) return text.status();
-  BATON_ASSIGN_OR_RETURN(const Struct json, ParseHfConfig(*text, sharded));
-  const Value* map = Find(json, "weight_map");
-  if (map == nullptr || map->kind_case() != Value::kStructValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kField, ": ", sharded, " has no \"weight_map\" object"));
-  }
-  for (const auto& [name, file] : map->struct_value().fields()) {
-    if (file.kind_case() != Value::kStringValue || !PlainFileName(file.string_value())) {
-      return absl::InvalidArgumentError(absl::StrCat(kField, ": ", sharded, ": weight_map[\"",
-                                                     EchoInput(name),
-                                                     "\"] is ", Show(&file),
-                                                     ", not a file name in the model directory"));
+// The tensors of a model directory: model.safetensors, or the shards
+// model.safetensors.index.json names, each opened (its header read and checked) when first
+// needed. Not thread-safe.
+class HfFiles {
+ public:
+  static absl::StatusOr<HfFiles> Open(const std::string& dir,
+                                      const std::vector<std::string>& roots) {
+    HfFiles f;
+    f.dir_ = dir;
+    f.roots_ = roots;
+    const std::string single = (fs::path(dir) / "model.safetensors").string();
+    const std::string sharded = (fs::path(dir) / "model.safetensors.index.json").string();
+    std::error_code ec;
+    if (fs::exists(single, ec)) {
+      f.described_ = EchoInput(single);
+      BATON_ASSIGN_OR_RETURN(Shard * shard, f.ShardOf("model.safetensors"));
+      for (const auto& [name, e] : shard->header().tensors) f.file_of_[name] = "model.safetensors";
+      return f;
     }
-    index.file_of[name] = file.string_value();
+    if (!fs::exists(sharded, ec)) {
+      return absl::NotFoundError(absl::StrCat(kField, ": ", dir,
+                                              " has neither model.safetensors nor "
+                                              "model.safetensors.index.json"));
+    }
+    f.described_ = EchoInput(sharded);
+    BATON_ASSIGN_OR_RETURN(const std::string path,
+                           InDir(dir, "model.safetensors.index.json", roots));
+    absl::StatusOr<std::string> text = ReadFile(
+        path, {.what = "init.from_hf index", .max_bytes = kMaxJsonBytes, .regular_only = true});
+    if (!text.ok()) return text.status();
+    BATON_ASSIGN_OR_RETURN(const Struct json, ParseHfConfig(*text, sharded));
+    const Value* map = Find(json, "weight_map");
+    if (map == nullptr || map->kind_case() != Value::kStructValue) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kField, ": ", sharded, " has no \"weight_map\" object"));
+    }
+    for (const auto& [name, file] : map->struct_value().fields()) {
+      if (file.kind_case() != Value::kStringValue || !PlainFileName(file.string_value())) {
+        return absl::InvalidArgumentError(absl::StrCat(kField, ": ", sharded, ": weight_map[\"",
+                                                       EchoInput(name), "\"] is ", Show(&file),
+                                                       ", not a file name in the model directory"));
+      }
+      f.file_of_[name] = file.string_value();
+    }
+    return f;
   }
-  return index;
-}
+
+  // The shard holding `part` (as named, or without GPT-2's "transformer." prefix, as old hub
+  // files name it) and its name there, its entry checked against the part's shape and a
+  // readable dtype. `for_param` is the baton parameter, for errors.
+  absl::StatusOr<std::pair<Shard*, std::string>> Locate(const HfPart& part,
+                                                        const std::string& for_param) {
+    std::string name = part.name;
+    auto found = file_of_.find(name);
+    if (found == file_of_.end() && absl::StartsWith(name, "transformer.")) {
+      found = file_of_.find(name.substr(12));
+      if (found != file_of_.end()) name = name.substr(12);
+    }
+    if (found == file_of_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kField, ": tensor ", part.name, " (for baton's ", for_param, ", want ",
+                       ShapeString(part.shape), ") is not in ", described_));
+    }
+    BATON_ASSIGN_OR_RETURN(Shard * shard, ShardOf(found->second));
+    const auto entry = shard->header().tensors.find(name);
+    if (entry == shard->header().tensors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " is not in ",
+                                                     shard->path(), " (", described_,
+                                                     " says it is)"));
+    }
+    const SafetensorsEntry& e = entry->second;
+    if (e.shape != part.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kField, ": tensor ", name, " in ", shard->path(), " is ", e.file_dtype,
+                       ShapeString(e.shape), "; baton's ", for_param, " wants ",
+                       ShapeString(part.shape), " from config.json"));
+    }
+    if (e.dtype != DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " in ",
+                                                     shard->path(), " has dtype ", e.file_dtype,
+                                                     "; want F32, F16 or BF16"));
+    }
+    return std::make_pair(shard, name);
+  }
+
+  // Locate, then the tensor's values as a float32 host tensor.
+  absl::StatusOr<Tensor> Read(const HfPart& part, const std::string& for_param) {
+    BATON_ASSIGN_OR_RETURN(const auto located, Locate(part, for_param));
+    return located.first->ReadFloat(located.second);
+  }
+
+ private:
+  HfFiles() = default;
+
+  absl::StatusOr<Shard*> ShardOf(const std::string& file) {
+    std::unique_ptr<Shard>& shard = shards_[file];
+    if (shard == nullptr) {
+      BATON_ASSIGN_OR_RETURN(const std::string path, InDir(dir_, file, roots_));
+      BATON_ASSIGN_OR_RETURN(shard, Shard::Open(path));
+    }
+    return shard.get();
+  }
+
+  std::string dir_;
+  std::vector<std::string> roots_;
+  std::string described_;  // "DIR/model.safetensors" or "DIR/model.safetensors.index.json"
+  std::map<std::string, std::string> file_of_;            // file name (in dir_) by tensor name
+  std::map<std::string, std::unique_ptr<Shard>> shards_;  // by file name
+};
 
 // The directory spec.init().from_hf names, confined to the roots.
 absl::StatusOr<std::string> HfDir(const std::string& from_hf,
@@ -530,8 +601,22 @@ absl::StatusOr<Struct> ParseHfConfig(const std::string& json, const std::string&
   opts.ignore_unknown_fields = true;
   const auto st = google::protobuf::util::JsonStringToMessage(json, &out, opts);
   if (!st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " is not a JSON object: ", EchoInput(st.ToString(), 2 * kMaxEchoBytes)));
+    // protobuf's message is a description, then the input around the error and a caret
+    // line: the description alone, and where text that is not UTF-8 goes wrong.
+    for (size_t i = 0; i < json.size();) {
+      const unsigned char c = static_cast<unsigned char>(json[i]);
+      const size_t n =
+          c < 0x80 ? 1 : log_text_internal::Utf8SequenceLength(absl::string_view(json).substr(i));
+      if (n == 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s is not a JSON object: byte %d (0x%02X) is not UTF-8 text", where, i, c));
+      }
+      i += n;
+    }
+    const std::string message(st.message());
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is not a JSON object: ",
+                     EchoInput(message.substr(0, message.find('\n')), 2 * kMaxEchoBytes)));
   }
   return out;
 }
@@ -553,6 +638,18 @@ absl::StatusOr<baton::v1::ModelSpec> ModelSpecFromHfConfig(const Struct& config)
   return Refuse("model_type", type, "baton reads \"gpt2\" and \"llama\" models");
 }
 
+namespace {
+
+// The spec's model family, for messages.
+std::string SpecFamily(const baton::v1::ModelSpec& spec) {
+  if (spec.has_gpt()) return "model.gpt";
+  if (spec.has_llama()) return "model.llama";
+  if (spec.has_mlp()) return "model.mlp";
+  return "not set";
+}
+
+}  // namespace
+
 absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& config) {
   BATON_ASSIGN_OR_RETURN(const baton::v1::ModelSpec hf, ModelSpecFromHfConfig(config));
   struct Field {
@@ -567,7 +664,8 @@ absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& 
   if (hf.has_gpt()) {
     if (!spec.has_gpt()) {
       return absl::InvalidArgumentError(
-          "the model is not model.gpt but config.json model_type is \"gpt2\"");
+          absl::StrCat("config.json model_type is \"gpt2\", a GPT-2, but the spec's model is ",
+                       SpecFamily(spec), "; a GPT-2 loads into model.gpt"));
     }
     family = "model.gpt.";
     const baton::v1::GptSpec& s = spec.gpt();
@@ -582,7 +680,8 @@ absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& 
   } else {
     if (!spec.has_llama()) {
       return absl::InvalidArgumentError(
-          "the model is not model.llama but config.json model_type is \"llama\"");
+          absl::StrCat("config.json model_type is \"llama\", a LLaMA, but the spec's model is ",
+                       SpecFamily(spec), "; a LLaMA loads into model.llama"));
     }
     family = "model.llama.";
     const baton::v1::LlamaSpec& s = spec.llama();
@@ -609,7 +708,9 @@ absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& 
     if (ok) continue;
     const bool boolean = absl::StrContains(f.key, "tie_");
     auto show = [&](double v) {
-      return boolean ? std::string(v != 0 ? "true" : "false") : absl::StrFormat("%.9g", v);
+      if (boolean) return std::string(v != 0 ? "true" : "false");
+      // Floats (epsilons, rope_theta) as their shortest text: 1e-05, not 9.99999975e-06.
+      return absl::StrFormat("%.9g", v == std::floor(v) ? v : ShortestDouble(float(v)));
     };
     return absl::InvalidArgumentError(absl::StrCat(
         family, f.spec_field, " is ", show(f.spec_value), " but config.json ", f.key, " is ",
@@ -618,9 +719,39 @@ absl::Status CheckSpecAgainstHf(const baton::v1::ModelSpec& spec, const Struct& 
   return absl::OkStatus();
 }
 
-absl::Status CheckHfModelAtSubmit(const std::string& from_hf,
+namespace {
+
+// A model directory's config.json, checked against the model, and the mapping of the model's
+// parameters onto its tensors.
+struct HfModel {
+  Struct config;
+  int64_t positions = 0;                 // config.json n_positions or max_position_embeddings
+  std::map<std::string, HfParam> table;  // by baton name
+};
+
+absl::StatusOr<HfModel> ReadHfModel(const baton::v1::ModelSpec& model, const std::string& dir,
+                                    const std::vector<std::string>& roots) {
+  BATON_ASSIGN_OR_RETURN(const std::string config_path, InDir(dir, "config.json", roots));
+  absl::StatusOr<std::string> text =
+      ReadFile(config_path,
+               {.what = "init.from_hf config", .max_bytes = kMaxJsonBytes, .regular_only = true});
+  if (!text.ok()) return text.status();
+  HfModel out;
+  BATON_ASSIGN_OR_RETURN(out.config, ParseHfConfig(*text, config_path));
+  if (absl::Status s = CheckSpecAgainstHf(model, out.config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(kField, ": ", s.message()));
+  }
+  BATON_ASSIGN_OR_RETURN(const baton::v1::ModelSpec hf, ModelSpecFromHfConfig(out.config));
+  out.positions = hf.has_gpt() ? hf.gpt().context() : hf.llama().context();
+  for (HfParam& p : HfTable(model, out.positions)) out.table.emplace(p.baton, std::move(p));
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckHfModelAtSubmit(const baton::v1::JobSpec& spec,
                                   const std::vector<std::string>& data_roots) {
-  BATON_ASSIGN_OR_RETURN(const std::string dir, HfDir(from_hf, data_roots));
+  BATON_ASSIGN_OR_RETURN(const std::string dir, HfDir(spec.init().from_hf(), data_roots));
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) return absl::OkStatus();  // the workers' to find
   if (!S_ISDIR(st.st_mode)) {
@@ -636,6 +767,16 @@ absl::Status CheckHfModelAtSubmit(const std::string& from_hf,
     BATON_RETURN_IF_ERROR(
         CheckDataFileAtSubmit((fs::path(dir) / file).string(), kField, max_bytes));
   }
+  // The directory is here: what the workers would refuse is refused now. config.json
+  // against the model, then every tensor the model maps: present, its shape, its dtype,
+  // within its file (each header read, no tensor data).
+  BATON_ASSIGN_OR_RETURN(HfModel hf, ReadHfModel(spec.model(), dir, data_roots));
+  BATON_ASSIGN_OR_RETURN(HfFiles files_here, HfFiles::Open(dir, data_roots));
+  for (const auto& [name, p] : hf.table) {
+    for (const HfPart& part : p.parts) {
+      BATON_RETURN_IF_ERROR(files_here.Locate(part, name).status());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -643,26 +784,12 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
                            const std::vector<std::string>& data_roots, int first_block,
                            Sequential* blocks) {
   BATON_ASSIGN_OR_RETURN(const std::string dir, HfDir(spec.init().from_hf(), data_roots));
-  BATON_ASSIGN_OR_RETURN(const std::string config_path, InDir(dir, "config.json", data_roots));
-  absl::StatusOr<std::string> text =
-      ReadFile(config_path,
-               {.what = "init.from_hf config", .max_bytes = kMaxJsonBytes, .regular_only = true});
-  if (!text.ok()) return text.status();
-  BATON_ASSIGN_OR_RETURN(const Struct config, ParseHfConfig(*text, config_path));
-  if (absl::Status s = CheckSpecAgainstHf(spec.model(), config); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(kField, ": ", s.message()));
-  }
-  BATON_ASSIGN_OR_RETURN(const baton::v1::ModelSpec hf, ModelSpecFromHfConfig(config));
-  const int64_t positions = hf.has_gpt() ? hf.gpt().context() : hf.llama().context();
-  std::map<std::string, HfParam> table;
-  for (HfParam& p : HfTable(spec.model(), positions)) table.emplace(p.baton, std::move(p));
-
-  std::map<std::string, std::unique_ptr<Shard>> shards;  // by file name
-  BATON_ASSIGN_OR_RETURN(const TensorIndex index, ReadTensorIndex(dir, data_roots, &shards));
+  BATON_ASSIGN_OR_RETURN(const HfModel hf, ReadHfModel(spec.model(), dir, data_roots));
+  BATON_ASSIGN_OR_RETURN(HfFiles files, HfFiles::Open(dir, data_roots));
   const std::string where_block = absl::StrCat(" (model blocks from ", first_block, ")");
   for (Parameter* param : blocks->Parameters()) {
-    const auto it = table.find(param->name);
-    if (it == table.end()) {
+    const auto it = hf.table.find(param->name);
+    if (it == hf.table.end()) {
       return absl::InvalidArgumentError(absl::StrCat(kField, ": baton parameter ", param->name,
                                                      where_block,
                                                      " has no Hugging Face counterpart"));
@@ -677,36 +804,7 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
     int64_t row = 0;
     const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
     for (const HfPart& part : p.parts) {
-      std::string name = part.name;
-      auto found = index.file_of.find(name);
-      // Old hub GPT-2 files name the tensors without the "transformer." prefix.
-      if (found == index.file_of.end() && absl::StartsWith(name, "transformer.")) {
-        found = index.file_of.find(name.substr(12));
-        if (found != index.file_of.end()) name = name.substr(12);
-      }
-      if (found == index.file_of.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(kField, ": tensor ", part.name, " (for baton's ", param->name, ", want ",
-                         ShapeString(part.shape), ") is not in ", index.described));
-      }
-      std::unique_ptr<Shard>& shard = shards[found->second];
-      if (shard == nullptr) {
-        BATON_ASSIGN_OR_RETURN(const std::string path, InDir(dir, found->second, data_roots));
-        BATON_ASSIGN_OR_RETURN(shard, Shard::Open(path));
-      }
-      if (!shard->header().tensors.contains(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " is not in ",
-                                                       shard->path(), " (", index.described,
-                                                       " says it is)"));
-      }
-      const SafetensorsEntry& e = shard->header().tensors.at(name);
-      if (e.shape != part.shape) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(kField, ": tensor ", name, " in ", shard->path(), " is ", e.file_dtype,
-                         ShapeString(e.shape), "; baton's ", param->name, " wants ",
-                         ShapeString(part.shape), " from config.json"));
-      }
-      BATON_ASSIGN_OR_RETURN(const Tensor t, shard->ReadFloat(name));
+      BATON_ASSIGN_OR_RETURN(const Tensor t, files.Read(part, param->name));
       const float* src = t.f32();
       const auto [rows, part_cols] = BatonRowsCols(part, p.rows);
       if (part_cols != cols || row + rows > (p.shape.empty() ? 0 : p.shape[0])) {
@@ -733,7 +831,14 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType dtype) {
+absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType dtype,
+                                         const Struct* imported) {
+  int64_t positions = spec.has_gpt() ? spec.gpt().context() : spec.llama().context();
+  if (imported != nullptr) {
+    BATON_RETURN_IF_ERROR(CheckSpecAgainstHf(spec, *imported));
+    BATON_ASSIGN_OR_RETURN(const baton::v1::ModelSpec hf, ModelSpecFromHfConfig(*imported));
+    positions = hf.has_gpt() ? hf.gpt().context() : hf.llama().context();
+  }
   Struct c;
   auto& f = *c.mutable_fields();
   auto num = [&](const char* k, double v) { f[k].set_number_value(v); };
@@ -748,8 +853,8 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType
     arch("GPT2LMHeadModel");
     str("model_type", "gpt2");
     num("vocab_size", g.vocab_size());
-    num("n_positions", g.context());
-    num("n_ctx", g.context());
+    num("n_positions", static_cast<double>(positions));
+    num("n_ctx", static_cast<double>(positions));
     num("n_embd", g.d_model());
     num("n_head", g.heads());
     num("n_layer", g.layers());
@@ -771,7 +876,7 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType
     arch("LlamaForCausalLM");
     str("model_type", "llama");
     num("vocab_size", l.vocab_size());
-    num("max_position_embeddings", l.context());
+    num("max_position_embeddings", static_cast<double>(positions));
     num("hidden_size", l.d_model());
     num("num_attention_heads", l.heads());
     num("num_key_value_heads", l.kv_heads() > 0 ? l.kv_heads() : l.heads());
@@ -802,6 +907,26 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType
   str("torch_dtype", type);
   str("dtype", type);
   boolean("use_cache", true);
+  if (imported != nullptr) {
+    // Keys baton does not write (token ids, task settings, ...) are the import's; so are
+    // those that do not change what the model computes (dropout, initialization). The
+    // rest (dimensions, norms, rotary, dtype) are baton's, equal to the import's where
+    // CheckSpecAgainstHf compared them.
+    static constexpr const char* kImportsOwn[] = {"n_ctx",
+                                                  "resid_pdrop",
+                                                  "embd_pdrop",
+                                                  "attn_pdrop",
+                                                  "summary_first_dropout",
+                                                  "attention_dropout",
+                                                  "initializer_range",
+                                                  "pretraining_tp",
+                                                  "use_cache"};
+    for (const auto& [key, value] : imported->fields()) {
+      const bool imports_own =
+          std::find(std::begin(kImportsOwn), std::end(kImportsOwn), key) != std::end(kImportsOwn);
+      if (imports_own || f.find(key) == f.end()) f[key] = value;
+    }
+  }
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;
   opts.add_whitespace = true;
@@ -812,16 +937,31 @@ absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec, DType
 
 absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
                           const std::map<std::string, const Tensor*>& params_by_baton_name,
-                          const std::string& dir, DType dtype) {
+                          const std::string& dir, const HfExportOptions& options) {
+  const DType dtype = options.dtype;
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError(
         absl::StrCat("hf export: weights are written as f32 or bf16, not ", DTypeName(dtype)));
   }
-  BATON_ASSIGN_OR_RETURN(const std::string config, HfConfigJson(spec, dtype));
-  const int64_t context = spec.has_gpt() ? spec.gpt().context() : spec.llama().context();
+  int64_t positions = spec.has_gpt() ? spec.gpt().context() : spec.llama().context();
+  std::optional<HfModel> base;
+  std::optional<HfFiles> base_files;
+  if (!options.base_dir.empty()) {
+    absl::StatusOr<HfModel> read = ReadHfModel(spec, options.base_dir, {});
+    if (!read.ok()) {
+      return absl::Status(read.status().code(),
+                          absl::StrCat("hf export: the base model ", options.base_dir, ": ",
+                                       read.status().message()));
+    }
+    base = *std::move(read);
+    positions = base->positions;
+    BATON_ASSIGN_OR_RETURN(base_files, HfFiles::Open(options.base_dir, {}));
+  }
+  BATON_ASSIGN_OR_RETURN(const std::string config,
+                         HfConfigJson(spec, dtype, base ? &base->config : nullptr));
   std::vector<Tensor> tensors;  // kept alive for `named`
   std::vector<std::string> names;
-  for (const HfParam& p : HfTable(spec, context)) {
+  for (const HfParam& p : HfTable(spec, positions)) {
     if (!p.write) continue;
     const auto it = params_by_baton_name.find(p.baton);
     if (it == params_by_baton_name.end() || it->second == nullptr || !it->second->defined()) {
@@ -850,6 +990,13 @@ absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
       } else {
         std::memcpy(dst, src, static_cast<size_t>(rows * part_cols) * sizeof(float));
       }
+      if (!part.transpose && rows < part.shape[0]) {
+        // GPT-2's position rows past the context: baton never trained them, so they are
+        // the imported ones (HfTable gives the part more rows only with a base).
+        BATON_ASSIGN_OR_RETURN(const Tensor imported, base_files->Read(part, p.baton));
+        std::memcpy(dst + rows * part_cols, imported.f32() + rows * part_cols,
+                    static_cast<size_t>((part.shape[0] - rows) * part_cols) * sizeof(float));
+      }
       row += rows;
       if (dtype == DType::kBFloat16) {
         Tensor b = Tensor::Empty(t.shape(), DType::kBFloat16);
@@ -863,11 +1010,28 @@ absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
   std::vector<NamedTensor> named;
   for (size_t i = 0; i < tensors.size(); ++i) named.push_back({names[i], &tensors[i]});
   BATON_ASSIGN_OR_RETURN(const std::string file, EncodeSafetensors(named, {{"format", "pt"}}));
+  // The base's files that are not weights, byte for byte.
+  std::vector<std::pair<std::string, std::string>> carried;  // name, bytes
+  if (base) {
+    for (const char* name : kHfCarriedFiles) {
+      const std::string from = (fs::path(options.base_dir) / name).string();
+      std::error_code ec;
+      if (!fs::exists(from, ec)) continue;
+      absl::StatusOr<std::string> bytes = ReadFile(from, {.what = "hf export: the base model's",
+                                                          .max_bytes = kMaxJsonBytes,
+                                                          .regular_only = true});
+      if (!bytes.ok()) return bytes.status();
+      carried.emplace_back(name, *std::move(bytes));
+    }
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat("hf export: cannot create ", dir, ": ", ec.message()));
+  }
+  for (const auto& [name, bytes] : carried) {
+    BATON_RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / name).string(), bytes));
   }
   BATON_RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / "config.json").string(), config));
   return WriteFileAtomically((fs::path(dir) / "model.safetensors").string(), file);

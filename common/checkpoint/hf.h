@@ -9,7 +9,8 @@
 // The mapping, one table in hf.cc (HfTable), baton name <- Hugging Face name(s):
 //   GPT-2 (the "transformer." prefix is optional on read and written on export)
 //     embed.token [V,C]              <- wte.weight [V,C]
-//     embed.position [T,C]           <- wpe.weight [n_positions,C], rows 0..T-1
+//     embed.position [T,C]           <- wpe.weight [n_positions,C], rows 0..T-1 (an export
+//                                       with a base keeps the rest: HfExportOptions)
 //     block.i.ln1.{weight,bias}      <- h.i.ln_1.{weight,bias}
 //     block.i.attn.qkv.weight [3C,C] <- h.i.attn.c_attn.weight [C,3C] transposed (Conv1D)
 //     block.i.attn.qkv.bias          <- h.i.attn.c_attn.bias
@@ -101,30 +102,53 @@ absl::Status LoadHfWeights(const baton::v1::JobSpec& spec,
 
 // The submit-time check of init.from_hf on a service that may see the workers' files (the
 // coordinator): the directory is found as LoadHfWeights finds it (and confined to
-// `data_roots` alike). When it exists here it must be a directory, and those of its
-// config.json, model.safetensors and model.safetensors.index.json that exist regular files,
-// the JSON ones of at most the 64 MiB LoadHfWeights reads (CheckDataFileAtSubmit; errors
-// name init.from_hf). A directory this host does not have is left to the workers.
-absl::Status CheckHfModelAtSubmit(const std::string& from_hf,
+// `data_roots` alike). A directory this host does not have is left to the workers. One it
+// has must be a directory whose config.json, model.safetensors and
+// model.safetensors.index.json, those that exist, are regular files, the JSON ones of at most
+// the 64 MiB LoadHfWeights reads (CheckDataFileAtSubmit); then everything LoadHfWeights
+// would refuse short of the tensors' values is refused now: config.json against
+// spec.model() (CheckSpecAgainstHf), every safetensors header (a truncated file says so),
+// and every tensor the model maps (present, its shape, a readable dtype). Errors name
+// init.from_hf.
+absl::Status CheckHfModelAtSubmit(const baton::v1::JobSpec& spec,
                                   const std::vector<std::string>& data_roots);
 
 // The config.json text for a (validated) gpt or llama model: what transformers'
 // from_pretrained needs (architectures, model_type, dimensions, n_positions /
-// max_position_embeddings = context, tie_word_embeddings, torch_dtype float32, the norm
-// epsilon, rope_theta, the activation). INVALID_ARGUMENT for an mlp model.
+// max_position_embeddings = context, tie_word_embeddings, dtype and torch_dtype (`dtype`'s
+// name), the norm epsilon, rope_theta, the activation). With `imported` (the config.json
+// the model was initialized from, which must be its model: CheckSpecAgainstHf), the
+// positions are the imported ones, and so are every key baton does not write (bos_token_id,
+// eos_token_id, ...) and those that do not change what the model computes (dropout,
+// initializer_range, use_cache). INVALID_ARGUMENT for an mlp model.
 absl::StatusOr<std::string> HfConfigJson(const baton::v1::ModelSpec& spec,
-                                         DType dtype = DType::kFloat32);
+                                         DType dtype = DType::kFloat32,
+                                         const google::protobuf::Struct* imported = nullptr);
 
-// Writes dir/config.json and dir/model.safetensors (float32, or bfloat16 when `dtype` is
-// kBFloat16: each weight rounded to nearest even, torch_dtype "bfloat16"; Hugging Face names; a tied
-// model without lm_head.weight, as transformers saves it), each atomically (a temporary
-// file, then rename); creates `dir` if needed. `params_by_baton_name` must hold every
-// parameter of the model by its baton name (on any device; the tied head's copy may be
-// absent). INVALID_ARGUMENT naming a missing or misshapen parameter; file errors name the
+// What WriteHfModel writes besides the weights it is given.
+struct HfExportOptions {
+  // f32, or bf16: each weight rounded to nearest even, config.json's dtype "bfloat16".
+  DType dtype = DType::kFloat32;
+  // The Hugging Face model directory the model was initialized from (init.from_hf), as a
+  // path here; empty: none. The export then loses nothing of it that baton did not train:
+  // GPT-2's position rows past the context (wpe keeps all n_positions rows, the first
+  // `context` trained, the rest as imported), the imported context and config.json's other
+  // keys (HfConfigJson's `imported`), and its generation_config.json and tokenizer files
+  // (tokenizer.json, tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
+  // tokenizer.model, added_tokens.json, chat_template.jinja), copied byte for byte.
+  std::string base_dir;
+};
+
+// Writes dir/config.json and dir/model.safetensors (Hugging Face names; a tied model
+// without lm_head.weight, as transformers saves it), and the base's files
+// (HfExportOptions), each atomically (a temporary file, then rename); creates `dir` if
+// needed. `params_by_baton_name` must hold every parameter of the model by its baton name
+// (on any device; the tied head's copy may be absent). INVALID_ARGUMENT naming a missing or
+// misshapen parameter, or a base that is not the model's (naming it); file errors name the
 // file.
 absl::Status WriteHfModel(const baton::v1::ModelSpec& spec,
                           const std::map<std::string, const Tensor*>& params_by_baton_name,
-                          const std::string& dir, DType dtype = DType::kFloat32);
+                          const std::string& dir, const HfExportOptions& options = {});
 
 }  // namespace baton
 

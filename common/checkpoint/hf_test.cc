@@ -16,7 +16,9 @@
 #include "common/checkpoint/checkpoint.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/core/file.h"
+#include "common/core/log_text.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -285,7 +287,7 @@ TEST_F(HfTest, TheConfigNamesTheTensorsDtypeUnderBothKeys) {
     for (const auto& [dtype, name, safetensors] :
          {std::tuple{DType::kFloat32, "float32", "F32"},
           std::tuple{DType::kBFloat16, "bfloat16", "BF16"}}) {
-      ASSERT_TRUE(WriteHfModel(spec, ByName(*src), (dir_ / "m").string(), dtype).ok());
+      ASSERT_TRUE(WriteHfModel(spec, ByName(*src), (dir_ / "m").string(), {.dtype = dtype}).ok());
       const std::string config = Config("m");
       EXPECT_THAT(config, HasSubstr(absl::StrCat("\"dtype\": \"", name, "\"")));
       EXPECT_THAT(config, HasSubstr(absl::StrCat("\"torch_dtype\": \"", name, "\"")));
@@ -627,6 +629,203 @@ TEST(HfConfig, RefusalsQuoteTheFileBoundedAndEscaped) {
   (*config->mutable_fields())["model_type"].set_string_value("gpt\x1b[2J");
   s = ModelSpecFromHfConfig(*config).status();
   EXPECT_THAT(s.message(), HasSubstr("config.json model_type is \"gpt\\x1b[2J\""));
+}
+
+// An export with its base (the directory the model was initialized from) keeps what baton
+// did not train: GPT-2's position rows past the context, the imported context and config
+// keys, generation_config.json and the tokenizer files. Without one it writes the trained
+// model alone; a base that is not the model's is refused, naming it.
+TEST_F(HfTest, AnExportWithItsBaseKeepsThePositionsTheConfigAndTheTokenizer) {
+  const baton::v1::ModelSpec imported = Gpt(true);  // n_positions 6
+  auto src = Written(imported, "base");
+  google::protobuf::Struct config = *ParseHfConfig(Config("base"));
+  auto& f = *config.mutable_fields();
+  f["bos_token_id"].set_number_value(3);
+  f["eos_token_id"].set_number_value(4);
+  f["resid_pdrop"].set_number_value(0.1);
+  f["transformers_version"].set_string_value("5.0.0");
+  std::string text;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(config, &text).ok());
+  SetConfig("base", text);
+  const std::string generation = "{\"bos_token_id\": 3, \"eos_token_id\": 4}\n";
+  const std::string tokenizer = "{\"model\": {\"type\": \"BPE\"}, \"x\": \"\xc3\xa9\"}";
+  ASSERT_TRUE(
+      WriteFileAtomically((dir_ / "base" / "generation_config.json").string(), generation).ok());
+  ASSERT_TRUE(WriteFileAtomically((dir_ / "base" / "tokenizer.json").string(), tokenizer).ok());
+
+  baton::v1::ModelSpec spec = imported;
+  spec.mutable_gpt()->set_context(4);  // fine-tuned at a shorter context
+  auto model = Bags(spec, 0, -1, 0);
+  ASSERT_TRUE(Load(spec, "base", 0, model.get()).ok());
+  for (Parameter* p : model->Parameters()) {  // "training" moves every weight
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += 1.0f;
+  }
+  absl::Status s = WriteHfModel(spec, ByName(*model), (dir_ / "out").string(),
+                                {.base_dir = (dir_ / "base").string()});
+  ASSERT_TRUE(s.ok()) << s;
+  Safetensors out = ReadFile("out");
+  absl::StatusOr<Tensor> wpe =
+      EntryToTensor(out.tensors.at("transformer.wpe.weight"), Device::kCpu);
+  ASSERT_TRUE(wpe.ok());
+  ASSERT_EQ(wpe->shape(), (Shape{6, 8}));
+  const float* trained = ByName(*model).at("embed.position")->f32();
+  const float* as_imported = ByName(*src).at("embed.position")->f32();
+  EXPECT_EQ(std::memcmp(wpe->f32(), trained, 4 * 8 * sizeof(float)), 0);  // rows 0..3
+  EXPECT_EQ(std::memcmp(wpe->f32() + 4 * 8, as_imported + 4 * 8, 2 * 8 * sizeof(float)), 0);
+  google::protobuf::Struct written = *ParseHfConfig(Config("out"));
+  const auto& w = written.fields();
+  EXPECT_EQ(w.at("n_positions").number_value(), 6);
+  EXPECT_EQ(w.at("n_ctx").number_value(), 6);
+  EXPECT_EQ(w.at("bos_token_id").number_value(), 3);
+  EXPECT_EQ(w.at("eos_token_id").number_value(), 4);
+  EXPECT_EQ(w.at("resid_pdrop").number_value(), 0.1);
+  EXPECT_EQ(w.at("transformers_version").string_value(), "5.0.0");
+  EXPECT_EQ(w.at("dtype").string_value(), "float32");
+  EXPECT_EQ(*baton::ReadFile((dir_ / "out" / "generation_config.json").string()), generation);
+  EXPECT_EQ(*baton::ReadFile((dir_ / "out" / "tokenizer.json").string()), tokenizer);
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "merges.txt"));  // the base has none
+  // Loaded back at the full context, the model is the trained one with the imported rows.
+  auto again = Bags(imported, 0, -1, 0);
+  ASSERT_TRUE(Load(imported, "out", 0, again.get()).ok());
+
+  // Without a base: the trained model alone.
+  ASSERT_TRUE(WriteHfModel(spec, ByName(*model), (dir_ / "alone").string()).ok());
+  EXPECT_EQ(ReadFile("alone").tensors.at("transformer.wpe.weight").shape, (Shape{4, 8}));
+  written = *ParseHfConfig(Config("alone"));
+  EXPECT_EQ(written.fields().at("n_positions").number_value(), 4);
+  EXPECT_FALSE(written.fields().contains("bos_token_id"));
+  EXPECT_FALSE(fs::exists(dir_ / "alone" / "tokenizer.json"));
+
+  // A base that is not the model's.
+  baton::v1::ModelSpec other = Gpt(true);
+  other.mutable_gpt()->set_vocab_size(12);
+  Written(other, "other");
+  s = WriteHfModel(spec, ByName(*model), (dir_ / "refused").string(),
+                   {.base_dir = (dir_ / "other").string()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the base model " + (dir_ / "other").string()));
+  EXPECT_THAT(s.message(),
+              HasSubstr("model.gpt.vocab_size is 11 but config.json vocab_size is 12"));
+  EXPECT_FALSE(fs::exists(dir_ / "refused"));
+}
+
+// A LLaMA exported with its base keeps the imported max_position_embeddings.
+TEST_F(HfTest, ALlamaExportedWithItsBaseKeepsItsContext) {
+  const baton::v1::ModelSpec imported = Llama();  // max_position_embeddings 8
+  Written(imported, "base");
+  baton::v1::ModelSpec spec = imported;
+  spec.mutable_llama()->set_context(4);
+  auto model = Bags(spec, 0, -1, 0);
+  ASSERT_TRUE(Load(spec, "base", 0, model.get()).ok());
+  ASSERT_TRUE(WriteHfModel(spec, ByName(*model), (dir_ / "out").string(),
+                           {.base_dir = (dir_ / "base").string()})
+                  .ok());
+  EXPECT_EQ(ParseHfConfig(Config("out"))->fields().at("max_position_embeddings").number_value(), 8);
+  ASSERT_TRUE(WriteHfModel(spec, ByName(*model), (dir_ / "alone").string()).ok());
+  EXPECT_EQ(ParseHfConfig(Config("alone"))->fields().at("max_position_embeddings").number_value(),
+            4);
+}
+
+// The coordinator's submit check refuses, when it sees the directory, what every worker
+// would refuse a second later: the wrong model, another architecture, a truncated file, a
+// missing tensor. A directory it does not see is the workers' to find.
+TEST_F(HfTest, TheSubmitCheckRefusesWhatTheWorkersWould) {
+  const baton::v1::ModelSpec spec = Gpt(false);
+  Written(spec, "gpt");
+  auto job_for = [&](const std::string& name, const baton::v1::ModelSpec& model) {
+    baton::v1::JobSpec job;
+    *job.mutable_model() = model;
+    job.mutable_init()->set_from_hf((dir_ / name).string());
+    return job;
+  };
+  EXPECT_TRUE(CheckHfModelAtSubmit(job_for("gpt", spec), {}).ok());
+  EXPECT_TRUE(CheckHfModelAtSubmit(job_for("elsewhere", spec), {}).ok());
+
+  baton::v1::ModelSpec wrong = spec;
+  wrong.mutable_gpt()->set_vocab_size(12);
+  absl::Status s = CheckHfModelAtSubmit(job_for("gpt", wrong), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "init.from_hf: model.gpt.vocab_size is 12 but config.json vocab_size is 11");
+
+  fs::create_directories(dir_ / "qwen");
+  fs::copy_file(dir_ / "gpt" / "model.safetensors", dir_ / "qwen" / "model.safetensors");
+  SetConfig("qwen", R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})");
+  s = CheckHfModelAtSubmit(job_for("qwen", spec), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("init.from_hf: config.json model_type is \"qwen2\""));
+
+  fs::create_directories(dir_ / "cut");
+  fs::copy_file(dir_ / "gpt" / "config.json", dir_ / "cut" / "config.json");
+  fs::copy_file(dir_ / "gpt" / "model.safetensors", dir_ / "cut" / "model.safetensors");
+  fs::resize_file(dir_ / "cut" / "model.safetensors",
+                  fs::file_size(dir_ / "cut" / "model.safetensors") - 100);
+  s = CheckHfModelAtSubmit(job_for("cut", spec), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("init.from_hf: " + (dir_ / "cut" / "model.safetensors").string() +
+                        ": safetensors: the file is truncated"))
+      << s.message();
+  // The same words on a worker, naming the same tensor every time.
+  auto blocks = Bags(spec, 0, -1, 0);
+  EXPECT_EQ(Load(spec, "cut", 0, blocks.get()).message(), s.message());
+
+  Rewrite("gpt", [](std::vector<std::pair<std::string, Tensor>>* ts) {
+    std::erase_if(*ts, [](const auto& e) { return e.first == "transformer.h.1.ln_2.bias"; });
+  });
+  s = CheckHfModelAtSubmit(job_for("gpt", spec), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor transformer.h.1.ln_2.bias (for baton's "
+                                     "block.1.ln2.bias, want [8]) is not in"));
+}
+
+// A shard index names files: its names are quoted escaped in every message.
+TEST_F(HfTest, AShardFileNameFromTheIndexIsQuotedEscaped) {
+  const baton::v1::ModelSpec spec = Gpt(true);
+  Written(spec, "gpt");
+  fs::remove(dir_ / "gpt" / "model.safetensors");
+  ASSERT_TRUE(WriteFileAtomically((dir_ / "gpt" / "model.safetensors.index.json").string(),
+                                  R"({"weight_map": {"transformer.wte.weight": "a\nb\u001b[2J"}})")
+                  .ok());
+  auto blocks = Bags(spec, 0, -1, 0);
+  absl::Status s = Load(spec, "gpt", 0, blocks.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("a\\nb\\x1b[2J"));
+  EXPECT_EQ(s.message().find('\n'), absl::string_view::npos) << s.message();
+  EXPECT_EQ(s.message().find('\x1b'), absl::string_view::npos) << s.message();
+}
+
+// Messages read as a user reads them: the family mismatch says what the directory holds and
+// where it loads; floats print as config.json writes them.
+TEST_F(HfTest, MismatchMessagesNameTheFamilyAndPrintFloatsShortest) {
+  Written(Gpt(true), "gpt");
+  const google::protobuf::Struct gpt = *ParseHfConfig(Config("gpt"));
+  EXPECT_EQ(CheckSpecAgainstHf(Llama(), gpt).message(),
+            "config.json model_type is \"gpt2\", a GPT-2, but the spec's model is model.llama; "
+            "a GPT-2 loads into model.gpt");
+  Written(Llama(), "llama");
+  const google::protobuf::Struct llama = *ParseHfConfig(Config("llama"));
+  EXPECT_EQ(CheckSpecAgainstHf(Gpt(true), llama).message(),
+            "config.json model_type is \"llama\", a LLaMA, but the spec's model is model.gpt; "
+            "a LLaMA loads into model.llama");
+  baton::v1::ModelSpec eps = Llama();
+  eps.mutable_llama()->set_rms_norm_eps(1e-6f);
+  EXPECT_EQ(CheckSpecAgainstHf(eps, llama).message(),
+            "model.llama.rms_norm_eps is 1e-06 but config.json rms_norm_eps is 1e-05");
+}
+
+// A config.json or index that is not JSON is refused in one line of valid UTF-8: the bytes
+// escaped, no caret line.
+TEST(HfConfig, ATextThatIsNotJsonIsRefusedInOneEscapedLine) {
+  for (const std::string& text : {std::string("\xff\xfe{\"a\": \x01\x80}\n\n"),
+                                  std::string("{\"vocab_size\": 5,\n  oops\n}")}) {
+    absl::Status s = ParseHfConfig(text, "dir/config.json").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("dir/config.json is not a JSON object"));
+    EXPECT_EQ(s.message().find('\n'), absl::string_view::npos) << s.message();
+    EXPECT_EQ(s.message().find('^'), absl::string_view::npos) << s.message();
+    EXPECT_EQ(s.message().find('\xff'), absl::string_view::npos) << s.message();
+  }
 }
 
 // A model.safetensors whose length field puts its header over the format's 100,000,000

@@ -481,9 +481,11 @@ absl::Status ReadEntry(HeaderReader* r, const std::string& where, uint64_t data_
     }
     numel *= dim;
   }
-  if (end < begin || end > data_bytes) {
-    return Bad(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
-                            "] are not within the ", data_bytes, " data bytes"));
+  // An end past the data is a truncated file, said once every tensor is read
+  // (ParseSafetensorsHeader), naming the first such tensor in the file's layout.
+  if (end < begin) {
+    return Bad(
+        absl::StrCat(where, ": data_offsets [", begin, ", ", end, "] end before they begin"));
   }
   if (end - begin != SafetensorsDataBytes(*e)) {
     return Bad(absl::StrCat(where, ": ", tag, ShapeString(e->shape), " needs ",
@@ -521,6 +523,28 @@ absl::StatusOr<Safetensors> ParseSafetensorsHeader(absl::string_view json, uint6
     if (absl::Status st = r.Expect('}'); !st.ok()) return st;
   }
   if (!r.AtEnd()) return r.Syntax("more after the object");
+  // A tensor whose data lies past the file's end: the file was cut short (a copy or
+  // download that stopped). Named by the layout (the lowest offset), not the header's order.
+  const Tensors::value_type* past = nullptr;
+  for (const auto& [begin, tensor] : starts) {
+    const uint64_t end = begin + SafetensorsDataBytes(tensor->second);
+    if (end <= data_bytes) continue;
+    if (past == nullptr ||
+        std::tie(begin, tensor->first) < std::tie(past->second.offset, past->first)) {
+      past = tensor;
+    }
+  }
+  if (past != nullptr) {
+    uint64_t need = 0;
+    for (const auto& [begin, tensor] : starts) {
+      need = std::max(need, begin + SafetensorsDataBytes(tensor->second));
+    }
+    return Bad(absl::StrCat(
+        "the file is truncated: it holds ", data_bytes, " data bytes but its header places ",
+        starts.size(), " tensors in ", need, " bytes; tensor ", EchoInput(past->first),
+        " (data_offsets [", past->second.offset, ", ",
+        past->second.offset + SafetensorsDataBytes(past->second), "]) is the first past the end"));
+  }
   // By begin, then end, then name: the file's layout (empty tensors by name).
   std::sort(starts.begin(), starts.end(), [](const auto& a, const auto& b) {
     const uint64_t a_end = a.first + SafetensorsDataBytes(a.second->second);

@@ -130,14 +130,13 @@ TEST(Safetensors, ParseRefusesMalformedFilesNamingWhatIsWrong) {
        "tensor t has dtype \"F64\""},
       {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "1234"),
        "needs 8 bytes, data_offsets give 4"},
-      {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", eight),
-       "not within the 8 data bytes"},
+      {File(R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", eight),
+       "the file is truncated: it holds 8 data bytes"},
       {File(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight),
        "not a non-negative integer"},
       {File(R"({"t":{"dtype":"F32","shape":[1.5],"data_offsets":[0,8]}})", eight),
        "not a non-negative integer"},
-      {File(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight),
-       "a hole"},
+      {File(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight), "a hole"},
       {File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
             R"("u":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             eight),
@@ -147,8 +146,7 @@ TEST(Safetensors, ParseRefusesMalformedFilesNamingWhatIsWrong) {
       {File(R"({"t":{"dtype":"F32","shape":[1]}})", eight), "lacks dtype, shape or data_offsets"},
       {File(R"({"__metadata__":{"k":3}})"), "metadata k is not a string"},
       {File(R"({"t":[1,2]})"), "tensor t is not an object"},
-      {File(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-            eight),
+      {File(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", eight),
        "shape too large"},
   };
   for (const Case& c : cases) {
@@ -156,6 +154,23 @@ TEST(Safetensors, ParseRefusesMalformedFilesNamingWhatIsWrong) {
     EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument) << c.error;
     EXPECT_THAT(st.status().message(), HasSubstr(c.error));
   }
+}
+
+// A file cut short says so, and names the first tensor past its end in the file's layout,
+// whatever order the header lists them in (the same tensor every time).
+TEST(Safetensors, ATruncatedFileSaysSoAndNamesTheFirstTensorPastItsEnd) {
+  const std::string header = R"({"z":{"dtype":"F32","shape":[2],"data_offsets":[24,32]},)"
+                             R"("c":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}})";
+  absl::StatusOr<Safetensors> st = ParseSafetensors(File(header, std::string(12, 'x')));
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      st.status().message(),
+      HasSubstr("the file is truncated: it holds 12 data bytes but its header places 4 "
+                "tensors in 32 bytes; tensor c (data_offsets [8, 16]) is the first past the "
+                "end"));
+  EXPECT_TRUE(ParseSafetensors(File(header, std::string(32, 'x'))).ok());
 }
 
 // The length field alone decides: a header over the format's 100,000,000 bytes is refused

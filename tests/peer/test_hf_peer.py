@@ -339,10 +339,104 @@ def test_batonctl_starts_from_hf_and_exports_hf(kind, pipeline, tmp_path):
     want = load_file(str(src / "model.safetensors"))
     got = load_file(str(out / "model.safetensors"))
     for name, t in got.items():
-        w = want[name]
-        if name.endswith("wpe.weight"):
-            w = w[:T]  # the spec's context is shorter than n_positions
-        assert torch.equal(t, w), f"{kind}: {name} changed"
+        # wpe too: every imported row, though the spec's context is shorter than n_positions
+        assert torch.equal(t, want[name]), f"{kind}: {name} changed"
     assert {n for n in want if not n.endswith((".attn.bias", ".attn.masked_bias"))} == set(got)
     again = load(out)
     assert again.config.model_type == c.model_type
+    assert again.config.max_position_embeddings == POSITIONS  # the imported context, not T
+    assert again.config.bos_token_id == 0 and again.config.eos_token_id == 0
+
+
+BF16_KINDS = ["gpt2_tied", "llama"]
+
+
+def batonctl_spec(kind, c, src, context, steps, lr, tmp_path, precision=None):
+    arch = ({"gpt": {"vocabSize": VOCAB, "context": context, "dModel": c.n_embd,
+                     "heads": c.n_head, "layers": c.n_layer}}
+            if kind.startswith("gpt2") else
+            {"llama": {"vocabSize": VOCAB, "context": context, "dModel": c.hidden_size,
+                       "heads": c.num_attention_heads, "kvHeads": c.num_key_value_heads,
+                       "layers": c.num_hidden_layers, "intermediateSize": c.intermediate_size,
+                       "rmsNormEps": c.rms_norm_eps}})
+    g = torch.Generator().manual_seed(4)
+    text = "".join(chr(97 + int(i)) for i in torch.randint(0, 26, (4096,), generator=g))
+    spec = {"name": "peer", "model": arch,
+            "data": {"text": {"inlineText": text}, "batchSize": 2},
+            "optimizer": {"adamw": {"learningRate": lr}},
+            "init": {"fromHf": str(src)},
+            "checkpoint": {"dir": str(tmp_path / "ckpt"), "everySteps": steps},
+            "steps": steps, "seed": 3}
+    if precision:
+        spec["precision"] = precision
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def train_and_export(spec_path, tmp_path, *export_args):
+    r = subprocess.run([BATONCTL, "train-local", "-f", spec_path, "--job-id", "peer"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "exported"
+    r = subprocess.run([BATONCTL, "export", "--from", tmp_path / "ckpt" / "peer", "--spec",
+                        spec_path, "--format", "hf", "-o", out, *export_args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+@pytest.mark.parametrize("kind", BF16_KINDS)
+def test_a_bf16_export_loads_as_bf16(kind, tmp_path):
+    """export --dtype bf16 says bfloat16 where transformers reads it: from_pretrained without
+    a dtype gives bfloat16 parameters, each the float32 master rounded to nearest even."""
+    if not os.access(BATONCTL, os.X_OK):
+        pytest.skip(f"no batonctl at {BATONCTL} (set BATON_BATONCTL)")
+    model = make_model(kind)
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    spec = batonctl_spec(kind, model.config, src, T, 1, 1e-30, tmp_path, "PRECISION_BF16")
+    out = train_and_export(spec, tmp_path, "--dtype", "bf16")
+    loaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    params = dict(loaded.named_parameters())
+    assert {p.dtype for p in params.values()} == {torch.bfloat16}
+    want = dict(model.named_parameters())
+    for name, p in params.items():
+        assert torch.equal(p, want[name].detach().to(torch.bfloat16)), f"{kind}: {name}"
+
+
+def test_a_fine_tuned_gpt2_keeps_its_imported_context(tmp_path):
+    """GPT-2 imported with 128 positions, fine-tuned at context 64: the export keeps all 128
+    position rows (0..63 trained, 64..127 as imported) and n_positions 128, so a 100-token
+    input runs in transformers and gives the logits baton gives on the exported model."""
+    if not os.access(BATONCTL, os.X_OK):
+        pytest.skip(f"no batonctl at {BATONCTL} (set BATON_BATONCTL)")
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=128,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=5,
+                     eos_token_id=7)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    (src / "tokenizer_config.json").write_text('{"model_max_length": 128}')
+    spec = batonctl_spec("gpt2_tied", model.config, src, 64, 3, 1e-3, tmp_path)
+    out = train_and_export(spec, tmp_path)
+    tuned = load(out)
+    tuned.eval()
+    assert tuned.config.n_positions == 128
+    assert (tuned.config.bos_token_id, tuned.config.eos_token_id) == (5, 7)
+    assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 128}'
+    wpe, imported = tuned.transformer.wpe.weight, model.transformer.wpe.weight
+    assert wpe.shape == (128, 64)
+    assert torch.equal(wpe[64:], imported[64:]), "rows past the context changed"
+    assert not torch.equal(wpe[:64], imported[:64]), "the trained rows did not train"
+    tokens = torch.randint(0, VOCAB, (2, 100), generator=torch.Generator().manual_seed(5),
+                           dtype=torch.int32)
+    save_file({"tokens": tokens}, str(tmp_path / "tokens.safetensors"))
+    run_tool("logits", "--hf", out, "--tokens", tmp_path / "tokens.safetensors",
+             "--out", tmp_path / "logits.safetensors")
+    ours = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    with torch.no_grad():
+        theirs = tuned(input_ids=tokens.long()).logits
+    rel = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    assert rel <= 1e-5, f"logits on 100 tokens differ by {rel:.3g} relative"
