@@ -817,6 +817,13 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     spec.mutable_checkpoint()->set_dir(
         DefaultCheckpointDir(options_.checkpoint_root, submitted_by));
   }
+  // An evaluation-only run is train-local's for now (its workers would train): refused,
+  // rather than run as a training job that moves the weights the user meant to measure.
+  if (spec.eval().only()) {
+    return absl::UnimplementedError(
+        "eval.only: the cluster does not run evaluation-only jobs yet; run it with "
+        "`batonctl train-local -f SPEC --eval-only` (the same loss, bit for bit)");
+  }
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   std::vector<MeasuredRun> auto_costs;
   if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {

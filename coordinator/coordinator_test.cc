@@ -2620,6 +2620,12 @@ TEST(CoordinatorDataRootTest, AHuggingFaceModelNoWorkerWouldLoadIsRefusedAtSubmi
   s = (*core)->SubmitJob(r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("model.safetensors: safetensors: the file is truncated"));
+  // An evaluation-only spec is refused, not trained.
+  *r.mutable_spec() = spec;
+  r.mutable_spec()->mutable_eval()->set_only(true);
+  s = (*core)->SubmitJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("eval.only: the cluster does not run evaluation-only jobs"));
   std::filesystem::remove_all(root);
 }
 

@@ -9,7 +9,7 @@ set -euo pipefail
 BATONCTL="$1"
 EXAMPLES="$2"
 tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+trap '[[ -n "${KEEP_TMP:-}" ]] || rm -rf "$tmp"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -176,5 +176,52 @@ expect_refusal token-vocab "token id 700 at token offset 321" \
   "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 16, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/bad.bin\"], \"sampling\": \"TOKEN_SAMPLING_SEQUENTIAL\"}, \"batchSize\": 30}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
 expect_refusal token-tiny "fewer than one window" \
   "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 600, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/bad.bin\"]}, \"batchSize\": 2}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
+
+# Evaluation only (eval.only, docs/models.md): the validation loss of a checkpoint's weights,
+# with nothing trained, equals the loss the training run measured after that step, bit for
+# bit, in one process and as a pipeline; the weights digest is the checkpoint's; perplexity
+# is exp(loss); the report says where the weights came from.
+python3 - "$tmp/tok" <<'PY3'
+import struct, sys
+ids = [(i * 11 + i // 3) % 59 for i in range(1200)]
+open(f"{sys.argv[1]}/val_000.bin", "wb").write(struct.pack("<1200H", *ids))
+PY3
+cat >"$tmp/eval.json" <<EOF3
+{"model": {"gpt": {"vocabSize": 64, "context": 16, "dModel": 16, "heads": 2, "layers": 2}},
+ "data": {"tokens": {"train": ["$tmp/tok/train_*.bin"], "val": ["$tmp/tok/val_000.bin"]},
+          "batchSize": 4},
+ "pipeline": {"stages": 2, "microbatches": 2},
+ "eval": {"every": 4, "batches": 3},
+ "optimizer": {"adamw": {"learningRate": 0.01}}, "steps": 4, "seed": 3,
+ "checkpoint": {"everySteps": 4, "dir": "$tmp/evalckpt"}}
+EOF3
+"$BATONCTL" train-local -f "$tmp/eval.json" --output json >"$tmp/trained.json"
+"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only --resume-from "$tmp/evalckpt/local@4" \
+  --output json >"$tmp/eval-ref.json"
+"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only --pipeline \
+  --resume-from "$tmp/evalckpt/local@4" --output json >"$tmp/eval-pipe.json"
+"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only --output json >"$tmp/eval-seed.json"
+"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only | grep -q "^eval loss [0-9.]*  perplexity" \
+  || fail "eval-only text output has no eval loss line"
+python3 - "$tmp" <<'PY4'
+import json, math, sys
+d = sys.argv[1]
+trained, ref, pipe, seed = (json.load(open(f"{d}/{n}.json"))
+                            for n in ("trained", "eval-ref", "eval-pipe", "eval-seed"))
+after = trained["steps"][-1]["val_loss"]
+assert ref["eval_loss"] == after, (ref["eval_loss"], after)
+assert pipe["eval_loss"] == after, (pipe["eval_loss"], after)
+assert ref["weights_digest"] == pipe["weights_digest"] == trained["weights_digest"]
+assert "steps" not in ref, "an eval-only run trained"
+assert math.isclose(ref["eval_perplexity"], math.exp(ref["eval_loss"]), rel_tol=1e-7)
+assert ref["initial_weights"].startswith("checkpoint ") and ref["initial_weights"].endswith(
+    "after step 4"), ref["initial_weights"]
+assert seed["initial_weights"] == "seed 3", seed["initial_weights"]
+assert seed["eval_loss"] > after, (seed["eval_loss"], after)  # training lowered it
+assert trained["initial_weights"] == "seed 3", trained["initial_weights"]
+print("eval-only ok:", after)
+PY4
+expect_refusal eval-no-val "eval.only: evaluation needs a validation split" \
+  "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 16, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/train_000.bin\"]}, \"batchSize\": 2}, \"eval\": {\"only\": true}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
 
 echo "batonctl train-local: all checks passed"

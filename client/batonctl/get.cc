@@ -9,9 +9,25 @@
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
+#include "common/core/log_text.h"
 
 namespace baton::cli {
 namespace {
+
+// Where the job's initial weights come from, as `batonctl train-local` says it.
+std::string InitialWeights(const baton::v1::JobSpec& spec) {
+  if (spec.has_resume_from()) {
+    const baton::v1::ResumeFrom& r = spec.resume_from();
+    return absl::StrCat("job ", EchoInput(r.job_id()), "'s checkpoint ",
+                        r.step() > 0 ? absl::StrCat("after step ", r.step())
+                                     : std::string("(its newest complete one)"));
+  }
+  if (spec.init().has_from_hf()) {
+    return absl::StrCat("Hugging Face model ", EchoInput(spec.init().from_hf()),
+                        " (init.from_hf, under the workers' data roots)");
+  }
+  return absl::StrCat("seed ", spec.seed());
+}
 
 void PrintJob(const baton::v1::Job& job) {
   std::printf("%s  %s\n", job.id().c_str(), JobStateName(job.state()).c_str());
@@ -20,6 +36,7 @@ void PrintJob(const baton::v1::Job& job) {
     std::printf("  submission: %s\n", job.submission_id().c_str());
   }
   std::printf("  spec:       %s\n", DescribeSpec(job.spec()).c_str());
+  std::printf("  weights:    from %s\n", InitialWeights(job.spec()).c_str());
   std::printf("  created:    %s\n", FormatDateTime(job.create_time()).c_str());
   std::printf("  progress:   step %lld/%d", static_cast<long long>(job.steps_done()),
               job.spec().steps());

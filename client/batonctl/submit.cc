@@ -9,14 +9,15 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "baton/v1/jobs.pb.h"
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
+#include "client/batonctl/init_from_hf.h"
 #include "common/checkpoint/hf.h"
 #include "common/core/status.h"
 #include "common/schedule/vocabulary.h"
@@ -243,36 +244,6 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   if (args.Has("priority")) {
     if (absl::Status s = Int32Flag(args, "priority", &v); !s.ok()) return s;
     spec->set_priority(v);
-  }
-  return absl::OkStatus();
-}
-
-// --init-from-hf DIR: sets init.from_hf. DIR/config.json, when readable here, gives a spec
-// without a model its model, and checks the model of a spec that has one (workers read DIR
-// under their data roots: a DIR not readable here is left to them).
-absl::Status ApplyInitFromHf(const Args& args, baton::v1::JobSpec* spec) {
-  if (!args.Has("init-from-hf")) return absl::OkStatus();
-  const std::string dir = args.Get("init-from-hf");
-  spec->mutable_init()->set_from_hf(dir);
-  absl::StatusOr<google::protobuf::Struct> config = ReadHfConfig(dir);
-  const bool has_model =
-      spec->model().architecture_case() != baton::v1::ModelSpec::ARCHITECTURE_NOT_SET;
-  if (!has_model) {
-    if (!config.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--init-from-hf: the spec has no model, and ", config.status().message()));
-    }
-    absl::StatusOr<baton::v1::ModelSpec> model = ModelSpecFromHfConfig(*config);
-    if (!model.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--init-from-hf ", dir, ": ", model.status().message()));
-    }
-    *spec->mutable_model() = *std::move(model);
-    return absl::OkStatus();
-  }
-  if (!config.ok()) return absl::OkStatus();  // not here: the workers check it
-  if (absl::Status s = CheckSpecAgainstHf(spec->model(), *config); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--init-from-hf ", dir, ": ", s.message()));
   }
   return absl::OkStatus();
 }

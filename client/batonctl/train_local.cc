@@ -13,14 +13,15 @@
 #include "baton/v1/training.pb.h"
 #include "client/batonctl/args.h"
 #include "client/batonctl/commands.h"
+#include "client/batonctl/init_from_hf.h"
 #include "client/batonctl/trace_json.h"
-#include "common/core/file.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/backend.h"
 #include "common/core/cuda_context.h"
+#include "common/core/file.h"
 #include "common/pipeline/local_pipeline.h"
-#include "common/plan/planner.h"
 #include "common/pipeline/step_trace.h"
+#include "common/plan/planner.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
 #include "google/protobuf/util/json_util.h"
@@ -45,6 +46,12 @@ const std::vector<FlagSpec>& Flags() {
        "resume from a checkpoint: DIR/JOB (its newest complete one) or DIR/JOB@STEP"},
       {"job-id", "", false, "the job name checkpoints are written under (default local)"},
       {"precision", "", false, "override the arithmetic: fp32 or bf16 (docs/precision.md)"},
+      {"init-from-hf", "", false,
+       "start from this Hugging Face model directory (init.from_hf); a spec without a model "
+       "takes it from DIR/config.json"},
+      {"eval-only", "", true,
+       "train nothing: the validation loss and perplexity of the initial weights (eval.only; "
+       "needs data.tokens.val)"},
       {"output", "o", false, "text (default) or json"},
       {"help", "h", true, "show this help"},
   };
@@ -67,6 +74,7 @@ struct Runner {
   std::function<absl::Status(const std::string& job_dir, const std::string& job)> save;
   std::function<absl::Status(const std::string& step_dir)> load;
   std::function<int64_t()> steps_done;
+  std::function<absl::StatusOr<float>()> evaluate;  // the validation loss, no step
   std::string data;  // one line describing the data (reference only)
   Device device = Device::kCpu;
 };
@@ -85,6 +93,41 @@ absl::Status ParseResumeFrom(const std::string& arg, std::string* job_dir, int64
   }
   if (job_dir->empty()) return absl::InvalidArgumentError("--resume-from needs DIR/JOB[@STEP]");
   return absl::OkStatus();
+}
+
+// Prints the report (--output json) and returns 0, or the error.
+int PrintReport(const baton::v1::TrainingReport& report) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  const auto st = google::protobuf::util::MessageToJsonString(report, &json, opts);
+  if (!st.ok()) return Fail("cannot print the report: " + st.ToString());
+  std::fputs(json.c_str(), stdout);
+  return 0;
+}
+
+// eval.only: the validation loss of the weights as loaded, and the (unchanged) digest.
+int EvaluateOnly(const Runner& run, bool text, baton::v1::TrainingReport* report) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<float> loss = run.evaluate();
+  if (!loss.ok()) return Fail("evaluation: " + std::string(loss.status().message()));
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  *report->mutable_wall_time() =
+      google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(wall * 1e9));
+  report->set_eval_loss(*loss);
+  report->set_eval_perplexity(std::exp(static_cast<double>(*loss)));
+  const std::vector<Digest> digests = run.digests();
+  report->set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  if (!text) return PrintReport(*report);
+  const baton::v1::JobSpec& s = run.spec;
+  const int batches = std::max(1, s.eval().batches());
+  std::printf("eval loss %.6f  perplexity %.4f  (%d validation batch%s of %d sequences, %.1f s)\n",
+              *loss, report->eval_perplexity(), batches, batches == 1 ? "" : "es",
+              s.data().batch_size(), wall);
+  std::printf("weights digest %s (unchanged: nothing trained)\n", report->weights_digest().c_str());
+  return 0;
 }
 
 }  // namespace
@@ -131,6 +174,11 @@ int TrainLocal(const std::vector<std::string>& argv) {
     spec->set_device(device == Device::kCuda ? baton::v1::DEVICE_KIND_CUDA
                                              : baton::v1::DEVICE_KIND_CPU);
   }
+
+  if (absl::Status s = ApplyInitFromHf(*args, &*spec); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (args->Get("eval-only") == "true") spec->mutable_eval()->set_only(true);
 
   if (args->Has("precision")) {
     const std::string p = args->Get("precision");
@@ -186,6 +234,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
     run.save = [&](const std::string& d, const std::string& j) { return pipe->SaveCheckpoint(d, j); };
     run.load = [&](const std::string& d) { return pipe->LoadCheckpoint(d); };
     run.steps_done = [&] { return pipe->steps_done(); };
+    run.evaluate = [&] { return pipe->Evaluate(); };
     run.device = pipe->device();
   } else {
     absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t =
@@ -200,6 +249,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
     };
     run.load = [&](const std::string& d) { return reference->LoadCheckpoint(d); };
     run.steps_done = [&] { return reference->steps_done(); };
+    run.evaluate = [&] { return reference->Evaluate(); };
     run.data = reference->dataset().Describe();
     run.device = reference->device();
   }
@@ -244,7 +294,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
       std::fprintf(stderr, "batonctl train-local: %s\n", why.c_str());
     }
     if (!step.ok()) return Fail("--resume-from: " + std::string(step.status().message()));
-    if (*step >= s.steps()) {
+    if (*step >= s.steps() && !s.eval().only()) {
       return Fail(absl::StrFormat(
           "--resume-from: the checkpoint is after step %d, but the job has %d steps", *step,
           s.steps()));
@@ -256,7 +306,14 @@ int TrainLocal(const std::vector<std::string>& argv) {
       std::printf("resumed from %s after step %lld\n", from.c_str(),
                   static_cast<long long>(*step));
     }
+    report.set_initial_weights(absl::StrFormat("checkpoint %s after step %d", from, *step));
+  } else if (s.init().has_from_hf()) {
+    report.set_initial_weights("Hugging Face model " + s.init().from_hf());
+  } else {
+    report.set_initial_weights(absl::StrCat("seed ", s.seed()));
   }
+  if (text) std::printf("initial weights: %s\n", report.initial_weights().c_str());
+  if (s.eval().only()) return EvaluateOnly(run, text, &report);
   std::string checkpoint_job_dir;
   const std::string job_id = args->Get("job-id", "local");
   if (s.has_checkpoint()) {
@@ -355,14 +412,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
     std::printf("weights digest %s\n", report.weights_digest().c_str());
     return 0;
   }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  const auto st = google::protobuf::util::MessageToJsonString(report, &json, opts);
-  if (!st.ok()) return Fail("cannot print the report: " + st.ToString());
-  std::fputs(json.c_str(), stdout);
-  return 0;
+  return PrintReport(report);
 }
 
 }  // namespace baton::cli

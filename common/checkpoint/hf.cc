@@ -601,8 +601,8 @@ absl::StatusOr<Struct> ParseHfConfig(const std::string& json, const std::string&
   opts.ignore_unknown_fields = true;
   const auto st = google::protobuf::util::JsonStringToMessage(json, &out, opts);
   if (!st.ok()) {
-    // protobuf's message is a description, then the input around the error and a caret
-    // line: the description alone, and where text that is not UTF-8 goes wrong.
+    // Text that is not UTF-8 is named by its first bad byte; otherwise the parser's
+    // description (JsonParseError).
     for (size_t i = 0; i < json.size();) {
       const unsigned char c = static_cast<unsigned char>(json[i]);
       const size_t n =
@@ -613,10 +613,10 @@ absl::StatusOr<Struct> ParseHfConfig(const std::string& json, const std::string&
       }
       i += n;
     }
-    const std::string message(st.message());
+    const auto message = st.message();
     return absl::InvalidArgumentError(
         absl::StrCat(where, " is not a JSON object: ",
-                     EchoInput(message.substr(0, message.find('\n')), 2 * kMaxEchoBytes)));
+                     JsonParseError(absl::string_view(message.data(), message.size()))));
   }
   return out;
 }

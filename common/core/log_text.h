@@ -101,6 +101,13 @@ inline std::string EchoInput(absl::string_view text, size_t max_bytes = kMaxEcho
   return out;
 }
 
+// protobuf's JSON parser reports a description, then the input around the error and a
+// caret line under it: the description alone (which may quote a field name), as EchoInput
+// quotes it.
+inline std::string JsonParseError(absl::string_view message) {
+  return EchoInput(message.substr(0, message.find('\n')), 2 * kMaxEchoBytes);
+}
+
 }  // namespace baton
 
 #endif  // BATON_COMMON_CORE_LOG_TEXT_H_

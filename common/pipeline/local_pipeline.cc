@@ -153,6 +153,23 @@ absl::Status FirstError(const std::vector<absl::StatusOr<T>>& results) {
 
 }  // namespace
 
+absl::StatusOr<float> LocalPipelineTrainer::Evaluate() {
+  if (failed_) {
+    return absl::FailedPreconditionError("an earlier step failed; the pipeline is stopped");
+  }
+  const int64_t index = steps_done_;  // tags the evaluation's tensors apart from any other
+  std::vector<absl::StatusOr<std::optional<float>>> evals = OnEveryRank<std::optional<float>>(
+      static_cast<int>(executors_.size()),
+      [this, index](int r) { return executors_[r]->Evaluate(index); });
+  if (absl::Status s = FirstError(evals); !s.ok()) {
+    failed_ = true;
+    return s;
+  }
+  const std::optional<float>& loss = *evals[schedule_.stage_to_rank.back()];
+  if (!loss.has_value()) return absl::InternalError("the last stage reported no validation loss");
+  return *loss;
+}
+
 absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
   if (failed_) {
     return absl::FailedPreconditionError("an earlier step failed; the pipeline is stopped");
@@ -169,6 +186,7 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
     return s;
   }
   // Validation after the step, when the spec asks: every rank, like a step.
+  // (Evaluate() below is the same without a step.)
   std::optional<float> val_loss;
   if (executors_[0]->EvaluatesAfter(step)) {
     std::vector<absl::StatusOr<std::optional<float>>> evals =

@@ -58,6 +58,11 @@ class LocalPipelineTrainer {
   // the rank that failed first (not the ABORTED echoes) is returned.
   absl::StatusOr<PipelineStepStats> Step();
 
+  // The validation loss of the weights as they are (eval.only, or between steps): every rank
+  // runs spec.eval.batches batches forward (StageExecutor::Evaluate), as a job evaluates;
+  // the loss is the last stage's. Changes no weight. Errors as Step's.
+  absl::StatusOr<float> Evaluate();
+
   const baton::v1::JobSpec& spec() const { return spec_; }
   const Schedule& schedule() const { return schedule_; }
   const std::vector<BlockRange>& stage_blocks() const { return stage_blocks_; }

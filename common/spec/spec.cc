@@ -383,9 +383,9 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(const std::string& json) {
   if (!status.ok()) {
     // The parser's message may quote the input (an unknown field's name): bounded.
     const auto message = status.message();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid job spec JSON: ",
-        EchoInput(absl::string_view(message.data(), message.size()), 2 * kMaxEchoBytes)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job spec JSON: ",
+                     JsonParseError(absl::string_view(message.data(), message.size()))));
   }
   return spec;
 }
@@ -616,7 +616,7 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("data.tokens", "needs a token model (model.gpt or model.llama)");
   }
   if (spec->has_eval()) {
-    if (spec->eval().every() < 1) {
+    if (spec->eval().every() < 1 && !spec->eval().only()) {
       return Invalid("eval.every",
                      absl::StrCat("must be at least 1 (steps between evaluations), got ",
                                   spec->eval().every()));
@@ -632,7 +632,7 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                   "between two training steps, holding the job's workers"));
     }
     if (!data.has_tokens() || data.tokens().val_size() == 0) {
-      return Invalid("eval.every",
+      return Invalid(spec->eval().only() ? "eval.only" : "eval.every",
                      "evaluation needs a validation split: set data.tokens.val (validation "
                      "shards)");
     }

@@ -796,6 +796,9 @@ TEST(ParseTest, RefusesMalformedJson) {
     absl::StatusOr<JobSpec> spec = ParseJobSpecJson(json);
     ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
     EXPECT_TRUE(absl::StartsWith(spec.status().message(), "invalid job spec JSON: "));
+    // One line: the parser's description, not the input and a caret line under it.
+    EXPECT_FALSE(absl::StrContains(spec.status().message(), "\\n")) << spec.status();
+    EXPECT_FALSE(absl::StrContains(spec.status().message(), "^")) << spec.status();
   }
 }
 
