@@ -15,6 +15,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libopenblas-dev libssl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
+  libpcre2-dev  # tokenizer.json pre-tokenizer regexes (batonctl sample)
   libgloo-dev  # collectives between data-parallel replicas on CPU (common/collective)
   python3
   python3-venv  # the demo's tokenizer venv (scripts/data-venv.sh), the Python client's, the peer checks'
