@@ -224,4 +224,30 @@ PY4
 expect_refusal eval-no-val "eval.only: evaluation needs a validation split" \
   "{\"model\": {\"gpt\": {\"vocabSize\": 64, \"context\": 16, \"dModel\": 16, \"heads\": 2, \"layers\": 1}}, \"data\": {\"tokens\": {\"train\": [\"$tmp/tok/train_000.bin\"]}, \"batchSize\": 2}, \"eval\": {\"only\": true}, \"optimizer\": {\"sgd\": {\"learningRate\": 0.1}}, \"steps\": 1}"
 
+# Samples (batonctl sample): greedy decoding from the checkpoint equals greedy decoding from
+# its Hugging Face export (two loading paths, one model); sampling repeats for a seed; the
+# window runs past the context (20 tokens after 3, context 16); a bad id is refused.
+sample_ids() { "$BATONCTL" sample "$@" --prompt-ids 1,2,3 --tokens 20 --output json; }
+sample_ids --from "$tmp/evalckpt/local" --spec "$tmp/eval.json" --temperature 0 >"$tmp/s-ckpt.json"
+"$BATONCTL" export --from "$tmp/evalckpt/local" --spec "$tmp/eval.json" --format hf \
+  -o "$tmp/evalhf" 2>/dev/null || fail "export --format hf of the eval checkpoint failed"
+sample_ids --hf "$tmp/evalhf" --temperature 0 >"$tmp/s-hf.json"
+sample_ids --hf "$tmp/evalhf" --seed 7 >"$tmp/s-7a.json"
+sample_ids --hf "$tmp/evalhf" --seed 7 >"$tmp/s-7b.json"
+python3 - "$tmp" <<'PY5'
+import json, sys
+d = sys.argv[1]
+ckpt, hf, a, b = (json.load(open(f"{d}/s-{n}.json")) for n in ("ckpt", "hf", "7a", "7b"))
+assert len(ckpt["ids"]) == 20 and ckpt["prompt_ids"] == [1, 2, 3], ckpt
+assert ckpt["ids"] == hf["ids"], (ckpt["ids"], hf["ids"])
+assert a["ids"] == b["ids"], (a["ids"], b["ids"])
+assert all(0 <= i < 64 for i in ckpt["ids"] + a["ids"])
+print("sample ok:", ckpt["ids"][:8])
+PY5
+if "$BATONCTL" sample --hf "$tmp/evalhf" --prompt-ids 1,99 >"$tmp/s-bad.out" 2>&1; then
+  fail "sample accepted an id outside the vocabulary"
+fi
+grep -qF "prompt token 1 is id 99, outside the vocabulary [0, 64)" "$tmp/s-bad.out" \
+  || fail "sample's refusal does not name the id: $(cat "$tmp/s-bad.out")"
+
 echo "batonctl train-local: all checks passed"

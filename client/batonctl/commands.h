@@ -19,6 +19,12 @@ int TrainLocal(const std::vector<std::string>& argv);
 // Builds (or imports), validates and simulates a pipeline schedule; no cluster needed.
 int Plan(const std::vector<std::string>& argv);
 
+// batonctl sample (--hf MODEL_DIR | --from DIR/JOB --spec SPEC.json) (--prompt TEXT |
+//                 --prompt-ids IDS) [--tokenizer FILE] [--tokens N] [--temperature T]
+//                 [--top-k K] [--seed S] [--output text|json]
+// Generates text from a model in this process (common/nn/generate.h); no cluster needed.
+int Sample(const std::vector<std::string>& argv);
+
 // Cluster commands: they talk to the coordinator's JobService (proto/baton/v1/jobs.proto).
 // Common flags: --coordinator HOST:PORT (default $BATON_COORDINATOR, else 127.0.0.1:7070),
 // --timeout DURATION (each RPC's deadline: 10s; watch's stream 24h), --output text|json.

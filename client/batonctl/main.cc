@@ -13,6 +13,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  train-local   train a job spec in this process with the reference trainer\n"
     "  plan          build, validate and simulate a pipeline schedule (no cluster)\n"
+    "  sample        generate text from a checkpoint or a Hugging Face model directory\n"
     "\n"
     "cluster commands (--coordinator HOST:PORT, default $BATON_COORDINATOR or 127.0.0.1:7070;\n"
     "--output json for scripts):\n"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rest(argv + 2, argv + argc);
   if (command == "train-local") return baton::cli::TrainLocal(rest);
   if (command == "plan") return baton::cli::Plan(rest);
+  if (command == "sample") return baton::cli::Sample(rest);
   if (command == "submit") return baton::cli::Submit(rest);
   if (command == "get") return baton::cli::Get(rest);
   if (command == "list") return baton::cli::List(rest);

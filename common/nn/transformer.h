@@ -83,6 +83,7 @@ class LmHead final : public Module {
   // The logits [B, T, V] of the activations x [B, T, C], outside training: nothing is
   // stashed, no targets needed. For evaluation and the checks against other trainers.
   absl::StatusOr<Tensor> Logits(const Tensor& x, Precision precision = Precision::kFp32);
+  int64_t vocab() const { return vocab_; }
   const std::string& name() const override { return name_; }
   absl::Status Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) override;
   absl::Status BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) override;

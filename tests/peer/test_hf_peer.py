@@ -440,3 +440,55 @@ def test_a_fine_tuned_gpt2_keeps_its_imported_context(tmp_path):
         theirs = tuned(input_ids=tokens.long()).logits
     rel = ((ours - theirs).abs().max() / theirs.abs().max()).item()
     assert rel <= 1e-5, f"logits on 100 tokens differ by {rel:.3g} relative"
+
+
+def byte_level_tokenizer(path):
+    """A byte-level BPE of at most VOCAB ids, trained here as scripts/prepare-data.py does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog. " * 20,
+                             "pack my box with five dozen liquor jugs; " * 20], trainer=trainer)
+    tok.save(str(path))
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["gpt2_tied", "gpt2_untied", "llama"])
+def test_greedy_sample_equals_generate(kind, tmp_path):
+    """batonctl sample --temperature 0 on a model directory gives, token for token, what
+    transformers' generate gives without sampling, and encodes and decodes with the
+    directory's tokenizer.json as the tokenizers library does."""
+    if not os.access(BATONCTL, os.X_OK):
+        pytest.skip(f"no batonctl at {BATONCTL} (set BATON_BATONCTL)")
+    model = make_model(kind)
+    model.eval()
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    tok = byte_level_tokenizer(src / "tokenizer.json")
+    prompt = "the lazy dog jumps"
+    ids = tok.encode(prompt).ids
+    n = POSITIONS - len(ids)  # as far as GPT-2's position table goes
+    r = subprocess.run([BATONCTL, "sample", "--hf", src, "--prompt", prompt, "--tokens", str(n),
+                        "--temperature", "0", "--output", "json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ours = json.loads(r.stdout)
+    assert ours["prompt_ids"] == ids
+    model.generation_config.eos_token_id = None  # the whole n tokens, as baton gives them
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                             max_new_tokens=n, do_sample=False, pad_token_id=0)
+    theirs = out[0, len(ids):].tolist()
+    assert ours["ids"] == theirs, f"{kind}: greedy tokens differ"
+    assert ours["text"] == tok.decode(theirs)
+    # Sampling is a function of the seed.
+    runs = [subprocess.run([BATONCTL, "sample", "--hf", src, "--prompt", prompt, "--tokens", "8",
+                            "--seed", str(seed), "--temperature", "1.0", "--output", "json"],
+                           capture_output=True, text=True) for seed in (1, 1, 2)]
+    assert all(x.returncode == 0 for x in runs), [x.stderr for x in runs]
+    a, b, _ = (json.loads(x.stdout)["ids"] for x in runs)
+    assert a == b
