@@ -817,12 +817,11 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
     spec.mutable_checkpoint()->set_dir(
         DefaultCheckpointDir(options_.checkpoint_root, submitted_by));
   }
-  // An evaluation-only run is train-local's for now (its workers would train): refused,
-  // rather than run as a training job that moves the weights the user meant to measure.
+  // An evaluation-only job is one step, the evaluation, and writes no checkpoint (its
+  // weights are those it loaded).
   if (spec.eval().only()) {
-    return absl::UnimplementedError(
-        "eval.only: the cluster does not run evaluation-only jobs yet; run it with "
-        "`batonctl train-local -f SPEC --eval-only` (the same loss, bit for bit)");
+    spec.set_steps(1);
+    spec.clear_checkpoint();
   }
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   std::vector<MeasuredRun> auto_costs;
@@ -946,7 +945,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   }
   if (spec.has_checkpoint() || spec.has_resume_from()) {
     *job.mutable_checkpoints() = std::move(checkpoints);
-    job.set_steps_done(job.checkpoints().resumed_from_step());
+    // An evaluation-only job's one step is still to come, whatever step it loads.
+    job.set_steps_done(spec.eval().only() ? 0 : job.checkpoints().resumed_from_step());
   }
   *job.mutable_spec() = std::move(spec);
   job.set_state(baton::v1::JOB_STATE_QUEUED);
@@ -1489,6 +1489,10 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   extras.model_flops_per_step =
       TrainingFlops(j->layout.blocks, 0, static_cast<int>(j->layout.blocks.size()),
                     j->job.spec().data().batch_size());
+  if (j->job.spec().eval().only()) {
+    // Its step is eval.batches batches forward: a third of a training step's FLOPs each.
+    extras.model_flops_per_step *= std::max(1, j->job.spec().eval().batches()) / 3.0;
+  }
   std::vector<baton::v1::DeviceInfo> devices;
   for (const RankSlot& slot : j->ranks) devices.push_back(slot.worker.device);
   extras.peak_flops = PeakFlopsOf(devices);

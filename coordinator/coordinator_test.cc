@@ -2620,13 +2620,34 @@ TEST(CoordinatorDataRootTest, AHuggingFaceModelNoWorkerWouldLoadIsRefusedAtSubmi
   s = (*core)->SubmitJob(r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("model.safetensors: safetensors: the file is truncated"));
-  // An evaluation-only spec is refused, not trained.
-  *r.mutable_spec() = spec;
-  r.mutable_spec()->mutable_eval()->set_only(true);
-  s = (*core)->SubmitJob(r).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("eval.only: the cluster does not run evaluation-only jobs"));
   std::filesystem::remove_all(root);
+}
+
+// An evaluation-only job is one step, the evaluation, writes no checkpoint, and may start
+// from any step of a checkpoint (it trains nothing after it).
+TEST(CoordinatorDataRootTest, AnEvaluationOnlyJobIsOneStepWithoutCheckpoints) {
+  auto core = Coordinator::Create(QuietOptions());
+  ASSERT_TRUE(core.ok()) << core.status();
+  baton::v1::SubmitJobRequest r;
+  *r.mutable_spec() = TextSpec("/nonexistent/corpus.txt");
+  baton::v1::JobSpec& spec = *r.mutable_spec();
+  spec.mutable_data()->clear_text();
+  spec.mutable_data()->mutable_tokens()->add_train("/nonexistent/train.bin");
+  spec.mutable_data()->mutable_tokens()->add_val("/nonexistent/val.bin");
+  spec.set_steps(500);
+  spec.mutable_checkpoint()->set_dir("evals");
+  spec.mutable_checkpoint()->set_every_steps(10);
+  spec.mutable_eval()->set_only(true);
+  absl::StatusOr<Job> job = (*core)->SubmitJob(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().steps(), 1);
+  EXPECT_FALSE(job->spec().has_checkpoint());
+  EXPECT_TRUE(job->spec().eval().only());
+  // Without a validation split there is nothing to evaluate.
+  spec.mutable_data()->mutable_tokens()->clear_val();
+  absl::Status s = (*core)->SubmitJob(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("eval.only: evaluation needs a validation split"));
 }
 
 // What a client sends comes back in errors bounded and escaped: a megabyte-long path or id,

@@ -151,7 +151,8 @@ ResumeTally TallyResume(const baton::v1::ReportProgressRequest& request,
   } else {
     c->set_resumed_from_step(step);
   }
-  job->set_steps_done(std::max<int64_t>(job->steps_done(), step));
+  // An evaluation-only job's one step is the evaluation, whatever step it loaded.
+  if (!job->spec().eval().only()) job->set_steps_done(std::max<int64_t>(job->steps_done(), step));
   return out;
 }
 
@@ -204,7 +205,7 @@ absl::Status CheckResumeSource(const baton::v1::JobSpec& spec, const baton::v1::
         absl::StrCat("resume_from: the spec's optimizer differs in kind from ", source.id(),
                      "'s; its checkpoint holds that optimizer's state"));
   }
-  if (step >= spec.steps()) {
+  if (step >= spec.steps() && !spec.eval().only()) {  // an evaluation trains nothing
     return absl::InvalidArgumentError(absl::StrCat("steps: ", spec.steps(), " leaves nothing to ",
                                                    "train after ", source.id(),
                                                    "'s checkpoint of step ", step));

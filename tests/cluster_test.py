@@ -137,6 +137,13 @@ class Cluster:
         self.worker_flags = lambda worker_id: []
         self.env = {}
 
+    def data_root(self):
+        """Where data files of the jobs here lie (token shards): the coordinator's and every
+        worker's --data_root."""
+        path = os.path.join(self.tmp, "data")
+        os.makedirs(path, exist_ok=True)
+        return path
+
     # ---- processes -----------------------------------------------------------------
 
     def _start(self, name, argv, port_file, what):
@@ -171,7 +178,7 @@ class Cluster:
                 "--metrics_listen", "127.0.0.1:0",
                 "--port_file", os.path.join(self.tmp, "coordinator.port"),
                 "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s",
-                "--checkpoint_root", self.tmp,
+                "--checkpoint_root", self.tmp, "--data_root", self.data_root(),
                 # Jobs here are short: a job may be preempted as soon as it trained a step
                 # (tests of the protection after a start or resume set their own).
                 "--preempt_min_run", "0s", *self.coordinator_flags]
@@ -184,7 +191,8 @@ class Cluster:
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = [os.path.join(self.bin_dir, "worker"), "--coordinator", self.address,
                 "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file,
-                "--checkpoint_root", self.tmp, *self.worker_flags(worker_id)]
+                "--checkpoint_root", self.tmp, "--data_root", self.data_root(),
+                *self.worker_flags(worker_id)]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id}")
         self.worker_addresses[worker_id] = address
         print(f"  worker {worker_id} listening on {address}")
@@ -1292,6 +1300,61 @@ def case_preemption(c):
     c.wait_idle(4, timeout=20)
 
 
+def case_eval_only(c):
+    """14. evaluation only: a 2-stage job measures a trained job's checkpoint on the
+    validation shards and trains nothing: its one step's loss is the loss the training job
+    measured after that step, and train-local --eval-only's, bit for bit; its digest is the
+    trained job's."""
+    c.ensure_workers(2)
+    c.wait_idle(2, timeout=20)
+    tok = os.path.join(c.data_root(), "eval-tokens")
+    os.makedirs(tok, exist_ok=True)
+    ids = [(i * 7 + i // 5) % 37 for i in range(4000)]
+    with open(os.path.join(tok, "train.bin"), "wb") as f:
+        f.write(struct.pack(f"<{len(ids)}H", *ids))
+    val = [(i * 11 + i // 3) % 37 for i in range(1500)]
+    with open(os.path.join(tok, "val.bin"), "wb") as f:
+        f.write(struct.pack(f"<{len(val)}H", *val))
+    spec = tiny_gpt("eval-trained", steps=6, stages=2)
+    spec["data"] = {"tokens": {"train": [os.path.join(tok, "train.bin")],
+                               "val": [os.path.join(tok, "val.bin")]}, "batchSize": 8}
+    spec["eval"] = {"every": 6, "batches": 3}
+    spec["checkpoint"] = {"everySteps": 6, "dir": os.path.join(c.tmp, "eval-ckpt")}
+    path = c.write_spec(spec)
+    trained = c.submit(path)
+    done = c.wait_state(trained["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                        "JOB_STATE_CANCELLED"], 120)
+    check(done["state"] == "JOB_STATE_SUCCEEDED", f"{trained['id']}: {last_reason(done)}")
+    measured = history_rows(c, trained["id"])[-1][7]
+    check(measured, f"{trained['id']} did not evaluate after its last step")
+
+    job = c.submit(path, "--eval-only", "--resume-from", trained["id"], "--name", "eval-only")
+    end = c.wait_state(job["id"], ["JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                                   "JOB_STATE_CANCELLED"], 120)
+    check(end["state"] == "JOB_STATE_SUCCEEDED", f"{job['id']}: {last_reason(end)}")
+    check(int(end["spec"]["steps"]) == 1 and "checkpoint" not in end["spec"],
+          f"{job['id']}'s spec: steps {end['spec'].get('steps')}, checkpoint "
+          f"{end['spec'].get('checkpoint')}")
+    rows = history_rows(c, job["id"])
+    check(len(rows) == 1 and float32(rows[0][1]) == float32(measured) and
+          float32(rows[0][7]) == float32(measured),
+          f"{job['id']}'s step: {rows}, the training job measured {measured}")
+    check(end["weights_digest"] == done["weights_digest"],
+          f"{job['id']} changed the weights: {end['weights_digest']} vs {done['weights_digest']}")
+    local = json.loads(c.ctl_ok("train-local", "-f", path, "--eval-only", "--output", "json",
+                                "--resume-from",
+                                os.path.join(c.tmp, "eval-ckpt", trained["id"]),
+                                timeout=300).stdout)
+    check(float32(local["eval_loss"]) == float32(measured),
+          f"train-local --eval-only says {local['eval_loss']}, the cluster {measured}")
+    shown = c.ctl_ok("get", job["id"]).stdout
+    check("evaluation only: nothing trained" in shown and
+          f"from job {trained['id']}'s checkpoint" in shown, f"batonctl get: {shown}")
+    print(f"  {job['id']} evaluated {trained['id']}'s checkpoint: validation loss {measured}, "
+          "as the training run and train-local measured it; digest unchanged")
+    c.wait_idle(2, timeout=20)
+
+
 CASES = [
     ("4", "malformed/impossible specs -> INVALID_ARGUMENT naming the field; unknown job -> "
           "NOT_FOUND; the coordinator serves on", case_invalid_specs),
@@ -1319,6 +1382,9 @@ CASES = [
     ("13", "preemption: a priority-5 job stops a running checkpointing job at a step, runs on "
            "its workers; the preempted job resumes and ends with train-local's digest",
      case_preemption),
+    ("14", "evaluation only: a 2-stage job measures a trained job's checkpoint on validation "
+           "shards: the training run's and train-local's loss, bit for bit; nothing trained",
+     case_eval_only),
 ]
 
 

@@ -553,6 +553,11 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
     p.writer = std::make_unique<CheckpointWriter>(p.checkpoint_dir, p.block_names,
                                                   p.spec().checkpoint().keep(), &aborted_);
   }
+  if (p.spec().eval().only()) {  // one evaluation, reported as the job's one step
+    BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, 0));
+    sink->OnStep(std::move(report));
+    return absl::OkStatus();
+  }
   for (int64_t step = p.first_step; step < p.spec().steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, step));
@@ -574,10 +579,24 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
 }
 
 absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64_t step) {
-  phase_ = absl::StrCat("training step ", step + 1);
-  BATON_ASSIGN_OR_RETURN(RankStepResult r, p.executor->RunStep(step));
+  // eval.only: the job's one step is the evaluation of the weights as loaded, and its loss
+  // the validation loss; nothing trains. Its report is a first step's, wherever it resumed.
+  const bool eval_only = p.spec().eval().only();
+  const bool first = step == p.first_step || eval_only;
+  RankStepResult r;
+  if (eval_only) {
+    phase_ = "evaluating the weights as loaded (eval.only)";
+    r.rank = plan_.rank();
+    r.start = absl::Now();
+    BATON_ASSIGN_OR_RETURN(r.val_loss, p.executor->Evaluate(0));
+    r.end_ns = absl::ToInt64Nanoseconds(absl::Now() - r.start);
+    if (r.val_loss.has_value()) r.losses = {*r.val_loss};
+  } else {
+    phase_ = absl::StrCat("training step ", step + 1);
+    BATON_ASSIGN_OR_RETURN(r, p.executor->RunStep(step));
+  }
   steps_done_.store(step + 1);
-  if (p.executor->EvaluatesAfter(step)) {
+  if (!eval_only && p.executor->EvaluatesAfter(step)) {
     phase_ = absl::StrCat("evaluating after step ", step + 1);
     BATON_ASSIGN_OR_RETURN(r.val_loss, p.executor->Evaluate(step));
   }
@@ -606,13 +625,13 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
   if (p.writer != nullptr) {
     BATON_RETURN_IF_ERROR(Checkpoint(p, step, /*stopping=*/false, req.mutable_checkpoints()));
   }
-  if (step == p.first_step && !plan_.resume_job_dir().empty()) {
+  if (first && !plan_.resume_job_dir().empty()) {
     req.set_resumed_from_step(p.first_step);
     for (const std::string& why : p.skipped) req.add_checkpoints_skipped(why);
   }
   *req.mutable_timing() = Timing(r);
   *req.mutable_trace() = RankTraceFromStep(r);
-  if (step == p.first_step) {
+  if (first) {
     if (p.collective != nullptr) *req.add_groups() = p.group;
     for (const LinkPlan& l : p.links) {
       baton::v1::LinkReport* link = req.add_links();

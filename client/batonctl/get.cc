@@ -1,4 +1,5 @@
 // batonctl get: one job: its spec, state and history, progress, workers and digest.
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ void PrintJob(const baton::v1::Job& job) {
               job.spec().steps());
   if (job.steps_done() > 0) std::printf(", loss %.4f", job.last_loss());
   std::printf("\n");
+  if (job.spec().eval().only() && job.steps_done() > 0) {
+    std::printf(
+        "  eval:       validation loss %.6f, perplexity %.4f (evaluation only: nothing "
+        "trained)\n",
+        job.last_loss(), std::exp(static_cast<double>(job.last_loss())));
+  }
   if (job.spec().priority() != 0) std::printf("  priority:   %d\n", job.spec().priority());
   if (job.queue_position() > 0) {
     std::printf("  queue:      #%d (1: placed next): %s\n", job.queue_position(),

@@ -67,6 +67,9 @@ std::vector<FlagSpec> SubmitFlags() {
       {"init-from-hf", "", false,
        "start from the weights of a Hugging Face GPT-2 or LLaMA model directory "
        "(init.from_hf); a spec without a model takes it from DIR/config.json"},
+      {"eval-only", "", true,
+       "train nothing: the validation loss of the initial weights (eval.only; needs "
+       "data.tokens.val)"},
       {"submission-id", "", false,
        "idempotency key: submitting again with it returns the first job"},
       {"watch", "w", true, "then watch the job to the end (exit 0 only if it succeeds)"},
@@ -75,7 +78,7 @@ std::vector<FlagSpec> SubmitFlags() {
 
 constexpr char kUsage[] =
     "usage: batonctl submit -f SPEC.json [--steps N] [--seed S] [--schedule NAME]\n"
-    "                       [--resume-from JOB[@STEP]] [--init-from-hf DIR]\n"
+    "                       [--resume-from JOB[@STEP]] [--init-from-hf DIR] [--eval-only]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
     "                       [--recompute none|full] [--recompute-stages S,S...]\n"
     "                       [--data-parallel D]\n"
@@ -97,7 +100,11 @@ constexpr char kUsage[] =
     "model.safetensors or a sharded index; GPT-2 or LLaMA) instead of the seed's weights.\n"
     "Workers read DIR under their --data_root (a relative DIR is taken under it). When DIR\n"
     "is readable here too, a spec without a model gets the model of DIR/config.json, and a\n"
-    "spec with one is checked against it before submitting.";
+    "spec with one is checked against it before submitting.\n"
+    "\n"
+    "--eval-only measures the initial weights (--init-from-hf, --resume-from, or the seed's)\n"
+    "on the validation split (data.tokens.val, eval.batches batches) and trains nothing: the\n"
+    "job's one step is the evaluation; its loss is the validation loss.";
 
 absl::StatusOr<baton::v1::Schedule> ParseSchedule(const std::string& text) {
   // "auto": the coordinator's auto-planner chooses at placement (SCHEDULE_AUTO).
@@ -152,6 +159,7 @@ absl::Status WordFlag(const Args& args, const std::string& name,
 
 absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
   if (args.Has("name")) spec->set_name(args.Get("name"));
+  if (args.Get("eval-only") == "true") spec->mutable_eval()->set_only(true);
   if (args.Has("seed")) {
     absl::StatusOr<int64_t> seed = args.GetInt("seed", 0);
     if (!seed.ok()) return seed.status();

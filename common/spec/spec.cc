@@ -588,7 +588,7 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                      absl::StrCat("must be a step (0: the newest complete checkpoint), got ",
                                   r.step()));
     }
-    if (r.step() >= spec->steps()) {
+    if (r.step() >= spec->steps() && !spec->eval().only()) {  // an evaluation trains nothing
       return Invalid("resume_from.step",
                      absl::StrCat("checkpoint step ", r.step(), " leaves nothing to train: steps is ",
                                   spec->steps()));
