@@ -201,7 +201,8 @@ EOF3
 "$BATONCTL" train-local -f "$tmp/eval.json" --eval-only --pipeline \
   --resume-from "$tmp/evalckpt/local@4" --output json >"$tmp/eval-pipe.json"
 "$BATONCTL" train-local -f "$tmp/eval.json" --eval-only --output json >"$tmp/eval-seed.json"
-"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only | grep -q "^eval loss [0-9.]*  perplexity" \
+"$BATONCTL" train-local -f "$tmp/eval.json" --eval-only >"$tmp/eval.out"
+grep -q "^eval loss [0-9.]*  perplexity" "$tmp/eval.out" \
   || fail "eval-only text output has no eval loss line"
 python3 - "$tmp" <<'PY4'
 import json, math, sys
@@ -249,5 +250,31 @@ if "$BATONCTL" sample --hf "$tmp/evalhf" --prompt-ids 1,99 >"$tmp/s-bad.out" 2>&
 fi
 grep -qF "prompt token 1 is id 99, outside the vocabulary [0, 64)" "$tmp/s-bad.out" \
   || fail "sample's refusal does not name the id: $(cat "$tmp/s-bad.out")"
+
+# A job that started from a Hugging Face directory exports with it as its base (its files
+# come along); when the directory is not where batonctl runs, the export stops and says
+# what to do rather than drop them; --base none writes the trained model alone.
+echo '{"model_max_length": 16}' >"$tmp/evalhf/tokenizer_config.json"
+sed -e "s|\"eval\": {\"every\": 4, \"batches\": 3},|\"init\": {\"fromHf\": \"$tmp/evalhf\"},|" \
+    -e "s|$tmp/evalckpt|$tmp/fromhfckpt|" "$tmp/eval.json" >"$tmp/fromhf.json"
+"$BATONCTL" train-local -f "$tmp/fromhf.json" --steps 2 >"$tmp/fromhf.out"
+grep -qF "initial weights: Hugging Face model $tmp/evalhf" "$tmp/fromhf.out" \
+  || fail "train-local does not say the weights came from the Hugging Face directory"
+"$BATONCTL" export --from "$tmp/fromhfckpt/local" --spec "$tmp/fromhf.json" --format hf \
+  -o "$tmp/tuned" 2>/dev/null || fail "export with the job's init.from_hf as its base failed"
+cmp -s "$tmp/evalhf/tokenizer_config.json" "$tmp/tuned/tokenizer_config.json" \
+  || fail "the export did not carry the base's tokenizer_config.json"
+mv "$tmp/evalhf" "$tmp/evalhf-moved"
+if "$BATONCTL" export --from "$tmp/fromhfckpt/local" --spec "$tmp/fromhf.json" --format hf \
+    -o "$tmp/tuned2" >"$tmp/nobase.out" 2>&1; then
+  fail "export without its base directory succeeded"
+fi
+grep -qF "give --base DIR" "$tmp/nobase.out" || fail "export's refusal: $(cat "$tmp/nobase.out")"
+"$BATONCTL" export --from "$tmp/fromhfckpt/local" --spec "$tmp/fromhf.json" --format hf \
+  -o "$tmp/tuned2" --base "$tmp/evalhf-moved" 2>/dev/null || fail "export --base DIR failed"
+"$BATONCTL" export --from "$tmp/fromhfckpt/local" --spec "$tmp/fromhf.json" --format hf \
+  -o "$tmp/tuned3" --base none 2>/dev/null || fail "export --base none failed"
+[[ -e "$tmp/tuned2/tokenizer_config.json" && ! -e "$tmp/tuned3/tokenizer_config.json" ]] \
+  || fail "--base DIR / --base none: the tokenizer files are not as asked"
 
 echo "batonctl train-local: all checks passed"

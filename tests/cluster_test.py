@@ -138,11 +138,17 @@ class Cluster:
         self.env = {}
 
     def data_root(self):
-        """Where data files of the jobs here lie (token shards): the coordinator's and every
-        worker's --data_root."""
+        """A directory for the jobs' data files (token shards), one of the coordinator's and
+        every worker's data roots (data_roots_flag)."""
         path = os.path.join(self.tmp, "data")
         os.makedirs(path, exist_ok=True)
         return path
+
+    def data_roots_flag(self):
+        """--data_root: data_root() and the default roots (data/ beside the binaries,
+        /usr/share/common-licenses, which the examples read)."""
+        return ",".join([self.data_root(), os.path.join(self.bin_dir, "data"),
+                         "/usr/share/common-licenses"])
 
     # ---- processes -----------------------------------------------------------------
 
@@ -178,7 +184,7 @@ class Cluster:
                 "--metrics_listen", "127.0.0.1:0",
                 "--port_file", os.path.join(self.tmp, "coordinator.port"),
                 "--heartbeat_interval", f"{HEARTBEAT_S}s", "--lease_ttl", f"{LEASE_TTL_S:g}s",
-                "--checkpoint_root", self.tmp, "--data_root", self.data_root(),
+                "--checkpoint_root", self.tmp, "--data_root", self.data_roots_flag(),
                 # Jobs here are short: a job may be preempted as soon as it trained a step
                 # (tests of the protection after a start or resume set their own).
                 "--preempt_min_run", "0s", *self.coordinator_flags]
@@ -191,7 +197,7 @@ class Cluster:
         port_file = os.path.join(self.tmp, f"{worker_id}.port")
         argv = [os.path.join(self.bin_dir, "worker"), "--coordinator", self.address,
                 "--listen", "127.0.0.1:0", "--worker_id", worker_id, "--port_file", port_file,
-                "--checkpoint_root", self.tmp, "--data_root", self.data_root(),
+                "--checkpoint_root", self.tmp, "--data_root", self.data_roots_flag(),
                 *self.worker_flags(worker_id)]
         address = self._start(worker_id, argv, port_file, f"worker {worker_id}")
         self.worker_addresses[worker_id] = address

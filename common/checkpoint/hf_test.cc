@@ -287,7 +287,9 @@ TEST_F(HfTest, TheConfigNamesTheTensorsDtypeUnderBothKeys) {
     for (const auto& [dtype, name, safetensors] :
          {std::tuple{DType::kFloat32, "float32", "F32"},
           std::tuple{DType::kBFloat16, "bfloat16", "BF16"}}) {
-      ASSERT_TRUE(WriteHfModel(spec, ByName(*src), (dir_ / "m").string(), {.dtype = dtype}).ok());
+      HfExportOptions options;
+      options.dtype = dtype;
+      ASSERT_TRUE(WriteHfModel(spec, ByName(*src), (dir_ / "m").string(), options).ok());
       const std::string config = Config("m");
       EXPECT_THAT(config, HasSubstr(absl::StrCat("\"dtype\": \"", name, "\"")));
       EXPECT_THAT(config, HasSubstr(absl::StrCat("\"torch_dtype\": \"", name, "\"")));
