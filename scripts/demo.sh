@@ -350,14 +350,16 @@ echo "training the same job in this process (about as long as the cluster took).
 ref_spec="$SPEC"
 if [[ $bpe -eq 1 ]]; then
   # train-local reads files as named (it has no data roots): the same shards, by absolute path.
+  # It keeps its final weights as a checkpoint (the same bits as the job's) for the sample.
   ref_spec="$tmp/reference-spec.json"
-  python3 - "$SPEC" "$BIN/data" "$ref_spec" <<'PY'
+  python3 - "$SPEC" "$BIN/data" "$ref_spec" "$tmp/reference-ckpt" <<'PY'
 import json, os, sys
 spec = json.load(open(sys.argv[1]))
 root = os.path.abspath(sys.argv[2])
 tokens = spec["data"]["tokens"]
 for split in ("train", "val"):
     tokens[split] = [os.path.join(root, p) for p in tokens.get(split, [])]
+spec["checkpoint"] = {"everySteps": 1000000, "dir": sys.argv[4], "keep": 1}  # the last step's
 json.dump(spec, open(sys.argv[3], "w"), indent=2)
 PY
 fi
@@ -397,6 +399,13 @@ print("RESULT: the job succeeded and its weights equal the reference trainer's, 
 PY
 if [[ $watch_rc -ne 0 || $verdict -ne 0 ]]; then
   exit 1
+fi
+if [[ $bpe -eq 1 && -f "$DATA_DIR/tokenizer.json" ]]; then
+  # What the model learned, as nanoGPT's sample.py shows it (docs/models.md, "Samples").
+  section "a sample from the trained weights (batonctl sample, seed 42)"
+  "$BIN/batonctl" sample --from "$tmp/reference-ckpt/local" --spec "$ref_spec" \
+    --tokenizer "$DATA_DIR/tokenizer.json" --prompt "The GNU General Public License" \
+    --tokens 48 --seed 42 || echo "demo: no sample (see above)"
 fi
 ok=1
 
