@@ -36,6 +36,28 @@ PY
 "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 3 | grep -q "^weights digest [0-9a-f]\{64\}$" \
   || fail "text output has no weights digest line"
 
+# Matrix kernels (common/core/blas_kernels.h): the report names them; a CPU with AVX2 and FMA
+# never runs OpenBLAS's generic Prescott set unless the operator asks for it; the operator's
+# OPENBLAS_CORETYPE is kept; a choice whose self-test fails (injected) falls back and says
+# why, and the run goes on.
+kernels() { python3 -c 'import json, sys; print(json.load(sys.stdin)["kernels"])'; }
+got="$(env -u OPENBLAS_CORETYPE -u BATON_BLAS_CHOICE "$BATONCTL" train-local \
+  -f "$EXAMPLES/mlp-tiny.json" --steps 1 --output json | kernels)"
+[[ "$got" == OpenBLAS* ]] || fail "kernels: '$got'"
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  [[ "$got" != *"Prescott kernels"* ]] || fail "generic kernels on a CPU with AVX2: $got"
+fi
+echo "kernels: $got"
+got="$(OPENBLAS_CORETYPE=Prescott "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" \
+  --steps 1 --output json | kernels)"
+[[ "$got" == *"Prescott kernels (chosen by the operator (OPENBLAS_CORETYPE))" ]] \
+  || fail "the operator's OPENBLAS_CORETYPE was not kept: $got"
+got="$(env -u OPENBLAS_CORETYPE BATON_BLAS_CHOICE="a test's choice" BATON_BLAS_SELFTEST_INJECT=1 \
+  "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 1 --output json | kernels)"
+[[ "$got" == *"after baton's choice failed its self-test"*"a float64 product gives"* ]] \
+  || fail "an injected self-test failure did not fall back: $got"
+echo "kernels after an injected self-test failure: $got"
+
 expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING JSON
   printf '%s' "$3" >"$tmp/$1.json"
   if "$BATONCTL" train-local -f "$tmp/$1.json" >"$tmp/$1.out" 2>&1; then

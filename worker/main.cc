@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/blas_kernels.h"
 #include "common/core/host_info.h"
 #include "common/core/paths.h"
 #include "common/rpc/rpc.h"
@@ -64,7 +65,10 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::ChooseBlasKernels(argv);  // may re-execute this process: before anything else
   absl::ParseCommandLine(argc, argv);
+  std::fprintf(stderr, "worker: matrix kernels: %s\n",
+               baton::CurrentBlasKernels().Describe().c_str());
   baton::ShutdownSignals signals;  // before any thread starts
 
   const baton::TlsConfig tls = baton::TlsConfigFromFlags();

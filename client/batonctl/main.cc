@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "client/batonctl/commands.h"
+#include "common/core/blas_kernels.h"
 
 namespace {
 constexpr char kUsage[] =
@@ -32,6 +33,12 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // train-local computes, and its digests are compared with the workers': the same kernels
+  // (may re-execute this process, before anything else).
+  if (argc >= 2 &&
+      (std::strcmp(argv[1], "train-local") == 0 || std::strcmp(argv[1], "sample") == 0)) {
+    baton::ChooseBlasKernels(argv);
+  }
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

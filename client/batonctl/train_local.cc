@@ -17,6 +17,7 @@
 #include "client/batonctl/trace_json.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/backend.h"
+#include "common/core/blas_kernels.h"
 #include "common/core/cuda_context.h"
 #include "common/core/file.h"
 #include "common/pipeline/local_pipeline.h"
@@ -260,11 +261,13 @@ int TrainLocal(const std::vector<std::string>& argv) {
   report.set_job_name(s.name());
   report.set_parameters(num_params);
   report.set_device(DescribeDevice(run.device));
+  report.set_kernels(CurrentBlasKernels().Describe());
   const bool text = output == "text";
   if (text) {
     std::printf("%s: %s, %zu blocks, %lld parameters, on %s\n",
                 s.name().empty() ? "job" : s.name().c_str(), Describe(s).c_str(), blocks.size(),
                 static_cast<long long>(num_params), report.device().c_str());
+    std::printf("matrix kernels: %s\n", report.kernels().c_str());
     if (pipe != nullptr) {
       const Schedule& sc = pipe->schedule();
       std::vector<std::string> parts;
