@@ -26,6 +26,8 @@
 #include "common/nn/generate.h"
 #include "common/nn/model.h"
 #include "common/spec/spec.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace baton::cli {
 namespace {
@@ -135,19 +137,25 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-// JSON string text (the decoded text may hold any character).
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      absl::StrAppend(&out, "\\", std::string(1, static_cast<char>(c)));
-    } else if (c < 0x20) {
-      absl::StrAppend(&out, absl::StrFormat("\\u%04x", c));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
+// The --output json report: {"source", "prompt_ids", "ids", "text" (with a tokenizer)},
+// written by protobuf's JSON printer (which escapes the text).
+absl::StatusOr<std::string> JsonReport(const std::string& source,
+                                       const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& ids,
+                                       const std::optional<std::string>& text) {
+  google::protobuf::Struct report;
+  auto& f = *report.mutable_fields();
+  f["source"].set_string_value(source);
+  for (const auto& [key, list] : {std::pair{"prompt_ids", &prompt}, std::pair{"ids", &ids}}) {
+    google::protobuf::ListValue* values = f[key].mutable_list_value();
+    for (int32_t id : *list) values->add_values()->set_number_value(id);
   }
-  return out + "\"";
+  if (text.has_value()) f["text"].set_string_value(*text);
+  std::string out;
+  if (const auto st = google::protobuf::util::MessageToJsonString(report, &out); !st.ok()) {
+    return absl::InternalError(absl::StrCat("cannot print the report: ", st.ToString()));
+  }
+  return out;
 }
 
 }  // namespace
@@ -233,11 +241,11 @@ int Sample(const std::vector<std::string>& argv) {
     text = *std::move(decoded);
   }
   if (output == "json") {
-    std::printf(
-        "{\"source\": %s, \"prompt_ids\": [%s], \"ids\": [%s]%s}\n",
-        JsonString(loaded->source).c_str(), absl::StrJoin(prompt, ", ").c_str(),
-        absl::StrJoin(*generated, ", ").c_str(),
-        tokenizer.has_value() ? absl::StrCat(", \"text\": ", JsonString(text)).c_str() : "");
+    absl::StatusOr<std::string> json =
+        JsonReport(loaded->source, prompt, *generated,
+                   tokenizer.has_value() ? std::optional<std::string>(text) : std::nullopt);
+    if (!json.ok()) return Fail(std::string(json.status().message()));
+    std::printf("%s\n", json->c_str());
     return 0;
   }
   if (tokenizer.has_value()) {

@@ -397,14 +397,10 @@ class Shard {
   const std::string& path() const { return shown_; }
   const Safetensors& header() const { return header_; }
 
-  // The tensor `name` (in the header) as a float32 host tensor.
+  // The tensor `name` (in the header; its dtype F32, F16 or BF16, as HfFiles::Locate checked)
+  // as a float32 host tensor.
   absl::StatusOr<Tensor> ReadFloat(const std::string& name) {
     SafetensorsEntry e = header_.tensors.at(name);
-    if (e.dtype != DType::kFloat32) {
-      return absl::InvalidArgumentError(absl::StrCat(kField, ": tensor ", name, " in ", shown_,
-                                                     " has dtype ", e.file_dtype,
-                                                     "; want F32, F16 or BF16"));
-    }
     std::string bytes;
     BATON_RETURN_IF_ERROR(Read(data_start_ + e.offset, SafetensorsDataBytes(e), &bytes));
     e.data = bytes;

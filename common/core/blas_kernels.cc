@@ -173,13 +173,16 @@ void ChooseBlasKernels(char** argv) {
 }
 
 const BlasKernels& CurrentBlasKernels() {
-  BlasKernels& k = Current();
-  if (k.core.empty()) {
-    k.library = Library();
-    k.core = openblas_get_corename();
-    k.chosen_by = "the library";
-  }
-  return k;
+  if (!Current().core.empty()) return Current();  // ChooseBlasKernels decided
+  // A process that never chose (a test, a benchmark): the library's set, read once.
+  static const BlasKernels* const library = [] {
+    auto* k = new BlasKernels;
+    k->library = Library();
+    k->core = openblas_get_corename();
+    k->chosen_by = "the library";
+    return k;
+  }();
+  return *library;
 }
 
 }  // namespace baton
