@@ -84,16 +84,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/comm/inproc_transport.h"
 #include "common/core/backend.h"
+#include "common/core/blas_kernels.h"
 #include "common/core/host_info.h"
 #include "common/core/tensor.h"
-#include "common/comm/inproc_transport.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/action.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
-#include "common/spec/spec.h"
 #include "common/schedule/vocabulary.h"
+#include "common/spec/spec.h"
 
 #ifndef BATON_SOURCE_DIR
 #define BATON_SOURCE_DIR "."
@@ -789,6 +790,7 @@ void PrintTable(const Flags& f, const baton::v1::JobSpec& spec, const Calibratio
   std::printf("bubble_bench: %s, %u hardware threads, load average %s (start) %s (end)\n",
               CpuModelName().c_str(), std::thread::hardware_concurrency(), load0.c_str(),
               load1.c_str());
+  std::printf("matrix kernels: %s\n", CurrentBlasKernels().Describe().c_str());
   std::printf(
       "model gpt vocab=%d context=%d d_model=%d heads=%d layers=%d; micro-batch %d x %d "
       "tokens, M=%d; %d warm-up + %d measured steps; BLAS threads %d\n",
@@ -883,7 +885,7 @@ void PrintJson(const Flags& f, const baton::v1::JobSpec& spec, const Calibration
   const auto& g = spec.model().gpt();
   std::ostringstream o;
   o.precision(6);
-  o << "{\"cpu\":\"" << CpuModelName()
+  o << "{\"cpu\":\"" << CpuModelName() << "\",\"kernels\":\"" << CurrentBlasKernels().Describe()
     << "\",\"hardware_threads\":" << std::thread::hardware_concurrency() << ",\"loadavg_start\":\""
     << load0 << "\",\"loadavg_end\":\"" << load1 << "\",\"model\":{\"vocab\":" << g.vocab_size()
     << ",\"context\":" << g.context() << ",\"d_model\":" << g.d_model()
@@ -956,6 +958,7 @@ void PrintJson(const Flags& f, const baton::v1::JobSpec& spec, const Calibration
 }  // namespace baton
 
 int main(int argc, char** argv) {
+  baton::ChooseBlasKernels(argv);  // the kernels a worker runs (may re-execute)
   using namespace baton;
   const Flags f = ParseFlags(argc, argv);
   SetBlasThreads(f.blas_threads);

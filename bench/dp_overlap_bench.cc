@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "common/core/blas_kernels.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/spec/spec.h"
 
 int main(int argc, char** argv) {
+  baton::ChooseBlasKernels(argv);  // the kernels a worker runs (may re-execute)
   std::string spec_path = std::string(BATON_SOURCE_DIR) + "/client/examples/gpt.json";
   int steps = 20, stages = 2, replicas = 2;
   long long bucket_bytes = 0;  // 0: the spec's (25 MiB by default)

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/core/backend.h"
+#include "common/core/blas_kernels.h"
 #include "common/core/tensor.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
@@ -531,6 +532,7 @@ BENCHMARK(baton::BM_GptCheckpointSave)->UseRealTime()->MinTime(2.0)->Unit(benchm
 BENCHMARK(baton::BM_GptCheckpointSnapshot)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
+  baton::ChooseBlasKernels(argv);  // the kernels a worker runs (may re-execute)
   // Our own flag first: Google Benchmark rejects flags it does not know.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -559,6 +561,7 @@ int main(int argc, char** argv) {
       "micro_batch", std::to_string(baton::MicroBatchSequences()) + " sequences x " +
                          std::to_string(g.context()) + " tokens");
   benchmark::AddCustomContext("blas_threads", std::to_string(baton::BlasThreads()));
+  benchmark::AddCustomContext("kernels", baton::CurrentBlasKernels().Describe());
   benchmark::AddCustomContext("device", baton::OnCuda() ? "cuda" : "cpu");
   if (!baton::OnCuda()) baton::RegisterKernelBenchmarks();
   benchmark::RunSpecifiedBenchmarks();

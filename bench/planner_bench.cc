@@ -27,10 +27,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/core/backend.h"
+#include "common/core/blas_kernels.h"
 #include "common/pipeline/local_pipeline.h"
+#include "common/pipeline/step_trace.h"
 #include "common/plan/measured_run.h"
 #include "common/plan/planner.h"
-#include "common/pipeline/step_trace.h"
 #include "common/schedule/vocabulary.h"
 #include "common/spec/spec.h"
 
@@ -242,6 +243,7 @@ void RunShape(const std::string& shape, baton::v1::JobSpec spec, const Flags& f)
 }  // namespace baton
 
 int main(int argc, char** argv) {
+  baton::ChooseBlasKernels(argv);  // the kernels a worker runs (may re-execute)
   const baton::Flags f = baton::ParseFlags(argc, argv);
   baton::SetBlasThreads(f.blas_threads);
   absl::StatusOr<baton::v1::JobSpec> spec = baton::LoadJobSpecFile(f.spec);

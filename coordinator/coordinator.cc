@@ -1495,7 +1495,7 @@ void Coordinator::OnLastRankStepLocked(ActiveJob* j,
   }
   std::vector<baton::v1::DeviceInfo> devices;
   for (const RankSlot& slot : j->ranks) devices.push_back(slot.worker.device);
-  extras.peak_flops = PeakFlopsOf(devices);
+  extras.peak_flops = PeakFlopsOf(devices, j->job.spec().precision() == baton::v1::PRECISION_BF16);
   baton::v1::StepProgress step = MakeStepProgress(
       j->job.spec(), k, request.has_loss() ? std::optional<float>(request.loss()) : std::nullopt,
       StepDuration(request.timing(), now - j->last_step_at), j->timings[k], worker_ids, extras);

@@ -240,11 +240,12 @@ absl::Duration StepDuration(const baton::v1::RankTiming& timing, absl::Duration 
   return d > absl::ZeroDuration() ? d : since_previous;
 }
 
-double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices) {
+double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices, bool bf16) {
   double sum = 0;
   for (const baton::v1::DeviceInfo& d : devices) {
-    if (d.peak_flops() <= 0) return 0;
-    sum += d.peak_flops();
+    const double peak = bf16 ? d.peak_flops_bf16() : d.peak_flops();
+    if (peak <= 0) return 0;
+    sum += peak;
   }
   return sum;
 }

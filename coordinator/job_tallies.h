@@ -133,8 +133,9 @@ struct StepExtras {
   double peak_flops = 0;
 };
 
-// The sum of the devices' peaks, 0 when any is 0 (unknown).
-double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices);
+// The sum of the devices' peaks in the job's precision (peak_flops_bf16 for a bf16 job),
+// 0 when any is 0 (unknown).
+double PeakFlopsOf(const std::vector<baton::v1::DeviceInfo>& devices, bool bf16 = false);
 
 // What watchers get for `step` of a job with `spec`: `loss` (when known), `duration`,
 // samples/s = batch_size / duration, tokens/s = TokensPerStep(spec) / duration (both absent

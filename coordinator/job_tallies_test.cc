@@ -382,6 +382,10 @@ TEST(StepProgressTest, ModelFlopsAndMfuFromTheBlocksAndTheDevicesPeaks) {
   baton::v1::DeviceInfo unknown;
   EXPECT_DOUBLE_EQ(PeakFlopsOf({gpu, gpu}), 134e12);
   EXPECT_EQ(PeakFlopsOf({gpu, unknown}), 0);  // one unknown peak: no MFU, not a guess
+  // A bf16 job divides by the bf16 peaks.
+  gpu.set_peak_flops_bf16(989e12);
+  EXPECT_DOUBLE_EQ(PeakFlopsOf({gpu, gpu}, /*bf16=*/true), 1978e12);
+  EXPECT_EQ(PeakFlopsOf({gpu, unknown}, /*bf16=*/true), 0);
 
   StepExtras extras;
   extras.learning_rate = 3e-4f;

@@ -315,6 +315,14 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
   out.report.set_virtual_stages(sc.virtual_stages);
   out.report.set_microbatches(sc.num_microbatches);
   out.report.set_device(DeviceName(device));
+  for (const PlacedWorker& w : workers) {  // rank order: replica-major, as below
+    const std::string& k = w.device.kernels();
+    if (k.empty() || device != Device::kCpu) continue;
+    if (std::find(out.report.kernels().begin(), out.report.kernels().end(), k) ==
+        out.report.kernels().end()) {
+      out.report.add_kernels(k);
+    }
+  }
   for (const BlockRange& b : out.layout.stage_blocks) {
     out.report.add_stage_blocks(absl::StrFormat("%d-%d", b.first, b.last - 1));
   }

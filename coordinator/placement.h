@@ -109,7 +109,8 @@ struct Placement {
   PipelineLayout layout;
   std::vector<baton::v1::JobPlan> plans;  // by rank
   // schedule, stages, virtual_stages, microbatches and stage_blocks ("first-last",
-  // inclusive), as `batonctl train-local --pipeline --output json` reports them.
+  // inclusive), as `batonctl train-local --pipeline --output json` reports them; and on the
+  // CPU the workers' matrix kernel sets, each once, in rank order.
   baton::v1::PipelineReport report;
 };
 

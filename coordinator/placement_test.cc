@@ -215,6 +215,24 @@ TEST(PlaceJobTest, ThePlansSayTheDevice) {
   }
 }
 
+TEST(PlaceJobTest, TheReportNamesEachKernelSetOnceInRankOrder) {
+  const baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 4, 1, 4);
+  std::vector<PlacedWorker> workers = Workers(4);
+  const char* kernels[] = {"OpenBLAS 0.3.21, SkylakeX kernels", "",
+                           "OpenBLAS 0.3.21, Haswell kernels", "OpenBLAS 0.3.21, SkylakeX kernels"};
+  for (int i = 0; i < 4; ++i) workers[i].device.set_kernels(kernels[i]);
+  absl::StatusOr<Placement> cpu = PlaceJob(spec, "job-1", 1, workers, absl::Seconds(5));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_EQ(cpu->report.kernels_size(), 2);
+  EXPECT_EQ(cpu->report.kernels(0), "OpenBLAS 0.3.21, SkylakeX kernels");
+  EXPECT_EQ(cpu->report.kernels(1), "OpenBLAS 0.3.21, Haswell kernels");
+  // A GPU job computes on no CPU kernels.
+  absl::StatusOr<Placement> gpu =
+      PlaceJob(spec, "job-1", 1, workers, absl::Seconds(5), Device::kCuda);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->report.kernels_size(), 0);
+}
+
 struct Case {
   baton::v1::Schedule schedule;
   ScheduleKind kind;

@@ -50,13 +50,51 @@ fi
 echo "kernels: $got"
 got="$(OPENBLAS_CORETYPE=Prescott "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" \
   --steps 1 --output json | kernels)"
-[[ "$got" == *"Prescott kernels (chosen by the operator (OPENBLAS_CORETYPE))" ]] \
+[[ "$got" == *"Prescott kernels (chosen by the operator (OPENBLAS_CORETYPE));"* ]] \
   || fail "the operator's OPENBLAS_CORETYPE was not kept: $got"
 got="$(env -u OPENBLAS_CORETYPE BATON_BLAS_CHOICE="a test's choice" BATON_BLAS_SELFTEST_INJECT=1 \
   "$BATONCTL" train-local -f "$EXAMPLES/mlp-tiny.json" --steps 1 --output json | kernels)"
 [[ "$got" == *"after baton's choice failed its self-test"*"a float64 product gives"* ]] \
   || fail "an injected self-test failure did not fall back: $got"
 echo "kernels after an injected self-test failure: $got"
+
+# bf16 products (common/core/bf16_gemm.h): oneDNN on a CPU that multiplies bf16 (AMX-BF16,
+# AVX512-BF16), the widened float32 path elsewhere and when the operator asks for it
+# (BATON_BF16_GEMM=widen); an injected self-test failure widens, says why, and trains to
+# the widened path's digest.
+bf16_run() {  # bf16_run NAME [ENV...]: digest and kernels of a 2-step bf16 run in $tmp/NAME.*
+  env "${@:2}" "$BATONCTL" train-local -f "$EXAMPLES/gpt.json" --steps 2 --precision bf16 \
+    --output json >"$tmp/$1.json"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["weights_digest"])' \
+    "$tmp/$1.json" >"$tmp/$1.digest"
+  kernels <"$tmp/$1.json" >"$tmp/$1.kernels"
+}
+bf16_run bf16-default -u BATON_BF16_GEMM
+bf16_run bf16-widen BATON_BF16_GEMM=widen
+bf16_run bf16-inject -u BATON_BF16_GEMM BATON_BF16_SELFTEST_INJECT=1
+got="$(cat "$tmp/bf16-default.kernels")"
+if grep -qw amx_bf16 /proc/cpuinfo; then
+  [[ "$got" == *"bf16 products oneDNN "*" on AMX-BF16 (chosen by baton: "* ]] \
+    || fail "a CPU with AMX-BF16 does not multiply bf16 on it: $got"
+elif grep -qw avx512_bf16 /proc/cpuinfo; then
+  [[ "$got" == *"bf16 products oneDNN "*" on AVX512-BF16 (chosen by baton: "* ]] \
+    || fail "a CPU with AVX512-BF16 does not multiply bf16 on it: $got"
+else
+  [[ "$got" == *"bf16 products widened to float32 (sgemm) (chosen by baton: the CPU has no bf16 multiply"* ]] \
+    || fail "a CPU without a bf16 multiply: $got"
+fi
+echo "bf16 kernels: ${got#*; }"
+got="$(cat "$tmp/bf16-widen.kernels")"
+[[ "$got" == *"bf16 products widened to float32 (sgemm) (chosen by the operator (BATON_BF16_GEMM=widen))" ]] \
+  || fail "BATON_BF16_GEMM=widen was not kept: $got"
+got="$(cat "$tmp/bf16-inject.kernels")"
+if [[ "$(cat "$tmp/bf16-default.kernels")" == *"bf16 products oneDNN"* ]]; then
+  [[ "$got" == *"bf16 products widened to float32 (sgemm) (chosen by baton: oneDNN "*" failed its self-test: oneDNN bf16 matmul 64x64x64: element (32, 0) is"* ]] \
+    || fail "an injected bf16 self-test failure did not widen: $got"
+  echo "bf16 kernels after an injected self-test failure: ${got#*; }"
+fi
+cmp -s "$tmp/bf16-inject.digest" "$tmp/bf16-widen.digest" \
+  || fail "the fallback's digest $(cat "$tmp/bf16-inject.digest") is not the widened path's $(cat "$tmp/bf16-widen.digest")"
 
 expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING JSON
   printf '%s' "$3" >"$tmp/$1.json"

@@ -354,8 +354,13 @@ class Cluster:
             if steps is not None:
                 args += ["--steps", str(steps)]
             report = json.loads(self.ctl_ok(*args, timeout=300).stdout)
-            self.reference_cache[key] = report["weights_digest"]
-        return self.reference_cache[key]
+            self.reference_cache[key] = report
+        return self.reference_cache[key]["weights_digest"]
+
+    def reference_kernels(self, spec_path, steps=None):
+        """The matrix kernels train-local ran reference_digest's run on."""
+        self.reference_digest(spec_path, steps)
+        return self.reference_cache[(open(spec_path).read(), steps)]["kernels"]
 
 
 def run_cases(c, cases, only, args=(), tail_all=False, tail_lines=15):
@@ -905,8 +910,40 @@ def case_device(c):
     check(any("links: ranks 0-1 grpc: the job computes on the CPU" in h.get("reason", "")
               for h in job2.get("history", [])),
           f"the history does not say how the link transports: {job2.get('history')}")
+    # The matrix kernels: the job's (get) are train-local's on this machine, and each
+    # worker names its own (workers, and its log) with its threads.
+    kernels = c.reference_kernels(spec2)
+    check(f"kernels:    {kernels}\n" in text,
+          f"batonctl get does not show train-local's kernels ({kernels}):\n{text}")
+    check(job2["pipeline"].get("kernels") == [kernels],
+          f"{job_id2}: pipeline.kernels {job2['pipeline'].get('kernels')}, want [{kernels!r}]")
+    listed = {w["worker_id"]: w["device"] for w in c.workers()}
+    for w in ids:
+        check(listed[w].get("kernels") == kernels and listed[w].get("threads", 0) >= 1,
+              f"{w} registered kernels {listed[w].get('kernels')!r}, threads "
+              f"{listed[w].get('threads')}; want {kernels!r} and at least 1")
+        log = open(c.logs[w], errors="replace").read()
+        check(f"worker: matrix kernels: {kernels}; " in log,
+              f"{w}'s log does not name its kernels ({kernels})")
+    # The table: each worker's device line, then its kernels without who chose them.
+    table = c.ctl_ok("workers").stdout.splitlines()
+    short, depth, i = "", 0, 0
+    while i < len(kernels):  # drop each balanced " (...)"
+        if depth == 0 and kernels.startswith(" (", i):
+            depth, i = 1, i + 2
+            continue
+        if depth:
+            depth += {"(": 1, ")": -1}.get(kernels[i], 0)
+        else:
+            short += kernels[i]
+        i += 1
+    for w in ids:
+        row = next((i for i, line in enumerate(table) if line.startswith(w + " ")), None)
+        check(row is not None and row + 1 < len(table) and table[row + 1].strip() == short,
+              f"batonctl workers does not show {w}'s kernels ({short}):\n" + "\n".join(table))
     c.wait_idle(2, ids=ids)
     print(f"  {job_id2}: auto -> cpu ({placing[0]}); batonctl get shows it")
+    print(f"  kernels: {kernels} (get, workers, worker logs, train-local alike)")
 
 
 def case_restart(c):

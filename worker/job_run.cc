@@ -495,7 +495,8 @@ absl::Status JobRun::Build(Pipeline& p) {
             TrainingFlops(blocks, p.blocks[s].first, p.blocks[s].last, samples);
       }
     }
-    info.peak_flops = options_.peak_flops;
+    info.peak_flops = p.spec().precision() == baton::v1::PRECISION_BF16 ? options_.peak_flops_bf16
+                                                                        : options_.peak_flops;
     eo.observer = options_.metrics->BeginJob(info);
   }
   phase_ = absl::StrCat("building its blocks (", OwnBlocks(schedule, p.blocks, plan_.rank()), ")");

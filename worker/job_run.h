@@ -79,7 +79,9 @@ struct JobRunOptions {
   DataAccess data;                   // where text files may be read from
   WorkerMetrics* metrics = nullptr;  // not owned; may be null
   int64_t memory_bytes = 0;          // what the worker offers jobs, for out-of-memory errors
-  double peak_flops = 0;             // its device's peak (DeviceInfo.peak_flops), for MFU
+  // Its device's peaks (DeviceInfo.peak_flops, .peak_flops_bf16), for MFU.
+  double peak_flops = 0;
+  double peak_flops_bf16 = 0;
 };
 
 // What the run does after a step's report.

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
 #include "common/core/blas_kernels.h"
 #include "common/core/host_info.h"
 #include "common/core/paths.h"
@@ -51,6 +52,9 @@ ABSL_FLAG(std::string, join_token_file, "",
           "file holding the cluster's join token, sent when registering with the coordinator");
 ABSL_FLAG(std::string, health_listen, "",
           "if set, host:port of a plaintext server answering grpc.health.v1 only (probes)");
+ABSL_FLAG(int32_t, threads, 0,
+          "CPU threads a job's matrix products use (0: the cores this process may run on, "
+          "its affinity mask); results do not depend on it");
 ABSL_FLAG(std::string, device, "",
           "the device this worker owns: cpu, cuda or cuda:N (default: the first visible GPU, "
           "else the CPU)");
@@ -67,8 +71,11 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   baton::ChooseBlasKernels(argv);  // may re-execute this process: before anything else
   absl::ParseCommandLine(argc, argv);
-  std::fprintf(stderr, "worker: matrix kernels: %s\n",
-               baton::CurrentBlasKernels().Describe().c_str());
+  const int32_t threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0) return Fail(absl::StrCat("--threads: ", threads, " is negative"));
+  baton::SetBlasThreads(threads > 0 ? threads : baton::UsableCores());
+  std::fprintf(stderr, "worker: matrix kernels: %s; %d threads\n",
+               baton::CurrentBlasKernels().Describe().c_str(), baton::BlasThreads());
   baton::ShutdownSignals signals;  // before any thread starts
 
   const baton::TlsConfig tls = baton::TlsConfigFromFlags();
@@ -99,10 +106,11 @@ int main(int argc, char** argv) {
   options.device = *std::move(device);
   // The denominator of the jobs' MFU, said once.
   if (options.device.peak_flops() > 0) {
-    std::fprintf(stderr, "worker: %s peak %.1f GFLOP/s fp32 (%s)\n",
-                 options.device.name().c_str(), options.device.peak_flops() / 1e9,
-                 options.device.kind() == "cpu" ? "measured by a 384^3 sgemm at start"
-                                                : "datasheet");
+    std::fprintf(
+        stderr, "worker: %s peak %.1f GFLOP/s fp32, %.1f bf16 (%s)\n",
+        options.device.name().c_str(), options.device.peak_flops() / 1e9,
+        options.device.peak_flops_bf16() / 1e9,
+        options.device.kind() == "cpu" ? "measured by 384^3 products at start" : "datasheet");
   } else {
     std::fprintf(stderr, "worker: %s: peak unknown, jobs report no MFU for it\n",
                  options.device.name().c_str());

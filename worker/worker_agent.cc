@@ -111,6 +111,7 @@ JobRunOptions WorkerAgent::RunOptions() {
   o.metrics = options_.metrics;
   o.memory_bytes = options_.device.memory_bytes();
   o.peak_flops = options_.device.peak_flops();
+  o.peak_flops_bf16 = options_.device.peak_flops_bf16();
   return o;
 }
 

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+#include "common/core/blas_kernels.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/device_peak.h"
@@ -26,8 +28,12 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
     // What this process may still allocate: under an address-space, data or cgroup limit,
     // less than the host's RAM (the coordinator places only what fits).
     info.set_memory_bytes(UsableMemoryBytes());
-    // No datasheet for a CPU: its peak is measured, here, once (a few milliseconds).
+    info.set_kernels(CurrentBlasKernels().Describe());
+    info.set_threads(BlasThreads());
+    // No datasheet for a CPU: its peak is measured, here, once (a few milliseconds), on
+    // the kernels and threads its jobs use.
     info.set_peak_flops(MeasureCpuPeakFlops());
+    info.set_peak_flops_bf16(MeasureCpuPeakFlopsBf16());
     return info;
   }
   absl::StatusOr<CudaDeviceInfo> cuda = GetCudaDeviceInfo(index);
@@ -48,6 +54,7 @@ absl::StatusOr<baton::v1::DeviceInfo> ClaimDevice(const std::string& flag) {
   info.set_uuid(cuda->uuid);
   // fp32 with TF32 off is what baton computes on a GPU today.
   info.set_peak_flops(GpuPeakFlops(cuda->name, PeakPrecision::kFp32));
+  info.set_peak_flops_bf16(GpuPeakFlops(cuda->name, PeakPrecision::kBf16));
   return info;
 }
 

@@ -154,7 +154,9 @@ void WorkerMetrics::SetDevice(const std::string& worker_id,
       .Add({{"worker_id", worker_id},
             {"kind", device.kind()},
             {"name", device.name()},
-            {"uuid", device.uuid()}})
+            {"uuid", device.uuid()},
+            {"kernels", device.kernels()},
+            {"threads", device.threads() > 0 ? absl::StrCat(device.threads()) : ""}})
       .Set(1);
   device_ = device.kind() == "cuda" ? Device::kCuda : Device::kCpu;
   UpdateMemory();

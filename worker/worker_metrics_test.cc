@@ -78,6 +78,8 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   baton::v1::DeviceInfo device;
   device.set_kind("cpu");
   device.set_name("test cpu");
+  device.set_kernels("OpenBLAS 0.3.21, SkylakeX kernels (chosen by the library)");
+  device.set_threads(2);
   m.SetDevice("w-1", device);
   m.SetBusy(true);
   StepObserver* observer = m.BeginJob(Info("job-000001"));
@@ -88,8 +90,9 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   m.RecordStep(Step(), 2.5f);
   m.RecordStep(Step(), std::nullopt);
   const std::string t = Text(registry);
-  EXPECT_THAT(t, HasSubstr("baton_worker_device_info{kind=\"cpu\",name=\"test "
-                           "cpu\",uuid=\"\",worker_id=\"w-1\"} 1"));
+  EXPECT_THAT(t, HasSubstr("baton_worker_device_info{kernels=\"OpenBLAS 0.3.21, SkylakeX kernels "
+                           "(chosen by the library)\",kind=\"cpu\",name=\"test "
+                           "cpu\",threads=\"2\",uuid=\"\",worker_id=\"w-1\"} 1"));
   EXPECT_THAT(t, HasSubstr("baton_worker_busy 1"));
   EXPECT_THAT(t, HasSubstr("baton_worker_steps_total{job_id=\"job-000001\",rank=\"1\"} 2"));
   EXPECT_THAT(t, HasSubstr("baton_worker_step_duration_seconds_count{job_id=\"job-000001\",rank=\"1\"} 2"));

@@ -60,6 +60,13 @@ void PrintJob(const baton::v1::Job& job) {
   if (job.has_pipeline() && !job.pipeline().device().empty()) {
     std::printf("  device:     %s\n", job.pipeline().device().c_str());
   }
+  // The digest depends on these (docs/precision.md): train-local prints its own to compare.
+  for (const std::string& k : job.pipeline().kernels()) {
+    std::printf("  kernels:    %s%s\n", k.c_str(),
+                job.pipeline().kernels_size() > 1 ? " (ranks differ: the digest matches no "
+                                                    "single-machine reference run)"
+                                                  : "");
+  }
   for (const baton::v1::LinkReport& l : job.pipeline().links()) {
     std::printf("  link:       ranks %d-%d %s (%s)\n", l.rank(), l.peer(), l.transport().c_str(),
                 l.reason().c_str());

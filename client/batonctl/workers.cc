@@ -1,8 +1,10 @@
-// batonctl workers: the workers the coordinator knows, with state, job and last heartbeat.
+// batonctl workers: the workers the coordinator knows, with state, job, last heartbeat,
+// matrix kernels and device.
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -31,8 +33,32 @@ std::string DeviceText(const baton::v1::DeviceInfo& d) {
     details.push_back(std::to_string((d.memory_bytes() + (1 << 29)) >> 30) + " GiB");
   }
   if (!d.compute_capability().empty()) details.push_back("sm " + d.compute_capability());
+  if (d.threads() > 0)
+    details.push_back(absl::StrCat(d.threads(), d.threads() == 1 ? " thread" : " threads"));
   if (!details.empty()) device += " (" + absl::StrJoin(details, ", ") + ")";
   return device.empty() ? "-" : device;
+}
+
+// "OpenBLAS 0.3.21, SkylakeX kernels; bf16 products oneDNN 2.6.3 on AMX-BF16": the
+// registered description without its " (chosen by ...)" parts (--output json has them).
+std::string KernelsText(const baton::v1::DeviceInfo& d) {
+  if (d.kernels().empty()) return "-";
+  std::string out;
+  int depth = 0;
+  const std::string& k = d.kernels();
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (depth == 0 && k.compare(i, 2, " (") == 0) {
+      depth = 1;
+      ++i;
+      continue;
+    }
+    if (depth > 0) {
+      depth += k[i] == '(' ? 1 : k[i] == ')' ? -1 : 0;
+      continue;
+    }
+    out += k[i];
+  }
+  return out;
 }
 
 int RunWorkers(const Args& args, const ClusterClient& c) {
@@ -49,12 +75,16 @@ int RunWorkers(const Args& args, const ClusterClient& c) {
     std::printf("no workers\n");
     return 0;
   }
-  std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", "WORKER", "ADDRESS", "STATE", "JOB",
-              "HEARTBEAT", "DEVICE");
+  std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", "WORKER", "ADDRESS", "STATE", "JOB", "HEARTBEAT",
+              "DEVICE / KERNELS");
   for (const baton::v1::WorkerInfo& w : resp.workers()) {
     std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", w.worker_id().c_str(), w.address().c_str(),
                 WorkerStateName(w.state()).c_str(), w.job_id().empty() ? "-" : w.job_id().c_str(),
                 Ago(w.last_heartbeat()).c_str(), DeviceText(w.device()).c_str());
+    if (!w.device().kernels().empty()) {
+      std::printf("%-12s %-22s %-6s %-14s %-14s %s\n", "", "", "", "", "",
+                  KernelsText(w.device()).c_str());
+    }
   }
   return 0;
 }

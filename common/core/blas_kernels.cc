@@ -13,6 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/core/bf16.h"
+#include "common/core/bf16_gemm.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);
@@ -80,10 +82,13 @@ void Reexec(char** argv, const std::string& core, const std::string& marker) {
 }  // namespace
 
 std::string BlasKernels::Describe() const {
-  return absl::StrCat(library, ", ", core, " kernels (chosen by ", chosen_by, ")");
+  const Bf16Kernels& bf16 = CpuBf16Kernels();
+  return absl::StrCat(library, ", ", core, " kernels (chosen by ", chosen_by, "); bf16 products ",
+                      bf16.name, " (chosen by ", bf16.chosen_by, ")");
 }
 
-std::string SelfTestSgemm() {
+std::string SelfTestProduct(const std::string& name, const TestProduct& product, bool bf16_inputs,
+                            bool inject) {
   struct Shape {
     int m, n, k;
     bool ta, tb;
@@ -91,12 +96,11 @@ std::string SelfTestSgemm() {
   const Shape shapes[] = {{64, 64, 64, false, false}, {192, 48, 130, false, true},
                           {33, 257, 65, true, false}, {128, 384, 96, false, true},
                           {7, 5, 300, true, true},    {512, 16, 128, false, false}};
-  const bool inject = std::getenv("BATON_BLAS_SELFTEST_INJECT") != nullptr &&
-                      std::string(std::getenv("BATON_BLAS_SELFTEST_INJECT")) == "1";
   uint32_t state = 12345;
   auto next = [&] {
     state = state * 1664525u + 1013904223u;
-    return static_cast<float>((state >> 8) & 0xffff) / 32768.0f - 1.0f;  // [-1, 1)
+    const float x = static_cast<float>((state >> 8) & 0xffff) / 32768.0f - 1.0f;  // [-1, 1)
+    return bf16_inputs ? RoundToBf16(x) : x;
   };
   for (const Shape& s : shapes) {
     std::vector<float> a(static_cast<size_t>(s.m) * s.k), b(static_cast<size_t>(s.k) * s.n),
@@ -105,8 +109,7 @@ std::string SelfTestSgemm() {
     for (float& x : b) x = next();
     // Row-major A [m,k] (or its transpose stored [k,m]), B [k,n] (or [n,k]).
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
-    cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
-                s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.n);
+    product(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, c.data());
     if (inject) c[c.size() / 2] += 0.5f;
     for (int i = 0; i < s.m; ++i) {
       for (int j = 0; j < s.n; ++j) {
@@ -119,12 +122,13 @@ std::string SelfTestSgemm() {
           want += x * y;
           scale += std::fabs(x * y);
         }
-        // float32 accumulation in any order is within k * eps * sum|x*y| of the exact sum.
+        // float32 accumulation in any order is within k * eps * sum|x*y| of the exact sum
+        // (the products of bf16 values are exact in float32).
         const double bound = 2.0 * s.k * 1.2e-7 * scale + 1e-30;
         const double got = c[static_cast<size_t>(i) * s.n + j];
         if (!(std::fabs(got - want) <= bound)) {
           return absl::StrFormat(
-              "sgemm %dx%dx%d%s%s: element (%d, %d) is %.9g, a float64 product gives %.9g", s.m,
+              "%s %dx%dx%d%s%s: element (%d, %d) is %.9g, a float64 product gives %.9g", name, s.m,
               s.n, s.k, s.ta ? " (A transposed)" : "", s.tb ? " (B transposed)" : "", i, j, got,
               want);
         }
@@ -132,6 +136,18 @@ std::string SelfTestSgemm() {
     }
   }
   return "";
+}
+
+std::string SelfTestSgemm() {
+  const char* inject = std::getenv("BATON_BLAS_SELFTEST_INJECT");
+  return SelfTestProduct(
+      "sgemm",
+      [](bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+         float* c) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+      },
+      /*bf16_inputs=*/false, inject != nullptr && std::string(inject) == "1");
 }
 
 void ChooseBlasKernels(char** argv) {

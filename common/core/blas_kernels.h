@@ -21,6 +21,7 @@
 #ifndef BATON_COMMON_CORE_BLAS_KERNELS_H_
 #define BATON_COMMON_CORE_BLAS_KERNELS_H_
 
+#include <functional>
 #include <string>
 
 namespace baton {
@@ -31,7 +32,9 @@ struct BlasKernels {
   // Who chose it: "the operator (OPENBLAS_CORETYPE)", "baton (the library chose Prescott on
   // a CPU with AVX-512)", "the library", or the fallback and its reason.
   std::string chosen_by;
-  // One line for logs and reports: "OpenBLAS 0.3.21, SkylakeX kernels (chosen by ...)".
+  // One line for logs and reports, with the bf16 products' kernels (bf16_gemm.h), which a
+  // bf16 job's digest depends on: "OpenBLAS 0.3.21, SkylakeX kernels (chosen by ...); bf16
+  // products oneDNN 2.6.3 on AMX-BF16 (chosen by ...)".
   std::string Describe() const;
 };
 
@@ -49,6 +52,15 @@ const BlasKernels& CurrentBlasKernels();
 // from the shapes, on a few shapes like a job's (square, tall, wide, odd sizes, each
 // transpose). Otherwise the first disagreement, for the log.
 std::string SelfTestSgemm();
+
+// The same test of any product: `product` writes c [m,n] = op(a) op(b), row-major, a [m,k]
+// (stored [k,m] when ta) and b [k,n] (stored [n,k] when tb). With bf16_inputs every operand
+// is a bf16 value (bf16.h). `inject` corrupts one result, to test a caller's fallback.
+// Returns "" when every element agrees, else "NAME MxNxK...: element (i, j) is ...".
+using TestProduct = std::function<void(bool ta, bool tb, int m, int n, int k, const float* a,
+                                       int lda, const float* b, int ldb, float* c)>;
+std::string SelfTestProduct(const std::string& name, const TestProduct& product, bool bf16_inputs,
+                            bool inject);
 
 }  // namespace baton
 

@@ -1,4 +1,5 @@
-// The CPU reference backend: OpenBLAS for GEMM, plain loops for the rest.
+// The CPU reference backend: OpenBLAS for GEMM, oneDNN for bf16 GEMM where the CPU
+// multiplies bf16 (bf16_gemm.h), plain loops for the rest.
 //
 // Every loop is written so that the compiler cannot reorder a reduction (no -ffast-math, no
 // OpenMP reductions): the order of floating-point additions is the order of the loops.
@@ -18,20 +19,21 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
 #include "common/core/bf16.h"
-#include "common/core/flash_attention_math.h"
+#include "common/core/bf16_gemm.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/flash_attention_math.h"
 #include "common/core/gelu_math.h"
 #include "common/core/mutex.h"
 #include "common/core/rotary_math.h"
@@ -41,6 +43,95 @@ namespace {
 
 using gelu_math::GeluGrad;
 using gelu_math::GeluOf;
+
+// The element-wise loops below are also compiled for AVX-512 (x86-64-v4) and AVX2
+// (x86-64-v3), and the dynamic loader picks the best the CPU runs (GCC's target_clones; one
+// binary for every x86-64). The bits are the same on each: an element-wise float
+// operation rounds the same at any vector width, nothing is contracted into an FMA
+// (-ffp-contract=off), and a reduction keeps its loop order at any width (no
+// -fassociative-math). Other compilers (clang's checks) build the default alone.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define BATON_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define BATON_CPU_CLONES
+#endif
+
+BATON_CPU_CLONES void AddLoop(int64_t n, const float* a, const float* b, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+BATON_CPU_CLONES void ScaleLoop(int64_t n, float scale, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+}
+
+BATON_CPU_CLONES void RoundToBf16Loop(int64_t n, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = baton::RoundToBf16(x[i]);
+}
+
+BATON_CPU_CLONES void ToBf16Loop(int64_t n, const float* x, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16Bits(x[i]);
+}
+
+BATON_CPU_CLONES void FromBf16Loop(int64_t n, const uint16_t* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Bf16BitsToFloat(x[i]);
+}
+
+// Row r of y += bias.
+BATON_CPU_CLONES void AddBiasLoop(int64_t rows, int64_t cols, const float* bias, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+  }
+}
+
+// dbias[c] += dy[r][c] for r in order: each column's sum in row order, columns side by side.
+BATON_CPU_CLONES void BiasGradLoop(int64_t rows, int64_t cols, const float* dy, float* dbias) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = dy + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dbias[c] += row[c];
+  }
+}
+
+BATON_CPU_CLONES void BiasGeluLoop(int64_t rows, int64_t cols, const float* x, const float* bias,
+                                   float* pre, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* pr = pre + r * cols;
+    float* orow = out + r * cols;
+    if (bias != nullptr) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = xr[c] + bias[c];
+        pr[c] = v;
+        orow[c] = GeluOf(v);
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = xr[c];
+        pr[c] = v;
+        orow[c] = GeluOf(v);
+      }
+    }
+  }
+}
+
+BATON_CPU_CLONES void GeluBackwardLoop(int64_t n, const float* pre, const float* dy, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluGrad(pre[i]);
+}
+
+BATON_CPU_CLONES void AdamWLoop(int64_t n, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, float bias_correction1, float bias_correction2,
+                                float* w, const float* g, float* m, float* v) {
+  const float decay = 1.0f - lr * weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] *= decay;
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+    const float mhat = m[i] / bias_correction1;
+    const float vhat = v[i] / bias_correction2;
+    w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+  }
+}
 
 // Rows of C per single-threaded sgemm call. Fixed: changing it changes the bits of every
 // GEMM with more rows (and so every digest).
@@ -210,7 +301,23 @@ class CpuBackendImpl final : public Backend {
       Gemm(trans_a, trans_b, m, n, k, alpha, nullptr, lda, nullptr, ldb, beta, c, ldc);
       return;
     }
-    // The elements each operand spans in memory: op(A) is m x k, op(B) is k x n.
+    if (CpuBf16Kernels().onednn) {
+      // The same row blocks as Gemm, each one single-threaded oneDNN product (bf16_gemm.h).
+      const int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
+      const std::function<void(int64_t)> block = [&](int64_t r) {
+        const int64_t i0 = r * kGemmRowBlock;
+        OnednnGemmBf16(trans_a, trans_b, std::min(kGemmRowBlock, m - i0), n, k, alpha,
+                       trans_a ? a + i0 : a + i0 * lda, lda, b, ldb, beta, c + i0 * ldc, ldc);
+      };
+      if (m * n * k < kGemmParallelMacs) {
+        for (int64_t r = 0; r < blocks; ++r) block(r);
+      } else {
+        GemmPool::Get().Run(blocks, block);
+      }
+      return;
+    }
+    // The portable path: the elements each operand spans in memory (op(A) is m x k, op(B)
+    // is k x n), widened to float32 and multiplied by sgemm.
     const int64_t a_extent = trans_a ? (k - 1) * lda + m : (m - 1) * lda + k;
     const int64_t b_extent = trans_b ? (n - 1) * ldb + k : (k - 1) * ldb + n;
     // Freed when the product is done; not zeroed first (the widening writes every element).
@@ -221,11 +328,11 @@ class CpuBackendImpl final : public Backend {
   }
 
   void Add(int64_t n, const float* a, const float* b, float* out) override {
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    AddLoop(n, a, b, out);
   }
 
   void Scale(int64_t n, float scale, const float* x, float* y) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+    ScaleLoop(n, scale, x, y);
   }
 
   void Fill(int64_t n, float value, float* y) override { std::fill(y, y + n, value); }
@@ -234,15 +341,9 @@ class CpuBackendImpl final : public Backend {
     if (n > 0) std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
   }
 
-  void RoundToBf16(int64_t n, const float* x, float* y) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = baton::RoundToBf16(x[i]);
-  }
-  void ToBf16(int64_t n, const float* x, uint16_t* y) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = FloatToBf16Bits(x[i]);
-  }
-  void FromBf16(int64_t n, const uint16_t* x, float* y) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = Bf16BitsToFloat(x[i]);
-  }
+  void RoundToBf16(int64_t n, const float* x, float* y) override { RoundToBf16Loop(n, x, y); }
+  void ToBf16(int64_t n, const float* x, uint16_t* y) override { ToBf16Loop(n, x, y); }
+  void FromBf16(int64_t n, const uint16_t* x, float* y) override { FromBf16Loop(n, x, y); }
 
   double Sum(int64_t n, const float* x) override {
     double s = 0.0;
@@ -261,43 +362,20 @@ class CpuBackendImpl final : public Backend {
   }
 
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = y + r * cols;
-      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
-    }
+    AddBiasLoop(rows, cols, bias, y);
   }
 
   void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = dy + r * cols;
-      for (int64_t c = 0; c < cols; ++c) dbias[c] += row[c];
-    }
+    BiasGradLoop(rows, cols, dy, dbias);
   }
 
   void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
                 float* out) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * cols;
-      float* pr = pre + r * cols;
-      float* orow = out + r * cols;
-      if (bias != nullptr) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const float v = xr[c] + bias[c];
-          pr[c] = v;
-          orow[c] = GeluOf(v);
-        }
-      } else {
-        for (int64_t c = 0; c < cols; ++c) {
-          const float v = xr[c];
-          pr[c] = v;
-          orow[c] = GeluOf(v);
-        }
-      }
-    }
+    BiasGeluLoop(rows, cols, x, bias, pre, out);
   }
 
   void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) override {
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluGrad(pre[i]);
+    GeluBackwardLoop(n, pre, dy, dx);
   }
 
   void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
@@ -671,15 +749,8 @@ class CpuBackendImpl final : public Backend {
   void AdamWStep(int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                  float bias_correction1, float bias_correction2, float* w, const float* g,
                  float* m, float* v) override {
-    const float decay = 1.0f - lr * weight_decay;
-    for (int64_t i = 0; i < n; ++i) {
-      w[i] *= decay;
-      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
-      v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-      const float mhat = m[i] / bias_correction1;
-      const float vhat = v[i] / bias_correction2;
-      w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
-    }
+    AdamWLoop(n, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, w, g, m,
+              v);
   }
 
  private:

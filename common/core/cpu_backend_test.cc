@@ -15,6 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/bf16.h"
+#include "common/core/bf16_gemm.h"
+#include "common/core/gelu_math.h"
 #include "common/core/rng.h"
 
 namespace baton {
@@ -145,10 +148,14 @@ TEST_F(CpuBackendTest, GemmAllTransposesBothBetasWithPaddedLeadingDims) {
   }
 }
 
-// GemmBf16 is Gemm on the widened bf16 values, bit for bit: every transpose, both betas,
-// leading dimensions wider than the rows (only the spanned elements are read), and a
-// product large enough for the row-block threads.
+// GemmBf16 is Gemm on the widened bf16 values: bit for bit on the portable path, and
+// within float32 accumulation's rounding with oneDNN (bf16_gemm.h: another summation
+// order). Every transpose, both betas, leading dimensions wider than the rows (only the
+// spanned elements are read, and nothing past n in C is written), and a product large
+// enough for the row-block threads.
 TEST_F(CpuBackendTest, GemmBf16IsGemmOnTheWidenedValues) {
+  const bool onednn = CpuBf16Kernels().onednn;
+  SCOPED_TRACE(absl::StrCat("bf16 products: ", CpuBf16Kernels().name));
   struct Case {
     int64_t m, n, k;
   };
@@ -176,7 +183,16 @@ TEST_F(CpuBackendTest, GemmBf16IsGemmOnTheWidenedValues) {
                     want.data(), ldc);
           be_->GemmBf16(ta, tb, cs.m, cs.n, cs.k, 0.5f, a_bits.data(), lda, b_bits.data(), ldb,
                         beta, got.data(), ldc);
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+          if (onednn) {
+            ExpectClose(got, ToDouble(want), 1e-4, 1e-5, what);
+            for (int64_t i = 0; i < cs.m; ++i) {
+              for (int64_t j = cs.n; j < ldc; ++j) {
+                ASSERT_EQ(got[i * ldc + j], c0[i * ldc + j]) << what << ": padding written";
+              }
+            }
+          } else {
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+          }
           EXPECT_NE(std::memcmp(want.data(), c0.data(), want.size() * sizeof(float)), 0) << what;
         }
       }
@@ -255,7 +271,103 @@ TEST_F(CpuBackendTest, GemmBitIdenticalAcrossThreadCounts) {
   EXPECT_EQ(checked, 28);
 }
 
+// The same for GemmBf16, whichever kernels run it (oneDNN's too: bf16_gemm.h runs each row
+// block on one thread).
+TEST_F(CpuBackendTest, GemmBf16BitIdenticalAcrossThreadCounts) {
+  SCOPED_TRACE(absl::StrCat("bf16 products: ", CpuBf16Kernels().name));
+  struct Case {
+    int64_t m, n, k;
+  };
+  const Case cases[] = {{520, 384, 128}, {3, 512, 512}, {300, 96, 130}, {129, 64, 1024}};
+  const int saved = BlasThreads();
+  int checked = 0;
+  for (const Case& cs : cases) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t m = cs.m, n = cs.n, k = cs.k;
+        const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        const std::string tag = absl::StrCat("gemm16.thr.", m, ".", n, ".", k, ".", ta, tb);
+        std::vector<uint16_t> a(m * k), b(n * k);
+        const Vec a32 = Random(m * k, tag + ".a"), b32 = Random(n * k, tag + ".b");
+        be_->ToBf16(m * k, a32.data(), a.data());
+        be_->ToBf16(n * k, b32.data(), b.data());
+        const Vec c0 = Random(m * n, tag + ".c");
+        std::vector<Vec> out;
+        for (int threads : {1, 2, 3, 1}) {
+          SetBlasThreads(threads);
+          Vec c = c0;  // beta = 1: accumulates into C
+          be_->GemmBf16(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), n);
+          out.push_back(std::move(c));
+        }
+        for (size_t i = 1; i < out.size(); ++i) {
+          ExpectBitEqual(out[0], out[i], absl::StrCat(tag, " run ", i, " vs 1 thread"));
+        }
+        ++checked;
+      }
+    }
+  }
+  SetBlasThreads(saved);
+  EXPECT_EQ(checked, 16);
+}
+
 // ---- Element-wise and reductions ----
+
+// The element-wise loops run as the CPU's widest clone (cpu_backend.cc: AVX-512 or AVX2
+// where present); each must give the bits of the plain scalar expression, element by
+// element, over a vector body and its tail (n = 1037), and through special values.
+TEST_F(CpuBackendTest, ElementWiseLoopsGiveTheScalarBitsAtAnyVectorWidth) {
+  const int64_t n = 1037, rows = 17, cols = 61;  // rows * cols == n
+  Vec x = Random(n, "clones.x", -6.0f, 6.0f);
+  const Vec dy = Random(n, "clones.dy"), bias = Random(cols, "clones.bias");
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = -std::numeric_limits<float>::infinity();
+  x[2] = 1.00390625f;  // a tie between two bf16 values: to even
+  x[3] = 1.01171875f;  // the other tie
+  x[4] = 3.4e38f;      // rounds up to infinity
+  x[5] = -1e-40f;      // subnormal
+  x[6] = -0.0f;
+  Vec got(n), want(n);
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), want.data(), got.data());  // want: pre
+  for (int64_t i = 0; i < n; ++i) {
+    const float pre = x[i] + bias[i % cols];
+    ASSERT_EQ(std::memcmp(&want[i], &pre, 4), 0) << "BiasGelu pre " << i;
+    const float out = gelu_math::GeluOf(pre);
+    ASSERT_EQ(std::memcmp(&got[i], &out, 4), 0) << "BiasGelu " << i << " of " << pre;
+  }
+  be_->GeluBackward(n, x.data(), dy.data(), got.data());
+  for (int64_t i = 0; i < n; ++i) want[i] = dy[i] * gelu_math::GeluGrad(x[i]);
+  ExpectBitEqual(got, want, "GeluBackward");
+  std::vector<uint16_t> bits(n);
+  be_->ToBf16(n, x.data(), bits.data());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(bits[i], FloatToBf16Bits(x[i])) << "ToBf16 " << i << " of " << x[i];
+  }
+  be_->FromBf16(n, bits.data(), got.data());
+  for (int64_t i = 0; i < n; ++i) want[i] = Bf16BitsToFloat(bits[i]);
+  ExpectBitEqual(got, want, "FromBf16");
+  be_->RoundToBf16(n, x.data(), got.data());
+  for (int64_t i = 0; i < n; ++i) want[i] = RoundToBf16(x[i]);
+  ExpectBitEqual(got, want, "RoundToBf16");
+  Vec dbias(cols, 0.5f), want_dbias(cols, 0.5f);
+  be_->BiasGrad(rows, cols, dy.data(), dbias.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) want_dbias[c] += dy[r * cols + c];
+  }
+  ExpectBitEqual(dbias, want_dbias, "BiasGrad");
+  Vec w = Random(n, "clones.w"), m = Random(n, "clones.m"), v = Random(n, "clones.v", 0.0f, 1.0f);
+  Vec ww = w, wm = m, wv = v;
+  const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, bc1 = 0.19f, bc2 = 0.0975f;
+  be_->AdamWStep(n, lr, b1, b2, eps, wd, bc1, bc2, w.data(), dy.data(), m.data(), v.data());
+  for (int64_t i = 0; i < n; ++i) {
+    ww[i] *= 1.0f - lr * wd;
+    wm[i] = b1 * wm[i] + (1.0f - b1) * dy[i];
+    wv[i] = b2 * wv[i] + (1.0f - b2) * dy[i] * dy[i];
+    ww[i] -= lr * (wm[i] / bc1) / (std::sqrt(wv[i] / bc2) + eps);
+  }
+  ExpectBitEqual(w, ww, "AdamW w");
+  ExpectBitEqual(m, wm, "AdamW m");
+  ExpectBitEqual(v, wv, "AdamW v");
+}
 
 // Exact: one float operation per element, the same one the naive loop does.
 TEST_F(CpuBackendTest, AddScaleFillCopy) {

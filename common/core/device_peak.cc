@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "common/core/backend.h"
+#include "common/core/bf16.h"
 
 namespace baton {
 namespace {
@@ -65,19 +66,42 @@ std::string GpuPeakEntry(absl::string_view device_name) {
   return e == nullptr ? "" : e->entry;
 }
 
+namespace {
+
+// The best rate of `repeats` runs of `gemm`, an n x n x n product.
+template <typename Gemm>
+double BestRate(int n, int repeats, const Gemm& gemm) {
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    gemm();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s > 0) best = std::max(best, 2.0 * n * static_cast<double>(n) * n / s);
+  }
+  return best;
+}
+
+}  // namespace
+
+double MeasureCpuPeakFlopsBf16(int n, int repeats) {
+  const int64_t size = static_cast<int64_t>(n) * n;
+  std::vector<uint16_t> a(size, FloatToBf16Bits(1.0f / static_cast<float>(n)));
+  std::vector<uint16_t> b(size, FloatToBf16Bits(0.5f));
+  std::vector<float> c(size, 0.0f);
+  Backend* be = CpuBackend();
+  return BestRate(n, repeats, [&] {
+    be->GemmBf16(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+}
+
 double MeasureCpuPeakFlops(int n, int repeats) {
   const int64_t size = static_cast<int64_t>(n) * n;
   std::vector<float> a(size, 1.0f / static_cast<float>(n)), b(size, 0.5f), c(size, 0.0f);
   Backend* be = CpuBackend();
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
+  return BestRate(n, repeats, [&] {
     be->Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s > 0) best = std::max(best, 2.0 * n * static_cast<double>(size) / s);
-  }
-  return best;
+  });
 }
 
 }  // namespace baton

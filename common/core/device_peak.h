@@ -31,6 +31,8 @@ std::string GpuPeakEntry(absl::string_view device_name);
 // single-precision GEMMs of `n` (a few milliseconds at the default). Deterministic in what
 // it runs, not in what it measures.
 double MeasureCpuPeakFlops(int n = 384, int repeats = 5);
+// The same through the CPU backend's GemmBf16: the peak of bf16 jobs, whose Linears run it.
+double MeasureCpuPeakFlopsBf16(int n = 384, int repeats = 5);
 
 }  // namespace baton
 

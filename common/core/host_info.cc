@@ -1,5 +1,6 @@
 #include "common/core/host_info.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -19,6 +20,15 @@ std::string CpuModelName() {
     }
   }
   return "cpu";
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  }
+  return std::max(1, CPU_COUNT(&set));
 }
 
 namespace {

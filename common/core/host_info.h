@@ -11,6 +11,10 @@ namespace baton {
 // when it cannot be read.
 std::string CpuModelName();
 
+// The CPUs this process may run on (its affinity mask: taskset, a cpuset, a container's
+// --cpuset-cpus), at least 1.
+int UsableCores();
+
 // What this process's memory limits let it still allocate, from what /proc and the cgroup
 // files say (each -1 when there is no such limit or it cannot be read).
 struct MemoryLimits {
