@@ -19,6 +19,11 @@ logs+=(build/ctest.log)
 echo "test: clang -Wthread-safety over build/"
 scripts/check-thread-safety.py build || status=1
 
+# The peer benchmark against PyTorch, as a smoke run (bench/peer/README.md): every kind runs
+# 3 steps once; it fails only when something fails to run, never on speed.
+echo "test: bench/peer/run.sh --smoke"
+bench/peer/run.sh --smoke >build/peer-smoke.md || status=1
+
 # When the main build has CUDA, the build without it (what a machine without nvcc gets)
 # must build and pass too: its unit tests, in build-nocuda/ (the integration tests drive
 # the same services and run above).
