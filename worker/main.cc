@@ -71,12 +71,12 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   baton::ChooseBlasKernels(argv);  // may re-execute this process: before anything else
   absl::ParseCommandLine(argc, argv);
+  baton::ShutdownSignals signals;  // before any thread starts
   const int32_t threads = absl::GetFlag(FLAGS_threads);
   if (threads < 0) return Fail(absl::StrCat("--threads: ", threads, " is negative"));
-  baton::SetBlasThreads(threads > 0 ? threads : baton::UsableCores());
+  baton::SetBlasThreads(threads > 0 ? threads : baton::UsableCores());  // starts them
   std::fprintf(stderr, "worker: matrix kernels: %s; %d threads\n",
                baton::CurrentBlasKernels().Describe().c_str(), baton::BlasThreads());
-  baton::ShutdownSignals signals;  // before any thread starts
 
   const baton::TlsConfig tls = baton::TlsConfigFromFlags();
   // The TLS config is also the one of the channels to the coordinator and to peers.
