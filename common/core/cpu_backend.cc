@@ -133,9 +133,12 @@ BATON_CPU_CLONES void AdamWLoop(int64_t n, float lr, float beta1, float beta2, f
   }
 }
 
-// Rows of C per single-threaded sgemm call. Fixed: changing it changes the bits of every
-// GEMM with more rows (and so every digest).
-constexpr int64_t kGemmRowBlock = 128;
+// Rows of C per single-threaded sgemm call. Fixed: on some kernel sets changing it changes
+// the bits of every GEMM with more rows (and so every digest). Each call packs B again, so
+// a larger block
+// packs less often: 256 rows ran a GPT's 512-row products 12-15% faster than 128 on one
+// AVX-512 core (docs/benchmarks.md) and still gives two threads a block each.
+constexpr int64_t kGemmRowBlock = 256;
 // Below this many multiply-adds a GEMM runs on the calling thread alone (the bits are the
 // same either way; only the hand-off cost differs).
 constexpr int64_t kGemmParallelMacs = int64_t{1} << 20;
