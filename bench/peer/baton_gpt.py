@@ -140,27 +140,18 @@ def load_spec(path):
     text = spec["data"].get("text", {})
     if "path" not in text:
         raise SystemExit(f"{path}: the peer benchmark needs data.text.path (character data)")
-    return dict(
+    # The model and optimizer fields bench/pytorch_gpt.py reads, and what this one adds.
+    s = pytorch_gpt.load_spec(path)
+    s.update(
         name=spec.get("name", "job"),
-        V=_get(g, "vocabSize", "vocab_size"),
-        T=g["context"],
-        C=_get(g, "dModel", "d_model"),
-        H=g["heads"],
-        L=g["layers"],
         tied=_get(g, "tieEmbeddings", "tie_embeddings", True),
         text_path=text["path"],
-        batch=_get(spec["data"], "batchSize", "batch_size"),
-        M=pipe.get("microbatches", 1),
         S=pipe.get("stages", 1),
         schedule=pipe.get("schedule", "SCHEDULE_GPIPE"),
-        lr=_get(adamw, "learningRate", "learning_rate", 1e-3),
-        beta1=adamw.get("beta1", 0.9),
-        beta2=adamw.get("beta2", 0.999),
-        eps=adamw.get("epsilon", 1e-8),
-        wd=_get(adamw, "weightDecay", "weight_decay", 0.01),
         steps=spec.get("steps", 1),
-        seed=int(spec.get("seed", 0)),
+        seed=int(s["seed"]),
     )
+    return s
 
 
 class TextData:

@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/bf16.h"
 #include "common/core/blas_kernels.h"
+#include "common/core/mutex.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 // OpenMP's runtime, which Debian's oneDNN runs on (libgomp), linked directly: these two are
@@ -45,7 +45,7 @@ class Onednn {
   const dnnl::engine& engine() const { return engine_; }
 
   const Cached& Find(const Key& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::unique_ptr<Cached>& slot = cache_[key];
     if (slot == nullptr) slot = Make(key);
     return *slot;
@@ -80,8 +80,8 @@ class Onednn {
   }
 
   dnnl::engine engine_;
-  std::mutex mu_;  // guards cache_
-  std::unordered_map<Key, std::unique_ptr<Cached>, absl::Hash<Key>> cache_;
+  Mutex mu_;
+  std::unordered_map<Key, std::unique_ptr<Cached>, absl::Hash<Key>> cache_ ABSL_GUARDED_BY(mu_);
 };
 
 // oneDNN's instruction set, as its docs name it, and whether it multiplies bf16 itself.

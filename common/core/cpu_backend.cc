@@ -260,6 +260,24 @@ class GemmPool {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Calls product(i0, rows) for each fixed row block of an m x n x k product: rows
+// [i0, i0 + rows) of C and of op(A) (rows of A, or columns of A when it is transposed).
+// Small products run on the calling thread; larger ones share the blocks among the pool's
+// threads. Either way each block is the same call, so the bits do not depend on threads.
+void ForEachRowBlock(int64_t m, int64_t n, int64_t k,
+                     const std::function<void(int64_t, int64_t)>& product) {
+  const int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
+  const std::function<void(int64_t)> block = [&](int64_t r) {
+    const int64_t i0 = r * kGemmRowBlock;
+    product(i0, std::min(kGemmRowBlock, m - i0));
+  };
+  if (m * n * k < kGemmParallelMacs) {
+    for (int64_t r = 0; r < blocks; ++r) block(r);
+  } else {
+    GemmPool::Get().Run(blocks, block);
+  }
+}
+
 class CpuBackendImpl final : public Backend {
  public:
   CpuBackendImpl() { GemmPool::Get(); }  // OpenBLAS single-threaded before the first GEMM
@@ -277,23 +295,13 @@ class CpuBackendImpl final : public Backend {
       }
       return;
     }
-    // Row block r covers rows [r*kGemmRowBlock, ...) of C and of op(A): rows of A, or
-    // columns of A when it is transposed.
-    const int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
-    const std::function<void(int64_t)> block = [&](int64_t r) {
-      const int64_t i0 = r * kGemmRowBlock;
-      const int64_t rows = std::min(kGemmRowBlock, m - i0);
+    ForEachRowBlock(m, n, k, [&](int64_t i0, int64_t rows) {
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
                   static_cast<int>(n), static_cast<int>(k), alpha,
                   trans_a ? a + i0 : a + i0 * lda, static_cast<int>(lda), b,
                   static_cast<int>(ldb), beta, c + i0 * ldc, static_cast<int>(ldc));
-    };
-    if (m * n * k < kGemmParallelMacs) {
-      for (int64_t r = 0; r < blocks; ++r) block(r);
-    } else {
-      GemmPool::Get().Run(blocks, block);
-    }
+    });
   }
 
   void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -306,17 +314,10 @@ class CpuBackendImpl final : public Backend {
     }
     if (CpuBf16Kernels().onednn) {
       // The same row blocks as Gemm, each one single-threaded oneDNN product (bf16_gemm.h).
-      const int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
-      const std::function<void(int64_t)> block = [&](int64_t r) {
-        const int64_t i0 = r * kGemmRowBlock;
-        OnednnGemmBf16(trans_a, trans_b, std::min(kGemmRowBlock, m - i0), n, k, alpha,
-                       trans_a ? a + i0 : a + i0 * lda, lda, b, ldb, beta, c + i0 * ldc, ldc);
-      };
-      if (m * n * k < kGemmParallelMacs) {
-        for (int64_t r = 0; r < blocks; ++r) block(r);
-      } else {
-        GemmPool::Get().Run(blocks, block);
-      }
+      ForEachRowBlock(m, n, k, [&](int64_t i0, int64_t rows) {
+        OnednnGemmBf16(trans_a, trans_b, rows, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda,
+                       b, ldb, beta, c + i0 * ldc, ldc);
+      });
       return;
     }
     // The portable path: the elements each operand spans in memory (op(A) is m x k, op(B)

@@ -232,6 +232,24 @@ TEST_F(CpuBackendTest, GemmEmptyInnerDimensionScalesC) {
   EXPECT_EQ(c, (Vec{2.0f, 4.0f, 6.0f, 8.0f}));
 }
 
+// Runs `product` (which accumulates into C, beta = 1) from C = c0 with 1, 2, 3 and again 1
+// GEMM threads, and expects the same bits each time.
+template <typename Product>
+void ExpectSameBitsForEveryThreadCount(const Vec& c0, const std::string& tag,
+                                       const Product& product) {
+  std::vector<Vec> out;
+  for (int threads : {1, 2, 3, 1}) {
+    SetBlasThreads(threads);
+    ASSERT_EQ(BlasThreads(), threads);
+    Vec c = c0;
+    product(c.data());
+    out.push_back(std::move(c));
+  }
+  for (size_t i = 1; i < out.size(); ++i) {
+    ExpectBitEqual(out[0], out[i], absl::StrCat(tag, " run ", i, " vs 1 thread"));
+  }
+}
+
 // Exact: results must not depend on the BLAS thread count (backend.h promises it).
 // Shapes where OpenBLAS's own threading changed the bits on Prescott and Haswell kernel
 // sets (few rows, wide, long inner sums), shapes past one row block, and every transpose.
@@ -251,18 +269,9 @@ TEST_F(CpuBackendTest, GemmBitIdenticalAcrossThreadCounts) {
         const std::string tag = absl::StrCat("gemm.thr.", m, ".", n, ".", k, ".", ta, tb);
         const Vec a = Random(m * k, tag + ".a");
         const Vec b = Random(n * k, tag + ".b");
-        const Vec c0 = Random(m * n, tag + ".c");
-        std::vector<Vec> out;
-        for (int threads : {1, 2, 3, 1}) {
-          SetBlasThreads(threads);
-          ASSERT_EQ(BlasThreads(), threads);
-          Vec c = c0;  // beta = 1: accumulates into C
-          be_->Gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), n);
-          out.push_back(std::move(c));
-        }
-        for (size_t i = 1; i < out.size(); ++i) {
-          ExpectBitEqual(out[0], out[i], absl::StrCat(tag, " run ", i, " vs 1 thread"));
-        }
+        ExpectSameBitsForEveryThreadCount(Random(m * n, tag + ".c"), tag, [&](float* c) {
+          be_->Gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c, n);
+        });
         ++checked;
       }
     }
@@ -291,17 +300,9 @@ TEST_F(CpuBackendTest, GemmBf16BitIdenticalAcrossThreadCounts) {
         const Vec a32 = Random(m * k, tag + ".a"), b32 = Random(n * k, tag + ".b");
         be_->ToBf16(m * k, a32.data(), a.data());
         be_->ToBf16(n * k, b32.data(), b.data());
-        const Vec c0 = Random(m * n, tag + ".c");
-        std::vector<Vec> out;
-        for (int threads : {1, 2, 3, 1}) {
-          SetBlasThreads(threads);
-          Vec c = c0;  // beta = 1: accumulates into C
-          be_->GemmBf16(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), n);
-          out.push_back(std::move(c));
-        }
-        for (size_t i = 1; i < out.size(); ++i) {
-          ExpectBitEqual(out[0], out[i], absl::StrCat(tag, " run ", i, " vs 1 thread"));
-        }
+        ExpectSameBitsForEveryThreadCount(Random(m * n, tag + ".c"), tag, [&](float* c) {
+          be_->GemmBf16(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c, n);
+        });
         ++checked;
       }
     }
