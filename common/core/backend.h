@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -60,12 +61,28 @@ class Backend {
   virtual void Fill(int64_t n, float value, float* y) = 0;
   virtual void Copy(int64_t n, const float* x, float* y) = 0;
   // Returns the sum of x, accumulated in double (the CPU in index order; a device in a
-  // fixed tree). On a device it waits for the work issued before (the result is read back).
+  // fixed tree that depends on n alone, not on the GPU's size: cuda_kernels.cu,
+  // "whole-tensor sums"). On a device it waits for the work issued before (the result is
+  // read back).
   virtual double Sum(int64_t n, const float* x) = 0;
   // Returns the sum of x[i]^2, each square and the sum in double, in the same order as Sum
   // (the CPU in index order; a device in its fixed tree): the same bits for the same input on
   // the same backend. Gradient clipping's norm is built from it (common/optim/optimizer.h).
   virtual double SumSquares(int64_t n, const float* x) = 0;
+  // Writes out[i] = Sum(ns[i], xs[i]) for every i: exactly the bits Sum returns for each
+  // tensor, for several tensors at once. xs and ns have the same length; ns[i] == 0 gives 0
+  // (xs[i] may then be null). This default calls Sum per tensor (the CPU keeps it); a device
+  // runs one launch sequence over all the tensors and reads the results back once, where
+  // Sum would wait once per tensor. On a device it waits for the work issued before.
+  virtual void SumEach(absl::Span<const float* const> xs, absl::Span<const int64_t> ns,
+                       double* out) {
+    for (size_t i = 0; i < xs.size(); ++i) out[i] = Sum(ns[i], xs[i]);
+  }
+  // The same for SumSquares: out[i] has exactly the bits SumSquares(ns[i], xs[i]) returns.
+  virtual void SumSquaresEach(absl::Span<const float* const> xs, absl::Span<const int64_t> ns,
+                              double* out) {
+    for (size_t i = 0; i < xs.size(); ++i) out[i] = SumSquares(ns[i], xs[i]);
+  }
   // Writes out[0] = float(Sum(n, x) / n), the same sum, divided in double, where x is: a
   // device does not wait for it (a loss is read once per step, not per micro-batch).
   // n > 0.
@@ -227,8 +244,8 @@ class Backend {
                                            const int32_t* targets, float scale,
                                            float* dlogits) = 0;
 
-  // Writes diff[i] = pred[i] - target[i] and returns the sum of diff[i]^2 in index order,
-  // accumulated in double.
+  // Writes diff[i] = pred[i] - target[i] and returns the sum of diff[i]^2 accumulated in
+  // double, in SumSquares's order (the CPU's is index order).
   virtual double SquaredError(int64_t n, const float* pred, const float* target,
                               float* diff) = 0;
   // Writes diff as SquaredError does and out[0] = float(SquaredError(...) / n), the same

@@ -460,6 +460,25 @@ TEST_F(CpuBackendTest, SumSquaresAccumulatesInDoubleInOrder) {
   EXPECT_EQ(be_->SumSquares(3, y.data()), 25.0 + static_cast<double>(y[2]) * y[2]);
 }
 
+// SumEach and SumSquaresEach (the default the CPU keeps): each tensor's Sum and SumSquares,
+// bit for bit; an empty tensor (a null pointer) gives 0.
+TEST_F(CpuBackendTest, SumEachIsSumPerTensor) {
+  const Vec a = Random(10007, "sumeach.a"), b = Random(3, "sumeach.b", -2.0f, 5.0f);
+  const Vec c = {3.0f, -4.0f, 1e20f};
+  const std::vector<const float*> xs = {a.data(), nullptr, b.data(), c.data(), a.data() + 1};
+  const std::vector<int64_t> ns = {10007, 0, 3, 3, 5000};
+  DVec sums(xs.size(), -1.0), squares(xs.size(), -1.0);
+  be_->SumEach(xs, ns, sums.data());
+  be_->SumSquaresEach(xs, ns, squares.data());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double want = ns[i] == 0 ? 0.0 : be_->Sum(ns[i], xs[i]);
+    const double want_sq = ns[i] == 0 ? 0.0 : be_->SumSquares(ns[i], xs[i]);
+    EXPECT_EQ(std::memcmp(&sums[i], &want, sizeof(double)), 0) << i << ": " << sums[i];
+    EXPECT_EQ(std::memcmp(&squares[i], &want_sq, sizeof(double)), 0) << i << ": " << squares[i];
+  }
+  be_->SumEach({}, {}, nullptr);  // nothing to sum, nothing written
+}
+
 // ---- Linear ----
 
 // Exact: y + bias is one float addition; BiasGrad adds rows in order into the existing

@@ -86,8 +86,10 @@ void* CudaComputeStream();
 std::unique_ptr<DeviceTimer> NewCudaTimer();
 
 // Queues dst[i] = ((src[i] + src[n + i]) + ...) over `members` blocks of n floats, in block
-// order, on `stream` (an opaque cudaStream_t of the current device); device pointers. The
-// data-parallel ordered sum on a GPU (common/collective). INTERNAL when the launch fails.
+// order, on `stream` (an opaque cudaStream_t of this process's device, SetCudaDevice);
+// device pointers. It makes that device current on the calling thread first, whatever
+// device was current there. The data-parallel ordered sum on a GPU (common/collective).
+// INTERNAL when the launch fails or the CUDA context cannot start.
 absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int64_t n,
                                  void* stream);
 

@@ -4,28 +4,32 @@
 // Determinism: every kernel gives the same bits on every call. No floating-point atomics;
 // each reduction runs in a fixed order, documented per kernel. float32 GEMMs run on cuBLAS
 // in pedantic math mode (no TF32, no reduced precision, unless SetAllowTf32) and bf16 ones
-// (GemmBf16) on its bf16 tensor cores with float32 accumulation, with a fixed workspace. This file is
-// compiled with --fmad=false, so no a*b+c is fused into an FMA and the element-wise
-// kernels compute exactly the CPU backend's expressions: Add, Scale, Fill, Copy, AddBias,
-// BiasGelu, GeluBackward, EmbeddingForward, SoftmaxCrossEntropyBackward, SgdStep and
-// AdamWStep are bit-identical to the CPU's, and so is EmbeddingBackward (rows in order).
-// Row reductions (Sum, SquaredError, LayerNorm and RmsNorm statistics, softmaxes) use a
-// fixed tree, and the column reductions (BiasGrad, LayerNormBackwardWeight,
-// RmsNormBackwardWeight) fixed chunks of rows added in order (AddColumnSums): they agree
-// with the CPU within rounding; GEMMs use cuBLAS's blocking. RotaryForward/Backward compute
-// the CPU's angles in double (rotary_math.h) and so its bits in all but pathological cases;
-// SwiGLU uses the device's expf (within 2 ulp of the CPU's).
+// (GemmBf16) on its bf16 tensor cores with float32 accumulation, with a fixed workspace. This file
+// is compiled with --fmad=false, so no a*b+c is fused into an FMA and the element-wise kernels
+// compute exactly the CPU backend's expressions: Add, Scale, Fill, Copy, AddBias, BiasGelu,
+// GeluBackward, EmbeddingForward, SoftmaxCrossEntropyBackward, SgdStep and AdamWStep are
+// bit-identical to the CPU's, and so is EmbeddingBackward (rows in order, after a stable sort by
+// token). The whole-tensor sums (Sum, SquaredError and the rest) use a fixed two-pass tree over the
+// whole GPU, the row reductions (LayerNorm and RmsNorm statistics, softmaxes) a fixed tree per row,
+// and the column reductions (BiasGrad, LayerNormBackwardWeight, RmsNormBackwardWeight) fixed chunks
+// of rows added in order (AddColumnSums): they agree with the CPU within rounding; GEMMs use
+// cuBLAS's blocking. RotaryForward/Backward compute the CPU's angles in double (rotary_math.h) and
+// so its bits in all but pathological cases; SwiGLU uses the device's expf (within 2 ulp of the
+// CPU's).
 #include <cublas_v2.h>  // types and constants only: the functions come from dlsym
 #include <cuda_runtime.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -34,12 +38,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "common/core/backend.h"
 #include "common/core/bf16.h"
-#include "common/core/flash_attention_math.h"
 #include "common/core/caching_allocator.h"
 #include "common/core/cuda_context.h"
 #include "common/core/dynamic_library.h"
+#include "common/core/flash_attention_math.h"
 #include "common/core/gelu_math.h"
 #include "common/core/rotary_math.h"
 
@@ -312,11 +317,16 @@ cudaStream_t Enter() {
 // never another call's. A sticky fault stays: the launch then fails with it.
 void ClearStaleError() { (void)cudaGetLastError(); }
 
-// Records a failed launch (cudaGetLastError after a kernel).
-void CheckLaunch(const char* kernel) {
+// Records a failed launch (cudaGetLastError after a kernel); false when it failed.
+bool CheckLaunch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) RecordCudaError(err, kernel);
+  if (err == cudaSuccess) return true;
+  RecordCudaError(err, kernel);
+  return false;
 }
+
+// `bytes` rounded up to kAlignment: arrays placed side by side in one Scratch.
+size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
 int Blocks(int64_t n) {
   return static_cast<int>(
@@ -374,6 +384,11 @@ class Scratch {
   explicit Scratch(size_t bytes) : bytes_(bytes), p_(CudaAllocator()->Allocate(bytes)) {}
   ~Scratch() { CudaAllocator()->Deallocate(p_, bytes_); }
   float* f32() const { return static_cast<float*>(p_); }
+  // The bytes from `offset` on (a multiple of kAlignment when several arrays share it).
+  template <typename T>
+  T* at(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(p_) + offset);
+  }
   bool ok() const { return p_ != nullptr; }
 
  private:
@@ -442,14 +457,31 @@ __global__ void ScaleKernel(int64_t n, float scale, const float* x, float* y) {
 // Fused attention (flash_attention_math.h): one thread per row. Row r of a pass over
 // (b, h, i) is r = (b * H + h) * T + i, so a warp's threads are neighbouring query rows of
 // one head and read the same key and value rows at the same time.
-__global__ void FusedAttentionForwardKernel(int64_t B, int64_t T, int64_t H, int64_t KVH,
-                                            int64_t D, float scale, const float* qkv, float* y,
-                                            float* lse) {
+//
+// The per-row accumulators are arrays in local memory (the thread's stack frame) of kMaxD
+// floats, kMaxD the head-size bound the kernel is instantiated for: kSmallHeadBound (64)
+// for D <= 64, flash::kMaxHeadSize (128) above (FusedAttentionHeadBound picks one at
+// launch). The key kernel keeps two: its frame is 512 bytes for D <= 64, and exactly the
+// default 1 KiB per-thread stack limit (cudaLimitStackSize) at 128, where the driver would
+// have to raise the limit (and the local memory it reserves for every resident thread) for
+// anything more. ptxas -v (CUDA 13.0, sm_75 and sm_90 alike), stack frame at 64 / 128:
+// forward and query 256 / 512 bytes, key 512 / 1024 bytes; no spills.
+constexpr int kSmallHeadBound = 64;
+static_assert(kSmallHeadBound <= flash::kMaxHeadSize);
+
+// The smallest instantiation that holds head size D (D <= flash::kMaxHeadSize).
+int FusedAttentionHeadBound(int64_t D) {
+  return D <= kSmallHeadBound ? kSmallHeadBound : static_cast<int>(flash::kMaxHeadSize);
+}
+
+template <int kMaxD>
+__global__ void FusedAttentionForwardKernel(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                            float scale, const float* qkv, float* y, float* lse) {
   const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
   GRID_STRIDE(r, B * H * T) {
     const int64_t i = r % T, h = (r / T) % H, b = r / (T * H);
     const float* base = qkv + b * T * W;
-    float acc[flash::kMaxHeadSize];
+    float acc[kMaxD];
     lse[r] = flash::ForwardRow(base + i * W + h * D, base + C + (h / G) * D,
                                base + C + KVH * D + (h / G) * D, W, D, i, scale, acc,
                                y + (b * T + i) * C + h * D);
@@ -466,15 +498,15 @@ __global__ void FusedAttentionDeltaKernel(int64_t B, int64_t T, int64_t H, int64
   }
 }
 
-__global__ void FusedAttentionQueryKernel(int64_t B, int64_t T, int64_t H, int64_t KVH,
-                                          int64_t D, float scale, const float* qkv,
-                                          const float* lse, const float* dy,
-                                          const float* delta, float* dqkv) {
+template <int kMaxD>
+__global__ void FusedAttentionQueryKernel(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                          float scale, const float* qkv, const float* lse,
+                                          const float* dy, const float* delta, float* dqkv) {
   const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
   GRID_STRIDE(r, B * H * T) {
     const int64_t i = r % T, h = (r / T) % H, b = r / (T * H);
     const float* base = qkv + b * T * W;
-    float acc[flash::kMaxHeadSize];
+    float acc[kMaxD];
     flash::BackwardQueryRow(base + i * W + h * D, base + C + (h / G) * D,
                             base + C + KVH * D + (h / G) * D, W, D, i, scale, lse[r],
                             dy + (b * T + i) * C + h * D, delta[r], acc,
@@ -483,14 +515,14 @@ __global__ void FusedAttentionQueryKernel(int64_t B, int64_t T, int64_t H, int64
 }
 
 // Row r = (b * KVH + g) * T + j: key row j of kv head g.
-__global__ void FusedAttentionKeyKernel(int64_t B, int64_t T, int64_t H, int64_t KVH,
-                                        int64_t D, float scale, const float* qkv,
-                                        const float* lse, const float* dy, const float* delta,
-                                        float* dqkv) {
+template <int kMaxD>
+__global__ void FusedAttentionKeyKernel(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                        float scale, const float* qkv, const float* lse,
+                                        const float* dy, const float* delta, float* dqkv) {
   const int64_t C = H * D, W = (H + 2 * KVH) * D;
   GRID_STRIDE(r, B * KVH * T) {
     const int64_t j = r % T, g = (r / T) % KVH, b = r / (T * KVH);
-    float dk_acc[flash::kMaxHeadSize], dv_acc[flash::kMaxHeadSize];
+    float dk_acc[kMaxD], dv_acc[kMaxD];
     float* row = dqkv + (b * T + j) * W;
     flash::BackwardKeyRow(qkv + b * T * W, dy + b * T * C, lse + b * H * T, delta + b * H * T,
                           T, H, KVH, D, g, j, scale, dk_acc, dv_acc, row + C + g * D,
@@ -521,30 +553,174 @@ __global__ void FillKernel(int64_t n, float value, float* y) {
   GRID_STRIDE(i, n) { y[i] = value; }
 }
 
-// The whole-tensor sums (Sum, SumSquares, SquaredError, MeanInto, SquaredErrorMeanInto).
-// One block: thread t adds x[t], x[t + B], ... (kSquares: their squares, each squared in
-// double) in order, in double, then the fixed tree. Writes the sum (Out = double) or the
-// sum divided by n in double, as a float (Out = float: a mean, left on the device).
-template <bool kSquares, typename Out>
-__global__ void WholeSumKernel(int64_t n, const float* x, Out* out) {
-  __shared__ double shared[kReduceThreads];
+// The whole-tensor sums (Sum, SumSquares, SquaredError, MeanInto, SquaredErrorMeanInto,
+// SumEach, SumSquaresEach), in double, in a fixed two-pass tree that depends on n alone
+// (not on the GPU's number of SMs): the same bits on every call.
+//  1. PlanWholeSum(n) cuts x into `parts` contiguous partitions of `chunk` elements (the
+//     last one shorter): parts = ceil(n / kWholeSumMinChunk) capped at kWholeSumMaxParts,
+//     chunk = ceil(n / parts) rounded up to whole rounds of kWholeSumRound elements. Block p
+//     (kReduceThreads threads) sums partition p, starting at e = p * chunk: thread t adds
+//     the elements e + r * kWholeSumRound + 4 t + j, for rounds r = 0, 1, ... and
+//     j = 0 .. 3 in that order (kSquares: their squares, each squared in double), then the
+//     threads' sums go through the BlockSum tree.
+//  2. With one partition, its sum is the result. Otherwise one block adds the partition
+//     sums: thread t adds partitions t, t + kReduceThreads, ... in order, then BlockSum.
+// The result is written as the sum (Out = double) or as the sum divided by n in double,
+// rounded to float (Out = float: a mean, left on the device). Loads are float4 when x is
+// 16-byte aligned (else four floats: the order, and so the bits, do not change), with
+// kWholeSumUnroll of them in flight per thread.
+constexpr int64_t kWholeSumRound = 4 * kReduceThreads;  // elements a block reads per round
+constexpr int64_t kWholeSumMinChunk = 8 * kWholeSumRound;
+constexpr int64_t kWholeSumMaxParts = 512;
+constexpr int kWholeSumUnroll = 4;
+
+struct WholeSumPlan {
+  int64_t chunk = 0;  // elements per partition, a multiple of kWholeSumRound
+  int64_t parts = 0;  // partitions, 1 .. kWholeSumMaxParts
+};
+
+// n > 0.
+WholeSumPlan PlanWholeSum(int64_t n) {
+  WholeSumPlan plan;
+  const int64_t parts =
+      std::min(kWholeSumMaxParts, (n + kWholeSumMinChunk - 1) / kWholeSumMinChunk);
+  const int64_t per_part = (n + parts - 1) / parts;
+  plan.chunk = (per_part + kWholeSumRound - 1) / kWholeSumRound * kWholeSumRound;
+  plan.parts = (n + plan.chunk - 1) / plan.chunk;
+  return plan;
+}
+
+// One tensor's sum: its plan, and where its partition sums start in a shared array.
+struct WholeSumTask {
+  const float* x = nullptr;
+  int64_t n = 0;
+  int64_t chunk = 0;
+  int64_t parts = 0;
+  int64_t first_part = 0;
+};
+
+template <bool kSquares>
+__device__ inline double AddTerm(double s, float x) {
+  const double v = x;
+  if constexpr (kSquares) {
+    return s + v * v;
+  } else {
+    return s + v;
+  }
+}
+
+template <bool kSquares>
+__device__ inline double AddGroup(double s, float4 v) {
+  s = AddTerm<kSquares>(s, v.x);
+  s = AddTerm<kSquares>(s, v.y);
+  s = AddTerm<kSquares>(s, v.z);
+  return AddTerm<kSquares>(s, v.w);
+}
+
+// Pass 1 for the partition [begin, end) of x, by the calling block (kReduceThreads
+// threads); every thread gets the partition's sum. `begin` is a multiple of kWholeSumRound.
+template <bool kSquares>
+__device__ double PartitionSum(const float* x, int64_t begin, int64_t end, double* shared) {
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % sizeof(float4) == 0;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const double v = x[i];
-    if constexpr (kSquares) {
-      s += v * v;
+  int64_t i = begin + 4 * int64_t{threadIdx.x};  // this thread's group of the round
+  // Whole rounds, kWholeSumUnroll at a time: every load issued before the adds.
+  for (; i + (kWholeSumUnroll - 1) * kWholeSumRound + 4 <= end;
+       i += kWholeSumUnroll * kWholeSumRound) {
+    float4 v[kWholeSumUnroll];
+#pragma unroll
+    for (int u = 0; u < kWholeSumUnroll; ++u) {
+      const float* p = x + i + u * kWholeSumRound;
+      v[u] = aligned ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
+    }
+#pragma unroll
+    for (int u = 0; u < kWholeSumUnroll; ++u) s = AddGroup<kSquares>(s, v[u]);
+  }
+  // The rounds left, element by element in the same order.
+  for (; i < end; i += kWholeSumRound) {
+    for (int64_t j = i; j < i + 4 && j < end; ++j) s = AddTerm<kSquares>(s, x[j]);
+  }
+  return BlockSum(s, shared);
+}
+
+// Pass 2: the partition sums partials[0 .. parts-1], by the calling block.
+__device__ double AddPartitionSums(const double* partials, int64_t parts, double* shared) {
+  double s = 0.0;
+  for (int64_t p = threadIdx.x; p < parts; p += blockDim.x) s += partials[p];
+  return BlockSum(s, shared);
+}
+
+template <typename Out>
+__device__ inline void WriteWholeSum(double s, int64_t n, Out* out) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *out = static_cast<float>(s / static_cast<double>(n));
+  } else {
+    *out = s;
+  }
+}
+
+// Pass 1 of one tensor: block p sums partition p into partials[p], or, when the plan has
+// one partition, writes the result.
+template <bool kSquares, typename Out>
+__global__ void WholeSumPartsKernel(WholeSumTask task, double* partials, Out* out) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t begin = blockIdx.x * task.chunk;
+  const int64_t end = begin + task.chunk < task.n ? begin + task.chunk : task.n;
+  const double s = PartitionSum<kSquares>(task.x, begin, end, shared);
+  if (threadIdx.x != 0) return;
+  if (task.parts == 1) {
+    WriteWholeSum(s, task.n, out);
+  } else {
+    partials[blockIdx.x] = s;
+  }
+}
+
+// Pass 2 of one tensor, one block.
+template <typename Out>
+__global__ void WholeSumFinishKernel(int64_t n, int64_t parts, const double* partials, Out* out) {
+  __shared__ double shared[kReduceThreads];
+  const double s = AddPartitionSums(partials, parts, shared);
+  if (threadIdx.x == 0) WriteWholeSum(s, n, out);
+}
+
+// Pass 1 of several tensors (SumEach): their partitions side by side, block b being
+// partition b - first_part of the last task whose first_part <= b. A task of one partition
+// writes its result to out[task] here.
+template <bool kSquares>
+__global__ void SumEachPartsKernel(const WholeSumTask* tasks, int count, double* partials,
+                                   double* out) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = count;  // tasks[lo].first_part <= b < tasks[hi].first_part (hi: the end)
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (tasks[mid].first_part <= b) {
+      lo = mid;
     } else {
-      s += v;
+      hi = mid;
     }
   }
-  s = BlockSum(s, shared);
-  if (threadIdx.x == 0) {
-    if constexpr (std::is_same_v<Out, float>) {
-      *out = static_cast<float>(s / static_cast<double>(n));
-    } else {
-      *out = s;
-    }
+  const WholeSumTask task = tasks[lo];
+  const int64_t begin = (b - task.first_part) * task.chunk;
+  const int64_t end = begin + task.chunk < task.n ? begin + task.chunk : task.n;
+  const double s = PartitionSum<kSquares>(task.x, begin, end, shared);
+  if (threadIdx.x != 0) return;
+  if (task.parts == 1) {
+    out[lo] = s;
+  } else {
+    partials[b] = s;
   }
+}
+
+// Pass 2 of several tensors: block i adds task i's partition sums (a task of one partition
+// was written in pass 1).
+__global__ void SumEachFinishKernel(const WholeSumTask* tasks, const double* partials,
+                                    double* out) {
+  __shared__ double shared[kReduceThreads];
+  const WholeSumTask task = tasks[blockIdx.x];
+  if (task.parts == 1) return;
+  const double s = AddPartitionSums(partials + task.first_part, task.parts, shared);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 __global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
@@ -820,16 +996,71 @@ __global__ void EmbeddingForwardKernel(int64_t B, int64_t T, int64_t C, const in
   }
 }
 
-// One thread per channel, (b, t) visited in row-major order: the CPU's order for every
-// element, and no two threads touch the same element.
-__global__ void EmbeddingBackwardKernel(int64_t B, int64_t T, int64_t C, const int32_t* tokens,
-                                        const float* dout, float* dwte, float* dwpe) {
-  GRID_STRIDE(c, C) {
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      const float d = dout[bt * C + c];
-      dwte[static_cast<int64_t>(tokens[bt]) * C + c] += d;
-      if (dwpe != nullptr) dwpe[(bt % T) * C + c] += d;
+// EmbeddingBackward adds into each element of dwte and dwpe in the CPU's order, rows
+// ascending, without atomics and over the whole GPU: the R = B*T rows are sorted by token
+// with a stable radix sort (CUB's: rows stay ascending within a token), and then
+//  - dwte: block (p, tile) where sorted position p starts a run of equal tokens adds the
+//    run's rows, in ascending order, into dwte[token, c] for the tile's kThreads channels c
+//    (EmbeddingTokenGradKernel); the other positions' blocks exit at once. The runs, and
+//    so the tokens, run in parallel; within an element the chain of adds is the CPU's.
+//  - dwpe: one thread per (t, c) adds rows b = 0, 1, ... (EmbeddingPositionGradKernel).
+
+__global__ void IotaKernel(int64_t n, int32_t* out) {
+  GRID_STRIDE(i, n) { out[i] = static_cast<int32_t>(i); }
+}
+
+// Rows of dout loaded ahead of their (sequential) adds, per thread.
+constexpr int kEmbeddingRowsInFlight = 8;
+
+__global__ void EmbeddingTokenGradKernel(int64_t R, int64_t C, const int32_t* sorted_tokens,
+                                         const int32_t* sorted_rows, const float* dout,
+                                         float* dwte) {
+  const int64_t p = blockIdx.x;
+  const int32_t token = sorted_tokens[p];
+  if (p > 0 && sorted_tokens[p - 1] == token) return;  // not the start of a run
+  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  // The run's end: the first position past p with another token. The tokens ascend, so
+  // gallop (p + 1, p + 2, p + 4, ...) to a position past the run, then bisect.
+  int64_t in = p, out = R;  // sorted_tokens[in] == token; `out` is past the run (or R)
+  for (int64_t step = 1; in + step < R; step *= 2) {
+    if (sorted_tokens[in + step] != token) {
+      out = in + step;
+      break;
     }
+    in += step;
+  }
+  while (out - in > 1) {
+    const int64_t mid = in + (out - in) / 2;
+    if (sorted_tokens[mid] == token) {
+      in = mid;
+    } else {
+      out = mid;
+    }
+  }
+  const int64_t end = out;
+  float* w = dwte + static_cast<int64_t>(token) * C + c;
+  float acc = *w;
+  int64_t q = p;
+  for (; q + kEmbeddingRowsInFlight <= end; q += kEmbeddingRowsInFlight) {
+    float d[kEmbeddingRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kEmbeddingRowsInFlight; ++u) {
+      d[u] = dout[static_cast<int64_t>(sorted_rows[q + u]) * C + c];
+    }
+#pragma unroll
+    for (int u = 0; u < kEmbeddingRowsInFlight; ++u) acc += d[u];
+  }
+  for (; q < end; ++q) acc += dout[static_cast<int64_t>(sorted_rows[q]) * C + c];
+  *w = acc;
+}
+
+__global__ void EmbeddingPositionGradKernel(int64_t B, int64_t T, int64_t C, const float* dout,
+                                            float* dwpe) {
+  GRID_STRIDE(e, T * C) {  // e = t * C + c; row (b, t) of dout holds it at b * T * C + e
+    float acc = dwpe[e];
+    for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + e];
+    dwpe[e] = acc;
   }
 }
 
@@ -1018,29 +1249,31 @@ class CudaBackendImpl final : public Backend {
 
   double Sum(int64_t n, const float* x) override {
     if (n <= 0) return 0.0;
-    return ReduceToHost([&](cudaStream_t s, double* out) {
-      ClearStaleError();
-      WholeSumKernel<false><<<1, kReduceThreads, 0, s>>>(n, x, out);
-      CheckLaunch("WholeSumKernel");
-    });
+    return ReduceToHost(
+        [&](cudaStream_t s, double* out) { return LaunchWholeSum<false>(s, n, x, out); });
   }
 
   double SumSquares(int64_t n, const float* x) override {
     if (n <= 0) return 0.0;
-    return ReduceToHost([&](cudaStream_t s, double* out) {
-      ClearStaleError();
-      WholeSumKernel<true><<<1, kReduceThreads, 0, s>>>(n, x, out);
-      CheckLaunch("WholeSumKernel");
-    });
+    return ReduceToHost(
+        [&](cudaStream_t s, double* out) { return LaunchWholeSum<true>(s, n, x, out); });
+  }
+
+  void SumEach(absl::Span<const float* const> xs, absl::Span<const int64_t> ns,
+               double* out) override {
+    WholeSumEach<false>(xs, ns, out);
+  }
+
+  void SumSquaresEach(absl::Span<const float* const> xs, absl::Span<const int64_t> ns,
+                      double* out) override {
+    WholeSumEach<true>(xs, ns, out);
   }
 
   void MeanInto(int64_t n, const float* x, float* out) override {
     if (n <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
-    ClearStaleError();
-    WholeSumKernel<false><<<1, kReduceThreads, 0, s>>>(n, x, out);
-    CheckLaunch("WholeSumKernel");
+    LaunchWholeSum<false>(s, n, x, out);
   }
 
   void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
@@ -1205,8 +1438,13 @@ class CudaBackendImpl final : public Backend {
     if (s == nullptr) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     ClearStaleError();
-    FusedAttentionForwardKernel<<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale,
-                                                                        qkv, y, lse);
+    if (FusedAttentionHeadBound(D) == kSmallHeadBound) {
+      FusedAttentionForwardKernel<kSmallHeadBound>
+          <<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale, qkv, y, lse);
+    } else {
+      FusedAttentionForwardKernel<flash::kMaxHeadSize>
+          <<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale, qkv, y, lse);
+    }
     CheckLaunch("FusedAttentionForwardKernel");
   }
 
@@ -1220,11 +1458,28 @@ class CudaBackendImpl final : public Backend {
     ClearStaleError();
     FusedAttentionDeltaKernel<<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, D, y, dy, scratch);
     CheckLaunch("FusedAttentionDeltaKernel");
-    FusedAttentionQueryKernel<<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale, qkv,
-                                                                      lse, dy, scratch, dqkv);
+    if (FusedAttentionHeadBound(D) == kSmallHeadBound) {
+      LaunchFusedAttentionGrads<kSmallHeadBound>(s, B, T, H, KVH, D, scale, qkv, lse, dy, scratch,
+                                                 dqkv);
+    } else {
+      LaunchFusedAttentionGrads<flash::kMaxHeadSize>(s, B, T, H, KVH, D, scale, qkv, lse, dy,
+                                                     scratch, dqkv);
+    }
+  }
+
+  // The fused backward's passes 2 and 3 (flash_attention_math.h), for heads of at most kMaxD.
+  template <int kMaxD>
+  static void LaunchFusedAttentionGrads(cudaStream_t s, int64_t B, int64_t T, int64_t H,
+                                        int64_t KVH, int64_t D, float scale, const float* qkv,
+                                        const float* lse, const float* dy, const float* delta,
+                                        float* dqkv) {
+    ClearStaleError();
+    FusedAttentionQueryKernel<kMaxD>
+        <<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale, qkv, lse, dy, delta, dqkv);
     CheckLaunch("FusedAttentionQueryKernel");
-    FusedAttentionKeyKernel<<<Blocks(B * KVH * T), kThreads, 0, s>>>(B, T, H, KVH, D, scale, qkv,
-                                                                      lse, dy, scratch, dqkv);
+    ClearStaleError();
+    FusedAttentionKeyKernel<kMaxD><<<Blocks(B * KVH * T), kThreads, 0, s>>>(
+        B, T, H, KVH, D, scale, qkv, lse, dy, delta, dqkv);
     CheckLaunch("FusedAttentionKeyKernel");
   }
 
@@ -1302,14 +1557,61 @@ class CudaBackendImpl final : public Backend {
     CheckLaunch("EmbeddingForwardKernel");
   }
 
+  // The row indices, CUB's sort, EmbeddingTokenGradKernel and EmbeddingPositionGradKernel
+  // (above). The scratch (the sorted tokens and rows, the row indices and CUB's temporary
+  // storage) comes from the caching allocator and goes back to it when this returns: the
+  // next user's kernels run after these, in stream order.
   void EmbeddingBackward(int64_t B, int64_t T, int64_t C, const int32_t* tokens, const float* dout,
                          float* dwte, float* dwpe) override {
-    if (C <= 0) return;
+    const int64_t R = B * T;
+    if (R <= 0 || C <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
+    const int64_t tiles = (C + kThreads - 1) / kThreads;
+    if (R > std::numeric_limits<int32_t>::max() || tiles > 65535) {
+      RecordError(absl::InvalidArgumentError(
+          absl::StrCat("EmbeddingBackward takes at most 2^31 - 1 rows and 65535 * ", kThreads,
+                       " channels; got ", R, " rows of ", C)));
+      return;
+    }
+    const int rows = static_cast<int>(R);
+    size_t sort_bytes = 0;
+    cudaError_t err = cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, tokens, static_cast<int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), rows, 0, 32, s);
+    if (err != cudaSuccess) {
+      RecordCudaError(err, "cub::DeviceRadixSort::SortPairs (sizing)");
+      return;
+    }
+    const size_t ids = AlignUp(static_cast<size_t>(R) * sizeof(int32_t));
+    Scratch scratch(3 * ids + AlignUp(sort_bytes));
+    if (!scratch.ok()) {
+      RecordError(absl::ResourceExhaustedError(
+          absl::StrCat("out of cuda memory for sorting the embedding gradient's ", R, " rows")));
+      return;
+    }
+    int32_t* sorted_tokens = scratch.at<int32_t>(0);
+    int32_t* row_ids = scratch.at<int32_t>(ids);
+    int32_t* sorted_rows = scratch.at<int32_t>(2 * ids);
+    void* sort_space = scratch.at<char>(3 * ids);
     ClearStaleError();
-    EmbeddingBackwardKernel<<<Blocks(C), kThreads, 0, s>>>(B, T, C, tokens, dout, dwte, dwpe);
-    CheckLaunch("EmbeddingBackwardKernel");
+    IotaKernel<<<Blocks(R), kThreads, 0, s>>>(R, row_ids);
+    if (!CheckLaunch("IotaKernel")) return;
+    ClearStaleError();
+    err = cub::DeviceRadixSort::SortPairs(sort_space, sort_bytes, tokens, sorted_tokens, row_ids,
+                                          sorted_rows, rows, 0, 32, s);
+    if (err != cudaSuccess) {
+      RecordCudaError(err, "cub::DeviceRadixSort::SortPairs");
+      return;
+    }
+    ClearStaleError();
+    EmbeddingTokenGradKernel<<<dim3(static_cast<unsigned>(R), static_cast<unsigned>(tiles)),
+                               kThreads, 0, s>>>(R, C, sorted_tokens, sorted_rows, dout, dwte);
+    if (!CheckLaunch("EmbeddingTokenGradKernel")) return;
+    if (dwpe == nullptr) return;
+    ClearStaleError();
+    EmbeddingPositionGradKernel<<<Blocks(T * C), kThreads, 0, s>>>(B, T, C, dout, dwpe);
+    CheckLaunch("EmbeddingPositionGradKernel");
   }
 
   void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
@@ -1337,7 +1639,7 @@ class CudaBackendImpl final : public Backend {
   double SquaredError(int64_t n, const float* pred, const float* target, float* diff) override {
     if (n <= 0) return 0.0;
     return ReduceToHost([&](cudaStream_t s, double* out) {
-      LaunchSquaredError(s, n, pred, target, diff, out);
+      return LaunchSquaredError(s, n, pred, target, diff, out);
     });
   }
 
@@ -1350,16 +1652,112 @@ class CudaBackendImpl final : public Backend {
   }
 
   // diff = pred - target, then the sum of its squares (Out = double) or their mean
-  // (Out = float) into *out, on stream s (WholeSumKernel).
+  // (Out = float) into *out, on stream s (LaunchWholeSum). False when a launch failed
+  // (recorded).
   template <typename Out>
-  static void LaunchSquaredError(cudaStream_t s, int64_t n, const float* pred,
-                                 const float* target, float* diff, Out* out) {
+  static bool LaunchSquaredError(cudaStream_t s, int64_t n, const float* pred, const float* target,
+                                 float* diff, Out* out) {
     ClearStaleError();
     DiffKernel<<<Blocks(n), kThreads, 0, s>>>(n, pred, target, diff);
-    CheckLaunch("DiffKernel");
+    if (!CheckLaunch("DiffKernel")) return false;
+    return LaunchWholeSum<true>(s, n, diff, out);
+  }
+
+  // The whole-tensor sum of x[0 .. n-1] (n > 0) into *out, on stream s: the sum
+  // (Out = double) or the mean (Out = float), in the two passes of PlanWholeSum. The
+  // partition sums live in scratch, given back when this returns (stream order keeps the
+  // kernels first). False when it could not be queued (recorded).
+  template <bool kSquares, typename Out>
+  static bool LaunchWholeSum(cudaStream_t s, int64_t n, const float* x, Out* out) {
+    const WholeSumPlan plan = PlanWholeSum(n);
+    const WholeSumTask task{x, n, plan.chunk, plan.parts, 0};
+    if (plan.parts == 1) {
+      ClearStaleError();
+      WholeSumPartsKernel<kSquares><<<1, kReduceThreads, 0, s>>>(task, nullptr, out);
+      return CheckLaunch("WholeSumPartsKernel");
+    }
+    Scratch partials(static_cast<size_t>(plan.parts) * sizeof(double));
+    if (!partials.ok()) {
+      RecordError(absl::ResourceExhaustedError("out of cuda memory for a sum's partial sums"));
+      return false;
+    }
     ClearStaleError();
-    WholeSumKernel<true><<<1, kReduceThreads, 0, s>>>(n, diff, out);
-    CheckLaunch("WholeSumKernel");
+    WholeSumPartsKernel<kSquares><<<static_cast<unsigned>(plan.parts), kReduceThreads, 0, s>>>(
+        task, partials.at<double>(0), out);
+    if (!CheckLaunch("WholeSumPartsKernel")) return false;
+    ClearStaleError();
+    WholeSumFinishKernel<<<1, kReduceThreads, 0, s>>>(n, plan.parts, partials.at<double>(0), out);
+    return CheckLaunch("WholeSumFinishKernel");
+  }
+
+  // SumEach and SumSquaresEach: the tensors' first passes in one launch, their second passes
+  // in another, one read back. The tasks go to the device in the same scratch block as the
+  // partition sums and the results. A failure writes NaN everywhere, recorded for
+  // CudaSynchronize (as ReduceToHost).
+  template <bool kSquares>
+  void WholeSumEach(absl::Span<const float* const> xs, absl::Span<const int64_t> ns, double* out) {
+    std::vector<WholeSumTask> tasks;
+    std::vector<size_t> task_of;  // tasks[k] is tensor task_of[k]
+    int64_t parts = 0;
+    bool any_second_pass = false;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      out[i] = 0.0;
+      if (ns[i] <= 0) continue;
+      const WholeSumPlan plan = PlanWholeSum(ns[i]);
+      tasks.push_back(WholeSumTask{xs[i], ns[i], plan.chunk, plan.parts, parts});
+      task_of.push_back(i);
+      parts += plan.parts;
+      any_second_pass = any_second_pass || plan.parts > 1;
+    }
+    if (tasks.empty()) return;
+    const auto fail = [&] {
+      for (size_t i = 0; i < xs.size(); ++i) out[i] = std::nan("");
+    };
+    cudaStream_t s = Enter();
+    if (s == nullptr) return fail();
+    if (tasks.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+        parts > std::numeric_limits<int>::max()) {
+      RecordError(absl::InvalidArgumentError(
+          absl::StrCat("SumEach over ", tasks.size(), " tensors of ", parts, " partitions")));
+      return fail();
+    }
+    const size_t tasks_bytes = AlignUp(tasks.size() * sizeof(WholeSumTask));
+    const size_t partials_bytes = AlignUp(static_cast<size_t>(parts) * sizeof(double));
+    Scratch scratch(tasks_bytes + partials_bytes + tasks.size() * sizeof(double));
+    if (!scratch.ok()) {
+      RecordError(absl::ResourceExhaustedError(
+          absl::StrCat("out of cuda memory for the sums of ", tasks.size(), " tensors")));
+      return fail();
+    }
+    WholeSumTask* d_tasks = scratch.at<WholeSumTask>(0);
+    double* d_partials = scratch.at<double>(tasks_bytes);
+    double* d_results = scratch.at<double>(tasks_bytes + partials_bytes);
+    const int count = static_cast<int>(tasks.size());
+    std::vector<double> results(tasks.size());
+    cudaError_t err = cudaMemcpyAsync(d_tasks, tasks.data(), tasks.size() * sizeof(WholeSumTask),
+                                      cudaMemcpyHostToDevice, s);
+    if (err != cudaSuccess) {
+      RecordCudaError(err, "cudaMemcpyAsync (SumEach's tasks)");
+      return fail();
+    }
+    ClearStaleError();
+    SumEachPartsKernel<kSquares><<<static_cast<unsigned>(parts), kReduceThreads, 0, s>>>(
+        d_tasks, count, d_partials, d_results);
+    if (!CheckLaunch("SumEachPartsKernel")) return fail();
+    if (any_second_pass) {
+      ClearStaleError();
+      SumEachFinishKernel<<<static_cast<unsigned>(count), kReduceThreads, 0, s>>>(
+          d_tasks, d_partials, d_results);
+      if (!CheckLaunch("SumEachFinishKernel")) return fail();
+    }
+    err = cudaMemcpyAsync(results.data(), d_results, results.size() * sizeof(double),
+                          cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) {
+      RecordCudaError(err, "reading SumEach's results");
+      return fail();
+    }
+    for (size_t k = 0; k < tasks.size(); ++k) out[task_of[k]] = results[k];
   }
 
   void SgdStep(int64_t n, float lr, float momentum, float weight_decay, bool first_step, float* w,
@@ -1444,8 +1842,9 @@ class CudaBackendImpl final : public Backend {
     CheckLaunch("AddColumnChunksKernel");
   }
 
-  // Runs `launch(stream, device_out)` and returns *device_out copied to the host (this
-  // waits for the stream). A failure returns NaN, recorded for CudaSynchronize.
+  // Runs `launch(stream, device_out)` (false: a launch failed, recorded) and
+  // returns *device_out copied to the host (this waits for the stream). A failure returns
+  // NaN, recorded for CudaSynchronize.
   template <typename Launch>
   double ReduceToHost(Launch launch) {
     cudaStream_t s = Enter();
@@ -1455,8 +1854,8 @@ class CudaBackendImpl final : public Backend {
       RecordError(absl::ResourceExhaustedError("out of cuda memory for a reduction result"));
       return std::nan("");
     }
-    double* d = reinterpret_cast<double*>(out.f32());
-    launch(s, d);
+    double* d = out.at<double>(0);
+    if (!launch(s, d)) return std::nan("");
     double host = 0.0;
     cudaError_t err = cudaMemcpyAsync(&host, d, sizeof(double), cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
@@ -1577,6 +1976,12 @@ void* CudaComputeStream() { return Enter(); }
 absl::Status CudaOrderedSumAsync(float* dst, const float* src, int members, int64_t n,
                                  void* stream) {
   if (n <= 0 || members <= 0) return absl::OkStatus();
+  // The collective engine's threads call this: make the process's device current on this
+  // thread first (Enter), whatever device another call left current.
+  if (Enter() == nullptr) {  // what Enter recorded stays for this thread's CudaSynchronize too
+    return t_first_error.ok() ? absl::InternalError("the CUDA context could not start")
+                              : t_first_error;
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   ClearStaleError();
   OrderedSumKernel<<<Blocks(n), kThreads, 0, s>>>(n, members, src, dst);

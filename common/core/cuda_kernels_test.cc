@@ -324,7 +324,8 @@ TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
 // Column reductions: chunks of 64 rows in order, then the chunks in order, against the
 // CPU's rows in order: within float32 accumulation error over `rows` O(1) terms (atol
 // 2e-6 per row, rtol 1e-5), and the same bits on a second run. 300 rows are 5 chunks, the
-// last one short. The embedding's backward still adds rows in order: bit-exact.
+// last one short. The embedding's backward adds each element's rows in order: bit-exact
+// (more cases in EmbeddingBackwardIsTheCpusOrderForAnyTokens).
 TEST_F(CudaKernelsTest, ColumnReductionsAgreeWithinRoundingAndRepeat) {
   const int64_t rows = 300, cols = 77;
   const double atol = 2e-6 * rows, rtol = 1e-5;
@@ -363,6 +364,125 @@ TEST_F(CudaKernelsTest, ColumnReductionsAgreeWithinRoundingAndRepeat) {
   cuda_->EmbeddingBackward(B, T, C, dtok.i32(), ddout.f32(), ddwte.f32(), ddwpe.f32());
   ExpectBitEqual(Host(ddwte), dwte, "EmbeddingBackward wte");
   ExpectBitEqual(Host(ddwpe), dwpe, "EmbeddingBackward wpe");
+}
+
+// EmbeddingBackward sorts the rows by token and adds each token's rows in ascending order:
+// the CPU's order for every element, so its bits, whatever the mix of tokens. Cases: many
+// repeats of few tokens, 8192 rows of 5 tokens, every row the same token (one run of all
+// the rows), channels that are not a multiple of the block (two tiles, the second short),
+// without a position table; each run twice for the same bits.
+TEST_F(CudaKernelsTest, EmbeddingBackwardIsTheCpusOrderForAnyTokens) {
+  struct Case {
+    int64_t B, T, C;
+    int32_t V;
+    bool same_token, positions;
+  };
+  for (const Case& cs : {Case{4, 50, 40, 3, false, true}, Case{8, 1024, 64, 5, false, true},
+                         Case{2, 4096, 24, 7, true, true}, Case{3, 37, 300, 11, false, true},
+                         Case{5, 33, 19, 1000, false, false}}) {
+    const std::string tag =
+        absl::StrCat("embedding B", cs.B, " T", cs.T, " C", cs.C, " V", cs.V,
+                     cs.same_token ? " one token" : "", cs.positions ? "" : " no wpe");
+    const int64_t R = cs.B * cs.T, C = cs.C;
+    std::vector<int32_t> tokens = RandomIds(R, cs.V, tag + " tokens");
+    if (cs.same_token) std::fill(tokens.begin(), tokens.end(), cs.V - 1);
+    const Vec dout = Random(R * C, tag + " dout");
+    const Vec dwte0 = Random(cs.V * C, tag + " dwte"), dwpe0 = Random(cs.T * C, tag + " dwpe");
+    Vec dwte = dwte0, dwpe = dwpe0;
+    cpu_->EmbeddingBackward(cs.B, cs.T, C, tokens.data(), dout.data(), dwte.data(),
+                            cs.positions ? dwpe.data() : nullptr);
+    Tensor dtok = DevIds(tokens), ddout = Dev(dout);
+    Vec first_wte, first_wpe;
+    for (int run = 0; run < 2; ++run) {
+      Tensor ddwte = Dev(dwte0), ddwpe = Dev(dwpe0);
+      cuda_->EmbeddingBackward(cs.B, cs.T, C, dtok.i32(), ddout.f32(), ddwte.f32(),
+                               cs.positions ? ddwpe.f32() : nullptr);
+      const Vec got_wte = Host(ddwte), got_wpe = Host(ddwpe);
+      ExpectBitEqual(got_wte, dwte, tag + " wte");
+      ExpectBitEqual(got_wpe, cs.positions ? dwpe : dwpe0, tag + " wpe");
+      if (run == 0) {
+        first_wte = got_wte;
+        first_wpe = got_wpe;
+      } else {
+        ExpectBitEqual(got_wte, first_wte, tag + " wte again");
+        ExpectBitEqual(got_wpe, first_wpe, tag + " wpe again");
+      }
+    }
+  }
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+// The whole-tensor sums are two passes over partitions that depend on n alone: against the
+// CPU within relative 1e-12 (double accumulation), the same bits on a second call, and the
+// same bits for the same values at an address that is not 16-byte aligned (float loads
+// instead of float4: the order does not change). Sizes around the block's round (1024),
+// the one-partition limit (8192), the partition cap (512 partitions of 8192) and 3M.
+TEST_F(CudaKernelsTest, WholeSumsOfEverySizeRepeatAndIgnoreAlignment) {
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{1023}, int64_t{1025}, int64_t{8191},
+                    int64_t{8193}, int64_t{123457}, int64_t{3'000'000}, int64_t{512 * 8192 + 7}}) {
+    const std::string tag = absl::StrCat("n ", n);
+    const Vec x = Random(n, tag + " x");
+    Vec shifted(static_cast<size_t>(n) + 1, 0.0f);  // x at element 1: 4 bytes off alignment
+    std::copy(x.begin(), x.end(), shifted.begin() + 1);
+    Tensor dx = Dev(x), dshifted = Dev(shifted);
+    const double sum = cuda_->Sum(n, dx.f32()), sq = cuda_->SumSquares(n, dx.f32());
+    const double want = cpu_->Sum(n, x.data()), want_sq = cpu_->SumSquares(n, x.data());
+    EXPECT_NEAR(sum, want, 1e-12 * static_cast<double>(n)) << tag;
+    EXPECT_NEAR(sq, want_sq, 1e-12 * want_sq) << tag;
+    const double again = cuda_->Sum(n, dx.f32()), sq_again = cuda_->SumSquares(n, dx.f32());
+    const double off = cuda_->Sum(n, dshifted.f32() + 1);
+    const double sq_off = cuda_->SumSquares(n, dshifted.f32() + 1);
+    EXPECT_EQ(std::memcmp(&again, &sum, sizeof(double)), 0) << tag << " sum again";
+    EXPECT_EQ(std::memcmp(&sq_again, &sq, sizeof(double)), 0) << tag << " squares again";
+    EXPECT_EQ(std::memcmp(&off, &sum, sizeof(double)), 0) << tag << " sum misaligned";
+    EXPECT_EQ(std::memcmp(&sq_off, &sq, sizeof(double)), 0) << tag << " squares misaligned";
+    // MeanInto and SquaredErrorMeanInto run the same passes, divided on the device.
+    Tensor dmean = Tensor::Empty({1}, DType::kFloat32, Device::kCuda);
+    cuda_->MeanInto(n, dx.f32(), dmean.f32());
+    ExpectBitEqual(Host(dmean), Vec{static_cast<float>(sum / static_cast<double>(n))},
+                   tag + " MeanInto");
+    Tensor dzero = Dev(Vec(static_cast<size_t>(n), 0.0f)), ddiff = Dev(Vec(static_cast<size_t>(n)));
+    cuda_->SquaredErrorMeanInto(n, dx.f32(), dzero.f32(), ddiff.f32(), dmean.f32());
+    ExpectBitEqual(Host(dmean), Vec{static_cast<float>(sq / static_cast<double>(n))},
+                   tag + " SquaredErrorMeanInto");
+  }
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
+}
+
+// SumEach and SumSquaresEach: the bits of Sum and SumSquares per tensor, for tensors of one
+// and of many partitions, empty ones and a misaligned one, in one call; inf and NaN come
+// through (the divergence check relies on them).
+TEST_F(CudaKernelsTest, SumEachIsSumPerTensorBitForBit) {
+  const Vec a = Random(3'000'000, "each a"), b = Random(8193, "each b", -3.0f, 1.0f);
+  const Vec c = Random(7, "each c");
+  Vec bad = Random(20000, "each bad");
+  bad[12345] = std::numeric_limits<float>::infinity();
+  Vec nan = Random(5, "each nan");
+  nan[2] = std::numeric_limits<float>::quiet_NaN();
+  Tensor da = Dev(a), db = Dev(b), dc = Dev(c), dbad = Dev(bad), dnan = Dev(nan);
+  const std::vector<const float*> xs = {da.f32(),   db.f32(),     nullptr,    dc.f32(),
+                                        dbad.f32(), da.f32() + 1, dnan.f32(), db.f32()};
+  const std::vector<int64_t> ns = {3'000'000, 8193, 0, 7, 20000, 1'000'001, 5, 1};
+  for (bool squares : {false, true}) {
+    std::vector<double> got(xs.size(), -1.0);
+    if (squares) {
+      cuda_->SumSquaresEach(xs, ns, got.data());
+    } else {
+      cuda_->SumEach(xs, ns, got.data());
+    }
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double want = squares ? cuda_->SumSquares(ns[i], xs[i]) : cuda_->Sum(ns[i], xs[i]);
+      EXPECT_EQ(std::memcmp(&got[i], &want, sizeof(double)), 0)
+          << (squares ? "SumSquaresEach " : "SumEach ") << i << ": " << got[i] << ", alone "
+          << want;
+    }
+    EXPECT_TRUE(std::isinf(got[4])) << got[4];
+    EXPECT_TRUE(std::isnan(got[6])) << got[6];
+  }
+  std::vector<double> none = {-1.0};
+  cuda_->SumEach({nullptr}, {int64_t{0}}, none.data());
+  EXPECT_EQ(none[0], 0.0);
+  EXPECT_TRUE(CudaSynchronize().ok()) << CudaSynchronize();
 }
 
 // Row reductions: a fixed tree against the CPU's sequential sums: rtol 1e-5, atol 1e-5

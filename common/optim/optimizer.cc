@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "common/core/status.h"
@@ -223,15 +224,55 @@ bool DecaysWeight(const std::string& name, const Shape& shape,
   return true;
 }
 
-absl::StatusOr<double> BlockGradSquares(Module& block, bool tied_embeddings) {
-  double sum = 0.0;
-  for (Parameter* p : block.Parameters()) {
-    if (!p->grad.defined()) continue;
-    if (tied_embeddings && p->name == kTiedOutputName) continue;  // counted at the embedding
-    BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(p->grad.device()));
-    sum += be->SumSquares(p->grad.numel(), p->grad.f32());
+absl::StatusOr<std::vector<double>> GradientSums(const std::vector<Parameter*>& params,
+                                                 bool squares) {
+  std::vector<double> out(params.size(), 0.0);
+  std::map<Device, std::vector<size_t>> by_device;  // the parameters with a gradient
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]->grad.defined()) by_device[params[i]->grad.device()].push_back(i);
   }
-  return sum;
+  for (const auto& [device, which] : by_device) {
+    BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device));
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    for (size_t i : which) {
+      xs.push_back(params[i]->grad.f32());
+      ns.push_back(params[i]->grad.numel());
+    }
+    std::vector<double> sums(which.size());
+    if (squares) {
+      be->SumSquaresEach(xs, ns, sums.data());
+    } else {
+      be->SumEach(xs, ns, sums.data());
+    }
+    for (size_t k = 0; k < which.size(); ++k) out[which[k]] = sums[k];
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> BlockGradSquares(const std::vector<Module*>& blocks,
+                                                     bool tied_embeddings) {
+  std::vector<Parameter*> counted;
+  std::vector<size_t> block_of;  // counted[i] belongs to blocks[block_of[i]]
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (Parameter* p : blocks[b]->Parameters()) {
+      if (!p->grad.defined()) continue;
+      if (tied_embeddings && p->name == kTiedOutputName) continue;  // counted at the embedding
+      counted.push_back(p);
+      block_of.push_back(b);
+    }
+  }
+  BATON_ASSIGN_OR_RETURN(const std::vector<double> squares,
+                         GradientSums(counted, /*squares=*/true));
+  std::vector<double> parts(blocks.size(), 0.0);
+  for (size_t i = 0; i < squares.size(); ++i) parts[block_of[i]] += squares[i];
+  return parts;
+}
+
+absl::StatusOr<double> BlockGradSquares(Module& block, bool tied_embeddings) {
+  BATON_ASSIGN_OR_RETURN(const std::vector<double> parts,
+                         BlockGradSquares(std::vector<Module*>{&block}, tied_embeddings));
+  return parts[0];
 }
 
 bool GradClip::finite() const { return std::isfinite(norm); }

@@ -92,12 +92,27 @@ bool DecaysWeight(const std::string& name, const Shape& shape,
 
 // ---- Global-norm gradient clipping (docs/training.md) ----
 
+// Backend::Sum of each parameter's gradient (`squares`: Backend::SumSquares), in the order
+// given: out[i] has exactly the bits of that call on the gradient's backend, and 0 for a
+// parameter without a gradient. The gradients of one device go through one
+// Backend::SumEach (SumSquaresEach) call: on a GPU one launch sequence and one read back for
+// them all, not one per parameter. Waits for the work issued before; an error only when a
+// gradient's device has no backend.
+absl::StatusOr<std::vector<double>> GradientSums(const std::vector<Parameter*>& params,
+                                                 bool squares);
+
 // One block's part of the squared gradient norm: the sum over its parameters, in their
-// canonical order, of Backend::SumSquares of each gradient, in double. With
-// `tied_embeddings` the output projection ("head.logits.weight", the tied copy) is not
-// counted: the tied parameter counts once, at the embedding. Parameters without a gradient
-// count 0. On a device it waits for the work issued before.
+// canonical order, of Backend::SumSquares of each gradient, in double (the per-gradient sums
+// from GradientSums, added here in that order). With `tied_embeddings` the output projection
+// ("head.logits.weight", the tied copy) is not counted: the tied parameter counts once, at
+// the embedding. Parameters without a gradient count 0. On a device it waits for the work
+// issued before.
 absl::StatusOr<double> BlockGradSquares(Module& block, bool tied_embeddings);
+// The same for several blocks at once: out[b] has exactly the bits BlockGradSquares(
+// *blocks[b]) returns, from one GradientSums call over all their gradients (on a GPU one
+// read back per step, not one per block).
+absl::StatusOr<std::vector<double>> BlockGradSquares(const std::vector<Module*>& blocks,
+                                                     bool tied_embeddings);
 
 // The norm and the coefficient from every block's part, in block order.
 struct GradClip {

@@ -8,6 +8,7 @@
 // a missed bias correction is off by >= 1e-4).
 #include "common/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -384,6 +385,59 @@ TEST(GradClipTest, ABlockCountsItsTiedOutputProjectionOnlyWhenUntied) {
   // Scaling touches every gradient.
   ASSERT_TRUE(ScaleGradients(head.Parameters(), 0.5f).ok());
   for (Parameter* p : head.Parameters()) EXPECT_EQ(p->grad.f32()[0], 0.25f) << p->name;
+}
+
+// The several-block form: each block's part, the bits of the one-block call, in the order
+// given (tied or not).
+TEST(GradClipTest, BlockPartsAtOnceAreTheOneBlockParts) {
+  baton::v1::ModelSpec model;
+  auto* g = model.mutable_gpt();
+  g->set_vocab_size(5);
+  g->set_context(4);
+  g->set_d_model(4);
+  g->set_heads(1);
+  g->set_layers(2);
+  auto blocks = BuildBlocks(model, 3);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  std::vector<Module*> all;
+  float v = 0.1f;
+  for (int b = 0; b < (*blocks)->size(); ++b) {
+    all.push_back(&(*blocks)->at(b));
+    for (Parameter* p : all.back()->Parameters()) {
+      for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad.f32()[i] = (v += 0.37f);
+    }
+  }
+  std::reverse(all.begin(), all.end());  // any order: the parts follow it
+  for (bool tied : {false, true}) {
+    const absl::StatusOr<std::vector<double>> parts = BlockGradSquares(all, tied);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    ASSERT_EQ(parts->size(), all.size());
+    for (size_t b = 0; b < all.size(); ++b) {
+      EXPECT_EQ((*parts)[b], *BlockGradSquares(*all[b], tied)) << "block " << b << " tied " << tied;
+      EXPECT_GT((*parts)[b], 0.0) << "block " << b;
+    }
+  }
+  EXPECT_TRUE(BlockGradSquares(std::vector<Module*>{}, false)->empty());
+}
+
+// GradientSums: each gradient's Backend::Sum or SumSquares, bit for bit, in the order given;
+// 0 for a parameter without a gradient.
+TEST(GradClipTest, GradientSumsArePerGradientBackendSums) {
+  Parameter a = MakeParam(kInit, 3), b = MakeParam(kInit, 3), none;
+  none.name = "no gradient";
+  SetGrad(a, kGrads[0]);
+  SetGrad(b, kGrads[2]);
+  const std::vector<Parameter*> params = {&a, &none, &b};
+  const absl::StatusOr<std::vector<double>> sums = GradientSums(params, /*squares=*/false);
+  const absl::StatusOr<std::vector<double>> squares = GradientSums(params, /*squares=*/true);
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  ASSERT_TRUE(squares.ok()) << squares.status();
+  Backend* cpu = CpuBackend();
+  EXPECT_EQ(*sums,
+            (std::vector<double>{cpu->Sum(3, a.grad.f32()), 0.0, cpu->Sum(3, b.grad.f32())}));
+  EXPECT_EQ(*squares, (std::vector<double>{cpu->SumSquares(3, a.grad.f32()), 0.0,
+                                           cpu->SumSquares(3, b.grad.f32())}));
+  EXPECT_TRUE(GradientSums({}, /*squares=*/true)->empty());
 }
 
 TEST(OptimizerTest, RefusesSpecWithoutAlgorithm) {

@@ -755,16 +755,23 @@ absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* byt
                                 .count();
       }
       // Divergence is a failure: a non-finite gradient would make every weight it touches
-      // garbage. One sum per gradient (inf and nan survive a double sum of floats).
+      // garbage. One sum per gradient (inf and nan survive a double sum of floats), all of
+      // this rank's in one batched call (one read back on a GPU); the first non-finite one
+      // in chunk and parameter order is named.
+      std::vector<Parameter*> params;
+      std::vector<int> stage_of;  // params[i] belongs to stage stage_of[i]
       for (const Chunk& c : chunks_) {
         for (Parameter* p : c.model->Parameters()) {
-          if (!p->grad.defined()) continue;
-          BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(p->grad.device()));
-          const double sum = be->Sum(p->grad.numel(), p->grad.f32());
-          if (!std::isfinite(sum)) {
-            return DivergedError(absl::StrCat("training diverged: the gradient of ", p->name,
-                                              " (stage ", c.stage, ") is not finite"));
-          }
+          params.push_back(p);
+          stage_of.push_back(c.stage);
+        }
+      }
+      BATON_ASSIGN_OR_RETURN(const std::vector<double> sums,
+                             GradientSums(params, /*squares=*/false));
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!std::isfinite(sums[i])) {
+          return DivergedError(absl::StrCat("training diverged: the gradient of ", params[i]->name,
+                                            " (stage ", stage_of[i], ") is not finite"));
         }
       }
       // The schedule's rate for this step (a resume continues it from the checkpoint's step).
@@ -882,13 +889,18 @@ absl::Status StageExecutor::ClipGradients(const Action& a, StepState& st, absl::
   const size_t num_blocks = static_cast<size_t>(ModelBlockCount(spec_.model()));
   std::vector<double> parts(num_blocks, 0.0);
   auto fill_mine = [&]() -> absl::Status {
+    std::vector<Module*> mine;
+    std::vector<size_t> index;  // mine[i] is block index[i] of the model
     for (Chunk& c : chunks_) {
       for (int i = 0; i < c.model->size(); ++i) {
         const size_t b = static_cast<size_t>(c.blocks.first + i);
         if (b >= num_blocks) return absl::InternalError("a block outside the model");
-        BATON_ASSIGN_OR_RETURN(parts[b], BlockGradSquares(c.model->at(i), tied_));
+        mine.push_back(&c.model->at(i));
+        index.push_back(b);
       }
     }
+    BATON_ASSIGN_OR_RETURN(const std::vector<double> squares, BlockGradSquares(mine, tied_));
+    for (size_t i = 0; i < mine.size(); ++i) parts[index[i]] = squares[i];
     return absl::OkStatus();
   };
   // The chain: rank r receives ranks 0..r-1's parts from r - 1, adds its own, hands them to

@@ -121,12 +121,8 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   std::optional<float> grad_norm;
   if (const float max_norm = spec_.optimizer().clip_grad_norm(); max_norm > 0.0f) {
     // What the pipeline's CLIP_GRAD does: per block, then the parts in block order.
-    std::vector<double> parts;
-    parts.reserve(blocks_.size());
-    for (Module* b : blocks_) {
-      BATON_ASSIGN_OR_RETURN(double part, BlockGradSquares(*b, tied_embedding_ != nullptr));
-      parts.push_back(part);
-    }
+    BATON_ASSIGN_OR_RETURN(const std::vector<double> parts,
+                           BlockGradSquares(blocks_, tied_embedding_ != nullptr));
     const GradClip clip = ClipFromBlockSquares(parts, max_norm);
     grad_norm = static_cast<float>(clip.norm);
     if (!clip.finite()) {
