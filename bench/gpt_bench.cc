@@ -435,14 +435,16 @@ void BM_Kernel_BiasGelu(benchmark::State& state) {
 
 void BM_Kernel_SoftmaxCrossEntropy(benchmark::State& state) {
   const Dims d = ModelDims();
-  Tensor logits = Filled({d.R, d.V}, 3.0f), probs = Tensor::Empty({d.R, d.V}),
-         losses = Tensor::Empty({d.R}), targets = Tensor::Empty({d.R}, DType::kInt32);
+  Tensor logits = Filled({d.R, d.V}, 3.0f), dlogits = Tensor::Empty({d.R, d.V}),
+         stats = Tensor::Empty({d.R, 2}), losses = Tensor::Empty({d.R}),
+         targets = Tensor::Empty({d.R}, DType::kInt32);
   for (int64_t r = 0; r < d.R; ++r) targets.i32()[r] = static_cast<int32_t>(r % d.V);
   Backend* be = CpuBackend();
   for (auto _ : state) {
-    be->SoftmaxCrossEntropyForward(d.R, d.V, logits.f32(), targets.i32(), probs.f32(),
+    be->SoftmaxCrossEntropyForward(d.R, d.V, logits.f32(), targets.i32(), stats.f32(),
                                    losses.f32());
-    be->SoftmaxCrossEntropyBackward(d.R, d.V, probs.f32(), targets.i32(), 0.01f, probs.f32());
+    be->SoftmaxCrossEntropyBackward(d.R, d.V, logits.f32(), stats.f32(), targets.i32(), 0.01f,
+                                    dlogits.f32());
     benchmark::ClobberMemory();
   }
 }

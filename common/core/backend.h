@@ -233,15 +233,19 @@ class Backend {
                                  const float* dout, float* dwte, float* dwpe) = 0;
 
   // ---- Losses ----
-  // Fused softmax + cross-entropy per row: writes probs[r,:] = softmax(logits[r,:]) and
-  // losses[r] = -log probs[r, targets[r]] (computed as logsumexp - logit, not from probs).
+  // Fused softmax + cross-entropy per row, without the probabilities (the [R, V] tensor a
+  // materialised softmax writes, rereads and keeps until the backward): writes each row's
+  // max m = max_v logits[r,v] and inverse sum inv = 1 / s, s = sum_v exp(logits[r,v] - m),
+  // to stats[2r] and stats[2r+1], and losses[r] = log(s) + m - logits[r, targets[r]]
+  // (logsumexp - logit). The CPU adds the exponentials in column order; a device in its
+  // fixed tree per row.
   virtual void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
-                                          const int32_t* targets, float* probs,
-                                          float* losses) = 0;
-  // Writes dlogits[r,v] = scale * (probs[r,v] - [v == targets[r]]). `dlogits` may alias
-  // `probs`.
-  virtual void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
-                                           const int32_t* targets, float scale,
+                                          const int32_t* targets, float* stats, float* losses) = 0;
+  // Writes dlogits[r,v] = scale * (p - [v == targets[r]]), the probability recomputed from
+  // the forward's statistics as p = exp(logits[r,v] - m) * inv: the forward's float
+  // expressions, so the bits a stored softmax would have given. `dlogits` may alias `logits`.
+  virtual void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits,
+                                           const float* stats, const int32_t* targets, float scale,
                                            float* dlogits) = 0;
 
   // Writes diff[i] = pred[i] - target[i] and returns the sum of diff[i]^2 accumulated in

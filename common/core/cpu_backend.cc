@@ -692,33 +692,29 @@ class CpuBackendImpl final : public Backend {
   }
 
   void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
-                                  const int32_t* targets, float* probs,
-                                  float* losses) override {
+                                  const int32_t* targets, float* stats, float* losses) override {
     for (int64_t r = 0; r < rows; ++r) {
       const float* l = logits + r * V;
-      float* p = probs + r * V;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t v = 0; v < V; ++v) mx = std::max(mx, l[v]);
       float sum = 0.0f;
-      for (int64_t v = 0; v < V; ++v) {
-        p[v] = std::exp(l[v] - mx);
-        sum += p[v];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
+      stats[2 * r] = mx;
+      stats[2 * r + 1] = 1.0f / sum;
       losses[r] = std::log(sum) + mx - l[targets[r]];
     }
   }
 
-  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
-                                   const int32_t* targets, float scale,
-                                   float* dlogits) override {
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits, const float* stats,
+                                   const int32_t* targets, float scale, float* dlogits) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* p = probs + r * V;
+      const float* l = logits + r * V;
       float* d = dlogits + r * V;
+      const float mx = stats[2 * r], inv = stats[2 * r + 1];
       const int64_t target = targets[r];
       for (int64_t v = 0; v < V; ++v) {
-        d[v] = scale * (p[v] - (v == target ? 1.0f : 0.0f));
+        const float p = std::exp(l[v] - mx) * inv;
+        d[v] = scale * (p - (v == target ? 1.0f : 0.0f));
       }
     }
   }

@@ -1083,9 +1083,11 @@ TEST_F(CpuBackendTest, EmbeddingForwardAndBackward) {
 
 // ---- Softmax cross-entropy ----
 
-// probs within atol 1e-7, rtol 1e-5 of softmax in double, rows sum to 1 (atol 1e-6);
-// loss within atol 1e-5, rtol 1e-5 of -log softmax[target] in double, including rows with
-// large logits that overflow a naive exp.
+// The row statistics: max exact, inverse sum within rtol 1e-6 of 1 / sum exp(z - max) in
+// double; probabilities recomputed from them (as the backward does) within atol 1e-7, rtol
+// 1e-5 of softmax in double, rows summing to 1 (atol 1e-6); loss within atol 1e-5, rtol 1e-5
+// of -log softmax[target] in double, including rows with large logits that overflow a naive
+// exp.
 TEST_F(CpuBackendTest, SoftmaxCrossEntropyForward) {
   const int64_t rows = 6, V = 11;
   Vec logits = Random(rows * V, "sce.logits", -4.0f, 4.0f);
@@ -1093,16 +1095,21 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyForward) {
   for (int64_t v = 0; v < V; ++v) logits[4 * V + v] = 0.5f;      // uniform row
   logits[5 * V + 2] = 30.0f;                                     // one dominant logit
   const std::vector<int32_t> targets = {0, 10, 5, 7, 3, 2};
-  Vec probs(rows * V), losses(rows);
-  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), probs.data(),
+  Vec stats(2 * rows), losses(rows), probs(rows * V);
+  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(),
                                   losses.data());
   DVec want_p(rows * V), want_l(rows);
   for (int64_t r = 0; r < rows; ++r) {
     double mx = -std::numeric_limits<double>::infinity();
     for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double{logits[r * V + v]});
+    EXPECT_EQ(stats[2 * r], static_cast<float>(mx)) << r;
     double sum = 0.0;
     for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[r * V + v] - mx);
-    for (int64_t v = 0; v < V; ++v) want_p[r * V + v] = std::exp(logits[r * V + v] - mx) / sum;
+    EXPECT_NEAR(stats[2 * r + 1], 1.0 / sum, 1e-6 / sum) << r;
+    for (int64_t v = 0; v < V; ++v) {
+      want_p[r * V + v] = std::exp(logits[r * V + v] - mx) / sum;
+      probs[r * V + v] = std::exp(logits[r * V + v] - stats[2 * r]) * stats[2 * r + 1];
+    }
     want_l[r] = -std::log(want_p[r * V + targets[r]]);
     double psum = 0.0;
     for (int64_t v = 0; v < V; ++v) psum += probs[r * V + v];
@@ -1116,30 +1123,58 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyForward) {
   EXPECT_LT(losses[5], 1e-10f);
 }
 
-// Exact: dlogits = scale * (p - onehot) is the same float expression here; may alias probs.
-TEST_F(CpuBackendTest, SoftmaxCrossEntropyBackward) {
-  const int64_t rows = 4, V = 9;
-  const Vec probs = Random(rows * V, "sceb.p", 0.0f, 1.0f);
-  const std::vector<int32_t> targets = {8, 0, 4, 4};
-  const float scale = 1.0f / 4.0f;
-  Vec d(rows * V), want(rows * V);
-  be_->SoftmaxCrossEntropyBackward(rows, V, probs.data(), targets.data(), scale, d.data());
+// The fused loss gives the bits of the materialised softmax it replaced, whose float
+// expressions are written out here: p = exp(l - max) stored, summed in column order, each
+// p times 1 / sum; loss = log(sum) + max - l[target]; dlogits = scale * (p - onehot). In
+// place over the logits too.
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyIsTheMaterialisedSoftmaxBitForBit) {
+  const int64_t rows = 5, V = 37;
+  Vec logits = Random(rows * V, "scem.logits", -8.0f, 8.0f);
+  for (int64_t v = 0; v < V; ++v) logits[2 * V + v] += 500.0f;
+  const std::vector<int32_t> targets = {36, 0, 17, 17, 5};
+  const float scale = 1.0f / 5.0f;
+  Vec want_loss(rows), want_d(rows * V), probs(rows * V);
   for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits.data() + r * V;
+    float* p = probs.data() + r * V;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, l[v]);
+    float sum = 0.0f;
     for (int64_t v = 0; v < V; ++v) {
-      want[r * V + v] = scale * (probs[r * V + v] - (v == targets[r] ? 1.0f : 0.0f));
+      p[v] = std::exp(l[v] - mx);
+      sum += p[v];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+    want_loss[r] = std::log(sum) + mx - l[targets[r]];
+    for (int64_t v = 0; v < V; ++v) {
+      want_d[r * V + v] = scale * (p[v] - (v == targets[r] ? 1.0f : 0.0f));
     }
   }
-  ExpectBitEqual(d, want, "SoftmaxCrossEntropyBackward");
-  Vec alias = probs;
-  be_->SoftmaxCrossEntropyBackward(rows, V, alias.data(), targets.data(), scale, alias.data());
-  ExpectBitEqual(alias, want, "SoftmaxCrossEntropyBackward in place");
+  Vec stats(2 * rows), losses(rows), d(rows * V);
+  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(),
+                                  losses.data());
+  ExpectBitEqual(losses, want_loss, "SoftmaxCrossEntropyForward losses");
+  be_->SoftmaxCrossEntropyBackward(rows, V, logits.data(), stats.data(), targets.data(), scale,
+                                   d.data());
+  ExpectBitEqual(d, want_d, "SoftmaxCrossEntropyBackward");
+  Vec alias = logits;
+  be_->SoftmaxCrossEntropyBackward(rows, V, alias.data(), stats.data(), targets.data(), scale,
+                                   alias.data());
+  ExpectBitEqual(alias, want_d, "SoftmaxCrossEntropyBackward in place");
+}
 
-  // Forward then backward: the gradient of the mean loss sums to 0 over each row
-  // (atol 1e-7) and matches finite differences of the loss in double (atol 1e-6).
+// Forward then backward: the gradient of the mean loss sums to 0 over each row (atol 1e-7)
+// and matches finite differences of the loss in double (atol 1e-6).
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyBackward) {
+  const int64_t rows = 4, V = 9;
+  const std::vector<int32_t> targets = {8, 0, 4, 4};
+  const float scale = 1.0f / 4.0f;
   const Vec logits = Random(rows * V, "sceb.logits", -3.0f, 3.0f);
-  Vec p(rows * V), l(rows), g(rows * V);
-  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), p.data(), l.data());
-  be_->SoftmaxCrossEntropyBackward(rows, V, p.data(), targets.data(), scale, g.data());
+  Vec stats(2 * rows), l(rows), g(rows * V);
+  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(), l.data());
+  be_->SoftmaxCrossEntropyBackward(rows, V, logits.data(), stats.data(), targets.data(), scale,
+                                   g.data());
   auto row_loss = [&](int64_t r, const DVec& z) {
     double mx = -std::numeric_limits<double>::infinity();
     for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v]);

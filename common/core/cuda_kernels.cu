@@ -1064,36 +1064,36 @@ __global__ void EmbeddingPositionGradKernel(int64_t B, int64_t T, int64_t C, con
   }
 }
 
-// One block per row: max and sum in the fixed tree.
+// One block per row: max and sum in the fixed tree; the row's statistics, not its
+// probabilities, are written (Backend::SoftmaxCrossEntropyForward).
 __global__ void SoftmaxCrossEntropyForwardKernel(int64_t rows, int64_t V, const float* logits,
-                                                 const int32_t* targets, float* probs,
+                                                 const int32_t* targets, float* stats,
                                                  float* losses) {
   __shared__ float shared[kReduceThreads];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* l = logits + r * V;
-    float* p = probs + r * V;
     float mx = -INFINITY;
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
     mx = BlockMax(mx, shared);
     float sum = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-      const float e = expf(l[v] - mx);
-      p[v] = e;
-      sum += e;
-    }
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(l[v] - mx);
     sum = BlockSum(sum, shared);
-    const float inv = 1.0f / sum;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
-    if (threadIdx.x == 0) losses[r] = logf(sum) + mx - l[targets[r]];
+    if (threadIdx.x == 0) {
+      stats[2 * r] = mx;
+      stats[2 * r + 1] = 1.0f / sum;
+      losses[r] = logf(sum) + mx - l[targets[r]];
+    }
   }
 }
 
-__global__ void SoftmaxCrossEntropyBackwardKernel(int64_t rows, int64_t V, const float* probs,
-                                                  const int32_t* targets, float scale,
-                                                  float* dlogits) {
+// The probabilities recomputed from the row statistics, as the forward's expressions.
+__global__ void SoftmaxCrossEntropyBackwardKernel(int64_t rows, int64_t V, const float* logits,
+                                                  const float* stats, const int32_t* targets,
+                                                  float scale, float* dlogits) {
   GRID_STRIDE(i, rows * V) {
     const int64_t r = i / V, v = i % V;
-    dlogits[i] = scale * (probs[i] - (v == targets[r] ? 1.0f : 0.0f));
+    const float p = expf(logits[i] - stats[2 * r]) * stats[2 * r + 1];
+    dlogits[i] = scale * (p - (v == targets[r] ? 1.0f : 0.0f));
   }
 }
 
@@ -1615,24 +1615,24 @@ class CudaBackendImpl final : public Backend {
   }
 
   void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
-                                  const int32_t* targets, float* probs, float* losses) override {
+                                  const int32_t* targets, float* stats, float* losses) override {
     if (rows <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
     SoftmaxCrossEntropyForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(
-        rows, V, logits, targets, probs, losses);
+        rows, V, logits, targets, stats, losses);
     CheckLaunch("SoftmaxCrossEntropyForwardKernel");
   }
 
-  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* probs,
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits, const float* stats,
                                    const int32_t* targets, float scale, float* dlogits) override {
     if (rows * V <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
-    SoftmaxCrossEntropyBackwardKernel<<<Blocks(rows * V), kThreads, 0, s>>>(rows, V, probs, targets,
-                                                                            scale, dlogits);
+    SoftmaxCrossEntropyBackwardKernel<<<Blocks(rows * V), kThreads, 0, s>>>(
+        rows, V, logits, stats, targets, scale, dlogits);
     CheckLaunch("SoftmaxCrossEntropyBackwardKernel");
   }
 

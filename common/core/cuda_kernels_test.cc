@@ -552,18 +552,22 @@ TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
   const int64_t R = 33, V = 1000;
   const Vec logits = Random(R * V, "ce logits", -6.0f, 6.0f);
   const std::vector<int32_t> targets = RandomIds(R, V, "ce targets");
-  Vec probs(R * V), losses(R);
-  Tensor dl = Dev(logits), dtg = DevIds(targets), dp = Dev(probs), dloss = Dev(losses);
-  cpu_->SoftmaxCrossEntropyForward(R, V, logits.data(), targets.data(), probs.data(),
+  Vec stats(2 * R), losses(R);
+  Tensor dl = Dev(logits), dtg = DevIds(targets), dstats = Dev(stats), dloss = Dev(losses);
+  cpu_->SoftmaxCrossEntropyForward(R, V, logits.data(), targets.data(), stats.data(),
                                    losses.data());
-  cuda_->SoftmaxCrossEntropyForward(R, V, dl.f32(), dtg.i32(), dp.f32(), dloss.f32());
-  ExpectNear(Host(dp), probs, 1e-8, 1e-5, "SoftmaxCrossEntropyForward probs");
+  cuda_->SoftmaxCrossEntropyForward(R, V, dl.f32(), dtg.i32(), dstats.f32(), dloss.f32());
+  ExpectNear(Host(dstats), stats, 1e-8, 1e-5, "SoftmaxCrossEntropyForward row statistics");
   ExpectNear(Host(dloss), losses, 1e-5, 1e-5, "SoftmaxCrossEntropyForward losses");
-  // Backward from the CPU's probabilities: element-wise, bit-exact.
-  Tensor cp = Dev(probs), dd = Dev(Vec(R * V));
+  // Backward from the CPU's statistics: element-wise, bit-exact; in place over the logits too.
+  Tensor cstats = Dev(stats), dd = Dev(Vec(R * V)), inplace = Dev(logits);
   Vec dlog(R * V);
-  cpu_->SoftmaxCrossEntropyBackward(R, V, probs.data(), targets.data(), 0.125f, dlog.data());
-  cuda_->SoftmaxCrossEntropyBackward(R, V, cp.f32(), dtg.i32(), 0.125f, dd.f32());
+  cpu_->SoftmaxCrossEntropyBackward(R, V, logits.data(), stats.data(), targets.data(), 0.125f,
+                                    dlog.data());
+  cuda_->SoftmaxCrossEntropyBackward(R, V, dl.f32(), cstats.f32(), dtg.i32(), 0.125f, dd.f32());
+  cuda_->SoftmaxCrossEntropyBackward(R, V, inplace.f32(), cstats.f32(), dtg.i32(), 0.125f,
+                                     inplace.f32());
+  ExpectBitEqual(Host(inplace), dlog, "SoftmaxCrossEntropyBackward in place");
   ExpectBitEqual(Host(dd), dlog, "SoftmaxCrossEntropyBackward");
 }
 
@@ -853,10 +857,10 @@ TEST_F(CudaKernelsTest, EveryReductionRepeatsItsBits) {
       const Vec h = Host(t);
       all.insert(all.end(), h.begin(), h.end());
     };
-    Tensor probs = Dev(Vec(R * V)), losses = Dev(Vec(R));
-    cuda_->SoftmaxCrossEntropyForward(R, V, dlogits.f32(), dtargets.i32(), probs.f32(),
+    Tensor stats = Dev(Vec(2 * R)), losses = Dev(Vec(R));
+    cuda_->SoftmaxCrossEntropyForward(R, V, dlogits.f32(), dtargets.i32(), stats.f32(),
                                       losses.f32());
-    append(probs);
+    append(stats);
     append(losses);
     Tensor y = Dev(Vec(R * C)), mean = Dev(Vec(R)), rstd = Dev(Vec(R));
     cuda_->LayerNormForward(R, C, 1e-5f, dx.f32(), dgamma.f32(), dbeta.f32(), y.f32(), mean.f32(),
@@ -882,7 +886,7 @@ TEST_F(CudaKernelsTest, EveryReductionRepeatsItsBits) {
     append(dwpe);
     Tensor diff = Dev(Vec(R * C));
     sums->push_back(cuda_->SquaredError(R * C, dx.f32(), ddy.f32(), diff.f32()));
-    sums->push_back(cuda_->Sum(R * V, probs.f32()));
+    sums->push_back(cuda_->Sum(R * V, dlogits.f32()));
     append(diff);
     return all;
   };

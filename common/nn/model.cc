@@ -169,10 +169,11 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       out.push_back(
           {"block." + std::to_string(i), block_params, block_flops, block_acts, 12 * T * C});
     }
-    // The head keeps its input, its LayerNorm's output and statistics and the softmax
-    // probabilities (T V); the targets are the batch's. In bf16 the input and the
-    // LayerNorm's output are bf16.
-    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 2 * T + T * V, 2 * T * C});
+    // The head keeps its input, its LayerNorm's output and statistics, the logits (T V)
+    // and each row's softmax statistics (2 T), from which the backward recomputes the
+    // probabilities; the targets are the batch's. In bf16 the input and the LayerNorm's
+    // output are bf16.
+    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * V, 2 * T * C});
   } else if (spec.has_llama()) {
     const auto& s = spec.llama();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
@@ -184,9 +185,9 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
                      block.activation_floats, block.activation_bf16});
     }
-    // The head keeps its input, its RMSNorm's output and inverse RMS, and the softmax
-    // probabilities; in bf16 the input and the RMSNorm's output are bf16.
-    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + T + T * V, 2 * T * C});
+    // The head keeps its input, its RMSNorm's output and inverse RMS, the logits and each
+    // row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
+    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * V, 2 * T * C});
   }
   return out;
 }

@@ -248,10 +248,11 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
   BATON_RETURN_IF_ERROR(logits_.Forward(mb, h, &logits));
   Saved s;
   BATON_ASSIGN_OR_RETURN(s.targets, t->On(device_));
-  BATON_ASSIGN_OR_RETURN(s.probs, NewTensor(name_, {rows, vocab_}, device_));
+  BATON_ASSIGN_OR_RETURN(s.stats, NewTensor(name_, {rows, 2}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor losses, NewTensor(name_, {rows}, device_));
-  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), s.targets.i32(), s.probs.f32(),
+  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), s.targets.i32(), s.stats.f32(),
                                   losses.f32());
+  s.logits = std::move(logits);
   // The mean loss stays on the device: the caller reads it at the step's end (LossValue).
   BATON_ASSIGN_OR_RETURN(Tensor mean, NewTensor(name_, {1}, device_));
   be_->MeanInto(rows, losses.f32(), mean.f32());
@@ -262,10 +263,10 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
 absl::Status LmHead::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
   BATON_ASSIGN_OR_RETURN(const float scale, LossScale(name_, dy));
   BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
-  const int64_t rows = s->probs.dim(0);
+  const int64_t rows = s->logits.numel() / vocab_;
   // The loss is the mean over rows: each row's logits gradient carries scale / rows.
-  Tensor dlogits = s->probs;  // computed in place: the probabilities are not needed again
-  be_->SoftmaxCrossEntropyBackward(rows, vocab_, s->probs.f32(), s->targets.i32(),
+  Tensor dlogits = s->logits;  // computed in place: the logits are not needed again
+  be_->SoftmaxCrossEntropyBackward(rows, vocab_, s->logits.f32(), s->stats.f32(), s->targets.i32(),
                                    scale / static_cast<float>(rows), dlogits.f32());
   stash_.Erase(mb.index);
   Tensor dh;  // shaped like the LayerNorm's output, [B, T, C]

@@ -95,7 +95,8 @@ class LmHead final : public Module {
  private:
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
-    Tensor probs;    // [R, V]
+    Tensor logits;   // [R, V]: the softmax is recomputed from them and stats
+    Tensor stats;    // [R, 2]: each row's max and inverse sum (SoftmaxCrossEntropyForward)
     Tensor targets;  // int32 [R]
   };
   const std::string name_;
