@@ -38,7 +38,7 @@
 #      achieved TFLOP/s (PyTorch skipped, saying so, where python3 has no torch); then the
 #      worker's side: a 2-rank cluster job of the 768-wide GPT in bf16 on the GPU, its
 #      tokens/s, MFU and each rank's per-step forward, backward, send and receive-wait times
-#      (`batonctl history`).
+#      (`batonctl watch --output json`; BATON_GPU_CLUSTER_BENCH_STEPS steps, default 10).
 # The summary (gpu-summary.txt) is written to OUT, or to $BATON_GPU_TEST_OUT, a line at a
 # time as the check goes (a run cut short keeps what it saw; only a finished one has the
 # RESULT line); the whole log (gpu-test.log) and each test binary's or shard's output
