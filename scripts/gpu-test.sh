@@ -331,6 +331,10 @@ wait_file() {  # FILE SECONDS
   return 1
 }
 
+share_spec() {  # SPEC: printed with its training text at SHARE's copy (under --data_root)
+  sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$1"
+}
+
 json_digest() {  # the weights digest of a Job or train-local report on stdin
   python3 -c 'import json, sys; print(json.load(sys.stdin).get("weights_digest", ""))' 2>/dev/null
 }
@@ -397,7 +401,7 @@ cluster_job() {
   tmp="$(mktemp -d -t baton-gpu-cluster.XXXXXX)"
   spec="$tmp/gpt.json"
   start_cluster "$tmp" "cluster job" || { rm -rf "$tmp"; return; }
-  sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$SHARE/gpt.json" >"$spec"
+  share_spec "$SHARE/gpt.json" >"$spec"
   if job="$(run_cluster_job "$tmp" "cluster job" 120 "$spec" --stages 2 --microbatches 4 \
               --schedule 1f1b --steps "$steps")"; then
     cluster_digest="$(timeout 30 "$BIN/batonctl" get "$job" --output json | json_digest)"
@@ -423,7 +427,7 @@ cluster_bench() {  # SPEC NAME REFERENCE_TOKENS_PER_S
   local tmp spec job steps="${BATON_GPU_CLUSTER_BENCH_STEPS:-10}" line
   tmp="$(mktemp -d -t baton-gpu-cluster-bench.XXXXXX)"
   spec="$tmp/spec.json"
-  sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$1" >"$spec"
+  share_spec "$1" >"$spec"
   start_cluster "$tmp" "bench cluster $2" || { rm -rf "$tmp"; return; }
   if job="$(WATCH_OUTPUT=json run_cluster_job "$tmp" "bench cluster $2" 300 "$spec" --stages 2 \
               --microbatches 4 --schedule 1f1b --precision bf16 --steps "$steps")"; then
@@ -496,7 +500,7 @@ bench() {
     env_fused=0
     [[ "$mode" == *fused ]] && env_fused=1
     name="$(basename "$spec" .json)-$mode"
-    sed "s#\"path\": *\"[^\"]*\"#\"path\": \"$SHARE/training-text.txt\"#" "$spec" |
+    share_spec "$spec" |
       python3 -c '
 import json, sys
 s = json.load(sys.stdin)

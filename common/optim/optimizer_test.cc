@@ -362,15 +362,20 @@ TEST(GradClipTest, NormAndCoefficientFromBlockParts) {
   EXPECT_EQ(ClipFromBlockSquares({}, 1.0f).norm, 0.0);
 }
 
-TEST(GradClipTest, ABlockCountsItsTiedOutputProjectionOnlyWhenUntied) {
+// The blocks of a GPT small enough to fill its gradients by hand.
+absl::StatusOr<std::unique_ptr<Sequential>> TinyGptBlocks(int layers, uint64_t seed) {
   baton::v1::ModelSpec model;
   auto* g = model.mutable_gpt();
   g->set_vocab_size(5);
   g->set_context(4);
   g->set_d_model(4);
   g->set_heads(1);
-  g->set_layers(1);
-  auto blocks = BuildBlocks(model, 1);
+  g->set_layers(layers);
+  return BuildBlocks(model, seed);
+}
+
+TEST(GradClipTest, ABlockCountsItsTiedOutputProjectionOnlyWhenUntied) {
+  auto blocks = TinyGptBlocks(/*layers=*/1, /*seed=*/1);
   ASSERT_TRUE(blocks.ok()) << blocks.status();
   Module& head = (*blocks)->at((*blocks)->size() - 1);
   double want_all = 0.0, want_untied_part = 0.0;
@@ -390,14 +395,7 @@ TEST(GradClipTest, ABlockCountsItsTiedOutputProjectionOnlyWhenUntied) {
 // The several-block form: each block's part, the bits of the one-block call, in the order
 // given (tied or not).
 TEST(GradClipTest, BlockPartsAtOnceAreTheOneBlockParts) {
-  baton::v1::ModelSpec model;
-  auto* g = model.mutable_gpt();
-  g->set_vocab_size(5);
-  g->set_context(4);
-  g->set_d_model(4);
-  g->set_heads(1);
-  g->set_layers(2);
-  auto blocks = BuildBlocks(model, 3);
+  auto blocks = TinyGptBlocks(/*layers=*/2, /*seed=*/3);
   ASSERT_TRUE(blocks.ok()) << blocks.status();
   std::vector<Module*> all;
   float v = 0.1f;
