@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test, then clang's thread-safety analysis
-# (scripts/check-thread-safety.py); when the build has CUDA, also builds without it
-# (build-nocuda/) and runs its unit tests. Extra arguments go to ctest (e.g.
+# Installs what is missing, builds, and runs every test (clang's thread-safety analysis and
+# the layer check among them, ctest label `lint`); when the build has CUDA, also builds
+# without it (build-nocuda/) and runs its unit tests. Extra arguments go to ctest (e.g.
 # scripts/test.sh -R core_test). Exits non-zero when a build or a test failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,11 +13,6 @@ status=0
 logs=()  # ctest's output, copied, so the failures can be restated at the end
 ctest --test-dir build --output-on-failure -j2 "$@" 2>&1 | tee build/ctest.log || status=$?
 logs+=(build/ctest.log)
-
-# GCC ignores the lock annotations; clang's thread-safety analysis checks them over every
-# translation unit of build/ (parse and analyse only, no code generated).
-echo "test: clang -Wthread-safety over build/"
-scripts/check-thread-safety.py build || status=1
 
 # The peer benchmark against PyTorch, as a smoke run (bench/peer/README.md): every kind runs
 # 3 steps once; it fails only when something fails to run, never on speed.
@@ -31,7 +26,7 @@ if [[ -x build/tests/cuda_kernels_test ]]; then  # built only with CUDA
   echo "test: the build without CUDA, in build-nocuda/"
   BATON_BUILD_DIR=build-nocuda BATON_CMAKE_ARGS="-DBATON_WITH_CUDA=OFF -DBATON_BUILD_BENCH=OFF" \
     scripts/build.sh || status=1
-  ctest --test-dir build-nocuda --output-on-failure -j2 -LE 'integration|fuzz' "$@" 2>&1 |
+  ctest --test-dir build-nocuda --output-on-failure -j2 -LE 'integration|fuzz|lint' "$@" 2>&1 |
     tee build-nocuda/ctest.log || status=$?
   logs+=(build-nocuda/ctest.log)
 fi

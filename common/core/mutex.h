@@ -1,7 +1,7 @@
 // Mutexes the compiler checks. `ABSL_GUARDED_BY` on a std::mutex is checked by nothing: GCC
 // ignores the annotations and clang's analysis needs a type it knows is a capability.
 // baton::Mutex is std::mutex with that knowledge, so clang's -Wthread-safety (run by
-// scripts/check-thread-safety.sh from scripts/test.sh) proves that every member declared
+// scripts/check-thread-safety.py, ctest's `thread_safety`) proves that every member declared
 // `ABSL_GUARDED_BY(mu_)` is touched only with mu_ held and that every function declared
 // `ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)` is called with it held (and `ABSL_LOCKS_EXCLUDED(mu_)`
 // without).
