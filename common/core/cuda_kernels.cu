@@ -28,7 +28,6 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -46,6 +45,7 @@
 #include "common/core/dynamic_library.h"
 #include "common/core/flash_attention_math.h"
 #include "common/core/gelu_math.h"
+#include "common/core/mutex.h"
 #include "common/core/rotary_math.h"
 
 namespace baton {
@@ -137,21 +137,25 @@ absl::StatusOr<const CublasApi*> LoadCublas() {
   return *loaded;
 }
 
+// The locks here are annotated like every other baton::Mutex, but no compiler checks them
+// (cuda_context.h says why): keep each access under the lock its member names.
 struct Context {
-  std::mutex mu;
-  int device = 0;
-  bool started = false;  // stream, handle and workspace exist, on `device`
-  cudaStream_t stream = nullptr;
+  Mutex mu;
+  int device ABSL_GUARDED_BY(mu) = 0;
+  bool started ABSL_GUARDED_BY(mu) = false;  // stream, handle and workspace exist, on `device`
+  cudaStream_t stream ABSL_GUARDED_BY(mu) = nullptr;
   // Set once, when the start completes (then device and stream never change: SetCudaDevice
   // refuses): lets Enter skip `mu` on every launch after a thread's first.
   std::atomic<cudaStream_t> ready_stream{nullptr};
   std::atomic<int> ready_device{-1};
+  // Written under `mu` by the start, before ready_stream publishes them; read without it
+  // after (never written again).
   const CublasApi* blas_api = nullptr;  // loaded with the handle
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
-  std::mutex blas_mu;  // one cuBLAS call at a time on the shared handle
-  cublasMath_t math_mode = CUBLAS_PEDANTIC_MATH;  // the handle's; guarded by blas_mu
-  std::atomic<bool> allow_tf32{false};            // what Gemm should use (SetAllowTf32)
+  Mutex blas_mu;  // one cuBLAS call at a time on the shared handle
+  cublasMath_t math_mode ABSL_GUARDED_BY(blas_mu) = CUBLAS_PEDANTIC_MATH;  // the handle's
+  std::atomic<bool> allow_tf32{false};  // what Gemm should use (SetAllowTf32)
 };
 
 
@@ -161,8 +165,8 @@ struct Context {
 // takes, or reports, another's. A fault that breaks the context (IsStickyCudaError) is the
 // process's: every later CudaSynchronize, on any thread, reports it (CudaDeviceFault).
 thread_local absl::Status t_first_error;
-std::mutex g_fault_mu;
-absl::Status g_device_fault;  // guarded by g_fault_mu
+Mutex g_fault_mu;
+absl::Status g_device_fault ABSL_GUARDED_BY(g_fault_mu);
 
 Context& Ctx() {
   static Context* const c = new Context();  // never destroyed: used until exit
@@ -198,7 +202,7 @@ bool IsStickyCudaError(cudaError_t err) {
 void RecordDeviceFault(cudaError_t err, const char* what) {
   if (!IsStickyCudaError(err)) return;
   const absl::Status s = CudaError(err, what);
-  std::lock_guard<std::mutex> lock(g_fault_mu);
+  MutexLock lock(g_fault_mu);
   g_device_fault.Update(absl::Status(
       s.code(), absl::StrCat("the GPU's context is broken (", s.message(),
                              "): nothing more can run on it in this process")));
@@ -211,7 +215,7 @@ void RecordCudaError(cudaError_t err, const char* what) {
 
 // Puts the handle in math mode `want`. Called with ctx.blas_mu held, right before a
 // product; false when cuBLAS refused (recorded).
-bool UseMathMode(Context& ctx, cublasMath_t want) {
+bool UseMathMode(Context& ctx, cublasMath_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.blas_mu) {
   if (want == ctx.math_mode) return true;
   if (ctx.blas_api->set_math_mode(ctx.blas, want) != CUBLAS_STATUS_SUCCESS) {
     RecordError(absl::InternalError("cublasSetMathMode failed"));
@@ -222,7 +226,7 @@ bool UseMathMode(Context& ctx, cublasMath_t want) {
 }
 
 // The float32 products' mode: what SetAllowTf32 asked for.
-bool UseRequestedMathMode(Context& ctx) {
+bool UseRequestedMathMode(Context& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.blas_mu) {
   return UseMathMode(ctx, ctx.allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
 }
 
@@ -248,7 +252,7 @@ cudaStream_t Enter() {
   }
   int device;
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(c.mu);
     device = c.device;
     if (current != device || !still_on(device)) {
       const cudaError_t err = cudaSetDevice(device);
@@ -1149,7 +1153,7 @@ class CudaBackendImpl final : public Backend {
     }
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     Context& ctx = Ctx();
-    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    MutexLock lock(ctx.blas_mu);
     if (!UseRequestedMathMode(ctx)) return;
     const cublasStatus_t st = ctx.blas_api->sgemm(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -1174,7 +1178,7 @@ class CudaBackendImpl final : public Backend {
     // is for the float32 products); the algorithm and workspace are fixed, so the bits
     // repeat.
     Context& ctx = Ctx();
-    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    MutexLock lock(ctx.blas_mu);
     if (!UseMathMode(ctx, CUBLAS_DEFAULT_MATH)) return;
     const cublasStatus_t st = ctx.blas_api->gemm_ex(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -1806,7 +1810,7 @@ class CudaBackendImpl final : public Backend {
                    int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
                    int64_t count) {
     Context& ctx = Ctx();
-    std::lock_guard<std::mutex> lock(ctx.blas_mu);
+    MutexLock lock(ctx.blas_mu);
     if (!UseRequestedMathMode(ctx)) return;
     const cublasStatus_t st = ctx.blas_api->sgemm_strided_batched(
         ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -1878,7 +1882,7 @@ absl::Status SetCudaDevice(int index) {
         absl::StrCat("CUDA device ", index, " does not exist (", count, " devices present)"));
   }
   Context& c = Ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
+  MutexLock lock(c.mu);
   // Anything made on the old device (even by a start that failed half-way) pins it.
   if ((c.started || c.stream != nullptr) && c.device != index) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1893,7 +1897,7 @@ int LiveNcclCommunicators() { return g_live_communicators.load(); }
 
 int CurrentCudaDevice() {
   Context& c = Ctx();
-  std::lock_guard<std::mutex> lock(c.mu);
+  MutexLock lock(c.mu);
   return c.device;
 }
 
@@ -2070,7 +2074,7 @@ absl::Status CudaSynchronize() {
 }
 
 absl::Status CudaDeviceFault() {
-  std::lock_guard<std::mutex> lock(g_fault_mu);
+  MutexLock lock(g_fault_mu);
   return g_device_fault;
 }
 
