@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/core/digest.h"
+#include "common/core/step_loss.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace baton {

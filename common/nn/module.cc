@@ -112,6 +112,15 @@ absl::StatusOr<float> LossValue(const Tensor& loss) {
   return value;
 }
 
+absl::Status AddLosses(const std::vector<Tensor>& losses, StepLoss* into) {
+  for (const Tensor& t : losses) {
+    absl::StatusOr<float> v = LossValue(t);
+    if (!v.ok()) return v.status();
+    into->Add(*v);
+  }
+  return absl::OkStatus();
+}
+
 void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              const Tensor& a, const Tensor& b, float beta, float* c) {
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/step_loss.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -178,6 +179,9 @@ absl::StatusOr<Tensor> Unpacked(const std::string& who, Backend* be, const Tenso
 // over, which waits for the work that made it. INVALID_ARGUMENT when `loss` is not a
 // 1-element float32 tensor.
 absl::StatusOr<float> LossValue(const Tensor& loss);
+// Adds loss modules' outputs to `into` in order (LossValue: on a device, the first waits
+// for the work issued, so callers keep a step's losses and add them once, at its end).
+absl::Status AddLosses(const std::vector<Tensor>& losses, StepLoss* into);
 
 // An uninitialised tensor for module `who` on `device`. RESOURCE_EXHAUSTED names the
 // module, the bytes and the device when the device is out of memory.

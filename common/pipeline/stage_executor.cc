@@ -1073,7 +1073,7 @@ absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
     return status;
   }
   if (ChunkFor(n - 1) == nullptr) return std::optional<float>();
-  BATON_RETURN_IF_ERROR(loss.Add(losses));
+  BATON_RETURN_IF_ERROR(AddLosses(losses, &loss));
   return std::optional<float>(loss.Mean());
 }
 

@@ -136,7 +136,7 @@ absl::StatusOr<StepStats> ReferenceTrainer::Step() {
   // Kernels run asynchronously on a device: a fault or a failed launch shows here, as
   // this step's error, rather than in a later step or not at all.
   if (device_ != Device::kCpu) BATON_RETURN_IF_ERROR(DeviceSynchronize(device_));
-  BATON_RETURN_IF_ERROR(step_loss.Add(losses));  // the device is done: read them now
+  BATON_RETURN_IF_ERROR(AddLosses(losses, &step_loss));  // the device is done: read them now
   ++steps_done_;
 
   StepStats s;
@@ -170,7 +170,7 @@ absl::StatusOr<float> ReferenceTrainer::Evaluate() {
       losses.push_back(std::move(y));
     }
   }
-  BATON_RETURN_IF_ERROR(loss.Add(losses));
+  BATON_RETURN_IF_ERROR(AddLosses(losses, &loss));
   return loss.Mean();
 }
 

@@ -40,38 +40,12 @@
 #include "baton/v1/job.pb.h"
 #include "common/checkpoint/checkpoint.h"
 #include "common/core/digest.h"
+#include "common/core/step_loss.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
 
 namespace baton {
-
-// A step's loss, the one rule every trainer and report uses: the losses summed in order
-// (replica, then micro-batch) in double, divided by how many there were.
-class StepLoss {
- public:
-  void Add(float loss) {
-    sum_ += loss;
-    ++count_;
-  }
-  // Adds loss modules' outputs in order (LossValue: on a device, the first waits for the
-  // work issued, so callers keep a step's losses and add them once, at its end).
-  absl::Status Add(const std::vector<Tensor>& losses) {
-    for (const Tensor& t : losses) {
-      absl::StatusOr<float> v = LossValue(t);
-      if (!v.ok()) return v.status();
-      Add(*v);
-    }
-    return absl::OkStatus();
-  }
-  float Mean() const {
-    return count_ > 0 ? static_cast<float>(sum_ / static_cast<double>(count_)) : 0.0f;
-  }
-
- private:
-  double sum_ = 0.0;
-  int64_t count_ = 0;
-};
 
 struct StepStats {
   int64_t step = 0;         // 1-based index of the step just taken
