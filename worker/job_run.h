@@ -116,7 +116,7 @@ absl::Status OutOfMemoryError(const std::string& worker_id, int64_t memory_bytes
 
 // What kind of failure `s` is, for the coordinator's decision to recover or fail; `aborted`:
 // the run was told to stop (JobRun::Abort).
-baton::v1::FailureCause FailureCauseOf(const absl::Status& s, bool aborted);
+baton::v1::FailureCause RunFailureCause(const absl::Status& s, bool aborted);
 
 class JobRun {
  public:

@@ -260,16 +260,6 @@ absl::Status WriteSnapshot(const CheckpointSnapshot& snap, const std::atomic<boo
                              snap.manifest, stop);
 }
 
-absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
-                                                            const CheckpointWriteInfo& info,
-                                                            const std::vector<Module*>& blocks,
-                                                            Optimizer& optimizer) {
-  absl::StatusOr<CheckpointSnapshot> snap = SnapshotBlocks(step_dir, info, blocks, optimizer);
-  if (!snap.ok()) return snap.status();
-  if (absl::Status st = WriteSnapshot(*snap); !st.ok()) return st;
-  return snap->files;
-}
-
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir) {
   CheckpointIndex index;
   bool any = false;

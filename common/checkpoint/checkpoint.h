@@ -66,15 +66,6 @@ struct CheckpointWriteInfo {
   std::vector<int> block_indices;   // the canonical index of each block written, in order
 };
 
-// Writes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's
-// manifest into `step_dir` (created if needed). The optimizer covers the blocks' parameters
-// (it may cover more: a rank's other chunks). Returns what was written.
-// = SnapshotBlocks, then WriteSnapshot.
-absl::StatusOr<std::vector<CheckpointBlockFile>> SaveBlocks(const std::string& step_dir,
-                                                            const CheckpointWriteInfo& info,
-                                                            const std::vector<Module*>& blocks,
-                                                            Optimizer& optimizer);
-
 // A rank's checkpoint encoded in memory: every block file's bytes and the manifest, taken
 // between steps so that writing it can overlap the next steps (the model may change while
 // a snapshot is written; the snapshot does not). Holds a copy of the rank's weights and
@@ -87,6 +78,9 @@ struct CheckpointSnapshot {
   std::string manifest_file;          // "manifest.rank-R.json"
   int64_t file_bytes() const;         // sum of files[].bytes
 };
+// Encodes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's
+// manifest, to be written into `step_dir` (created if needed) by WriteSnapshot. The
+// optimizer covers the blocks' parameters (it may cover more: a rank's other chunks).
 absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
                                                   const CheckpointWriteInfo& info,
                                                   const std::vector<Module*>& blocks,

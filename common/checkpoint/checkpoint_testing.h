@@ -1,5 +1,6 @@
-// For tests: checkpoints of blocks of any tensors, dtypes and sizes, written by SaveBlocks
-// as a job's ranks write them (block files with AdamW state, one manifest per rank).
+// For tests: checkpoints of blocks of any tensors, dtypes and sizes, written by
+// SnapshotBlocks and WriteSnapshot as a job's ranks write them (block files with AdamW
+// state, one manifest per rank).
 #ifndef BATON_COMMON_CHECKPOINT_CHECKPOINT_TESTING_H_
 #define BATON_COMMON_CHECKPOINT_CHECKPOINT_TESTING_H_
 
@@ -116,9 +117,9 @@ inline absl::StatusOr<std::string> WriteCheckpoint(const std::string& job_dir,
     info.step = step;
     info.num_blocks = static_cast<int>(blocks.size());
     info.block_indices = indices;
-    absl::StatusOr<std::vector<CheckpointBlockFile>> written =
-        SaveBlocks(step_dir, info, mine, **optimizer);
-    if (!written.ok()) return written.status();
+    absl::StatusOr<CheckpointSnapshot> snap = SnapshotBlocks(step_dir, info, mine, **optimizer);
+    if (!snap.ok()) return snap.status();
+    if (absl::Status st = WriteSnapshot(*snap); !st.ok()) return st;
   }
   return step_dir;
 }

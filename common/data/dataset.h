@@ -310,7 +310,6 @@ class TokenDataset final : public Dataset {
   Window TrainWindow(int64_t step, int64_t index) const;
   Window ValidationWindow(int64_t eval_batch, int64_t index) const;
   std::vector<ShardInfo> train_shards() const;
-  std::vector<ShardInfo> val_shards() const;
   int64_t train_tokens() const;
   // Sequential windows (W above) of the training and validation shards.
   int64_t train_windows() const { return train_windows_.empty() ? 0 : train_windows_.back(); }

@@ -429,12 +429,6 @@ std::vector<TokenDataset::ShardInfo> TokenDataset::train_shards() const {
   return out;
 }
 
-std::vector<TokenDataset::ShardInfo> TokenDataset::val_shards() const {
-  std::vector<ShardInfo> out;
-  for (const auto& s : val_) out.push_back(s->info);
-  return out;
-}
-
 int64_t TokenDataset::train_tokens() const {
   int64_t n = 0;
   for (const auto& s : train_) n += s->info.tokens;

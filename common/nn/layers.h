@@ -46,9 +46,6 @@ class Linear final : public Module {
   int InFlight() const override { return stash_.size(); }
   void Discard(int mb) override { stash_.Erase(mb); }
 
-  int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }
-
  private:
   struct Saved {
     Tensor x;    // input (in bf16: its bf16 bits)
