@@ -63,20 +63,16 @@ baton::v1::JobSpec Spec(int stages) {
   return spec;
 }
 
-class ServiceTest : public testing::Test {
+// A coordinator served over gRPC on a loopback port, with stubs of both client services:
+// what every fixture below starts, from its own options.
+class ServedCoordinatorTest : public testing::Test {
  protected:
-  void SetUp() override {
-    CoordinatorOptions o;
-    o.db_path = ":memory:";
-    o.heartbeat_interval = absl::Milliseconds(50);
-    // The tests' workers do not heartbeat: a lease no test outlives keeps them alive however
-    // slowly the test runs (lease expiry is ClusterTest's, on a fake clock).
-    o.lease_ttl = absl::Minutes(10);
-    o.worker_client = std::make_shared<NullWorkerClient>();
+  void Serve(const CoordinatorOptions& o, WatchLimits limits = WatchLimits(),
+             Authenticator* auth = nullptr) {
     auto core = Coordinator::Create(o);
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = *std::move(core);
-    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits{100, 2});
+    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), limits, auth);
     cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
     ServerOptions so;
     so.services = {jobs_service_.get(), cluster_service_.get()};
@@ -90,10 +86,31 @@ class ServiceTest : public testing::Test {
   }
 
   void TearDown() override {
-    core_->Stop();
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    if (core_ != nullptr) core_->Stop();
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     server_.reset();
     core_.reset();
+  }
+
+  std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<JobServiceImpl> jobs_service_;
+  std::unique_ptr<ClusterServiceImpl> cluster_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
+  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
+};
+
+class ServiceTest : public ServedCoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions o;
+    o.db_path = ":memory:";
+    o.heartbeat_interval = absl::Milliseconds(50);
+    // The tests' workers do not heartbeat: a lease no test outlives keeps them alive however
+    // slowly the test runs (lease expiry is ClusterTest's, on a fake clock).
+    o.lease_ttl = absl::Minutes(10);
+    o.worker_client = std::make_shared<NullWorkerClient>();
+    Serve(o, WatchLimits{100, 2});
   }
 
   grpc::Status Submit(const baton::v1::JobSpec& spec, baton::v1::Job* job) {
@@ -120,13 +137,6 @@ class ServiceTest : public testing::Test {
     }
     return job;
   }
-
-  std::unique_ptr<Coordinator> core_;
-  std::unique_ptr<JobServiceImpl> jobs_service_;
-  std::unique_ptr<ClusterServiceImpl> cluster_service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
-  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
 };
 
 TEST_F(ServiceTest, SubmitGetAndErrorsOverGrpc) {
@@ -494,7 +504,7 @@ class WorkerProcess {
 
 using testing_util::FakeClock;
 
-class ClusterTest : public testing::Test {
+class ClusterTest : public ServedCoordinatorTest {
  protected:
   static constexpr absl::Duration kLeaseTtl = absl::Milliseconds(500);
 
@@ -506,25 +516,7 @@ class ClusterTest : public testing::Test {
     // Leases run on a clock only the test moves: a live worker's heartbeats, however late
     // load makes them, never let its lease run out.
     o.clock = clock_.fn();
-    // The real gRPC worker client.
-    auto core = Coordinator::Create(o);
-    ASSERT_TRUE(core.ok()) << core.status();
-    core_ = *std::move(core);
-    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get());
-    cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
-    ServerOptions so;
-    so.services = {jobs_service_.get(), cluster_service_.get()};
-    std::string address;
-    auto server = StartServer(so, &address);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    auto channel = MakeChannel(address);
-    jobs_ = baton::v1::JobService::NewStub(channel);
-    cluster_ = baton::v1::ClusterService::NewStub(channel);
-  }
-  void TearDown() override {
-    core_->Stop();
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    Serve(o);  // with the real gRPC worker client
   }
 
   baton::v1::Job WaitFor(const std::string& id, baton::v1::JobState state, absl::Duration limit) {
@@ -542,12 +534,6 @@ class ClusterTest : public testing::Test {
   }
 
   FakeClock clock_;
-  std::unique_ptr<Coordinator> core_;
-  std::unique_ptr<JobServiceImpl> jobs_service_;
-  std::unique_ptr<ClusterServiceImpl> cluster_service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
-  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
 };
 
 // Waits until `cond` holds; false if it does not within a bound that only catches a hang.
@@ -630,7 +616,7 @@ TEST_F(ClusterTest, KilledWorkerFailsTheJobWithinTheLeaseAndFreesTheOther) {
 
 
 // The services with tokens (auth.h) and a join token, over gRPC.
-class SecureServiceTest : public testing::Test {
+class SecureServiceTest : public ServedCoordinatorTest {
  protected:
   static constexpr char kViewer[] = "viewer-token-0123456789abcdef";
   static constexpr char kAlice[] = "alice-token-0123456789abcdef";
@@ -656,25 +642,7 @@ class SecureServiceTest : public testing::Test {
     o.join_token = kJoin;
     o.metrics = metrics_.get();
     o.lease_ttl = absl::Minutes(10);  // the tests' workers do not heartbeat
-    auto core = Coordinator::Create(o);
-    ASSERT_TRUE(core.ok()) << core.status();
-    core_ = *std::move(core);
-    jobs_service_ = std::make_unique<JobServiceImpl>(core_.get(), WatchLimits{100, 2}, auth_.get());
-    cluster_service_ = std::make_unique<ClusterServiceImpl>(core_.get());
-    ServerOptions so;
-    so.services = {jobs_service_.get(), cluster_service_.get()};
-    std::string address;
-    auto server = StartServer(so, &address);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    auto channel = MakeChannel(address);
-    jobs_ = baton::v1::JobService::NewStub(channel);
-    cluster_ = baton::v1::ClusterService::NewStub(channel);
-  }
-
-  void TearDown() override {
-    core_->Stop();
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    Serve(o, WatchLimits{100, 2}, auth_.get());
   }
 
   static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
@@ -711,12 +679,6 @@ class SecureServiceTest : public testing::Test {
   std::unique_ptr<Authenticator> auth_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
-  std::unique_ptr<Coordinator> core_;
-  std::unique_ptr<JobServiceImpl> jobs_service_;
-  std::unique_ptr<ClusterServiceImpl> cluster_service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<baton::v1::JobService::Stub> jobs_;
-  std::unique_ptr<baton::v1::ClusterService::Stub> cluster_;
 };
 
 TEST_F(SecureServiceTest, TokensDecideWhoMaySubmitReadAndCancel) {
