@@ -1,37 +1,38 @@
 // batonctl plan: generate (or import), validate and simulate a pipeline schedule, without a
 // cluster. See docs/schedules.md.
 #include <cmath>
-#include <optional>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/numbers.h"
 #include "baton/v1/job.pb.h"
+#include "client/batonctl/args.h"
+#include "client/batonctl/cluster_client.h"
+#include "client/batonctl/commands.h"
+#include "client/batonctl/measured_costs.h"
 #include "common/core/file.h"
+#include "common/core/status.h"
 #include "common/plan/partition.h"
 #include "common/plan/planner.h"
-#include "client/batonctl/args.h"
-#include "client/batonctl/commands.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/render.h"
 #include "common/schedule/schedule.h"
 #include "common/schedule/validate.h"
+#include "common/schedule/vocabulary.h"
 #include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
-#include "common/schedule/vocabulary.h"
-#include "client/batonctl/cluster_client.h"
-#include "client/batonctl/measured_costs.h"
-#include "common/core/status.h"
 
 namespace baton::cli {
 namespace {
@@ -102,35 +103,85 @@ constexpr char kUsage[] =
 
 // Per stage, the spec's blocks and parameters; per rank, the planner's peak memory
 // (parameters, gradients, optimizer state and the activations the schedule keeps in flight).
-void PrintStageFootprint(baton::v1::JobSpec spec, const Schedule& schedule) {
+// What a spec's stages hold and each rank's peak memory, as the planner counts them for
+// the partition this schedule runs.
+struct Footprint {
+  std::string model;  // DescribeModel
+  struct Stage {
+    std::vector<std::string> blocks;  // names, in order
+    int64_t parameters = 0;
+  };
+  std::vector<Stage> stages;
+  std::vector<int64_t> peak_bytes;  // per rank: weights, gradients, optimizer state, activations
+};
+
+// nullopt when the planner cannot place the spec on this schedule (or the spec leaves the
+// schedule to it: then there is no one partition to show).
+std::optional<Footprint> FootprintOf(baton::v1::JobSpec spec, const Schedule& schedule) {
   baton::v1::PipelineSpec* p = spec.mutable_pipeline();
   p->set_stages(schedule.num_ranks);
   p->set_virtual_stages(schedule.virtual_stages);
   p->set_microbatches(schedule.num_microbatches);
-  if (schedule.kind != ScheduleKind::kCustom && p->schedule() == baton::v1::SCHEDULE_AUTO) return;
+  if (schedule.kind != ScheduleKind::kCustom && p->schedule() == baton::v1::SCHEDULE_AUTO) {
+    return std::nullopt;
+  }
   PlannerInput in = PlannerInputFor(spec, schedule.num_ranks);
   if (schedule.kind != ScheduleKind::kCustom) in.schedule = schedule.kind;
   in.keep = 1;
   absl::StatusOr<baton::Plan> plan = PlanPipeline(in);
-  if (!plan.ok() || plan->ranked.empty()) return;
+  if (!plan.ok() || plan->ranked.empty()) return std::nullopt;
   const PlanCandidate& pick = plan->ranked[0];
-  std::printf("%s\n", DescribeModel(spec.model()).c_str());
-  for (size_t s = 0; s < pick.stage_blocks.size(); ++s) {
-    const BlockRange& r = pick.stage_blocks[s];
-    int64_t params = 0;
-    for (int b = r.first; b < r.last; ++b) params += in.blocks[b].parameters;
+  Footprint f;
+  f.model = DescribeModel(spec.model());
+  for (const BlockRange& r : pick.stage_blocks) {
+    Footprint::Stage& stage = f.stages.emplace_back();
+    for (int b = r.first; b < r.last; ++b) {
+      stage.blocks.push_back(in.blocks[b].name);
+      stage.parameters += in.blocks[b].parameters;
+    }
+  }
+  f.peak_bytes = pick.peak_bytes;
+  return f;
+}
+
+void PrintFootprint(const Footprint& f) {
+  std::printf("%s\n", f.model.c_str());
+  for (size_t s = 0; s < f.stages.size(); ++s) {
+    const std::vector<std::string>& b = f.stages[s].blocks;
     const std::string blocks =
-        r.last - r.first == 1
-            ? in.blocks[r.first].name
-            : absl::StrCat(in.blocks[r.first].name, " .. ", in.blocks[r.last - 1].name, " (",
-                           r.last - r.first, " blocks)");
-    std::printf("stage %zu: %s, %.2fM parameters\n", s, blocks.c_str(), params / 1e6);
+        b.size() == 1 ? b[0]
+                      : absl::StrCat(b.front(), " .. ", b.back(), " (", b.size(), " blocks)");
+    std::printf("stage %zu: %s, %.2fM parameters\n", s, blocks.c_str(),
+                f.stages[s].parameters / 1e6);
   }
-  for (size_t r = 0; r < pick.peak_bytes.size(); ++r) {
-    std::printf("rank %zu: peak memory %s (weights, gradients, optimizer state, activations "
-                "in flight)\n",
-                r, HumanBytes(static_cast<double>(pick.peak_bytes[r])).c_str());
+  for (size_t r = 0; r < f.peak_bytes.size(); ++r) {
+    std::printf(
+        "rank %zu: peak memory %s (weights, gradients, optimizer state, activations "
+        "in flight)\n",
+        r, HumanBytes(static_cast<double>(f.peak_bytes[r])).c_str());
   }
+}
+
+std::string Quoted(absl::string_view s) {
+  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}}), "\"");
+}
+
+// The footprint as a JSON object: {"model", "stages": [{"stage", "blocks", "parameters"}],
+// "ranks": [{"rank", "peak_bytes"}]}.
+std::string FootprintJson(const Footprint& f) {
+  std::string out = absl::StrCat("{\"model\": ", Quoted(f.model), ", \"stages\": [");
+  for (size_t s = 0; s < f.stages.size(); ++s) {
+    std::vector<std::string> names;
+    for (const std::string& b : f.stages[s].blocks) names.push_back(Quoted(b));
+    absl::StrAppend(&out, s ? ",\n    " : "\n    ", "{\"stage\": ", s, ", \"blocks\": [",
+                    absl::StrJoin(names, ", "), "], \"parameters\": ", f.stages[s].parameters, "}");
+  }
+  out += "],\n   \"ranks\": [";
+  for (size_t r = 0; r < f.peak_bytes.size(); ++r) {
+    absl::StrAppend(&out, r ? ", " : "", "{\"rank\": ", r, ", \"peak_bytes\": ", f.peak_bytes[r],
+                    "}");
+  }
+  return out + "]}";
 }
 
 int Fail(const std::string& what) {
@@ -535,6 +586,13 @@ int Plan(const std::vector<std::string>& argv) {
     out = RenderTable(schedule, &*sim);
   } else if (output == "json") {
     out = RenderJson(schedule, &*sim, &*costs);
+    // With a spec, what the table's footer says too: {..., "footprint": {...}}.
+    if (const std::optional<Footprint> f =
+            file_spec ? FootprintOf(*file_spec, schedule) : std::nullopt;
+        f.has_value() && absl::EndsWith(out, "\n}\n")) {
+      out.resize(out.size() - 3);
+      absl::StrAppend(&out, ",\n  \"footprint\": ", FootprintJson(*f), "\n}\n");
+    }
   } else if (output == "svg") {
     out = RenderSvg(schedule, *sim);
   } else {
@@ -547,7 +605,9 @@ int Plan(const std::vector<std::string>& argv) {
     std::printf("%s with unit costs: bubble %s; activations held: %s\n", e.name, e.bubble,
                 e.memory);
   }
-  if (output == "table" && file_spec) PrintStageFootprint(*file_spec, schedule);
+  if (output == "table" && file_spec) {
+    if (const std::optional<Footprint> f = FootprintOf(*file_spec, schedule)) PrintFootprint(*f);
+  }
   return 0;
 }
 

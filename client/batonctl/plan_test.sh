@@ -78,6 +78,26 @@ j = json.load(open(sys.argv[1]))
 assert (j['schedule'], j['stages'], j['microbatches']) == ('1f1b', 4, 4), j
 " "$tmp/spec.json" || fail "spec defaults not used"
 
+# With a spec, the JSON carries what the table's footer says: each stage's blocks and
+# parameters, each rank's peak memory (the same figures, to the table's rounding).
+"$BATONCTL" plan -f "$EXAMPLES/gpt.json" >"$tmp/spec.txt"
+python3 -c "
+import json, re, sys
+j = json.load(open(sys.argv[1]))['footprint']
+text = open(sys.argv[2]).read()
+stages = re.findall(r'^stage (\d+): (.*), ([0-9.]+)M parameters$', text, re.M)
+ranks = re.findall(r'^rank (\d+): peak memory ', text, re.M)
+assert len(j['stages']) == len(stages) == 4, (j, stages)
+assert len(j['ranks']) == len(ranks) == 4, (j, ranks)
+for st, (n, blocks, params) in zip(j['stages'], stages):
+    assert st['stage'] == int(n) and st['blocks'], st
+    assert blocks.startswith(st['blocks'][0]), (st, blocks)
+    assert '%.2f' % (st['parameters'] / 1e6) == params, (st, params)
+assert all(r['peak_bytes'] > 0 for r in j['ranks']), j
+names = [b for st in j['stages'] for b in st['blocks']]
+assert len(names) == len(set(names)) and names[0] == 'embed', names
+" "$tmp/spec.json" "$tmp/spec.txt" || fail "plan --output json lacks the stages' footprint"
+
 expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING ARGS...
   local name="$1" expected="$2"
   shift 2
