@@ -3,13 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -17,9 +13,9 @@
 #include "common/checkpoint/hf.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
+#include "common/pipeline/grad_reducer.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -79,189 +75,6 @@ class StageExecutor::StepState {
   std::optional<float> grad_norm;  // CLIP_GRAD's norm, once it ran
   float learning_rate = 0.0f;      // STEP's
   bool stepped = false;
-};
-
-// The communication thread of a data-parallel rank: runs queued gradient reductions one at
-// a time, in the order they were queued. After a failure the rest of the step's queue is
-// skipped with the same error.
-class StageExecutor::GradReducer {
- public:
-  GradReducer(Collective* collective, int64_t bucket_bytes)
-      : collective_(collective), bucket_bytes_(bucket_bytes), thread_([this] { Loop(); }) {}
-
-  ~GradReducer() {
-    {
-      MutexLock lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  // Starts a step: clears the previous step's record and error.
-  void BeginStep(std::chrono::steady_clock::time_point t0) {
-    MutexLock lock(mu_);
-    t0_ = t0;
-    done_.clear();
-    error_ = absl::OkStatus();
-  }
-
-  // Queues the reduction of `params`' gradients; returns at once.
-  void Enqueue(const Action& a, std::vector<Parameter*> params, absl::Time deadline) {
-    {
-      MutexLock lock(mu_);
-      queue_.push_back(Task{a, std::move(params), deadline});
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-
-  // Waits until every queued reduction has run; their timings, in queue order, and the
-  // first error. At `deadline` the group is aborted (so the thread returns) and the wait
-  // reports DEADLINE_EXCEEDED.
-  absl::Status WaitAll(absl::Time deadline, std::vector<ActionTiming>* timings) {
-    MutexLock lock(mu_);
-    const auto until = absl::ToChronoTime(deadline);
-    while (pending_ > 0) {
-      if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && pending_ > 0) {
-        lock.unlock();
-        collective_->Abort(absl::DeadlineExceededError(
-            "a gradient reduction did not finish by its deadline"));
-        lock.lock();
-        cv_.wait(lock.native(), [this] { return pending_ == 0; });  // aborted: returns promptly
-        if (error_.ok()) {
-          error_ = absl::DeadlineExceededError(
-              "a gradient reduction did not finish by its deadline");
-        }
-      }
-    }
-    *timings = done_;
-    return error_;
-  }
-
-  // Fails the group (so no peer waits for this rank) and drops what is queued.
-  void Abort(const absl::Status& why) { collective_->Abort(why); }
-
- private:
-  struct Task {
-    Action action;
-    std::vector<Parameter*> params;
-    absl::Time deadline;
-  };
-
-  void Loop() {
-    MutexLock lock(mu_);
-    while (true) {
-      cv_.wait(lock.native(), [this] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      const bool skip = !error_.ok();
-      const auto t0 = t0_;
-      lock.unlock();
-      ActionTiming t{task.action, 0, 0, 0};
-      absl::Status s;
-      if (!skip) {
-        t.start_ns = NsSince(t0);
-        s = Reduce(task, &t.bytes);
-        t.end_ns = NsSince(t0);
-      }
-      lock.lock();
-      if (!skip) {
-        done_.push_back(t);
-        if (!s.ok() && error_.ok()) {
-          error_ = absl::Status(s.code(), absl::StrCat(task.action.ToString(), ": ", s.message()));
-        }
-      }
-      --pending_;
-      cv_.notify_all();
-    }
-  }
-
-  static int64_t NsSince(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now() - t0)
-        .count();
-  }
-
-  // Sums the gradients over the group, bucket by bucket: each bucket is gathered into one
-  // buffer (a parameter larger than a bucket is a bucket of its own), reduced, and scattered
-  // back. Element-wise, bucketing changes nothing of the result. The buffer lives where the
-  // engine wants it: host memory (Gloo, in-process; device gradients are staged through
-  // it) or the GPU (NCCL: device-to-device copies on the compute stream). An engine that
-  // follows the compute stream (NCCL in a worker) orders its all-reduce after the copies
-  // into the bucket itself, so they are queued without a wait; the copies back are queued
-  // after the all-reduce returned (it holds the result then), ahead of the optimizer's
-  // kernels on the same stream. Otherwise every copy waits for the stream.
-  absl::Status Reduce(const Task& task, int64_t* bytes) {
-    const bool on_device = collective_->device() == Device::kCuda;
-    const bool async = on_device && collective_->follows_compute_stream();
-    size_t i = 0;
-    const std::vector<Parameter*>& ps = task.params;
-    while (i < ps.size()) {
-      size_t end = i;
-      int64_t floats = 0;
-      while (end < ps.size() &&
-             (end == i || (floats + ps[end]->grad.numel()) * static_cast<int64_t>(sizeof(float)) <=
-                              bucket_bytes_)) {
-        floats += ps[end]->grad.numel();
-        ++end;
-      }
-      float* buf = nullptr;
-      if (on_device) {
-        if (device_buffer_.numel() < floats) {
-          device_buffer_ = Tensor();
-          BATON_ASSIGN_OR_RETURN(device_buffer_,
-                                 Tensor::TryEmpty({floats}, DType::kFloat32, Device::kCuda));
-        }
-        buf = device_buffer_.f32();
-      } else {
-        buffer_.resize(static_cast<size_t>(floats));
-        buf = buffer_.data();
-      }
-      // Copies one parameter's gradient into the bucket (to_bucket) or back out of it.
-      auto move = [&](Tensor& grad, float* at, bool to_bucket) -> absl::Status {
-        if (!on_device) return to_bucket ? grad.CopyToHost(at) : grad.CopyFromHost(at);
-        if (grad.device() != Device::kCuda) {
-          return absl::FailedPreconditionError(
-              "the data-parallel engine sums GPU memory but this rank's gradients are on the "
-              "CPU");
-        }
-        void* dst = to_bucket ? static_cast<void*>(at) : grad.raw();
-        const void* src = to_bucket ? grad.raw() : static_cast<const void*>(at);
-        return async ? CudaCopyDeviceAsync(dst, src, grad.nbytes())
-                     : CudaCopy(dst, src, grad.nbytes(), CopyKind::kDeviceToDevice);
-      };
-      int64_t at = 0;
-      for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, true));
-        at += ps[k]->grad.numel();
-      }
-      BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, task.deadline));
-      at = 0;
-      for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, false));
-        at += ps[k]->grad.numel();
-      }
-      *bytes += floats * static_cast<int64_t>(sizeof(float));
-      i = end;
-    }
-    return absl::OkStatus();
-  }
-
-  Collective* const collective_;
-  const int64_t bucket_bytes_;
-  std::vector<float> buffer_;  // the communication thread's only
-  Tensor device_buffer_;       // the same, on the GPU, for an engine that sums device memory
-  Mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;                   // guarded by mu_
-  int pending_ = 0;                          // queued or running; guarded by mu_
-  std::vector<ActionTiming> done_;           // this step's; guarded by mu_
-  absl::Status error_;                       // guarded by mu_
-  std::chrono::steady_clock::time_point t0_; // the step's start; guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
-  std::thread thread_;                       // last: starts once the rest is built
 };
 
 StageExecutor::StageExecutor() = default;

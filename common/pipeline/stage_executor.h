@@ -69,31 +69,20 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "baton/v1/job.pb.h"
-#include "common/spec/spec.h"
+#include "common/checkpoint/checkpoint.h"
+#include "common/comm/collective.h"
+#include "common/comm/transport.h"
+#include "common/core/device_timer.h"
 #include "common/core/digest.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
+#include "common/pipeline/action_timing.h"
 #include "common/plan/partition.h"
-#include "common/checkpoint/checkpoint.h"
-#include "common/comm/collective.h"
-#include "common/core/device_timer.h"
-#include "common/comm/transport.h"
 #include "common/schedule/schedule.h"
+#include "common/spec/spec.h"
 
 namespace baton {
-
-// One executed action, times in nanoseconds since the step started on this rank.
-struct ActionTiming {
-  Action action;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-  int64_t bytes = 0;  // tensor payload moved by a send or receive action
-  // Device time of a compute action or STEP on a rank whose device computes asynchronously
-  // (a GPU: there start/end above are issue times); -1 where not measured (the CPU, whose
-  // wall time is its compute time, and communication actions).
-  int64_t device_ns = -1;
-};
 
 // Sees each action as it ends (metrics that must be live, such as the in-flight count).
 // Called on the executor's thread, between actions: keep it short and do not block.
@@ -156,6 +145,8 @@ struct RankStepResult {
   std::optional<float> val_loss;
 };
 
+class GradReducer;  // grad_reducer.h
+
 class StageExecutor {
  public:
   ~StageExecutor();
@@ -216,7 +207,6 @@ class StageExecutor {
     std::unique_ptr<Sequential> model;
   };
   class StepState;
-  class GradReducer;
 
   StageExecutor();
   // `bytes` receives the payload size of a send or receive.
