@@ -22,14 +22,6 @@ StageExecutor::StageExecutor() = default;
 StageExecutor::~StageExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
-    const baton::v1::JobSpec& spec, const Schedule& schedule,
-    const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
-    const StageExecutorOptions& options) {
-  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec valid, ValidatedJobSpec::Validate(spec));
-  return Create(valid, schedule, stage_blocks, rank, transport, options);
-}
-
-absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const ValidatedJobSpec& valid, const Schedule& schedule,
     const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
     const StageExecutorOptions& options) {

@@ -158,11 +158,6 @@ class StageExecutor {
       const ValidatedJobSpec& spec, const Schedule& schedule,
       const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
       const StageExecutorOptions& options);
-  // The same, validating `spec` first (tests and tools that hold a plain spec).
-  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
-      const baton::v1::JobSpec& spec, const Schedule& schedule,
-      const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
-      const StageExecutorOptions& options);
 
   // Runs the clock once for training step `step` (0-based).
   absl::StatusOr<RankStepResult> RunStep(int64_t step);
