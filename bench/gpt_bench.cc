@@ -108,7 +108,9 @@ struct GptFixture {
 
   static GptFixture Make() {
     GptFixture f;
-    absl::StatusOr<std::unique_ptr<Dataset>> data = MakeDataset(Spec());
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(Spec());
+    if (!valid.ok()) Die("validating the spec", valid.status());
+    absl::StatusOr<std::unique_ptr<Dataset>> data = MakeDataset(*valid, DataAccess());
     if (!data.ok()) Die("building the dataset", data.status());
     absl::StatusOr<Batch> b = (*data)->Get(0, 0, MicroBatchSequences());
     if (!b.ok()) Die("reading micro-batch 0", b.status());

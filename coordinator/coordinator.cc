@@ -870,7 +870,8 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   // context, the synthetic teacher); a text file and token shards are read on the workers.
   if (!spec.data().has_tokens() &&
       (!spec.data().has_text() || spec.data().text().has_inline_text())) {
-    BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
+    BATON_ASSIGN_OR_RETURN(const ValidatedJobSpec valid, ValidatedJobSpec::Validate(spec));
+    BATON_RETURN_IF_ERROR(MakeDataset(valid, DataAccess()).status());
   }
 
   // What each rank needs: placement gives each a worker that holds it.

@@ -123,16 +123,6 @@ absl::StatusOr<std::string> LoadText(const baton::v1::TextData& text, const Data
   return absl::InvalidArgumentError("data.text: no content set (want path or inline_text)");
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec) {
-  return MakeDataset(spec, DataAccess());
-}
-
-absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& original,
-                                                     const DataAccess& access) {
-  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec spec, ValidatedJobSpec::Validate(original));
-  return MakeDataset(spec, access);
-}
-
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& valid,
                                                      const DataAccess& access) {
   const baton::v1::JobSpec& spec = *valid;

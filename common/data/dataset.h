@@ -77,14 +77,6 @@ class Dataset {
   virtual bool has_validation() const { return false; }
 };
 
-// Builds the dataset for a spec (reads the text file, or maps the token shards, if any). The spec is validated and
-// defaulted on a copy first (ValidateAndDefaultJobSpec), so its errors come back unchanged.
-// Text errors (INVALID_ARGUMENT or the file's errno code, each naming the field): an empty
-// text, a text not longer than model.gpt.context + 1 bytes, and model.gpt.vocab_size
-// smaller than the number of distinct bytes; a missing file is NOT_FOUND naming
-// data.text.path and the path. Token errors: see TokenDataset.
-absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec);
-
 // Where a process may read training text from. A worker reads only under its data roots
 // (so a job cannot make it read /etc/shadow); `batonctl train-local` reads the user's own
 // files (no roots). Every file must be a regular file of at most max_file_bytes (so
@@ -94,9 +86,13 @@ struct DataAccess {
   std::vector<std::string> roots;
   int64_t max_file_bytes = int64_t{1} << 30;
 };
-absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const baton::v1::JobSpec& spec,
-                                                     const DataAccess& access);
-// The same for a spec already validated, which is not checked again.
+
+// Builds the dataset for a validated spec (ValidatedJobSpec: it is not checked again),
+// reading the text file, or mapping the token shards, if any, as `access` allows.
+// Text errors (INVALID_ARGUMENT or the file's errno code, each naming the field): an empty
+// text, a text not longer than model.gpt.context + 1 bytes, and model.gpt.vocab_size
+// smaller than the number of distinct bytes; a missing file is NOT_FOUND naming
+// data.text.path and the path. Token errors: see TokenDataset.
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const ValidatedJobSpec& spec,
                                                      const DataAccess& access);
 // The roots a service's --data_root flag names: comma-separated directories; empty means

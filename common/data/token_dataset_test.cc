@@ -18,6 +18,14 @@ namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The specs here are plain protos: validated first, as every caller of MakeDataset does.
+absl::StatusOr<std::unique_ptr<Dataset>> ValidateAndMake(const baton::v1::JobSpec& spec,
+                                                         const DataAccess& access = DataAccess()) {
+  absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+  if (!valid.ok()) return valid.status();
+  return MakeDataset(*valid, access);
+}
 using ::baton::v1::JobSpec;
 
 // A fresh directory per test.
@@ -244,7 +252,7 @@ TEST_F(TokenDatasetTest, AResumedRunReadsWhatTheUninterruptedOneRead) {
     spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
     DataAccess access;
     access.roots = {dir_.string()};
-    auto run = MakeDataset(spec, access);
+    auto run = ValidateAndMake(spec, access);
     ASSERT_TRUE(run.ok()) << run.status();
     std::vector<Batch> uninterrupted;
     for (int64_t step = 0; step < 20; ++step) {
@@ -252,7 +260,7 @@ TEST_F(TokenDatasetTest, AResumedRunReadsWhatTheUninterruptedOneRead) {
       ASSERT_TRUE(b.ok()) << b.status();
       uninterrupted.push_back(*b);
     }
-    auto resumed = MakeDataset(spec, access);  // a fresh process resuming at step 12
+    auto resumed = ValidateAndMake(spec, access);  // a fresh process resuming at step 12
     ASSERT_TRUE(resumed.ok()) << resumed.status();
     for (int64_t step = 12; step < 20; ++step) {
       // Another split of the batch (a resume onto two micro-batches per step).
@@ -485,7 +493,7 @@ TEST_F(TokenDatasetTest, MakeDatasetNamesTheLlamaFieldsInItsRefusals) {
   spec.mutable_data()->set_batch_size(2);
   spec.mutable_data()->mutable_tokens()->add_train(Path("a.bin"));
   spec.mutable_optimizer()->mutable_adamw()->set_learning_rate(1e-3f);
-  auto d = MakeDataset(spec);
+  auto d = ValidateAndMake(spec);
   ASSERT_FALSE(d.ok());
   EXPECT_TRUE(absl::StrContains(d.status().message(), "model.llama.context + 1 = 9"))
       << d.status();

@@ -857,7 +857,9 @@ TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
     StageExecutorOptions opts;
     opts.stop = &stop;
     opts.observer = &observer;
-    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto rank0 = StageExecutor::Create(*valid, *sched, *blocks, 0, hub.transport(0), opts);
     ASSERT_TRUE(rank0.ok()) << rank0.status();
     std::vector<Digest> before;
     for (const auto& [index, d] : (*rank0)->BlockDigests()) before.push_back(d);
@@ -877,7 +879,9 @@ TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
     std::atomic<bool> stop{false};
     StageExecutorOptions opts;
     opts.stop = &stop;
-    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto rank0 = StageExecutor::Create(*valid, *sched, *blocks, 0, hub.transport(0), opts);
     ASSERT_TRUE(rank0.ok()) << rank0.status();
     absl::StatusOr<std::optional<float>> result;
     std::thread evaluating([&] { result = (*rank0)->Evaluate(0); });
@@ -898,7 +902,9 @@ TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
     std::atomic<bool> stop{true};
     StageExecutorOptions opts;
     opts.stop = &stop;
-    auto rank0 = StageExecutor::Create(spec, *sched, *blocks, 0, hub.transport(0), opts);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto rank0 = StageExecutor::Create(*valid, *sched, *blocks, 0, hub.transport(0), opts);
     ASSERT_TRUE(rank0.ok()) << rank0.status();
     EXPECT_EQ((*rank0)->Evaluate(0).status().code(), absl::StatusCode::kAborted);
     EXPECT_EQ(hub.Pending(), 0);
@@ -1075,7 +1081,9 @@ TEST(PipelineFailureTest, SilentPeerEndsTheStepAtTheDeadline) {
   InProcessHub hub(2);
   StageExecutorOptions opts;
   opts.recv_timeout = absl::Milliseconds(100);
-  auto rank1 = StageExecutor::Create(spec, *sched, *blocks, 1, hub.transport(1), opts);
+  absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  auto rank1 = StageExecutor::Create(*valid, *sched, *blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   auto r = (*rank1)->RunStep(0);  // rank 0 never runs
   ASSERT_FALSE(r.ok());
@@ -1095,7 +1103,9 @@ TEST(PipelineFailureTest, AWrongShapedTensorFromAPeerFailsTheStepBeforeAnyBlockS
   InProcessHub hub(2);
   StageExecutorOptions opts;
   opts.recv_timeout = absl::Seconds(60);  // only bounds a hang
-  auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
+  absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(job.spec);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  auto rank1 = StageExecutor::Create(*valid, job.sched, job.blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   // Rank 0 sends microbatch 0's activation with one row too many.
   const int64_t rows = job.spec.data().batch_size() / job.spec.pipeline().microbatches();
@@ -1122,7 +1132,9 @@ TEST(PipelineFailureTest, ATensorOfAnotherDtypeThanPlannedFailsTheStep) {
   InProcessHub hub(2);
   StageExecutorOptions opts;
   opts.recv_timeout = absl::Seconds(60);  // only bounds a hang
-  auto rank1 = StageExecutor::Create(job.spec, job.sched, job.blocks, 1, hub.transport(1), opts);
+  absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(job.spec);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  auto rank1 = StageExecutor::Create(*valid, job.sched, job.blocks, 1, hub.transport(1), opts);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   const int64_t rows = job.spec.data().batch_size() / job.spec.pipeline().microbatches();
   const Tensor f32 = Tensor::Zeros({rows, job.spec.model().mlp().width()});
@@ -1162,7 +1174,9 @@ TEST(PipelineTimelineTest, RecordsBytesEndAndInflightForEveryAction) {
   for (int r = 0; r < 2; ++r) {
     StageExecutorOptions opts;
     opts.observer = &observers[r];
-    auto e = StageExecutor::Create(spec, *sched, *blocks, r, hub.transport(r), opts);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto e = StageExecutor::Create(*valid, *sched, *blocks, r, hub.transport(r), opts);
     ASSERT_TRUE(e.ok()) << e.status();
     ex.push_back(*std::move(e));
   }
@@ -1238,7 +1252,9 @@ TEST(PipelineTimelineTest, DeviceTimeFramesComputeActionsOnly) {
   for (int r = 0; r < 2; ++r) {
     StageExecutorOptions opts;
     opts.device_timer = &timers[r];
-    auto e = StageExecutor::Create(job.spec, job.sched, job.blocks, r, hub.transport(r), opts);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(job.spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto e = StageExecutor::Create(*valid, job.sched, job.blocks, r, hub.transport(r), opts);
     ASSERT_TRUE(e.ok()) << e.status();
     ex.push_back(*std::move(e));
   }
@@ -1267,7 +1283,9 @@ TEST(PipelineTimelineTest, DeviceTimeFramesComputeActionsOnly) {
   InProcessHub cpu_hub(2);
   std::vector<std::unique_ptr<StageExecutor>> cpu;
   for (int r = 0; r < 2; ++r) {
-    auto e = StageExecutor::Create(job.spec, job.sched, job.blocks, r, cpu_hub.transport(r),
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(job.spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    auto e = StageExecutor::Create(*valid, job.sched, job.blocks, r, cpu_hub.transport(r),
                                    StageExecutorOptions{});
     ASSERT_TRUE(e.ok()) << e.status();
     cpu.push_back(*std::move(e));

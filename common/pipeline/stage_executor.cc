@@ -3,277 +3,23 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
-#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf.h"
-#include "common/core/cuda_context.h"
 #include "common/core/status.h"
+#include "common/pipeline/grad_reducer.h"
+#include "common/pipeline/gradient_exchange.h"
+#include "common/pipeline/step_state.h"
+#include "common/pipeline/wire.h"
 #include "common/spec/spec.h"
-#include "common/train/reference_trainer.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 
-// Everything one step holds, keyed by (stage, micro-batch). Tensors are dropped as soon as
-// they are sent or consumed.
-class StageExecutor::StepState {
- public:
-  StepState(int64_t step, int num_microbatches) : step(step), M(num_microbatches) {}
-
-  static int64_t Key(int stage, int mb) { return (static_cast<int64_t>(stage) << 32) | mb; }
-
-  // Removes and returns the tensor under (stage, mb), or an error naming what is missing.
-  absl::StatusOr<Tensor> Take(std::unordered_map<int64_t, Tensor>& map, int stage, int mb,
-                              const char* what, const Action& a) {
-    auto it = map.find(Key(stage, mb));
-    if (it == map.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(a.ToString(), ": no ", what, " for stage ", stage, " micro-batch ", mb,
-                       " (the clock runs it too early)"));
-    }
-    Tensor t = std::move(it->second);
-    map.erase(it);
-    return t;
-  }
-
-  const int64_t step;
-  const int M;
-  std::unordered_map<int, Batch> batches;                // by micro-batch
-  std::unordered_map<int64_t, Tensor> activations_in;    // received input of (s, m)
-  std::unordered_map<int64_t, Tensor> activations_out;   // output of (s, m) not yet handed on
-  std::unordered_map<int64_t, Tensor> gradients_in;      // received dL/d(output) of (s, m)
-  std::unordered_map<int64_t, Tensor> gradients_out;     // dL/d(input) of (s, m) not yet sent
-  // RECOMPUTE_FULL: the input (and, on the last stage, the targets) of (s, m), kept from its
-  // forward to its backward, which reruns the forward from them.
-  struct Kept {
-    Tensor input;
-    Tensor targets;
-  };
-  std::unordered_map<int64_t, Kept> kept;
-  std::unordered_map<int, std::set<int>> deferred_w;     // stage -> micro-batches waiting
-  std::unordered_map<int, int> next_w;                   // stage -> next micro-batch to W
-  std::vector<std::pair<Action, std::unique_ptr<SendWork>>> sends;  // in clock order
-  // Last stage only: each micro-batch's loss as its module wrote it (on the device), read
-  // once the step's work is issued.
-  std::vector<Tensor> losses;
-  std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
-  int64_t reduce_wait_ns = 0;
-  // Data parallelism: per stage, finished gradients not yet handed to the reducer.
-  struct Bucket {
-    std::vector<Parameter*> params;
-    int64_t bytes = 0;
-  };
-  std::unordered_map<int, Bucket> buckets;
-  int inflight = 0;
-  int peak_inflight = 0;
-  bool tied = false;  // the tied embedding's gradient is summed (TIE_GRAD)
-  std::optional<float> grad_norm;  // CLIP_GRAD's norm, once it ran
-  float learning_rate = 0.0f;      // STEP's
-  bool stepped = false;
-};
-
-// The communication thread of a data-parallel rank: runs queued gradient reductions one at
-// a time, in the order they were queued. After a failure the rest of the step's queue is
-// skipped with the same error.
-class StageExecutor::GradReducer {
- public:
-  GradReducer(Collective* collective, int64_t bucket_bytes)
-      : collective_(collective), bucket_bytes_(bucket_bytes), thread_([this] { Loop(); }) {}
-
-  ~GradReducer() {
-    {
-      MutexLock lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  // Starts a step: clears the previous step's record and error.
-  void BeginStep(std::chrono::steady_clock::time_point t0) {
-    MutexLock lock(mu_);
-    t0_ = t0;
-    done_.clear();
-    error_ = absl::OkStatus();
-  }
-
-  // Queues the reduction of `params`' gradients; returns at once.
-  void Enqueue(const Action& a, std::vector<Parameter*> params, absl::Time deadline) {
-    {
-      MutexLock lock(mu_);
-      queue_.push_back(Task{a, std::move(params), deadline});
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-
-  // Waits until every queued reduction has run; their timings, in queue order, and the
-  // first error. At `deadline` the group is aborted (so the thread returns) and the wait
-  // reports DEADLINE_EXCEEDED.
-  absl::Status WaitAll(absl::Time deadline, std::vector<ActionTiming>* timings) {
-    MutexLock lock(mu_);
-    const auto until = absl::ToChronoTime(deadline);
-    while (pending_ > 0) {
-      if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && pending_ > 0) {
-        lock.unlock();
-        collective_->Abort(absl::DeadlineExceededError(
-            "a gradient reduction did not finish by its deadline"));
-        lock.lock();
-        cv_.wait(lock.native(), [this] { return pending_ == 0; });  // aborted: returns promptly
-        if (error_.ok()) {
-          error_ = absl::DeadlineExceededError(
-              "a gradient reduction did not finish by its deadline");
-        }
-      }
-    }
-    *timings = done_;
-    return error_;
-  }
-
-  // Fails the group (so no peer waits for this rank) and drops what is queued.
-  void Abort(const absl::Status& why) { collective_->Abort(why); }
-
- private:
-  struct Task {
-    Action action;
-    std::vector<Parameter*> params;
-    absl::Time deadline;
-  };
-
-  void Loop() {
-    MutexLock lock(mu_);
-    while (true) {
-      cv_.wait(lock.native(), [this] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      const bool skip = !error_.ok();
-      const auto t0 = t0_;
-      lock.unlock();
-      ActionTiming t{task.action, 0, 0, 0};
-      absl::Status s;
-      if (!skip) {
-        t.start_ns = NsSince(t0);
-        s = Reduce(task, &t.bytes);
-        t.end_ns = NsSince(t0);
-      }
-      lock.lock();
-      if (!skip) {
-        done_.push_back(t);
-        if (!s.ok() && error_.ok()) {
-          error_ = absl::Status(s.code(), absl::StrCat(task.action.ToString(), ": ", s.message()));
-        }
-      }
-      --pending_;
-      cv_.notify_all();
-    }
-  }
-
-  static int64_t NsSince(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now() - t0)
-        .count();
-  }
-
-  // Sums the gradients over the group, bucket by bucket: each bucket is gathered into one
-  // buffer (a parameter larger than a bucket is a bucket of its own), reduced, and scattered
-  // back. Element-wise, bucketing changes nothing of the result. The buffer lives where the
-  // engine wants it: host memory (Gloo, in-process; device gradients are staged through
-  // it) or the GPU (NCCL: device-to-device copies on the compute stream). An engine that
-  // follows the compute stream (NCCL in a worker) orders its all-reduce after the copies
-  // into the bucket itself, so they are queued without a wait; the copies back are queued
-  // after the all-reduce returned (it holds the result then), ahead of the optimizer's
-  // kernels on the same stream. Otherwise every copy waits for the stream.
-  absl::Status Reduce(const Task& task, int64_t* bytes) {
-    const bool on_device = collective_->device() == Device::kCuda;
-    const bool async = on_device && collective_->follows_compute_stream();
-    size_t i = 0;
-    const std::vector<Parameter*>& ps = task.params;
-    while (i < ps.size()) {
-      size_t end = i;
-      int64_t floats = 0;
-      while (end < ps.size() &&
-             (end == i || (floats + ps[end]->grad.numel()) * static_cast<int64_t>(sizeof(float)) <=
-                              bucket_bytes_)) {
-        floats += ps[end]->grad.numel();
-        ++end;
-      }
-      float* buf = nullptr;
-      if (on_device) {
-        if (device_buffer_.numel() < floats) {
-          device_buffer_ = Tensor();
-          BATON_ASSIGN_OR_RETURN(device_buffer_,
-                                 Tensor::TryEmpty({floats}, DType::kFloat32, Device::kCuda));
-        }
-        buf = device_buffer_.f32();
-      } else {
-        buffer_.resize(static_cast<size_t>(floats));
-        buf = buffer_.data();
-      }
-      // Copies one parameter's gradient into the bucket (to_bucket) or back out of it.
-      auto move = [&](Tensor& grad, float* at, bool to_bucket) -> absl::Status {
-        if (!on_device) return to_bucket ? grad.CopyToHost(at) : grad.CopyFromHost(at);
-        if (grad.device() != Device::kCuda) {
-          return absl::FailedPreconditionError(
-              "the data-parallel engine sums GPU memory but this rank's gradients are on the "
-              "CPU");
-        }
-        void* dst = to_bucket ? static_cast<void*>(at) : grad.raw();
-        const void* src = to_bucket ? grad.raw() : static_cast<const void*>(at);
-        return async ? CudaCopyDeviceAsync(dst, src, grad.nbytes())
-                     : CudaCopy(dst, src, grad.nbytes(), CopyKind::kDeviceToDevice);
-      };
-      int64_t at = 0;
-      for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, true));
-        at += ps[k]->grad.numel();
-      }
-      BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, task.deadline));
-      at = 0;
-      for (size_t k = i; k < end; ++k) {
-        BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, false));
-        at += ps[k]->grad.numel();
-      }
-      *bytes += floats * static_cast<int64_t>(sizeof(float));
-      i = end;
-    }
-    return absl::OkStatus();
-  }
-
-  Collective* const collective_;
-  const int64_t bucket_bytes_;
-  std::vector<float> buffer_;  // the communication thread's only
-  Tensor device_buffer_;       // the same, on the GPU, for an engine that sums device memory
-  Mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;                   // guarded by mu_
-  int pending_ = 0;                          // queued or running; guarded by mu_
-  std::vector<ActionTiming> done_;           // this step's; guarded by mu_
-  absl::Status error_;                       // guarded by mu_
-  std::chrono::steady_clock::time_point t0_; // the step's start; guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
-  std::thread thread_;                       // last: starts once the rest is built
-};
-
 StageExecutor::StageExecutor() = default;
 StageExecutor::~StageExecutor() = default;
-
-absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
-    const baton::v1::JobSpec& spec, const Schedule& schedule,
-    const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
-    const StageExecutorOptions& options) {
-  BATON_ASSIGN_OR_RETURN(ValidatedJobSpec valid, ValidatedJobSpec::Validate(spec));
-  return Create(valid, schedule, stage_blocks, rank, transport, options);
-}
 
 absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     const ValidatedJobSpec& valid, const Schedule& schedule,
@@ -314,6 +60,9 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     }
   }
   const int data_parallel = std::max(1, spec.pipeline().data_parallel());
+  ex->replicas_ = data_parallel;
+  ex->per_mb_ =
+      spec.data().batch_size() / (static_cast<int64_t>(data_parallel) * schedule.num_microbatches);
   if (options.replica < 0 || options.replica >= data_parallel) {
     return absl::InvalidArgumentError(absl::StrCat("replica ", options.replica, " is outside the job's ",
                                                    data_parallel, " (pipeline.data_parallel)"));
@@ -335,40 +84,11 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
         "the job has ", data_parallel,
         " data-parallel replicas but the clock has no REDUCE_GRAD actions (AddGradReductions)"));
   }
-  // This rank's clock sums the tied embedding exactly when the model ties and the rank
-  // holds an end (a worker's plan carries its own clock only).
   const std::optional<TokenModel> token_model = TokenModelOf(spec.model());
   const bool tied = token_model && token_model->tie_embeddings;
   ex->tied_ = tied;
-  // The clock clips exactly when the optimizer does (AddJobActions), on every rank.
-  if (rank >= 0 && rank < static_cast<int>(schedule.ranks.size())) {
-    const std::vector<Action>& clock = schedule.ranks[rank];
-    const bool clips = spec.optimizer().clip_grad_norm() > 0.0f;
-    const bool has = std::find(clock.begin(), clock.end(),
-                               Action{ActionKind::kClipGrad, 0, 0}) != clock.end();
-    if (has != clips) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          clips ? "the optimizer clips gradients (optimizer.clip_grad_norm) but rank "
-                : "the optimizer does not clip gradients but rank ",
-          rank, "'s clock ", clips ? "has no CLIP_GRAD (AddJobActions)" : "has CLIP_GRAD"));
-    }
-  }
-  const int n = schedule.num_stages();
-  if (rank >= 0 && rank < static_cast<int>(schedule.ranks.size())) {
-    for (int end : {0, n - 1}) {
-      if (schedule.stage_to_rank[end] != rank) continue;
-      const std::vector<Action>& clock = schedule.ranks[rank];
-      const bool has = std::find(clock.begin(), clock.end(),
-                                 Action{ActionKind::kTieGrad, end, 0}) != clock.end();
-      if (has != tied && (n > 1 || end == 0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            tied ? "the model ties its embeddings but rank " : "the model does not tie its "
-                                                               "embeddings but rank ",
-            rank, "'s clock ", tied ? "has no " : "has ", Action{ActionKind::kTieGrad, end, 0}.ToString(),
-            tied ? " (AddJobActions)" : ""));
-      }
-    }
-  }
+  BATON_RETURN_IF_ERROR(
+      CheckExchangeActions(schedule, rank, spec.optimizer().clip_grad_norm() > 0.0f, tied));
   ex->timer_ = options.device_timer;
   if (ex->timer_ == nullptr) {
     ex->own_timer_ = NewDeviceTimer(options.device);
@@ -537,253 +257,215 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   return result;
 }
 
-namespace {
-
-// A received tensor must have the dtype and shape the plan implies before any block sees
-// it: a peer's bug (or a forged frame that got past the transport) fails the job with this
-// error instead of reading out of bounds or training on garbage. Activations and gradients
-// travel as `wire` (WireDType); the tied and norm exchanges are float32.
-absl::Status CheckReceived(const Tensor& t, const Shape& want, const char* what,
-                           const Action& a, DType wire = DType::kFloat32) {
-  if (t.dtype() == wire && t.shape() == want) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "received ", what, " for ", a.ToString(), " is ", ShapeString(t.shape()), " of ",
-      DTypeName(t.dtype()), "; the plan expects ", ShapeString(want), " of ", DTypeName(wire)));
-}
-
-// The dtype of the activations and gradients between stages.
-DType WireDType(Precision p) { return p == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32; }
-
-// What leaves for another stage: `t` itself in fp32; in bf16 its bf16 bits (exact: block
-// outputs and input gradients hold bf16 values, module.h), half the bytes.
-absl::StatusOr<Tensor> ToWire(const Tensor& t, Precision p) {
-  if (p != Precision::kBf16) return t;
-  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(t.device()));
-  BATON_ASSIGN_OR_RETURN(Tensor w, Tensor::TryEmpty(t.shape(), DType::kBFloat16, t.device()));
-  be->ToBf16(t.numel(), t.f32(), w.bf16());
-  return w;
-}
-
-// A received tensor (already checked) as the float32 tensor on `device` the blocks take.
-absl::StatusOr<Tensor> FromWire(const Tensor& t, Device device) {
-  BATON_ASSIGN_OR_RETURN(Tensor on, t.On(device));
-  if (on.dtype() != DType::kBFloat16) return on;
-  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(device));
-  BATON_ASSIGN_OR_RETURN(Tensor f, Tensor::TryEmpty(on.shape(), DType::kFloat32, device));
-  be->FromBf16(on.numel(), on.bf16(), f.f32());
-  return f;
-}
-
-}  // namespace
-
 absl::Status StageExecutor::Execute(const Action& a, StepState& st, int64_t* bytes) {
+  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  switch (a.kind) {
+    case ActionKind::kForward:
+      return RunForward(a, st);
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      return RunBackward(a, st);
+    case ActionKind::kBackwardWeight:
+      return RunWeightGradient(a.stage, a.microbatch, st);
+    case ActionKind::kSendF:
+    case ActionKind::kSendB:
+      return RunSend(a, st, bytes);
+    case ActionKind::kRecvF:
+    case ActionKind::kRecvB:
+      return RunRecv(a, st, deadline, bytes);
+    case ActionKind::kReduceGrad:
+      return RunReduceGrad(a, st, deadline);
+    case ActionKind::kTieGrad:
+      return RunTieGrad(a, st, deadline, bytes);
+    case ActionKind::kClipGrad:
+      return RunClipGrad(a, st, deadline, bytes);
+    case ActionKind::kStep:
+      return RunOptimizerStep(st, deadline);
+  }
+  return absl::InternalError("unknown action kind");
+}
+
+absl::StatusOr<const Batch*> StageExecutor::BatchFor(int m, StepState& st) {
+  auto it = st.batches.find(m);
+  if (it == st.batches.end()) {
+    // This replica's share: the step's micro-batch replica * M + m.
+    const int64_t global_mb = static_cast<int64_t>(options_.replica) * st.M + m;
+    BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(st.step, global_mb * per_mb_, per_mb_));
+    it = st.batches.emplace(m, std::move(b)).first;
+  }
+  return &it->second;
+}
+
+absl::Status StageExecutor::WaitForReductions(StepState& st, absl::Time deadline) {
+  if (reducer_ == nullptr) return absl::OkStatus();
+  return reducer_->WaitAll(deadline, &st.reductions);
+}
+
+absl::Status StageExecutor::RunForward(const Action& a, StepState& st) {
   const int s = a.stage;
   const int m = a.microbatch;
   const int last_stage = schedule_.num_stages() - 1;
-  const int D = std::max(1, spec_.pipeline().data_parallel());
-  const int64_t per_mb = spec_.data().batch_size() / (static_cast<int64_t>(D) * st.M);
-  auto tag = [&](int stage, TensorKind kind) {
-    return TensorTag{options_.job_id, st.step, m, stage, kind};
-  };
-  auto batch = [&]() -> absl::StatusOr<const Batch*> {
-    auto it = st.batches.find(m);
-    if (it == st.batches.end()) {
-      // This replica's share: the step's micro-batch replica * M + m.
-      const int64_t global_mb = static_cast<int64_t>(options_.replica) * st.M + m;
-      BATON_ASSIGN_OR_RETURN(Batch b, dataset_->Get(st.step, global_mb * per_mb, per_mb));
-      it = st.batches.emplace(m, std::move(b)).first;
-    }
-    return &it->second;
-  };
-  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  Chunk* c = ChunkFor(s);
+  if (c == nullptr) return absl::InternalError("stage not on this rank");
+  Tensor x;
+  if (s == 0) {
+    BATON_ASSIGN_OR_RETURN(const Batch* b, BatchFor(m, st));
+    x = b->inputs;
+  } else if (schedule_.stage_to_rank[s - 1] == rank_) {
+    BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_out, s - 1, m, "local activation", a));
+  } else {
+    BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_in, s, m, "received activation", a));
+  }
+  const Tensor* targets = nullptr;
+  if (s == last_stage) {
+    BATON_ASSIGN_OR_RETURN(const Batch* b, BatchFor(m, st));
+    targets = &b->targets;
+  }
+  Tensor y;
+  BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets, precision_}, x, &y));
+  if (recompute_[s]) {
+    // Keep only what reruns this forward; the blocks' stash goes now.
+    c->model->Discard(m);
+    st.kept[StepState::Key(s, m)] =
+        StepState::Kept{std::move(x), targets != nullptr ? *targets : Tensor()};
+  }
+  if (++st.inflight > st.peak_inflight) st.peak_inflight = st.inflight;
+  // The blocks stash what they need of the batch; drop it after its last use here.
+  const bool last_use = (s == last_stage) || (s == 0 && ChunkFor(last_stage) == nullptr);
+  if (last_use) st.batches.erase(m);
+  if (s == last_stage) {
+    if (static_cast<int>(st.losses.size()) <= m) st.losses.resize(m + 1);
+    st.losses[m] = std::move(y);
+  } else {
+    st.activations_out[StepState::Key(s, m)] = std::move(y);
+  }
+  return absl::OkStatus();
+}
 
-  switch (a.kind) {
-    case ActionKind::kForward: {
-      Chunk* c = ChunkFor(s);
-      if (c == nullptr) return absl::InternalError("stage not on this rank");
-      Tensor x;
-      if (s == 0) {
-        BATON_ASSIGN_OR_RETURN(const Batch* b, batch());
-        x = b->inputs;
-      } else if (schedule_.stage_to_rank[s - 1] == rank_) {
-        BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_out, s - 1, m, "local activation", a));
-      } else {
-        BATON_ASSIGN_OR_RETURN(x, st.Take(st.activations_in, s, m, "received activation", a));
-      }
-      const Tensor* targets = nullptr;
-      if (s == last_stage) {
-        BATON_ASSIGN_OR_RETURN(const Batch* b, batch());
-        targets = &b->targets;
-      }
-      Tensor y;
-      BATON_RETURN_IF_ERROR(c->model->Forward(MicroBatch{m, targets, precision_}, x, &y));
-      if (recompute_[s]) {
-        // Keep only what reruns this forward; the blocks' stash goes now.
-        c->model->Discard(m);
-        st.kept[StepState::Key(s, m)] =
-            StepState::Kept{std::move(x), targets != nullptr ? *targets : Tensor()};
-      }
-      if (++st.inflight > st.peak_inflight) st.peak_inflight = st.inflight;
-      // The blocks stash what they need of the batch; drop it after its last use here.
-      const bool last_use = (s == last_stage) || (s == 0 && ChunkFor(last_stage) == nullptr);
-      if (last_use) st.batches.erase(m);
-      if (s == last_stage) {
-        if (static_cast<int>(st.losses.size()) <= m) st.losses.resize(m + 1);
-        st.losses[m] = std::move(y);
-      } else {
-        st.activations_out[StepState::Key(s, m)] = std::move(y);
-      }
-      return absl::OkStatus();
+absl::Status StageExecutor::RunBackward(const Action& a, StepState& st) {
+  const int s = a.stage;
+  const int m = a.microbatch;
+  Chunk* c = ChunkFor(s);
+  if (c == nullptr) return absl::InternalError("stage not on this rank");
+  Tensor dy;
+  if (s == schedule_.num_stages() - 1) {
+    dy = Tensor::Empty({1});
+    dy.f32()[0] = 1.0f / static_cast<float>(replicas_ * st.M);
+  } else if (schedule_.stage_to_rank[s + 1] == rank_) {
+    BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_out, s + 1, m, "local gradient", a));
+  } else {
+    BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_in, s, m, "received gradient", a));
+  }
+  if (recompute_[s]) {
+    // Rerun the forward from the kept input: the same blocks on the same bits stash
+    // exactly what the first run did.
+    auto it = st.kept.find(StepState::Key(s, m));
+    if (it == st.kept.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(a.ToString(), ": no kept input for stage ", s, " micro-batch ", m,
+                       " to recompute its forward from (the clock runs it too early)"));
     }
-    case ActionKind::kBackward:
-    case ActionKind::kBackwardInput: {
-      Chunk* c = ChunkFor(s);
-      if (c == nullptr) return absl::InternalError("stage not on this rank");
-      Tensor dy;
-      if (s == last_stage) {
-        dy = Tensor::Empty({1});
-        dy.f32()[0] = 1.0f / static_cast<float>(D * st.M);
-      } else if (schedule_.stage_to_rank[s + 1] == rank_) {
-        BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_out, s + 1, m, "local gradient", a));
-      } else {
-        BATON_ASSIGN_OR_RETURN(dy, st.Take(st.gradients_in, s, m, "received gradient", a));
-      }
-      if (recompute_[s]) {
-        // Rerun the forward from the kept input: the same blocks on the same bits stash
-        // exactly what the first run did.
-        auto it = st.kept.find(StepState::Key(s, m));
-        if (it == st.kept.end()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat(a.ToString(), ": no kept input for stage ", s, " micro-batch ", m,
-                           " to recompute its forward from (the clock runs it too early)"));
-        }
-        StepState::Kept kept = std::move(it->second);
-        st.kept.erase(it);
-        Tensor y;
-        BATON_RETURN_IF_ERROR(c->model->Forward(
-            MicroBatch{m, kept.targets.defined() ? &kept.targets : nullptr, precision_}, kept.input,
-            &y));
-      }
-      Tensor dx;
-      const Tensor* targets = nullptr;
-      BATON_RETURN_IF_ERROR(c->model->BackwardInput(MicroBatch{m, targets, precision_}, dy, &dx));
-      if (s > 0) st.gradients_out[StepState::Key(s, m)] = std::move(dx);
-      if (a.kind == ActionKind::kBackward) return RunWeightGradient(s, m, st);
-      return absl::OkStatus();
-    }
-    case ActionKind::kBackwardWeight:
-      return RunWeightGradient(s, m, st);
-    case ActionKind::kSendF: {
-      BATON_ASSIGN_OR_RETURN(Tensor out, st.Take(st.activations_out, s, m, "activation", a));
-      BATON_ASSIGN_OR_RETURN(const Tensor y, ToWire(out, precision_));
-      *bytes = static_cast<int64_t>(y.nbytes());
-      st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s + 1],
-                                                tag(s, TensorKind::kActivation), y));
-      return absl::OkStatus();
-    }
-    case ActionKind::kRecvF: {
-      BATON_ASSIGN_OR_RETURN(Tensor x, transport_->Recv(schedule_.stage_to_rank[s - 1],
-                                                        tag(s - 1, TensorKind::kActivation),
-                                                        deadline));
-      Chunk* c = ChunkFor(s);
-      if (c == nullptr) return absl::InternalError("stage not on this rank");
-      BATON_RETURN_IF_ERROR(CheckReceived(x, BlockInputShape(spec_.model(), c->blocks.first, per_mb),
-                                          "activation", a, WireDType(precision_)));
-      *bytes = static_cast<int64_t>(x.nbytes());
-      BATON_ASSIGN_OR_RETURN(x, FromWire(x, options_.device));
-      st.activations_in[StepState::Key(s, m)] = std::move(x);
-      return absl::OkStatus();
-    }
-    case ActionKind::kSendB: {
-      BATON_ASSIGN_OR_RETURN(Tensor out, st.Take(st.gradients_out, s, m, "gradient", a));
-      BATON_ASSIGN_OR_RETURN(const Tensor dx, ToWire(out, precision_));
-      *bytes = static_cast<int64_t>(dx.nbytes());
-      st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[s - 1],
-                                                tag(s, TensorKind::kGradient), dx));
-      return absl::OkStatus();
-    }
-    case ActionKind::kRecvB: {
-      BATON_ASSIGN_OR_RETURN(Tensor dy, transport_->Recv(schedule_.stage_to_rank[s + 1],
-                                                         tag(s + 1, TensorKind::kGradient),
-                                                         deadline));
-      Chunk* c = ChunkFor(s);
-      if (c == nullptr) return absl::InternalError("stage not on this rank");
-      BATON_RETURN_IF_ERROR(CheckReceived(dy, BlockInputShape(spec_.model(), c->blocks.last, per_mb),
-                                          "gradient", a, WireDType(precision_)));
-      *bytes = static_cast<int64_t>(dy.nbytes());
-      BATON_ASSIGN_OR_RETURN(dy, FromWire(dy, options_.device));
-      st.gradients_in[StepState::Key(s, m)] = std::move(dy);
-      return absl::OkStatus();
-    }
-    case ActionKind::kReduceGrad: {
-      Chunk* c = ChunkFor(s);
-      if (c == nullptr) return absl::InternalError("stage not on this rank");
-      if (reducer_ == nullptr) {
-        return absl::FailedPreconditionError("REDUCE_GRAD without a data-parallel group");
-      }
-      if (st.next_w[s] != st.M) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("gradient reduction before every weight gradient of stage ", s,
-                         " ran (", st.next_w[s], " of ", st.M, ")"));
-      }
-      // The stage's last weight gradient queued full buckets as its blocks finished; the
-      // rest goes now.
-      StepState::Bucket& bucket = st.buckets[s];
-      if (!bucket.params.empty()) reducer_->Enqueue(a, std::move(bucket.params), deadline);
-      bucket = StepState::Bucket();
-      return absl::OkStatus();
-    }
-    case ActionKind::kTieGrad:
-      return SumTiedGradient(a, st, deadline, bytes);
-    case ActionKind::kClipGrad:
-      return ClipGradients(a, st, deadline, bytes);
-    case ActionKind::kStep: {
-      for (const Chunk& c : chunks_) {
-        const int done = st.next_w[c.stage];
-        if (done != st.M) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("optimizer step before every weight gradient of stage ", c.stage,
-                           " ran (", done, " of ", st.M, ")"));
-        }
-      }
-      // The update needs the group's sums: wait for this step's reductions.
-      if (reducer_ != nullptr) {
-        const auto wait_start = std::chrono::steady_clock::now();
-        BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
-        st.reduce_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now() - wait_start)
-                                .count();
-      }
-      // Divergence is a failure: a non-finite gradient would make every weight it touches
-      // garbage. One sum per gradient (inf and nan survive a double sum of floats), all of
-      // this rank's in one batched call (one read back on a GPU); the first non-finite one
-      // in chunk and parameter order is named.
-      std::vector<Parameter*> params;
-      std::vector<int> stage_of;  // params[i] belongs to stage stage_of[i]
-      for (const Chunk& c : chunks_) {
-        for (Parameter* p : c.model->Parameters()) {
-          params.push_back(p);
-          stage_of.push_back(c.stage);
-        }
-      }
-      BATON_ASSIGN_OR_RETURN(const std::vector<double> sums,
-                             GradientSums(params, /*squares=*/false));
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (!std::isfinite(sums[i])) {
-          return DivergedError(absl::StrCat("training diverged: the gradient of ", params[i]->name,
-                                            " (stage ", stage_of[i], ") is not finite"));
-        }
-      }
-      // The schedule's rate for this step (a resume continues it from the checkpoint's step).
-      st.learning_rate = LearningRateAt(spec_.optimizer(), st.step, spec_.steps());
-      optimizer_->Step(st.learning_rate);
-      st.stepped = true;
-      // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.
-      if (options_.device != Device::kCpu) return DeviceSynchronize(options_.device);
-      return absl::OkStatus();
+    StepState::Kept kept = std::move(it->second);
+    st.kept.erase(it);
+    Tensor y;
+    BATON_RETURN_IF_ERROR(c->model->Forward(
+        MicroBatch{m, kept.targets.defined() ? &kept.targets : nullptr, precision_}, kept.input,
+        &y));
+  }
+  Tensor dx;
+  BATON_RETURN_IF_ERROR(c->model->BackwardInput(MicroBatch{m, nullptr, precision_}, dy, &dx));
+  if (s > 0) st.gradients_out[StepState::Key(s, m)] = std::move(dx);
+  if (a.kind == ActionKind::kBackward) return RunWeightGradient(s, m, st);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunSend(const Action& a, StepState& st, int64_t* bytes) {
+  const bool activation = CarriesActivation(a.kind);
+  BATON_ASSIGN_OR_RETURN(
+      Tensor out, st.Take(activation ? st.activations_out : st.gradients_out, a.stage, a.microbatch,
+                          activation ? "activation" : "gradient", a));
+  BATON_ASSIGN_OR_RETURN(const Tensor wire, ToWire(out, precision_));
+  *bytes = static_cast<int64_t>(wire.nbytes());
+  const TensorTag tag{options_.job_id, st.step, a.microbatch, a.stage,
+                      activation ? TensorKind::kActivation : TensorKind::kGradient};
+  st.sends.emplace_back(a, transport_->Send(schedule_.stage_to_rank[PeerStage(a)], tag, wire));
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunRecv(const Action& a, StepState& st, absl::Time deadline,
+                                    int64_t* bytes) {
+  // An activation comes from the stage before, an input gradient from the stage after.
+  const bool activation = CarriesActivation(a.kind);
+  const int from = PeerStage(a);
+  const TensorTag tag{options_.job_id, st.step, a.microbatch, from,
+                      activation ? TensorKind::kActivation : TensorKind::kGradient};
+  BATON_ASSIGN_OR_RETURN(Tensor t, transport_->Recv(schedule_.stage_to_rank[from], tag, deadline));
+  Chunk* c = ChunkFor(a.stage);
+  if (c == nullptr) return absl::InternalError("stage not on this rank");
+  const int boundary = activation ? c->blocks.first : c->blocks.last;
+  BATON_RETURN_IF_ERROR(CheckReceived(t, BlockInputShape(spec_.model(), boundary, per_mb_),
+                                      activation ? "activation" : "gradient", a,
+                                      WireDType(precision_)));
+  *bytes = static_cast<int64_t>(t.nbytes());
+  BATON_ASSIGN_OR_RETURN(t, FromWire(t, options_.device));
+  (activation ? st.activations_in : st.gradients_in)[StepState::Key(a.stage, a.microbatch)] =
+      std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunReduceGrad(const Action& a, StepState& st, absl::Time deadline) {
+  const int s = a.stage;
+  if (ChunkFor(s) == nullptr) return absl::InternalError("stage not on this rank");
+  if (reducer_ == nullptr) {
+    return absl::FailedPreconditionError("REDUCE_GRAD without a data-parallel group");
+  }
+  BATON_RETURN_IF_ERROR(st.WeightGradientsRan(s, "gradient reduction"));
+  // The stage's last weight gradient queued full buckets as its blocks finished; the rest
+  // goes now.
+  StepState::Bucket& bucket = st.buckets[s];
+  if (!bucket.params.empty()) reducer_->Enqueue(a, std::move(bucket.params), deadline);
+  bucket = StepState::Bucket();
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline) {
+  for (const Chunk& c : chunks_) {
+    BATON_RETURN_IF_ERROR(st.WeightGradientsRan(c.stage, "optimizer step"));
+  }
+  // The update needs the group's sums: wait for this step's reductions.
+  if (reducer_ != nullptr) {
+    const auto wait_start = std::chrono::steady_clock::now();
+    BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+    st.reduce_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - wait_start)
+                            .count();
+  }
+  // Divergence is a failure: a non-finite gradient would make every weight it touches
+  // garbage. One sum per gradient (inf and nan survive a double sum of floats), all of
+  // this rank's in one batched call (one read back on a GPU); the first non-finite one
+  // in chunk and parameter order is named.
+  std::vector<Parameter*> params;
+  std::vector<int> stage_of;  // params[i] belongs to stage stage_of[i]
+  for (const Chunk& c : chunks_) {
+    for (Parameter* p : c.model->Parameters()) {
+      params.push_back(p);
+      stage_of.push_back(c.stage);
     }
   }
-  return absl::InternalError("unknown action kind");
+  BATON_ASSIGN_OR_RETURN(const std::vector<double> sums, GradientSums(params, /*squares=*/false));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!std::isfinite(sums[i])) {
+      return DivergedError(absl::StrCat("training diverged: the gradient of ", params[i]->name,
+                                        " (stage ", stage_of[i], ") is not finite"));
+    }
+  }
+  // The schedule's rate for this step (a resume continues it from the checkpoint's step).
+  st.learning_rate = LearningRateAt(spec_.optimizer(), st.step, spec_.steps());
+  optimizer_->Step(st.learning_rate);
+  st.stepped = true;
+  // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.
+  if (options_.device != Device::kCpu) return DeviceSynchronize(options_.device);
+  return absl::OkStatus();
 }
 
 Parameter* StageExecutor::TiedParameter(int stage, bool output) {
@@ -793,21 +475,17 @@ Parameter* StageExecutor::TiedParameter(int stage, bool output) {
                 : FindParameter(c->model->at(0), kTiedEmbeddingName);
 }
 
-absl::Status StageExecutor::SumTiedGradient(const Action& a, StepState& st, absl::Time deadline,
-                                            int64_t* bytes) {
+absl::Status StageExecutor::RunTieGrad(const Action& a, StepState& st, absl::Time deadline,
+                                       int64_t* bytes) {
   const int s = a.stage;
   const int n = schedule_.num_stages();
   const int other = PeerStage(a, n);
   for (int end : {s, other}) {
-    if (ChunkFor(end) != nullptr && st.next_w[end] != st.M) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(a.ToString(), " before every weight gradient of stage ", end, " ran (",
-                       st.next_w[end], " of ", st.M, ")"));
-    }
+    if (ChunkFor(end) != nullptr) BATON_RETURN_IF_ERROR(st.WeightGradientsRan(end, a.ToString()));
   }
   if (st.tied) return absl::OkStatus();  // the other end is on this rank and summed both
   // The sum is over final gradients: this step's replica sums first.
-  if (reducer_ != nullptr) BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+  BATON_RETURN_IF_ERROR(WaitForReductions(st, deadline));
   // Stage 0 holds the embedding, the last stage the output projection (with one stage,
   // the one stage both).
   Parameter* mine = TiedParameter(s, /*output=*/s != 0);
@@ -816,7 +494,6 @@ absl::Status StageExecutor::SumTiedGradient(const Action& a, StepState& st, absl
         absl::StrCat(a.ToString(), ": stage ", s, " holds no tied embedding (",
                      s == 0 ? kTiedEmbeddingName : kTiedOutputName, ")"));
   }
-  BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(options_.device));
   const int peer = schedule_.stage_to_rank[other];
   if (peer == rank_) {
     // Both ends here (one stage, or a V-shaped placement).
@@ -825,119 +502,39 @@ absl::Status StageExecutor::SumTiedGradient(const Action& a, StepState& st, absl
     if (embedding == nullptr || output == nullptr) {
       return absl::InternalError("the tied embedding's other end is missing");
     }
+    BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(options_.device));
     SumTiedGradients(*embedding, *output, *be);
-    st.tied = true;
-    return absl::OkStatus();
-  }
-  // The first stage sends, then receives; the last receives, then sends: the pair never
-  // waits on each other, on any transport. The sum is written only after this rank's part
-  // has left (a send's tensor must not change before its work completes).
-  const TensorTag mine_tag{options_.job_id, st.step, 0, s, TensorKind::kTiedGradient};
-  const TensorTag their_tag{options_.job_id, st.step, 0, other, TensorKind::kTiedGradient};
-  auto send = [&]() { return transport_->Send(peer, mine_tag, mine->grad)->Wait(deadline); };
-  if (s == 0) BATON_RETURN_IF_ERROR(send());
-  BATON_ASSIGN_OR_RETURN(Tensor theirs, transport_->Recv(peer, their_tag, deadline));
-  BATON_RETURN_IF_ERROR(CheckReceived(theirs, mine->grad.shape(), "tied embedding gradient", a));
-  if (s != 0) BATON_RETURN_IF_ERROR(send());
-  *bytes = 2 * theirs.numel() * static_cast<int64_t>(sizeof(float));
-  BATON_ASSIGN_OR_RETURN(theirs, theirs.On(options_.device));
-  // embedding's + output projection's (model.h): the same two floats on both ends.
-  if (s == 0) {
-    be->Add(mine->grad.numel(), mine->grad.f32(), theirs.f32(), mine->grad.f32());
   } else {
-    be->Add(mine->grad.numel(), theirs.f32(), mine->grad.f32(), mine->grad.f32());
+    const ExchangeLink link{transport_, options_.job_id, st.step, deadline};
+    BATON_RETURN_IF_ERROR(
+        SumTiedGradientWithPeer(a, other, peer, *mine, options_.device, link, bytes));
   }
   st.tied = true;
   return absl::OkStatus();
 }
 
-namespace {
-
-// The gradient norm's messages carry doubles bit for bit, as int32 pairs.
-Tensor DoublesTensor(const std::vector<double>& v) {
-  Tensor t = Tensor::Empty({static_cast<int64_t>(2 * v.size())}, DType::kInt32);
-  if (!v.empty()) std::memcpy(t.i32(), v.data(), v.size() * sizeof(double));
-  return t;
-}
-
-absl::StatusOr<std::vector<double>> DoublesOf(const Tensor& t, size_t want, const Action& a,
-                                              const char* what) {
-  if (t.dtype() != DType::kInt32 || t.shape() != Shape{static_cast<int64_t>(2 * want)}) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "received ", what, " for ", a.ToString(), " is ", ShapeString(t.shape()), " of ",
-        DTypeName(t.dtype()), "; the plan expects [", 2 * want, "] of int32"));
-  }
-  BATON_ASSIGN_OR_RETURN(Tensor host, t.On(Device::kCpu));
-  std::vector<double> out(want);
-  if (want > 0) std::memcpy(out.data(), host.i32(), want * sizeof(double));
-  return out;
-}
-
-}  // namespace
-
-absl::Status StageExecutor::ClipGradients(const Action& a, StepState& st, absl::Time deadline,
-                                          int64_t* bytes) {
+absl::Status StageExecutor::RunClipGrad(const Action& a, StepState& st, absl::Time deadline,
+                                        int64_t* bytes) {
   for (const Chunk& c : chunks_) {
-    if (st.next_w[c.stage] != st.M) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(a.ToString(), " before every weight gradient of stage ", c.stage,
-                       " ran (", st.next_w[c.stage], " of ", st.M, ")"));
-    }
+    BATON_RETURN_IF_ERROR(st.WeightGradientsRan(c.stage, a.ToString()));
   }
   // The norm is of the final gradients: this step's replica sums first.
-  if (reducer_ != nullptr) BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
-  const size_t num_blocks = static_cast<size_t>(ModelBlockCount(spec_.model()));
-  std::vector<double> parts(num_blocks, 0.0);
-  auto fill_mine = [&]() -> absl::Status {
-    std::vector<Module*> mine;
-    std::vector<size_t> index;  // mine[i] is block index[i] of the model
-    for (Chunk& c : chunks_) {
-      for (int i = 0; i < c.model->size(); ++i) {
-        const size_t b = static_cast<size_t>(c.blocks.first + i);
-        if (b >= num_blocks) return absl::InternalError("a block outside the model");
-        mine.push_back(&c.model->at(i));
-        index.push_back(b);
-      }
+  BATON_RETURN_IF_ERROR(WaitForReductions(st, deadline));
+  ClipInputs in;
+  in.rank = rank_;
+  in.num_ranks = schedule_.num_ranks;
+  in.num_blocks = static_cast<size_t>(ModelBlockCount(spec_.model()));
+  for (Chunk& c : chunks_) {
+    for (int i = 0; i < c.model->size(); ++i) {
+      in.blocks.push_back({static_cast<size_t>(c.blocks.first + i), &c.model->at(i)});
     }
-    BATON_ASSIGN_OR_RETURN(const std::vector<double> squares, BlockGradSquares(mine, tied_));
-    for (size_t i = 0; i < mine.size(); ++i) parts[index[i]] = squares[i];
-    return absl::OkStatus();
-  };
-  // The chain: rank r receives ranks 0..r-1's parts from r - 1, adds its own, hands them to
-  // r + 1; the last rank sums them in block order and the total comes back down the chain.
-  const int last = schedule_.num_ranks - 1;
-  auto tag = [&](int from, int direction) {
-    return TensorTag{options_.job_id, st.step, direction, from, TensorKind::kGradNorm};
-  };
-  auto send = [&](int to, int direction, const Tensor& t) -> absl::Status {
-    *bytes += static_cast<int64_t>(t.nbytes());
-    return transport_->Send(to, tag(rank_, direction), t)->Wait(deadline);
-  };
-  if (rank_ > 0) {
-    BATON_ASSIGN_OR_RETURN(Tensor got, transport_->Recv(rank_ - 1, tag(rank_ - 1, 0), deadline));
-    *bytes += static_cast<int64_t>(got.nbytes());
-    BATON_ASSIGN_OR_RETURN(parts, DoublesOf(got, num_blocks, a, "gradient norm parts"));
   }
-  BATON_RETURN_IF_ERROR(fill_mine());
-  double squared = 0.0;
-  if (rank_ < last) {
-    BATON_RETURN_IF_ERROR(send(rank_ + 1, 0, DoublesTensor(parts)));
-    BATON_ASSIGN_OR_RETURN(Tensor got, transport_->Recv(rank_ + 1, tag(rank_ + 1, 1), deadline));
-    *bytes += static_cast<int64_t>(got.nbytes());
-    BATON_ASSIGN_OR_RETURN(std::vector<double> total,
-                           DoublesOf(got, 1, a, "gradient norm total"));
-    squared = total[0];
-  } else {
-    for (double part : parts) squared += part;  // block order, whatever the partition
-  }
-  if (rank_ > 0) BATON_RETURN_IF_ERROR(send(rank_ - 1, 1, DoublesTensor({squared})));
-  const GradClip clip = ClipFromSquaredNorm(squared, spec_.optimizer().clip_grad_norm());
-  st.grad_norm = static_cast<float>(clip.norm);
-  if (!clip.finite()) {
-    return DivergedError(absl::StrCat("training diverged: the global gradient norm is ",
-                                      clip.norm, " (CLIP_GRAD, step ", st.step + 1, ")"));
-  }
-  if (clip.clips()) BATON_RETURN_IF_ERROR(ScaleGradients(params_, clip.coef));
+  in.tied = tied_;
+  in.max_norm = spec_.optimizer().clip_grad_norm();
+  in.params = params_;
+  const ExchangeLink link{transport_, options_.job_id, st.step, deadline};
+  BATON_ASSIGN_OR_RETURN(const float norm, ClipGradients(a, in, link, bytes));
+  st.grad_norm = norm;
   return absl::OkStatus();
 }
 
@@ -986,95 +583,6 @@ std::vector<std::pair<int, Digest>> StageExecutor::BlockDigests() {
     }
   }
   return out;
-}
-
-bool StageExecutor::EvaluatesAfter(int64_t step) const {
-  if (!spec_.has_eval() || spec_.eval().every() < 1) return false;
-  return (step + 1) % spec_.eval().every() == 0 || step + 1 == spec_.steps();
-}
-
-absl::StatusOr<std::optional<float>> StageExecutor::Evaluate(int64_t index) {
-  const int M = schedule_.num_microbatches;
-  const int n = schedule_.num_stages();
-  const int batches = std::max(1, spec_.eval().batches());
-  const int64_t per_mb = spec_.data().batch_size() / M;
-  StepLoss loss;
-  std::vector<Tensor> losses;  // the last stage's, read once every batch is issued
-  std::vector<std::unique_ptr<SendWork>> sends;
-  absl::Status status;
-  auto run = [&]() -> absl::Status {
-    for (int b = 0; b < batches; ++b) {
-      const int64_t eval_step = -(index * batches + b) - 1;  // never a training step
-      for (int m = 0; m < M; ++m) {
-        if (Stopped()) return StoppedError(absl::StrCat("batch ", b, " microbatch ", m));
-        const absl::Time deadline = absl::Now() + options_.recv_timeout;
-        std::optional<Batch> batch;
-        auto data = [&]() -> absl::StatusOr<const Batch*> {
-          if (!batch.has_value()) {
-            BATON_ASSIGN_OR_RETURN(batch, dataset_->GetValidation(b, m * per_mb, per_mb));
-          }
-          return &*batch;
-        };
-        Tensor carried;  // a chunk's output handed to the next chunk on this rank
-        for (Chunk& c : chunks_) {
-          const int s = c.stage;
-          Tensor x;
-          if (s == 0) {
-            BATON_ASSIGN_OR_RETURN(const Batch* d, data());
-            x = d->inputs;
-          } else if (schedule_.stage_to_rank[s - 1] == rank_) {
-            x = std::move(carried);
-          } else {
-            BATON_ASSIGN_OR_RETURN(
-                x, transport_->Recv(schedule_.stage_to_rank[s - 1],
-                                    TensorTag{options_.job_id, eval_step, m, s - 1,
-                                              TensorKind::kActivation},
-                                    deadline));
-            BATON_RETURN_IF_ERROR(CheckReceived(
-                x, BlockInputShape(spec_.model(), c.blocks.first, per_mb), "activation",
-                Action{ActionKind::kRecvF, s, m}, WireDType(precision_)));
-            BATON_ASSIGN_OR_RETURN(x, FromWire(x, options_.device));
-          }
-          const Tensor* targets = nullptr;
-          if (s == n - 1) {
-            BATON_ASSIGN_OR_RETURN(const Batch* d, data());
-            targets = &d->targets;
-          }
-          Tensor y;
-          absl::Status f = c.model->Forward(MicroBatch{m, targets, precision_}, x, &y);
-          c.model->Discard(m);  // forward only: nothing is kept for a backward
-          BATON_RETURN_IF_ERROR(f);
-          if (s == n - 1) {
-            losses.push_back(std::move(y));
-          } else if (schedule_.stage_to_rank[s + 1] == rank_) {
-            carried = std::move(y);
-          } else {
-            BATON_ASSIGN_OR_RETURN(const Tensor wire, ToWire(y, precision_));
-            sends.push_back(transport_->Send(
-                schedule_.stage_to_rank[s + 1],
-                TensorTag{options_.job_id, eval_step, m, s, TensorKind::kActivation}, wire));
-          }
-        }
-      }
-    }
-    for (auto& w : sends) {
-      BATON_RETURN_IF_ERROR(w->Wait(absl::Now() + options_.recv_timeout));
-    }
-    return absl::OkStatus();
-  };
-  status = run();
-  if (!status.ok()) {
-    status = WithMessage(status, absl::StrCat("rank ", rank_, " evaluation ", index + 1, ": ",
-                                              status.message()));
-    transport_->Abort(status);
-    for (Chunk& c : chunks_) {
-      for (int m = 0; m < M; ++m) c.model->Discard(m);
-    }
-    return status;
-  }
-  if (ChunkFor(n - 1) == nullptr) return std::optional<float>();
-  BATON_RETURN_IF_ERROR(AddLosses(losses, &loss));
-  return std::optional<float>(loss.Mean());
 }
 
 }  // namespace baton

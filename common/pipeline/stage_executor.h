@@ -69,31 +69,20 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "baton/v1/job.pb.h"
-#include "common/spec/spec.h"
+#include "common/checkpoint/checkpoint.h"
+#include "common/comm/collective.h"
+#include "common/comm/transport.h"
+#include "common/core/device_timer.h"
 #include "common/core/digest.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
 #include "common/optim/optimizer.h"
+#include "common/pipeline/action_timing.h"
 #include "common/plan/partition.h"
-#include "common/checkpoint/checkpoint.h"
-#include "common/comm/collective.h"
-#include "common/core/device_timer.h"
-#include "common/comm/transport.h"
 #include "common/schedule/schedule.h"
+#include "common/spec/spec.h"
 
 namespace baton {
-
-// One executed action, times in nanoseconds since the step started on this rank.
-struct ActionTiming {
-  Action action;
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-  int64_t bytes = 0;  // tensor payload moved by a send or receive action
-  // Device time of a compute action or STEP on a rank whose device computes asynchronously
-  // (a GPU: there start/end above are issue times); -1 where not measured (the CPU, whose
-  // wall time is its compute time, and communication actions).
-  int64_t device_ns = -1;
-};
 
 // Sees each action as it ends (metrics that must be live, such as the in-flight count).
 // Called on the executor's thread, between actions: keep it short and do not block.
@@ -156,6 +145,9 @@ struct RankStepResult {
   std::optional<float> val_loss;
 };
 
+class GradReducer;  // grad_reducer.h
+class StepState;    // step_state.h
+
 class StageExecutor {
  public:
   ~StageExecutor();
@@ -164,11 +156,6 @@ class StageExecutor {
   // rank's chunks, its optimizer, and the dataset. `transport` is not owned.
   static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
       const ValidatedJobSpec& spec, const Schedule& schedule,
-      const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
-      const StageExecutorOptions& options);
-  // The same, validating `spec` first (tests and tools that hold a plain spec).
-  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(
-      const baton::v1::JobSpec& spec, const Schedule& schedule,
       const std::vector<BlockRange>& stage_blocks, int rank, Transport* transport,
       const StageExecutorOptions& options);
 
@@ -215,19 +202,33 @@ class StageExecutor {
     BlockRange blocks;
     std::unique_ptr<Sequential> model;
   };
-  class StepState;
-  class GradReducer;
 
   StageExecutor();
+  // Runs one action of the clock: a dispatch to the handlers below, each of which checks
+  // the order the clock gave (FAILED_PRECONDITION when it runs an action too early).
   // `bytes` receives the payload size of a send or receive.
   absl::Status Execute(const Action& a, StepState& st, int64_t* bytes);
+  absl::Status RunForward(const Action& a, StepState& st);
+  // B (then its W half) or I: the input gradient, after rerunning the forward when the
+  // stage recomputes.
+  absl::Status RunBackward(const Action& a, StepState& st);
+  // W of (stage, microbatch), or of the micro-batches stashed before it in order.
   absl::Status RunWeightGradient(int stage, int microbatch, StepState& st);
+  absl::Status RunSend(const Action& a, StepState& st, int64_t* bytes);  // SEND_F, SEND_B
+  absl::Status RunRecv(const Action& a, StepState& st, absl::Time deadline,
+                       int64_t* bytes);  // RECV_F, RECV_B
+  // REDUCE_GRAD: hands the stage's remaining gradients to the reducer.
+  absl::Status RunReduceGrad(const Action& a, StepState& st, absl::Time deadline);
   // TIE_GRAD (action.h): sums the tied embedding's gradient with the other end's.
-  absl::Status SumTiedGradient(const Action& a, StepState& st, absl::Time deadline,
-                               int64_t* bytes);
+  absl::Status RunTieGrad(const Action& a, StepState& st, absl::Time deadline, int64_t* bytes);
   // CLIP_GRAD (action.h): the global gradient norm's exchange, then the scaling.
-  absl::Status ClipGradients(const Action& a, StepState& st, absl::Time deadline,
-                             int64_t* bytes);
+  absl::Status RunClipGrad(const Action& a, StepState& st, absl::Time deadline, int64_t* bytes);
+  // STEP: waits for the replica sums, checks every gradient is finite, updates.
+  absl::Status RunOptimizerStep(StepState& st, absl::Time deadline);
+  // Micro-batch `m` of this replica's share of the step's batch, read once.
+  absl::StatusOr<const Batch*> BatchFor(int m, StepState& st);
+  // With data parallelism, waits for the step's reductions so far (GradReducer::WaitAll).
+  absl::Status WaitForReductions(StepState& st, absl::Time deadline);
   // The token embedding (first block of `stage`) or the output projection (its last block,
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);
@@ -251,6 +252,8 @@ class StageExecutor {
   // By global stage: whether it recomputes (spec.pipeline.recompute is RECOMPUTE_FULL and
   // the stage is in recompute_stages, or that list is empty).
   std::vector<bool> recompute_;
+  int replicas_ = 1;                      // spec.pipeline.data_parallel, at least 1
+  int64_t per_mb_ = 0;                    // samples in one of this replica's micro-batches
   std::unique_ptr<GradReducer> reducer_;  // with data parallelism: the communication thread
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null

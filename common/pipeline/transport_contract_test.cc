@@ -300,7 +300,9 @@ TYPED_TEST(TransportContractTest, APipelineTrainsLikeTheReferenceTrainer) {
     eo.recv_timeout = kHangBound;
     std::vector<std::unique_ptr<StageExecutor>> ex;
     for (int r = 0; r < 2; ++r) {
-      auto e = StageExecutor::Create(spec, *schedule, *blocks, r, b->at(r), eo);
+      absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+      ASSERT_TRUE(valid.ok()) << valid.status();
+      auto e = StageExecutor::Create(*valid, *schedule, *blocks, r, b->at(r), eo);
       ASSERT_TRUE(e.ok()) << e.status();
       ex.push_back(*std::move(e));
     }

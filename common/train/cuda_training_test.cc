@@ -124,9 +124,10 @@ TEST(CudaTrainingTest, GradientsMatchTheCpuBackends) {
     SCOPED_TRACE(gpt ? "gpt" : "mlp");
     const baton::v1::JobSpec spec =
         gpt ? Gpt(baton::v1::DEVICE_KIND_CPU, 1) : Mlp(baton::v1::DEVICE_KIND_CPU, 1);
-    baton::v1::JobSpec validated = spec;
-    ASSERT_TRUE(ValidateAndDefaultJobSpec(&validated).ok());
-    absl::StatusOr<std::unique_ptr<Dataset>> data = MakeDataset(validated);
+    absl::StatusOr<ValidatedJobSpec> valid = ValidatedJobSpec::Validate(spec);
+    ASSERT_TRUE(valid.ok()) << valid.status();
+    const baton::v1::JobSpec& validated = **valid;
+    absl::StatusOr<std::unique_ptr<Dataset>> data = MakeDataset(*valid, DataAccess());
     ASSERT_TRUE(data.ok()) << data.status();
     absl::StatusOr<Batch> batch = (*data)->Get(0, 0, validated.data().batch_size());
     ASSERT_TRUE(batch.ok()) << batch.status();
