@@ -253,10 +253,10 @@ void Coordinator::LoopMain() {
     // rounds (a burst of submissions does not keep the lock busy).
     if (took > absl::Milliseconds(1)) {
       loop_cv_.wait_for(lock.native(), ToChrono(2 * took),
-                        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; });
+                        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
     }
     loop_cv_.wait_for(lock.native(), ToChrono(options_.heartbeat_interval / 2),
-                      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return wake_ || stopping_; });
+                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; });
     wake_ = false;
   }
 }

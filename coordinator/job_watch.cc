@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<JobEvent>> JobWatch::Next(absl::Duration timeout, boo
   EventLog& log = *log_;
   MutexLock lock(log.mu_);
   log.cv_.wait_for(lock.native(), std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout)),
-                   [this, &log]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                   [this, &log]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log.mu_) {
                      return log.first_ + static_cast<int64_t>(log.events_.size()) > cursor_ ||
                             log.closed_ || log.stopped_;
                    });
