@@ -356,7 +356,7 @@ void Coordinator::FinishStart(const std::string& job_id, const std::vector<Place
 // ---------------------------------------------------------------------------------------
 // Job bookkeeping (mu_ held)
 
-Coordinator::ActiveJob* Coordinator::FindActiveLocked(const std::string& job_id) {
+ActiveJob* Coordinator::FindActiveLocked(const std::string& job_id) {
   auto it = active_.find(job_id);
   return it == active_.end() ? nullptr : it->second.get();
 }
@@ -465,8 +465,8 @@ void Coordinator::FreeWorkersLocked(const std::string& job_id,
   WakeLoop();
 }
 
-absl::StatusOr<Coordinator::RankSlot*> Coordinator::RankLocked(ActiveJob* job, int rank,
-                                                               const std::string& worker_id) {
+absl::StatusOr<RankSlot*> Coordinator::RankLocked(ActiveJob* job, int rank,
+                                                  const std::string& worker_id) {
   if (rank < 0 || rank >= static_cast<int>(job->ranks.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", rank, " is out of range; ", job->job.id(), " has ", job->ranks.size(), " ranks"));

@@ -51,23 +51,24 @@
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
-#include "coordinator/checkpoint_dirs.h"
 #include "common/checkpoint/block_stream.h"
+#include "common/core/mutex.h"
+#include "common/plan/planner.h"
+#include "common/rpc/security.h"
+#include "coordinator/active_job.h"
 #include "coordinator/call_caps.h"
+#include "coordinator/checkpoint_dirs.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/effects_runner.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_tallies.h"
 #include "coordinator/job_watch.h"
-#include "common/plan/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/queue_policy.h"
 #include "coordinator/quotas.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
-#include "common/rpc/security.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 
@@ -296,66 +297,6 @@ class Coordinator {
   }
 
  private:
-  struct RankSlot {
-    PlacedWorker worker;
-    bool held = true;       // the worker is still busy with this job
-    bool finished = false;  // reported a result without error
-    bool stopped = false;   // preempted: stopped after the step asked, as asked
-    int64_t reported_step = 0;  // the newest step it reported (this attempt)
-  };
-  struct ActiveJob {
-    int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
-    baton::v1::Job job;
-    std::shared_ptr<JobEventLog> log;
-    // Set from PLACING on.
-    std::vector<RankSlot> ranks;
-    PipelineLayout layout;
-    std::map<int, std::string> digests;                               // block index -> hex
-    // Data parallelism: each step's replica losses until every replica reported.
-    ReplicaLosses replica_losses;
-    StepTimings timings;
-    std::vector<int> peak_inflight;
-    absl::Time last_step_at;
-    absl::Time last_persist;
-    // While every error ranks reported is ABORTED or PEER (OnRankResult).
-    EchoFailure echo;
-    // Checkpoints being written, until every rank wrote its part.
-    CheckpointTallies checkpoints;
-    // A resumed job: the checkpoint step each rank loaded (from its first report).
-    std::map<int, int64_t> resumed_from;
-    // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
-    // again only once they returned (so it gets its own workers back, not fewer stages).
-    int pending_aborts = 0;
-    // Its previous workers that answered the abort "still stopping": it waits for them to
-    // be freed (their heartbeats) until stopping_until (options.stop_grace), then is
-    // placed on what is idle. Checked by StillStoppingLocked.
-    std::set<std::string> stopping_workers;
-    absl::Time stopping_until;
-    // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
-    // measured, gathered at submission; the planner calibrates from them at placement.
-    std::vector<MeasuredRun> auto_costs;
-    // What each pipeline rank needs (RankNeeds, at submission or start-up; empty: unknown):
-    // each rank is placed on a worker that registered as much.
-    std::vector<int64_t> rank_needs;
-    // When it last entered the queue (submitted, recovering, or recovered by a restart).
-    absl::Time queued_since;
-    // When this attempt was placed (preemption takes the newest first), when it started
-    // RUNNING (InfinitePast before), and the step it started from.
-    absl::Time placed_at;
-    absl::Time running_since = absl::InfinitePast();
-    int64_t attempt_first_step = 0;
-    // It preempted other jobs and has not trained a step since: if it ends so, its
-    // preemptions were wasted and count against its user (preempt_penalty).
-    bool preempted_others = false;
-    // Being preempted: every rank stops after this step (0: not being preempted), making
-    // room for `preempted_for`.
-    int64_t preempt_step = 0;
-    std::string preempted_for;
-    bool stop_sent = false;  // a rank was answered checkpoint_and_stop
-    // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
-    int attempt() const { return job.recoveries_size(); }
-  };
-
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Recover();
   absl::Time Now() const { return options_.clock(); }
