@@ -41,7 +41,6 @@ constexpr int kMaxPageSize = 1000;
 // A ListJobs page ends before its jobs pass this many bytes (gRPC's default limit on a
 // received message is 4 MiB; large inline texts made default pages fail).
 constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
-constexpr size_t kMaxSubmissionIdChars = 128;
 constexpr size_t kMaxReasonChars = 1024;
 
 // The tensor-tag key of a placement attempt: random (64 bits from the OS's generator), so
@@ -805,76 +804,18 @@ void Coordinator::Tick() {
 
 absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& request,
                                            const std::string& submitted_by, bool admin) {
-  if (request.submission_id().size() > kMaxSubmissionIdChars) {
-    return absl::InvalidArgumentError(absl::StrCat("submission_id: at most ", kMaxSubmissionIdChars,
-                                                   " characters, got ",
-                                                   request.submission_id().size()));
-  }
-  if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
-  baton::v1::JobSpec spec = request.spec();
-  // A spec that checkpoints without naming where: its user's own directory (CheckpointDirs).
-  if (spec.has_checkpoint() && spec.checkpoint().dir().empty()) {
-    spec.mutable_checkpoint()->set_dir(
-        DefaultCheckpointDir(options_.checkpoint_root, submitted_by));
-  }
-  // An evaluation-only job is one step, the evaluation, and writes no checkpoint (its
-  // weights are those it loaded).
-  if (spec.eval().only()) {
-    spec.set_steps(1);
-    spec.clear_checkpoint();
-  }
-  BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
-  std::vector<MeasuredRun> auto_costs;
-  if (spec.pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {
-    // The planner runs at placement; a spec it can find nothing for is refused now.
-    baton::v1::JobSpec trial = spec;
-    BATON_RETURN_IF_ERROR(ResolveAutoPipeline(&trial, 0).status());
-    BATON_RETURN_IF_ERROR(BuildPipelineLayout(trial).status());
-    auto_costs = EarlierRunsOf(spec);
-  } else {
-    BATON_RETURN_IF_ERROR(BuildPipelineLayout(spec).status());
-  }
-  // A text file lives on the workers and is read there, but only under the data roots:
-  // a spec naming /etc/shadow is refused now, naming the field.
-  if (spec.data().has_text() && spec.data().text().has_path()) {
-    BATON_ASSIGN_OR_RETURN(const std::string text,
-                           ConfineDataPath(spec.data().text().path(), options_.data_roots));
-    // What this host sees of it must be what a worker reads: a FIFO or a file over the
-    // workers' bound is refused now, not when every worker of the job fails on it.
-    BATON_RETURN_IF_ERROR(
-        CheckDataFileAtSubmit(text, "data.text.path", options_.max_data_file_bytes));
-  }
-  // So do token shards; the ones this host can see are checked too (header, size, window).
-  BATON_RETURN_IF_ERROR(CheckTokenDataAtSubmit(spec, options_.data_roots));
-  // So does a Hugging Face model directory: an absolute one must lie under the roots, a
-  // relative one (looked up under each root on the workers) must not climb out of them;
-  // its files that this host sees must be regular files.
-  if (spec.init().has_from_hf()) {
-    const std::string& dir = spec.init().from_hf();
-    if (!dir.empty() && dir.front() == '/') {
-      BATON_RETURN_IF_ERROR(ConfineDataPath(dir, options_.data_roots, "init.from_hf").status());
-    } else if (absl::StrContains(absl::StrCat("/", dir, "/"), "/../")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init.from_hf: '", EchoInput(dir), "' climbs out of the data roots with '..'"));
-    }
-    BATON_RETURN_IF_ERROR(CheckHfModelAtSubmit(spec, options_.data_roots));
-  }
-  // The workers write checkpoints only under the checkpoint root: a spec naming /etc or
-  // "ckpt/../../.." is refused now, and the job records where its directory resolved.
-  if (spec.has_checkpoint() && !options_.checkpoint_root.empty()) {
-    BATON_ASSIGN_OR_RETURN(std::string dir,
-                           ConfineCheckpointDir(spec.checkpoint().dir(), options_.checkpoint_root));
-    spec.mutable_checkpoint()->set_dir(std::move(dir));
-  }
-  // Data the coordinator can see is checked now (inline text against the vocabulary and
-  // context, the synthetic teacher); a text file and token shards are read on the workers.
-  if (!spec.data().has_tokens() &&
-      (!spec.data().has_text() || spec.data().text().has_inline_text())) {
-    BATON_RETURN_IF_ERROR(MakeDataset(spec).status());
-  }
+  BATON_ASSIGN_OR_RETURN(
+      AdmittedJob admitted,
+      Admit(request, submitted_by,
+            AdmissionOptions{options_.checkpoint_root, options_.data_roots,
+                             options_.max_data_file_bytes},
+            [this](const baton::v1::JobSpec& spec) { return EarlierRunsOf(spec); }));
+  return EnqueueAdmitted(std::move(admitted), submitted_by, admin);
+}
 
-  // What each rank needs: placement gives each a worker that holds it.
-  std::vector<int64_t> rank_needs = RankNeeds(spec);
+absl::StatusOr<Job> Coordinator::EnqueueAdmitted(AdmittedJob admitted,
+                                                 const std::string& submitted_by, bool admin) {
+  const baton::v1::JobSpec& spec = admitted.spec.proto();
   MutexLock lock(mu_);
   baton::v1::JobCheckpoints checkpoints;
   if (spec.has_resume_from()) {
@@ -883,85 +824,40 @@ absl::StatusOr<Job> Coordinator::SubmitJob(const baton::v1::SubmitJobRequest& re
   if (spec.has_checkpoint()) {
     BATON_RETURN_IF_ERROR(checkpoint_dirs_.Check(spec.checkpoint().dir(), submitted_by, admin));
   }
-  if (!request.submission_id().empty()) {
+  if (!admitted.submission_id.empty()) {
     BATON_ASSIGN_OR_RETURN(std::optional<Job> existing,
-                           store_->FindBySubmission(request.submission_id()));
+                           store_->FindBySubmission(admitted.submission_id));
     if (existing.has_value()) {
-      // A placed SCHEDULE_AUTO job's spec holds the planner's choice: the same request
-      // compares equal to it with the choice filled in where the request left it open.
-      baton::v1::JobSpec asked = spec;
-      const baton::v1::PipelineSpec& chosen = existing->spec().pipeline();
-      if (asked.pipeline().schedule() == baton::v1::SCHEDULE_AUTO &&
-          chosen.schedule() != baton::v1::SCHEDULE_AUTO) {
-        baton::v1::PipelineSpec* p = asked.mutable_pipeline();
-        p->set_schedule(chosen.schedule());
-        if (p->virtual_stages() == 0) p->set_virtual_stages(chosen.virtual_stages());
-        if (p->microbatches() == 0) p->set_microbatches(chosen.microbatches());
-        *p->mutable_partition() = chosen.partition();
-        if (!ValidateAndDefaultJobSpec(&asked).ok()) asked = spec;
-      }
-      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), asked)) {
-        return absl::AlreadyExistsError(absl::StrCat("submission_id: \"",
-                                                     EchoInput(request.submission_id()),
-                                                     "\" was already used for ", existing->id(),
-                                                     " with a different spec"));
+      if (!SameSubmission(existing->spec(), spec)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("submission_id: \"", EchoInput(admitted.submission_id),
+                         "\" was already used for ", existing->id(), " with a different spec"));
       }
       if (ActiveJob* j = FindActiveLocked(existing->id())) return j->job;
       return *existing;
     }
   }
-  // Quotas: the priority the caller's role may ask for, and how many jobs it may queue.
   const std::string role = admin ? "admin" : "submitter";
-  const QuotaLimits limits = LimitsOf(submitted_by, role);
-  if (limits.max_priority.has_value() && spec.priority() > *limits.max_priority) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "priority: ", submitted_by, " (", role, ") may ask for at most ", *limits.max_priority,
-        ", got ", spec.priority(), " (quota max_priority)"));
+  int queued = 0;
+  for (const auto& [other_id, other] : active_) {
+    queued += other->job.state() == baton::v1::JOB_STATE_QUEUED &&
+              other->job.submitted_by() == submitted_by;
   }
-  if (limits.max_queued.has_value()) {
-    int queued = 0;
-    for (const auto& [other_id, other] : active_) {
-      queued += other->job.state() == baton::v1::JOB_STATE_QUEUED &&
-                other->job.submitted_by() == submitted_by;
-    }
-    if (queued >= *limits.max_queued) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(submitted_by, " has ", queued, " jobs queued, its limit (quota max_queued ",
-                       *limits.max_queued, "): wait for some to start, or cancel some"));
-    }
-  }
+  BATON_RETURN_IF_ERROR(
+      CheckQuota(LimitsOf(submitted_by, role), submitted_by, role, spec.priority(), queued));
   auto active = std::make_unique<ActiveJob>();
-  active->auto_costs = std::move(auto_costs);
-  active->rank_needs = std::move(rank_needs);
   active->seq = store_->NextSequence();
-  Job& job = active->job;
-  job.set_id(absl::StrFormat("job-%06d", active->seq));
-  job.set_submission_id(request.submission_id());
-  job.set_submitted_by(submitted_by);
-  job.set_submitted_role(role);
-  if (spec.has_checkpoint()) {
-    checkpoints.set_job_dir(CheckpointJobDir(spec.checkpoint().dir(), job.id()));
-    checkpoint_dirs_.Add(spec.checkpoint().dir(), submitted_by, job.id());
-  }
-  if (spec.has_checkpoint() || spec.has_resume_from()) {
-    *job.mutable_checkpoints() = std::move(checkpoints);
-    // An evaluation-only job's one step is still to come, whatever step it loads.
-    job.set_steps_done(spec.eval().only() ? 0 : job.checkpoints().resumed_from_step());
-  }
-  *job.mutable_spec() = std::move(spec);
-  job.set_state(baton::v1::JOB_STATE_QUEUED);
+  const std::string id = absl::StrFormat("job-%06d", active->seq);
+  if (spec.has_checkpoint()) checkpoint_dirs_.Add(spec.checkpoint().dir(), submitted_by, id);
   const absl::Time now = Now();
-  *job.mutable_create_time() = ToProtoTime(now);
-  baton::v1::StateChange* change = job.add_history();
-  change->set_state(baton::v1::JOB_STATE_QUEUED);
-  *change->mutable_time() = ToProtoTime(now);
-  change->set_reason("submitted");
-  BATON_RETURN_IF_ERROR(store_->Insert(active->seq, job));
+  active->job = NewJobRecord(id, submitted_by, role, std::move(checkpoints), now, &admitted);
+  active->auto_costs = std::move(admitted.auto_costs);
+  active->rank_needs = std::move(admitted.rank_needs);
+  BATON_RETURN_IF_ERROR(store_->Insert(active->seq, active->job));
   active->last_persist = now;
   active->log = std::make_shared<JobEventLog>();
-  const std::string id = job.id();
-  Job copy = job;
   active->queued_since = now;
+  Job copy = active->job;
   queue_.push_back(id);
   active_[id] = std::move(active);
   LogWarning(absl::StrCat(id, " QUEUED: submitted", copy.spec().name().empty() ? "" : " as ",

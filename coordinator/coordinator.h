@@ -60,6 +60,7 @@
 #include "coordinator/checkpoint_dirs.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/effects_runner.h"
+#include "coordinator/job_admission.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_tallies.h"
@@ -376,6 +377,11 @@ class Coordinator {
   // persisted, logged and measured.
   void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob's part under mu_ (it takes the lock), on a spec Admit passed: the resume
+  // source, checkpoint directory owners, the submission id, quotas; then QUEUED.
+  absl::StatusOr<baton::v1::Job> EnqueueAdmitted(AdmittedJob admitted,
+                                                 const std::string& submitted_by, bool admin)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // SubmitJob: finds the job spec.resume_from names and checks it (CheckResumeSource),
   // filling in `checkpoints` (INVALID_ARGUMENT naming the field otherwise).
   absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,
