@@ -1,6 +1,7 @@
 // A job the coordinator holds in memory (every job not yet in a terminal state) and the
 // slots of its placed ranks: plain data, with no lock of its own. The coordinator reads
-// and changes it under its mutex, and pure functions can be given one to decide on.
+// and changes it under its mutex; the pure event functions (job_events.h) read it and
+// update its tallies, and say in their Decision what else changes.
 #ifndef BATON_COORDINATOR_ACTIVE_JOB_H_
 #define BATON_COORDINATOR_ACTIVE_JOB_H_
 

@@ -4,14 +4,18 @@
 // The design (job states and every history reason, the queue, failure handling and
 // recovery, progress, checkpoints and resume, what workers must do) is in docs/cluster.md,
 // "The coordinator's core". The parts, each tested alone:
+//   job_admission.h   SubmitJob's checks that need no state, before the lock (pure)
+//   active_job.h      an active job and its rank slots (plain data)
+//   job_events.h      one function per event: the job's Decision, a list of effects (pure)
 //   job_lifecycle.h   the state transitions and the fail-or-recover decision (pure)
 //   job_tallies.h     checkpoint, resume, progress, link, group and result tallies (pure)
 //   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
 //   job_watch.h       a job's event log and its WatchJob subscriptions
 //   checkpoint_dirs.h who may write checkpoints where under the checkpoint root
 //   worker_registry.h, placement.h, job_store.h
-// This class keeps the lock and the orchestration: it decides under mu_ (with the pure
-// functions), records, and hands the calls to make to the EffectsRunner.
+// This class keeps the lock, the loop, placement rounds and queries: an event is decided
+// under mu_ by job_events.h, the Decision carried out by Apply (the store, watchers,
+// registry, queue, metrics), and the calls to make handed to the EffectsRunner.
 //
 // CONTRACT
 //  - Every state change appends a StateChange (time, reason) to Job.history, is written to
@@ -25,10 +29,10 @@
 //  - Thread-safe. LOCKING: one mutex (mu_) guards the active jobs and the queue and the
 //    decisions on the registry (which has a lock of its own inside, so that a heartbeat
 //    that only renews a lease takes that alone), and is held while writing to the store
-//    (SQLite has its own lock inside JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
-//    before a log's mutex), never on mu_. A background loop, woken by events and at least
-//    every heartbeat_interval/2, expires leases and places queued jobs; the worker calls it
-//    triggers run on the EffectsRunner's threads, which Stop() joins.
+//    (SQLite has its own lock inside JobStore). Watchers wait on a per-job JobEventLog with its own
+//    mutex (lock order: mu_ before a log's mutex), never on mu_. A background loop, woken by events
+//    and at least every heartbeat_interval/2, expires leases and places queued jobs; the worker
+//    calls it triggers run on the EffectsRunner's threads, which Stop() joins.
 #ifndef BATON_COORDINATOR_COORDINATOR_H_
 #define BATON_COORDINATOR_COORDINATOR_H_
 
@@ -39,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -61,6 +66,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/effects_runner.h"
 #include "coordinator/job_admission.h"
+#include "coordinator/job_events.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_tallies.h"
@@ -325,21 +331,20 @@ class Coordinator {
   ActiveJob* FindActiveLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendStateLocked(ActiveJob* job, baton::v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a job to a terminal state: aborts (and later frees) every worker whose slot is
-  // still `held` (callers clear it first for dead or already stopped workers), closes its
-  // event log and drops it from the active set and the queue.
-  // Returns the job's final record.
-  baton::v1::Job EndJobLocked(const std::string& job_id, baton::v1::JobState state,
-                              const std::string& reason, Effects* effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(ActiveJob* job, baton::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker that was BUSY is gone (lease expired, or it left): the job it held a rank of
-  // fails, or recovers, with `why`.
-  void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, Effects* effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker that was BUSY is gone (lease expired, it left, it registered again): the job it
+  // held a rank of fails, or recovers, with `why` (WorkerGoneEvent).
+  void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, bool name_rank,
+                        Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs whose ranks reported only echoes (ABORTED, PEER) for root_cause_wait: each fails,
+  // naming a silent worker as the cause when one is (EchoWaitedEvent).
+  void SettleEchoesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceQueuedLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills in the queue (in queue order) and running jobs of a round's input, and the
+  // workers each user holds; returns the queued jobs by QueuedJob index.
+  std::vector<ActiveJob*> QueueInputLocked(QueueRoundInput* in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts one job the queue policy placed: the auto-planner's choice, the plans, PLACING.
   void StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start,
                          const std::vector<baton::v1::WorkerInfo>& idle, Effects* effects)
@@ -348,35 +353,55 @@ class Coordinator {
   QuotaLimits LimitsOf(const std::string& user, const std::string& role) const;
   void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportProgress's part under mu_ (it takes the lock): tallies the step and says what
   // the worker should do; the worker calls it leads to go into `effects`.
   absl::StatusOr<baton::v1::ReportProgressResponse> RecordProgress(
       const baton::v1::ReportProgressRequest& request, Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(absl::Time last, absl::Time now) const;
-  void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
+  // The time and options the event functions need (job_events.h).
+  EventContext Ctx() const {
+    return EventContext{Now(), options_.progress_persist_interval, options_.preempt_penalty};
+  }
+  // Carries out a decision of job_events.h on `j` (null: the job is gone, and only calls to
+  // its workers are made): every effect in order, the worker calls into `effects`. Returns
+  // the job's final record when the decision ended it (j is gone then).
+  std::optional<baton::v1::Job> Apply(ActiveJob* j, const Decision& d, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The queue policy chose to preempt `victim` for `for_job`: every rank stops after the step
-  // after the newest any reported (each waits for its report's answer before the next).
-  void PreemptLocked(ActiveJob* victim, ActiveJob* for_job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank of a job being preempted stopped as asked: PREEMPTED (OnPreempted).
-  void PreemptedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A placed job failed: FAILED, or RECOVERING when DecideOnFailure says so
-  // (coordinator/job_lifecycle.h).
-  void FailLocked(const std::string& job_id, const std::string& reason,
-                  baton::v1::FailureCause cause, Effects* effects)
+  // One effect each (job_events.h says what each does).
+  void ApplyEffectLocked(ActiveJob* j, const effect::Note& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out a transition decided by job_lifecycle.h (OnFailure): its effects in order,
-  // then the state change. `facts` and `what` describe the failure for a recovery record.
-  void ApplyLocked(ActiveJob* job, const JobTransition& t, const FailureFacts& facts,
-                   const std::string& what, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a rank's checkpoint write (TallyCheckpointWrite); a checkpoint it completes is
-  // persisted, logged and measured.
-  void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
+  void ApplyEffectLocked(ActiveJob* j, const effect::SetState& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Persist& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::FreeWorker& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::CheckpointComplete& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::RecoveryResumed& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::StepDone& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::RecordRecovery& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::StopRanks& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::AbortWorkers& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::ForgetAttempt& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Requeue& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::BarPreemptions& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Remove& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Wake& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of an ended job: out of the queue and memory, its watchers' log closed.
+  // Returns its final record.
+  baton::v1::Job RemoveLocked(ActiveJob* j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SubmitJob's part under mu_ (it takes the lock), on a spec Admit passed: the resume
   // source, checkpoint directory owners, the submission id, quotas; then QUEUED.
   absl::StatusOr<baton::v1::Job> EnqueueAdmitted(AdmittedJob admitted,
