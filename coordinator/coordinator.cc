@@ -96,35 +96,7 @@ int64_t Coordinator::MissedHeartbeats(absl::Time last, absl::Time now) const {
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
-  if (options.heartbeat_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--heartbeat_interval: must be positive, got ",
-                     absl::FormatDuration(options.heartbeat_interval)));
-  }
-  if (options.lease_ttl <= options.heartbeat_interval) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lease_ttl: must be longer than --heartbeat_interval (",
-                     absl::FormatDuration(options.heartbeat_interval), "), got ",
-                     absl::FormatDuration(options.lease_ttl)));
-  }
-  if (options.recv_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("--recv_timeout: must be positive, got ",
-                                                   absl::FormatDuration(options.recv_timeout)));
-  }
-  if (options.start_timeout <= absl::ZeroDuration() ||
-      options.abort_timeout <= absl::ZeroDuration() || options.busy_retry < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "start_timeout and abort_timeout must be positive, busy_retry not negative");
-  }
-  if (options.trace_steps < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trace_steps: must be at least 1, got ", options.trace_steps));
-  }
-  if (options.max_exports < 1 || options.max_exports_per_caller < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_exports and --max_exports_per_caller: must be at least 1, got ",
-        options.max_exports, " and ", options.max_exports_per_caller));
-  }
+  BATON_RETURN_IF_ERROR(ValidateCoordinatorOptions(options));
   if (!options.clock) options.clock = [] { return absl::Now(); };
   if (!options.sleep) options.sleep = [](absl::Duration d) { absl::SleepFor(d); };
   if (options.worker_client == nullptr)
@@ -139,12 +111,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   return c;
 }
 
-absl::Status Coordinator::Recover() {
-  BATON_ASSIGN_OR_RETURN(
-      auto jobs, store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
-                                       baton::v1::JOB_STATE_RUNNING,
-                                       baton::v1::JOB_STATE_RECOVERING,
-                                       baton::v1::JOB_STATE_PREEMPTED}));
+absl::Status Coordinator::RecoverCheckpointDirs() {
   // Who writes checkpoints where: every stored job's directory, oldest job first (the first
   // to name a directory owns it; pages run newest first).
   struct CheckpointUse {
@@ -161,9 +128,6 @@ absl::Status Coordinator::Recover() {
     }
     token = page.next_page_token;
   } while (!token.empty());
-  // What each needs of a worker (the planner's model: not under the lock).
-  std::vector<std::vector<int64_t>> needs;
-  for (const auto& [seq, job] : jobs) needs.push_back(RankNeeds(job.spec()));
   MutexLock lock(mu_);
   for (auto it = uses.rbegin(); it != uses.rend(); ++it) {
     if (!checkpoint_dirs_.Add(it->dir, it->user, it->job_id)) {
@@ -172,6 +136,20 @@ absl::Status Coordinator::Recover() {
                               "or users/): it claims nothing for its submitter ", it->user));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Recover() {
+  BATON_RETURN_IF_ERROR(RecoverCheckpointDirs());
+  BATON_ASSIGN_OR_RETURN(
+      auto jobs,
+      store_->ListInStates({baton::v1::JOB_STATE_QUEUED, baton::v1::JOB_STATE_PLACING,
+                            baton::v1::JOB_STATE_RUNNING, baton::v1::JOB_STATE_RECOVERING,
+                            baton::v1::JOB_STATE_PREEMPTED}));
+  // What each needs of a worker (the planner's model: not under the lock).
+  std::vector<std::vector<int64_t>> needs;
+  for (const auto& [seq, job] : jobs) needs.push_back(RankNeeds(job.spec()));
+  MutexLock lock(mu_);
   size_t next_need = 0;
   for (auto& [seq, job] : jobs) {
     auto active = std::make_unique<ActiveJob>();
@@ -920,27 +898,7 @@ baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
 
 absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const baton::v1::RegisterWorkerRequest& request, const WorkerCaller& caller) {
-  if (options_.require_worker_certificate && caller.identity.empty()) {
-    return absl::UnauthenticatedError(
-        "registering a worker needs a certificate signed by the cluster CA (mutual TLS)");
-  }
-  if (!options_.join_token.empty()) {
-    if (caller.join_token.empty()) {
-      return absl::UnauthenticatedError(
-          "registering a worker needs the cluster's join token (worker --join_token_file)");
-    }
-    if (!SecretsEqual(caller.join_token, options_.join_token)) {
-      return absl::PermissionDeniedError("wrong join token");
-    }
-  }
-  if (options_.require_worker_certificate &&
-      std::none_of(caller.uris.begin(), caller.uris.end(), [&](const std::string& u) {
-        return absl::StartsWith(u, options_.worker_uri_prefix);
-      })) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the certificate of ", caller.identity, " is not a worker's: it carries no URI SAN ",
-        options_.worker_uri_prefix, "... (docs/security.md, \"Worker certificates\")"));
-  }
+  BATON_RETURN_IF_ERROR(CheckWorkerCredentials(options_, caller));
   Effects effects;
   baton::v1::RegisterWorkerResponse response;
   absl::Status status;
@@ -978,25 +936,29 @@ absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
   return registry_.CheckSession(worker_id, caller.session, caller.identity);  // its own lock
 }
 
+void Coordinator::WorkerLeaving(const std::string& worker_id) {
+  // Shutting down: out of service now, not once the lease runs out.
+  Effects effects;
+  {
+    MutexLock lock(mu_);
+    if (std::optional<baton::v1::WorkerInfo> w = registry_.Leave(worker_id)) {
+      LogWarning(absl::StrCat("worker ", w->worker_id(), " (", w->address(), ") left"));
+      WorkerGoneLocked(*w,
+                       absl::StrCat("worker ", w->worker_id(), " (", w->address(),
+                                    ") shut down while running the job"),
+                       /*name_rank=*/false, &effects);
+      WakeLoop();
+    }
+  }
+  Run(std::move(effects), /*wait=*/false);
+}
+
 absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
     const baton::v1::HeartbeatRequest& request) {
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
   baton::v1::HeartbeatResponse response;
   if (request.leaving()) {
-    // Shutting down: out of service now, not once the lease runs out.
-    Effects effects;
-    {
-      MutexLock lock(mu_);
-      if (std::optional<baton::v1::WorkerInfo> w = registry_.Leave(request.worker_id())) {
-        LogWarning(absl::StrCat("worker ", w->worker_id(), " (", w->address(), ") left"));
-        WorkerGoneLocked(*w,
-                         absl::StrCat("worker ", w->worker_id(), " (", w->address(),
-                                      ") shut down while running the job"),
-                         /*name_rank=*/false, &effects);
-        WakeLoop();
-      }
-    }
-    Run(std::move(effects), /*wait=*/false);
+    WorkerLeaving(request.worker_id());
     response.set_known(false);
     return response;
   }
