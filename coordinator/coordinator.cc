@@ -10,24 +10,18 @@
 #include <variant>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint/checkpoint.h"
-#include "common/checkpoint/hf.h"
-#include "common/core/digest.h"
 #include "common/core/log_text.h"
 #include "common/core/mutex.h"
-#include "common/core/paths.h"
 #include "common/core/status.h"
-#include "common/data/dataset.h"
 #include "common/plan/measured_run.h"
-#include "common/rpc/failure_cause.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "coordinator/job_events.h"
+#include "coordinator/job_queries.h"
 #include "coordinator/placement_round.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -805,59 +799,18 @@ absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
   if (step > 0) {
     BATON_ASSIGN_OR_RETURN(traces, store_->GetTrace(job.id(), step));
   }
-  if (traces.empty()) {
-    return absl::NotFoundError(absl::StrCat("job ", job.id(), " has no trace of step ", step,
-                                            ": steps ", kept.first, " to ", kept.last,
-                                            " are kept"));
-  }
-  baton::v1::JobTrace out;
-  out.set_job_id(job.id());
-  out.set_step(step);
-  out.set_first_kept_step(kept.first);
-  out.set_last_kept_step(kept.last);
-  // The layout placement built, from the spec (the same function the placement used) with
-  // the stages it ran on (a recovery may have re-planned onto fewer).
-  baton::v1::JobSpec planned = job.spec();
-  if (job.pipeline().stages() > 0) SetPipelineStages(&planned, job.pipeline().stages());
-  absl::StatusOr<PipelineLayout> layout = BuildPipelineLayout(planned);
-  if (layout.ok()) {
-    out.set_num_stages(static_cast<int>(layout->schedule.stage_to_rank.size()));
-    for (int r : layout->schedule.stage_to_rank) out.add_stage_to_rank(r);
-    out.set_schedule(ScheduleKindName(layout->schedule.kind));
-  }
-  for (baton::v1::RankTrace& t : traces) {
-    if (t.rank() >= 0 && t.rank() < ranks) t.set_worker_id(job.workers(t.rank()));
-    *out.add_ranks() = std::move(t);
-  }
-  return out;
+  return AssembleTrace(job, step, kept, std::move(traces));
 }
 
 absl::StatusOr<baton::v1::JobHistory> Coordinator::GetJobHistory(
     const baton::v1::GetJobHistoryRequest& request) {
-  if (request.from_step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "from_step: must be 0 (the first step) or a 1-based step, got ", request.from_step()));
-  }
-  if (request.page_size() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must not be negative, got ", request.page_size()));
-  }
-  const int64_t page_size = request.page_size() == 0
-                                ? kMaxHistoryPageSize
-                                : std::min(request.page_size(), kMaxHistoryPageSize);
+  BATON_ASSIGN_OR_RETURN(const int64_t page_size, HistoryPageSize(request, kMaxHistoryPageSize));
   BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
   // One row more than the page: whether another page follows.
   BATON_ASSIGN_OR_RETURN(
       std::vector<baton::v1::StepProgress> steps,
       store_->GetSteps(job.id(), std::max<int64_t>(1, request.from_step()), page_size + 1));
-  baton::v1::JobHistory out;
-  out.set_job_id(job.id());
-  if (static_cast<int64_t>(steps.size()) > page_size) {
-    steps.pop_back();
-    out.set_next_from_step(steps.back().step() + 1);
-  }
-  for (baton::v1::StepProgress& step : steps) *out.add_steps() = std::move(step);
-  return out;
+  return HistoryPage(job.id(), std::move(steps), page_size);
 }
 
 std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& spec) {
@@ -1096,10 +1049,6 @@ void Coordinator::ApplyEffectLocked(ActiveJob* j, const effect::Note& e, Effects
 
 void Coordinator::ApplyEffectLocked(ActiveJob* j, const effect::SetState& e, Effects*) {
   AppendStateLocked(j, e.next, e.reason);
-}
-
-void Coordinator::ApplyEffectLocked(ActiveJob* j, const effect::Persist&, Effects*) {
-  PersistLocked(j);
 }
 
 void Coordinator::ApplyEffectLocked(ActiveJob* j, const effect::FreeWorker& e, Effects*) {

@@ -278,8 +278,6 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEffectLocked(ActiveJob* j, const effect::SetState& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyEffectLocked(ActiveJob* j, const effect::Persist& e, Effects* effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEffectLocked(ActiveJob* j, const effect::FreeWorker& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEffectLocked(ActiveJob* j, const effect::CheckpointComplete& e, Effects* effects)

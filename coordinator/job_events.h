@@ -61,8 +61,6 @@ struct SetState {
   baton::v1::JobState next = baton::v1::JOB_STATE_UNSPECIFIED;
   std::string reason;
 };
-// The job's record to the store now.
-struct Persist {};
 // The rank on this worker stopped: the registry lists the worker idle.
 struct FreeWorker {
   std::string worker_id;
@@ -121,11 +119,11 @@ struct Remove {};
 struct Wake {};
 }  // namespace effect
 
-using Effect = std::variant<effect::Note, effect::SetState, effect::Persist, effect::FreeWorker,
-                            effect::CheckpointComplete, effect::RecoveryResumed, effect::StepDone,
-                            effect::RecordRecovery, effect::StopRanks, effect::AbortWorkers,
-                            effect::ForgetAttempt, effect::Requeue, effect::BarPreemptions,
-                            effect::Remove, effect::Wake>;
+using Effect =
+    std::variant<effect::Note, effect::SetState, effect::FreeWorker, effect::CheckpointComplete,
+                 effect::RecoveryResumed, effect::StepDone, effect::RecordRecovery,
+                 effect::StopRanks, effect::AbortWorkers, effect::ForgetAttempt, effect::Requeue,
+                 effect::BarPreemptions, effect::Remove, effect::Wake>;
 
 // What an event does: its effects, in order. Empty: nothing changes outside the job's
 // own tallies.

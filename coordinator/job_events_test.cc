@@ -59,7 +59,6 @@ std::string Describe(const Effect& e) {
     std::string operator()(const effect::SetState& s) {
       return "SetState " + ShortStateName(s.next);
     }
-    std::string operator()(const effect::Persist&) { return "Persist"; }
     std::string operator()(const effect::FreeWorker& f) { return "FreeWorker " + f.worker_id; }
     std::string operator()(const effect::CheckpointComplete& c) {
       return absl::StrCat("CheckpointComplete ", c.step);
