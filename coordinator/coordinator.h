@@ -4,14 +4,18 @@
 // The design (job states and every history reason, the queue, failure handling and
 // recovery, progress, checkpoints and resume, what workers must do) is in docs/cluster.md,
 // "The coordinator's core". The parts, each tested alone:
+//   job_admission.h   SubmitJob's checks that need no state, before the lock (pure)
+//   active_job.h      an active job and its rank slots (plain data)
+//   job_events.h      one function per event: the job's Decision, a list of effects (pure)
 //   job_lifecycle.h   the state transitions and the fail-or-recover decision (pure)
 //   job_tallies.h     checkpoint, resume, progress, link, group and result tallies (pure)
 //   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
 //   job_watch.h       a job's event log and its WatchJob subscriptions
 //   checkpoint_dirs.h who may write checkpoints where under the checkpoint root
 //   worker_registry.h, placement.h, job_store.h
-// This class keeps the lock and the orchestration: it decides under mu_ (with the pure
-// functions), records, and hands the calls to make to the EffectsRunner.
+// This class keeps the lock, the loop, placement rounds and queries: an event is decided
+// under mu_ by job_events.h, the Decision carried out by Apply (the store, watchers,
+// registry, queue, metrics), and the calls to make handed to the EffectsRunner.
 //
 // CONTRACT
 //  - Every state change appends a StateChange (time, reason) to Job.history, is written to
@@ -25,10 +29,10 @@
 //  - Thread-safe. LOCKING: one mutex (mu_) guards the active jobs and the queue and the
 //    decisions on the registry (which has a lock of its own inside, so that a heartbeat
 //    that only renews a lease takes that alone), and is held while writing to the store
-//    (SQLite has its own lock inside JobStore). Watchers wait on a per-job JobEventLog with its own mutex (lock order: mu_
-//    before a log's mutex), never on mu_. A background loop, woken by events and at least
-//    every heartbeat_interval/2, expires leases and places queued jobs; the worker calls it
-//    triggers run on the EffectsRunner's threads, which Stop() joins.
+//    (SQLite has its own lock inside JobStore). Watchers wait on a per-job JobEventLog with its own
+//    mutex (lock order: mu_ before a log's mutex), never on mu_. A background loop, woken by events
+//    and at least every heartbeat_interval/2, expires leases and places queued jobs; the worker
+//    calls it triggers run on the EffectsRunner's threads, which Stop() joins.
 #ifndef BATON_COORDINATOR_COORDINATOR_H_
 #define BATON_COORDINATOR_COORDINATOR_H_
 
@@ -39,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -51,127 +56,29 @@
 #include "baton/v1/cluster.pb.h"
 #include "baton/v1/jobs.pb.h"
 #include "baton/v1/worker.pb.h"
-#include "coordinator/checkpoint_dirs.h"
 #include "common/checkpoint/block_stream.h"
+#include "common/core/mutex.h"
+#include "common/plan/planner.h"
+#include "common/rpc/security.h"
+#include "coordinator/active_job.h"
 #include "coordinator/call_caps.h"
+#include "coordinator/checkpoint_dirs.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/coordinator_options.h"
 #include "coordinator/effects_runner.h"
+#include "coordinator/job_admission.h"
+#include "coordinator/job_events.h"
 #include "coordinator/job_lifecycle.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_tallies.h"
 #include "coordinator/job_watch.h"
-#include "common/plan/planner.h"
 #include "coordinator/placement.h"
 #include "coordinator/queue_policy.h"
 #include "coordinator/quotas.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_registry.h"
-#include "common/rpc/security.h"
-#include "common/core/mutex.h"
 
 namespace baton {
-
-struct CoordinatorOptions {
-  // The SQLite job store; ":memory:" for a throw-away one.
-  std::string db_path = "baton-coordinator.db";
-  // Workers heartbeat at least this often ...
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  // ... and are dead when a lease is not renewed for this long. Must exceed the interval.
-  absl::Duration lease_ttl = absl::Seconds(5);
-  // Deadline of every receive on the workers (JobPlan.recv_timeout).
-  absl::Duration recv_timeout = absl::Seconds(60);
-  // Deadlines of the StartJob and AbortJob calls to workers.
-  absl::Duration start_timeout = absl::Seconds(5);
-  absl::Duration abort_timeout = absl::Seconds(2);
-  // A worker still winding down its previous job (it reported its result, or returned from
-  // AbortJob, but has not quite let go) answers StartJob with FAILED_PRECONDITION; the call
-  // is retried, with backoff, for this long before the job fails.
-  absl::Duration busy_retry = absl::Seconds(3);
-  // A rank whose error is ABORTED usually echoes another rank's failure; the job waits this
-  // long for a root-cause error (any other code) before failing with the echo.
-  absl::Duration root_cause_wait = absl::Milliseconds(500);
-  // steps_done/last_loss reach the store at most this often (and at every state change).
-  absl::Duration progress_persist_interval = absl::Seconds(1);
-  // Time for leases, time stamps and retries; null means absl::Now. Tests pass a fake.
-  ClockFn clock;
-  // Waits between StartJob retries; null means absl::SleepFor. Tests pass one that
-  // advances their fake clock, so no test waits for real time.
-  std::function<void(absl::Duration)> sleep;
-  // null: a GrpcWorkerClient.
-  std::shared_ptr<WorkerClient> worker_client;
-  // Log job state changes and worker events to stderr ("coordinator: job-000001 RUNNING:
-  // all 2 ranks started").
-  bool log = true;
-  // false (tests): no background loop and no threads: the test calls Tick(), and every call
-  // to a worker runs on the calling thread (after the lock is released).
-  bool background = true;
-  // Where queue waits, missed heartbeats and lease expirations are counted; not owned, may
-  // be null. Create() points its state gauges at this coordinator (and Stop() away).
-  CoordinatorMetrics* metrics = nullptr;
-  // Per-user quotas and priority bounds (quotas.h); not owned, may be null (DefaultLimits).
-  const QuotaBook* quotas = nullptr;
-  // How long the first job in line that does not fit may be passed by jobs behind it before
-  // it holds a reservation (queue_policy.h).
-  absl::Duration reserve_after = absl::Minutes(5);
-  // Whether a higher-priority job that does not fit may preempt running lower-priority jobs
-  // that write checkpoints (queue_policy.h, "Preemption").
-  bool preempt = true;
-  // A recovering or preempted job whose previous workers answered their abort "still
-  // stopping" waits this long at most for them to be freed (by a heartbeat that reports no
-  // job) before it is placed on fewer stages.
-  absl::Duration stop_grace = absl::Seconds(30);
-  // A job is not preempted until its attempt has run this long (since RUNNING) and trained
-  // this many steps: one just resumed keeps its workers a while, so preemptions cannot
-  // churn it. 0: no bound.
-  absl::Duration preempt_min_run = absl::Minutes(1);
-  int64_t preempt_min_steps = 1;
-  // A job that preempted others and then ended without training a step (it failed to
-  // start, or was cancelled first) bars its user's jobs from preempting for this long.
-  absl::Duration preempt_penalty = absl::Minutes(10);
-  // Called under the lock after every placement round with its duration and the jobs left
-  // waiting (bench/control_plane_bench.cc); keep it short. May be empty.
-  std::function<void(absl::Duration, size_t)> round_observer;
-  // Action timelines (batonctl trace) are kept for each job's latest this many steps.
-  int64_t trace_steps = 200;
-  // Directories a spec's data.text.path must lie under (after symlinks, as far as this
-  // host can resolve them), refused at submit otherwise; empty: any (tests). The workers
-  // check again with their own --data_root.
-  std::vector<std::string> data_roots;
-  // The workers' bound on one text file (their --data_max_mb): a data.text.path this host
-  // sees that is larger, or is not a regular file (a FIFO, a device), is refused at submit
-  // (CheckDataFileAtSubmit); so are init.from_hf files that are not regular.
-  int64_t max_data_file_bytes = int64_t{1} << 30;
-  // The directory a spec's checkpoint.dir must lie under (a relative one is taken under
-  // it; paths are resolved as data paths are), refused at submit otherwise and rewritten to
-  // the resolved absolute path; empty: any (tests). The workers check again with their own
-  // --checkpoint_root. main.cc: CheckpointRootFromFlag.
-  std::string checkpoint_root;
-  // Who may register as a worker. require_worker_certificate (set when the coordinator
-  // verifies client certificates against the cluster CA): only callers whose certificate
-  // verified. join_token non-empty: only callers sending it as x-baton-join-token. With
-  // neither, anyone who reaches the port (the loopback demo).
-  bool require_worker_certificate = false;
-  std::string join_token;
-  // With require_worker_certificate, the certificate must also carry a URI SAN starting
-  // with this: what tells a worker's certificate from a user's signed by the same CA.
-  std::string worker_uri_prefix = kWorkerUriPrefix;
-  // ExportJob calls streaming at once, in all and per caller; one more is refused at once
-  // with RESOURCE_EXHAUSTED. Each holds a server thread, one open block file and one piece
-  // (block_stream.h) while it streams, and reads the whole checkpoint twice (the hash check,
-  // then the export).
-  int max_exports = 4;
-  int max_exports_per_caller = 2;
-};
-
-// What a ClusterService call presents besides its request: its verified certificate's
-// common name ("" without), the join token and the session secret it sent ("" if not),
-// and the certificate's URI SANs.
-struct WorkerCaller {
-  std::string identity;
-  std::string join_token;
-  std::string session;
-  std::vector<std::string> uris;
-};
 
 class Coordinator {
  public:
@@ -296,68 +203,11 @@ class Coordinator {
   }
 
  private:
-  struct RankSlot {
-    PlacedWorker worker;
-    bool held = true;       // the worker is still busy with this job
-    bool finished = false;  // reported a result without error
-    bool stopped = false;   // preempted: stopped after the step asked, as asked
-    int64_t reported_step = 0;  // the newest step it reported (this attempt)
-  };
-  struct ActiveJob {
-    int64_t seq = 0;  // the store's sequence number (tensor tags use a random key per attempt)
-    baton::v1::Job job;
-    std::shared_ptr<JobEventLog> log;
-    // Set from PLACING on.
-    std::vector<RankSlot> ranks;
-    PipelineLayout layout;
-    std::map<int, std::string> digests;                               // block index -> hex
-    // Data parallelism: each step's replica losses until every replica reported.
-    ReplicaLosses replica_losses;
-    StepTimings timings;
-    std::vector<int> peak_inflight;
-    absl::Time last_step_at;
-    absl::Time last_persist;
-    // While every error ranks reported is ABORTED or PEER (OnRankResult).
-    EchoFailure echo;
-    // Checkpoints being written, until every rank wrote its part.
-    CheckpointTallies checkpoints;
-    // A resumed job: the checkpoint step each rank loaded (from its first report).
-    std::map<int, int64_t> resumed_from;
-    // RECOVERING: AbortJob calls to its previous workers still in flight; it is placed
-    // again only once they returned (so it gets its own workers back, not fewer stages).
-    int pending_aborts = 0;
-    // Its previous workers that answered the abort "still stopping": it waits for them to
-    // be freed (their heartbeats) until stopping_until (options.stop_grace), then is
-    // placed on what is idle. Checked by StillStoppingLocked.
-    std::set<std::string> stopping_workers;
-    absl::Time stopping_until;
-    // SCHEDULE_AUTO: what the newest earlier runs of a job of the same name and model
-    // measured, gathered at submission; the planner calibrates from them at placement.
-    std::vector<MeasuredRun> auto_costs;
-    // What each pipeline rank needs (RankNeeds, at submission or start-up; empty: unknown):
-    // each rank is placed on a worker that registered as much.
-    std::vector<int64_t> rank_needs;
-    // When it last entered the queue (submitted, recovering, or recovered by a restart).
-    absl::Time queued_since;
-    // When this attempt was placed (preemption takes the newest first), when it started
-    // RUNNING (InfinitePast before), and the step it started from.
-    absl::Time placed_at;
-    absl::Time running_since = absl::InfinitePast();
-    int64_t attempt_first_step = 0;
-    // It preempted other jobs and has not trained a step since: if it ends so, its
-    // preemptions were wasted and count against its user (preempt_penalty).
-    bool preempted_others = false;
-    // Being preempted: every rank stops after this step (0: not being preempted), making
-    // room for `preempted_for`.
-    int64_t preempt_step = 0;
-    std::string preempted_for;
-    bool stop_sent = false;  // a rank was answered checkpoint_and_stop
-    // The placement attempt: 0, then one more per recovery (Job.recoveries_size()).
-    int attempt() const { return job.recoveries_size(); }
-  };
-
   explicit Coordinator(CoordinatorOptions options);
-  absl::Status Recover();
+  // Create's recovery from the store: the active jobs (Recover) and, first, every stored
+  // job's checkpoint directory (RecoverCheckpointDirs). Each takes mu_.
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RecoverCheckpointDirs() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time Now() const { return options_.clock(); }
 
   // How the effects runner reaches back into this core (each takes mu_).
@@ -383,21 +233,20 @@ class Coordinator {
   ActiveJob* FindActiveLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendStateLocked(ActiveJob* job, baton::v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a job to a terminal state: aborts (and later frees) every worker whose slot is
-  // still `held` (callers clear it first for dead or already stopped workers), closes its
-  // event log and drops it from the active set and the queue.
-  // Returns the job's final record.
-  baton::v1::Job EndJobLocked(const std::string& job_id, baton::v1::JobState state,
-                              const std::string& reason, Effects* effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(ActiveJob* job, baton::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker that was BUSY is gone (lease expired, or it left): the job it held a rank of
-  // fails, or recovers, with `why`.
-  void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, Effects* effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker that was BUSY is gone (lease expired, it left, it registered again): the job it
+  // held a rank of fails, or recovers, with `why` (WorkerGoneEvent).
+  void WorkerGoneLocked(const baton::v1::WorkerInfo& w, const std::string& why, bool name_rank,
+                        Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs whose ranks reported only echoes (ABORTED, PEER) for root_cause_wait: each fails,
+  // naming a silent worker as the cause when one is (EchoWaitedEvent).
+  void SettleEchoesLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceQueuedLocked(Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills in the queue (in queue order) and running jobs of a round's input, and the
+  // workers each user holds; returns the queued jobs by QueuedJob index.
+  std::vector<ActiveJob*> QueueInputLocked(QueueRoundInput* in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts one job the queue policy placed: the auto-planner's choice, the plans, PLACING.
   void StartQueuedLocked(ActiveJob* j, const QueueRound::Start& start,
                          const std::vector<baton::v1::WorkerInfo>& idle, Effects* effects)
@@ -406,35 +255,61 @@ class Coordinator {
   QuotaLimits LimitsOf(const std::string& user, const std::string& role) const;
   void FreeWorkersLocked(const std::string& job_id, const std::vector<PlacedWorker>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RankSlot*> RankLocked(ActiveJob* job, int rank, const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportProgress's part under mu_ (it takes the lock): tallies the step and says what
   // the worker should do; the worker calls it leads to go into `effects`.
   absl::StatusOr<baton::v1::ReportProgressResponse> RecordProgress(
       const baton::v1::ReportProgressRequest& request, Effects* effects) ABSL_LOCKS_EXCLUDED(mu_);
+  // A heartbeat saying its worker shuts down: out of the registry now, failing (or
+  // recovering) the job it ran a rank of.
+  void WorkerLeaving(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Heartbeat intervals that passed without one since w's last heartbeat.
   int64_t MissedHeartbeats(absl::Time last, absl::Time now) const;
-  void OnLastRankStepLocked(ActiveJob* job, const baton::v1::ReportProgressRequest& request)
+  // The time and options the event functions need (job_events.h).
+  EventContext Ctx() const {
+    return EventContext{Now(), options_.progress_persist_interval, options_.preempt_penalty};
+  }
+  // Carries out a decision of job_events.h on `j` (null: the job is gone, and only calls to
+  // its workers are made): every effect in order, the worker calls into `effects`. Returns
+  // the job's final record when the decision ended it (j is gone then).
+  std::optional<baton::v1::Job> Apply(ActiveJob* j, const Decision& d, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SucceedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The queue policy chose to preempt `victim` for `for_job`: every rank stops after the step
-  // after the newest any reported (each waits for its report's answer before the next).
-  void PreemptLocked(ActiveJob* victim, ActiveJob* for_job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank of a job being preempted stopped as asked: PREEMPTED (OnPreempted).
-  void PreemptedLocked(ActiveJob* job, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A placed job failed: FAILED, or RECOVERING when DecideOnFailure says so
-  // (coordinator/job_lifecycle.h).
-  void FailLocked(const std::string& job_id, const std::string& reason,
-                  baton::v1::FailureCause cause, Effects* effects)
+  // One effect each (job_events.h says what each does).
+  void ApplyEffectLocked(ActiveJob* j, const effect::Note& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out a transition decided by job_lifecycle.h (OnFailure): its effects in order,
-  // then the state change. `facts` and `what` describe the failure for a recovery record.
-  void ApplyLocked(ActiveJob* job, const JobTransition& t, const FailureFacts& facts,
-                   const std::string& what, Effects* effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a rank's checkpoint write (TallyCheckpointWrite); a checkpoint it completes is
-  // persisted, logged and measured.
-  void RecordCheckpointLocked(ActiveJob* job, int rank, const baton::v1::CheckpointWrite& write)
+  void ApplyEffectLocked(ActiveJob* j, const effect::SetState& e, Effects* effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::FreeWorker& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::CheckpointComplete& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::RecoveryResumed& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::StepDone& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::RecordRecovery& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::StopRanks& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::AbortWorkers& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::ForgetAttempt& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Requeue& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::BarPreemptions& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Remove& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEffectLocked(ActiveJob* j, const effect::Wake& e, Effects* effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of an ended job: out of the queue and memory, its watchers' log closed.
+  // Returns its final record.
+  baton::v1::Job RemoveLocked(ActiveJob* j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob's part under mu_ (it takes the lock), on a spec Admit passed: the resume
+  // source, checkpoint directory owners, the submission id, quotas; then QUEUED.
+  absl::StatusOr<baton::v1::Job> EnqueueAdmitted(AdmittedJob admitted,
+                                                 const std::string& submitted_by, bool admin)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // SubmitJob: finds the job spec.resume_from names and checks it (CheckResumeSource),
   // filling in `checkpoints` (INVALID_ARGUMENT naming the field otherwise).
   absl::Status ResolveResumeLocked(const baton::v1::JobSpec& spec,

@@ -1,7 +1,7 @@
 // The job life's decisions as pure functions: which state changes are allowed, whether a
 // failure ends a job or starts a recovery, and how many stages a recovery re-plans onto.
-// No threads, no clock, no store: coordinator.cc calls these under its lock and carries
-// out what they decide (tests: job_lifecycle_test.cc, table-driven).
+// No threads, no clock, no store: the event functions (job_events.h) call these and the
+// coordinator carries out what they decide (tests: job_lifecycle_test.cc, table-driven).
 //
 //   QUEUED ──> PLACING ──> RUNNING ──> SUCCEEDED
 //     │           │           ├──────> FAILED
@@ -87,8 +87,8 @@ struct FailureVerdict {
 FailureVerdict DecideOnFailure(const FailureFacts& facts);
 
 // What an event does to a job: its next state, the history reason, and the effects the
-// coordinator carries out, in this order. The coordinator (coordinator.cc, ApplyLocked)
-// only executes these; deciding is here.
+// coordinator carries out, in this order. job_events.h turns them into a Decision, which
+// Coordinator::Apply only executes; deciding is here.
 struct JobTransition {
   enum class Effect {
     kRecordRecovery,  // add a Job.recoveries entry (reason, cause, from step, lost steps)

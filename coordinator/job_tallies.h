@@ -2,9 +2,9 @@
 // complete across the ranks and where a (re)placement resumes, the resume bookkeeping of a
 // job's first reports, each step's progress across ranks and replicas, the links and
 // data-parallel groups the ranks report, and the ranks' final results. Like job_lifecycle.h: no
-// threads, no clock (the caller passes the time), no store, no logging. coordinator.cc calls these
-// under its lock and carries out the rest (persisting, logging, metrics, history notes); tests:
-// job_tallies_test.cc.
+// threads, no clock (the caller passes the time), no store, no logging. The event functions
+// (job_events.h) call these and say in their Decision what the coordinator carries out
+// (persisting, logging, metrics, history notes); tests: job_tallies_test.cc.
 #ifndef BATON_COORDINATOR_JOB_TALLIES_H_
 #define BATON_COORDINATOR_JOB_TALLIES_H_
 
