@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <random>
 #include <utility>
 #include <variant>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -17,13 +15,10 @@
 #include "common/core/log_text.h"
 #include "common/core/mutex.h"
 #include "common/core/status.h"
-#include "common/plan/measured_run.h"
 #include "common/rpc/rpc.h"
 #include "common/spec/spec.h"
 #include "coordinator/job_events.h"
-#include "coordinator/job_queries.h"
 #include "coordinator/placement_round.h"
-#include "google/protobuf/util/message_differencer.h"
 
 namespace baton {
 
@@ -32,12 +27,6 @@ using baton::v1::JobEvent;
 using baton::v1::JobState;
 
 namespace {
-
-constexpr int kDefaultPageSize = 50;
-constexpr int kMaxPageSize = 1000;
-// A ListJobs page ends before its jobs pass this many bytes (gRPC's default limit on a
-// received message is 4 MiB; large inline texts made default pages fail).
-constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
 
 // The tensor-tag key of a placement attempt: random (64 bits from the OS's generator), so
 // tensors of an earlier attempt (a worker that was stopped and came back) never match a
@@ -626,73 +615,6 @@ absl::StatusOr<Job> Coordinator::EnqueueAdmitted(AdmittedJob admitted,
   return copy;
 }
 
-absl::StatusOr<std::unique_ptr<Coordinator::Export>> Coordinator::ExportJob(
-    const baton::v1::ExportJobRequest& request, const std::string& caller) {
-  if (request.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step: a step number (0: the newest checkpoint), got ", request.step()));
-  }
-  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
-  if (!job.spec().has_checkpoint() || job.checkpoints().job_dir().empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job.id(), " has no checkpoints (its spec sets none)"));
-  }
-  // A place under the caps before any file is read: the hash check reads the whole
-  // checkpoint.
-  auto out = std::make_unique<Export>();
-  BATON_ASSIGN_OR_RETURN(out->slot, export_caps_.Acquire(caller));
-  const std::string& dir = job.checkpoints().job_dir();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the coordinator cannot read ", job.id(), "'s checkpoint directory ", dir,
-        " (mount the checkpoint root on the coordinator, or export with batonctl export "
-        "--from on a host that has it)"));
-  }
-  std::vector<std::string> skipped;
-  // Every file hashed (in pieces), then opened for streaming, which hashes them again.
-  BATON_ASSIGN_OR_RETURN(
-      out->step, FindCheckpoint(dir, {}, request.step() > 0 ? request.step() : -1, &skipped));
-  out->dir = CheckpointStepDir(dir, out->step);
-  BATON_ASSIGN_OR_RETURN(out->weights, WeightsExport::Open(out->dir));
-  return out;
-}
-
-absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  MutexLock lock(mu_);
-  if (ActiveJob* j = FindActiveLocked(job_id)) return j->job;
-  return store_->Get(job_id);
-}
-
-absl::StatusOr<baton::v1::ListJobsResponse> Coordinator::ListJobs(
-    const baton::v1::ListJobsRequest& request) {
-  int page_size = request.page_size();
-  if (page_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must not be negative, got ", page_size));
-  }
-  if (page_size == 0) page_size = kDefaultPageSize;
-  page_size = std::min(page_size, kMaxPageSize);
-  BATON_ASSIGN_OR_RETURN(JobStore::Page page,
-                         store_->List(page_size, request.page_token(), kMaxPageBytes));
-  baton::v1::ListJobsResponse response;
-  MutexLock lock(mu_);
-  for (Job& job : page.jobs) {
-    // Running jobs are fresher in memory (steps are written to the store now and then). One
-    // that ended since the page was read is read again (under mu_ the store is current), so
-    // the page shows every job as of one moment: no job ended and its successor placed.
-    if (ActiveJob* j = FindActiveLocked(job.id())) {
-      job = j->job;
-    } else if (!IsTerminalState(job.state())) {
-      if (absl::StatusOr<Job> ended = store_->Get(job.id()); ended.ok()) job = *std::move(ended);
-    }
-    *response.add_jobs() = std::move(job);
-  }
-  response.set_next_page_token(page.next_page_token);
-  return response;
-}
-
 absl::StatusOr<Job> Coordinator::CancelJob(const baton::v1::CancelJobRequest& request) {
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   Effects effects;
@@ -728,231 +650,6 @@ absl::StatusOr<Job> Coordinator::SetJobPriority(const std::string& job_id, int32
   AppendStateLocked(j, state, absl::StrCat("priority ", before, " -> ", priority));
   WakeLoop();
   return j->job;
-}
-
-absl::StatusOr<std::unique_ptr<JobWatch>> Coordinator::WatchJob(const std::string& job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  MutexLock lock(mu_);
-  JobEvent first;
-  first.set_job_id(job_id);
-  *first.mutable_time() = ToProtoTime(Now());
-  if (ActiveJob* j = FindActiveLocked(job_id)) {
-    if (!j->job.history().empty()) *first.mutable_state_change() = *j->job.history().rbegin();
-    return std::make_unique<JobWatch>(j->log, j->log->End(), std::move(first));
-  }
-  BATON_ASSIGN_OR_RETURN(Job job, store_->Get(job_id));
-  if (!job.history().empty()) *first.mutable_state_change() = *job.history().rbegin();
-  auto log = std::make_shared<JobEventLog>();
-  log->Close();
-  return std::make_unique<JobWatch>(std::move(log), 0, std::move(first));
-}
-
-StateCounts Coordinator::CountStates() {
-  StateCounts counts;
-  counts.exports = export_caps_.in_use();
-  for (const char* state : {"idle", "busy", "dead"}) counts.workers[state] = 0;
-  {
-    MutexLock lock(mu_);
-    for (const baton::v1::WorkerInfo& w : registry_.List()) {
-      switch (w.state()) {
-        case baton::v1::WORKER_STATE_IDLE: ++counts.workers["idle"]; break;
-        case baton::v1::WORKER_STATE_BUSY: ++counts.workers["busy"]; break;
-        case baton::v1::WORKER_STATE_DEAD: ++counts.workers["dead"]; break;
-        default: break;
-      }
-    }
-  }
-  // Every state gets a series (0 included); when the store cannot be read, none does
-  // rather than wrong zeros.
-  absl::StatusOr<std::map<JobState, int64_t>> by_state = store_->CountByState();
-  if (!by_state.ok()) {
-    LogWarning(absl::StrCat("metrics: ", by_state.status().ToString()));
-    return counts;
-  }
-  for (int s = baton::v1::JOB_STATE_QUEUED; s <= baton::v1::JOB_STATE_PREEMPTED; ++s) {
-    const auto it = by_state->find(static_cast<JobState>(s));
-    std::string name = absl::AsciiStrToLower(JobState_Name(static_cast<JobState>(s)));
-    counts.jobs[name.substr(std::string("job_state_").size())] =
-        it == by_state->end() ? 0 : it->second;
-  }
-  return counts;
-}
-
-absl::StatusOr<baton::v1::JobTrace> Coordinator::GetJobTrace(
-    const baton::v1::GetJobTraceRequest& request) {
-  if (request.step() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step: must be 0 (the latest) or a 1-based step, got ", request.step()));
-  }
-  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
-  if (job.workers_size() == 0) {
-    return absl::NotFoundError(absl::StrCat("job ", job.id(), " has no trace: it never ran"));
-  }
-  const int ranks = job.workers_size();
-  BATON_ASSIGN_OR_RETURN(JobStore::TraceSteps kept, store_->GetTraceSteps(job.id(), ranks));
-  if (kept.last == 0) {
-    return absl::NotFoundError(
-        absl::StrCat("job ", job.id(), " has no trace: no step has finished"));
-  }
-  const int64_t step = request.step() == 0 ? kept.last_complete : request.step();
-  std::vector<baton::v1::RankTrace> traces;
-  if (step > 0) {
-    BATON_ASSIGN_OR_RETURN(traces, store_->GetTrace(job.id(), step));
-  }
-  return AssembleTrace(job, step, kept, std::move(traces));
-}
-
-absl::StatusOr<baton::v1::JobHistory> Coordinator::GetJobHistory(
-    const baton::v1::GetJobHistoryRequest& request) {
-  BATON_ASSIGN_OR_RETURN(const int64_t page_size, HistoryPageSize(request, kMaxHistoryPageSize));
-  BATON_ASSIGN_OR_RETURN(Job job, GetJob(request.job_id()));
-  // One row more than the page: whether another page follows.
-  BATON_ASSIGN_OR_RETURN(
-      std::vector<baton::v1::StepProgress> steps,
-      store_->GetSteps(job.id(), std::max<int64_t>(1, request.from_step()), page_size + 1));
-  return HistoryPage(job.id(), std::move(steps), page_size);
-}
-
-std::vector<MeasuredRun> Coordinator::EarlierRunsOf(const baton::v1::JobSpec& spec) {
-  std::vector<MeasuredRun> out;
-  if (spec.name().empty()) return out;
-  // The newest jobs first; a bounded look back (traces are kept for recent jobs only).
-  absl::StatusOr<JobStore::Page> page = store_->List(200, "");
-  if (!page.ok()) return out;
-  for (const Job& job : page->jobs) {
-    const int64_t rows = MicrobatchRows(job);
-    if (job.spec().name() != spec.name() || job.workers_size() == 0 || rows < 1 ||
-        !google::protobuf::util::MessageDifferencer::Equals(job.spec().model(), spec.model())) {
-      continue;
-    }
-    // A second run only if its micro-batch size differs (it is what fits the overhead).
-    if (!out.empty() && out.front().rows == rows) continue;
-    baton::v1::GetJobTraceRequest req;
-    req.set_job_id(job.id());
-    absl::StatusOr<baton::v1::JobTrace> trace = GetJobTrace(req);
-    if (!trace.ok()) continue;
-    absl::StatusOr<MeasuredRun> run = MeasuredRunFromJob(job, *trace);
-    if (!run.ok()) continue;
-    out.push_back(*std::move(run));
-    if (out.size() == 2) break;
-  }
-  return out;
-}
-
-baton::v1::ListWorkersResponse Coordinator::ListWorkers() {
-  MutexLock lock(mu_);
-  baton::v1::ListWorkersResponse response;
-  for (baton::v1::WorkerInfo& w : registry_.List()) *response.add_workers() = std::move(w);
-  return response;
-}
-
-// ---------------------------------------------------------------------------------------
-// ClusterService
-
-absl::StatusOr<baton::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const baton::v1::RegisterWorkerRequest& request, const WorkerCaller& caller) {
-  BATON_RETURN_IF_ERROR(CheckWorkerCredentials(options_, caller));
-  Effects effects;
-  baton::v1::RegisterWorkerResponse response;
-  absl::Status status;
-  {
-    MutexLock lock(mu_);
-    ExpireLeasesLocked(&effects);  // an expired lease is reported as such, not as "replaced"
-    absl::StatusOr<WorkerRegistry::Registration> reg = registry_.Register(request, caller.identity);
-    if (!reg.ok()) {
-      status = reg.status();
-    } else {
-      for (const baton::v1::WorkerInfo& old : reg->replaced) {
-        LogWarning(absl::StrCat("worker ", old.worker_id(), " (", old.address(),
-                                ") replaced by a new registration as ", reg->worker.worker_id()));
-        WorkerGoneLocked(
-            old,
-            absl::StrCat("worker ", old.worker_id(), " (", old.address(), ") registered again"),
-            /*name_rank=*/true, &effects);
-      }
-      LogWarning(absl::StrCat("worker ", reg->worker.worker_id(), " registered from ",
-                              reg->worker.address(),
-                              caller.identity.empty() ? "" : " as " + caller.identity));
-      response.set_worker_id(reg->worker.worker_id());
-      *response.mutable_heartbeat_interval() = ToProtoDuration(options_.heartbeat_interval);
-      *response.mutable_lease_ttl() = ToProtoDuration(options_.lease_ttl);
-      WakeLoop();
-    }
-  }
-  Run(std::move(effects), /*wait=*/false);
-  if (!status.ok()) return status;
-  return response;
-}
-
-absl::Status Coordinator::AuthenticateWorker(const std::string& worker_id,
-                                             const WorkerCaller& caller) {
-  return registry_.CheckSession(worker_id, caller.session, caller.identity);  // its own lock
-}
-
-void Coordinator::WorkerLeaving(const std::string& worker_id) {
-  // Shutting down: out of service now, not once the lease runs out.
-  Effects effects;
-  {
-    MutexLock lock(mu_);
-    if (std::optional<baton::v1::WorkerInfo> w = registry_.Leave(worker_id)) {
-      LogWarning(absl::StrCat("worker ", w->worker_id(), " (", w->address(), ") left"));
-      WorkerGoneLocked(*w,
-                       absl::StrCat("worker ", w->worker_id(), " (", w->address(),
-                                    ") shut down while running the job"),
-                       /*name_rank=*/false, &effects);
-      WakeLoop();
-    }
-  }
-  Run(std::move(effects), /*wait=*/false);
-}
-
-absl::StatusOr<baton::v1::HeartbeatResponse> Coordinator::Heartbeat(
-    const baton::v1::HeartbeatRequest& request) {
-  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
-  baton::v1::HeartbeatResponse response;
-  if (request.leaving()) {
-    WorkerLeaving(request.worker_id());
-    response.set_known(false);
-    return response;
-  }
-  // Most heartbeats settle nothing but the lease (an idle worker idle, a busy one running
-  // the job it was given): the registry's own lock suffices, and they never wait for a
-  // placement round or a report holding mu_.
-  const WorkerRegistry::Beat beat =
-      registry_.HeartbeatAndCheck(request.worker_id(), request.job_id());
-  if (options_.metrics != nullptr && beat.known) {
-    options_.metrics->AddHeartbeatsMissed(MissedHeartbeats(beat.previous, Now()));
-  }
-  response.set_known(beat.known);
-  if (!beat.known || beat.settled) return response;
-  MutexLock lock(mu_);
-  if (request.job_id().empty()) {
-    // Busy with a job that no longer holds it (its AbortJob did not get through), and the
-    // worker says it runs nothing: free it.
-    const std::optional<baton::v1::WorkerInfo> info = registry_.Get(request.worker_id());
-    if (info.has_value() && info->state() == baton::v1::WORKER_STATE_BUSY &&
-        starting_.count(info->job_id()) == 0) {
-      bool held = false;
-      if (ActiveJob* j = FindActiveLocked(info->job_id())) {
-        for (const RankSlot& slot : j->ranks) {
-          held |= slot.worker.worker_id == request.worker_id() && slot.held;
-        }
-      }
-      if (!held && registry_.MarkIdle(request.worker_id(), info->job_id())) WakeLoop();
-    }
-    return response;
-  }
-  bool wanted = false;
-  if (ActiveJob* j = FindActiveLocked(request.job_id());
-      j != nullptr && IsPlacedState(j->job.state())) {
-    for (const RankSlot& slot : j->ranks) {
-      if (slot.worker.worker_id == request.worker_id() && slot.held && !slot.finished) {
-        wanted = true;
-      }
-    }
-  }
-  if (!wanted) response.add_abort_job_ids(request.job_id());
-  return response;
 }
 
 absl::StatusOr<baton::v1::ReportProgressResponse> Coordinator::RecordProgress(

@@ -203,6 +203,13 @@ class Coordinator {
   }
 
  private:
+  // Pages of the store: ListJobs' (a page ends before its jobs pass kMaxPageBytes; gRPC's
+  // default limit on a received message is 4 MiB, and large inline texts made full pages
+  // fail) and Recover's.
+  static constexpr int kDefaultPageSize = 50;
+  static constexpr int kMaxPageSize = 1000;
+  static constexpr int64_t kMaxPageBytes = int64_t{2} << 20;
+
   explicit Coordinator(CoordinatorOptions options);
   // Create's recovery from the store: the active jobs (Recover) and, first, every stored
   // job's checkpoint directory (RecoverCheckpointDirs). Each takes mu_.
