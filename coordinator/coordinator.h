@@ -12,10 +12,15 @@
 //   effects_runner.h  the StartJob/AbortJob calls the decisions ask for
 //   job_watch.h       a job's event log and its WatchJob subscriptions
 //   checkpoint_dirs.h who may write checkpoints where under the checkpoint root
+//   placement_round.h the pure parts of a placement round
+//   job_queries.h     traces and history pages assembled from stored jobs (pure)
+//   coordinator_options.h  the options, and the option and worker-credential checks
 //   worker_registry.h, placement.h, job_store.h
-// This class keeps the lock, the loop, placement rounds and queries: an event is decided
-// under mu_ by job_events.h, the Decision carried out by Apply (the store, watchers,
-// registry, queue, metrics), and the calls to make handed to the EffectsRunner.
+// This class keeps the lock, the loop, placement rounds and the events (coordinator.cc):
+// an event is decided under mu_ by job_events.h, the Decision carried out by Apply (the
+// store, watchers, registry, queue, metrics), and the calls to make handed to the
+// EffectsRunner. Its read side is coordinator_queries.cc, the workers' registrations and
+// heartbeats coordinator_workers.cc.
 //
 // CONTRACT
 //  - Every state change appends a StateChange (time, reason) to Job.history, is written to
