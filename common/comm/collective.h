@@ -16,9 +16,12 @@
 #define BATON_COMMON_COMM_COLLECTIVE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/core/tensor.h"
 
 namespace baton {
@@ -49,10 +52,35 @@ class Collective {
   // call at a time per member.
   virtual absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) = 0;
 
+  // Sharded operations (the optimizer sharded across replicas). `data` holds sum(counts)
+  // floats, member m's shard at offset counts[0] + ... + counts[m - 1], counts[m] long;
+  // counts.size() == size(), a count may be 0, and every member passes the same counts
+  // (a member that does not fails the group: INVALID_ARGUMENT naming both). Bad counts
+  // (wrong length, negative) are INVALID_ARGUMENT before anything moves. Deadline, abort,
+  // call order and device() as AllReduceSum; each counts as one collective in the order.
+  //
+  // ReduceScatterSum: on return this member's shard holds the group's sum of that shard,
+  // in ordered mode the very bits AllReduceSum would leave there; the other shards'
+  // contents are unspecified. Each member receives no more than AllReduceSum's ordered
+  // path does ((size - 1) * n floats), the engine's header says how much.
+  virtual absl::Status ReduceScatterSum(float* data, absl::Span<const int64_t> counts,
+                                        absl::Time deadline);
+  // AllGather: this member's shard of `data` is its input (the rest is overwritten); on
+  // return every member's `data` holds every member's shard, bit for bit as sent. Each
+  // member receives no more than (size - 1) * max(counts) floats.
+  virtual absl::Status AllGather(float* data, absl::Span<const int64_t> counts,
+                                 absl::Time deadline);
+
   // Fails this member's pending and future calls, and every other member's, with `why`.
   // Thread-safe; may be called while another thread is inside AllReduceSum.
   virtual void Abort(const absl::Status& why) = 0;
 };
+
+// The layout of a sharded buffer (above): offsets[m] is where member m's shard starts,
+// offsets[size] the total. INVALID_ARGUMENT naming `op` when counts.size() != size or a
+// count is negative. For the engines.
+absl::StatusOr<std::vector<int64_t>> ShardOffsets(absl::Span<const int64_t> counts, int size,
+                                                  const char* op);
 
 }  // namespace baton
 

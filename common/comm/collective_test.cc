@@ -2,11 +2,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/comm/collective_test_util.h"
 #include "common/comm/inproc_collective.h"
 #include "gtest/gtest.h"
 
 namespace baton {
 namespace {
+
+using namespace testing_collective;  // NOLINT: the shared contract checks
 
 // A deadline for calls expected to succeed (or to fail for another reason): it only bounds
 // a hang, so no load makes a call miss it.
@@ -104,6 +107,70 @@ TEST(InProcessCollectiveTest, MembersPassingDifferentSizesFailTheGroup) {
   });
   EXPECT_FALSE(got[0].ok());
   EXPECT_FALSE(got[1].ok());
+}
+
+// A fresh in-process group per call, for the shared contract checks.
+void RunGroup(int size, const std::function<void(int, Collective&)>& body) {
+  InProcessGroup group(size);
+  OnEveryMember(size, [&](int r) {
+    std::unique_ptr<Collective> c = group.Member(r);
+    body(r, *c);
+  });
+}
+
+TEST(InProcessCollectiveTest, ShardedOpsMatchAllReduceBitForBit) {
+  ExpectShardedOpsMatchAllReduce(RunGroup);
+}
+
+TEST(InProcessCollectiveTest, BadShardCountsAreRefused) { ExpectBadCountsAreRefused(RunGroup); }
+
+TEST(InProcessCollectiveTest, MismatchedShardCountsFailTheGroup) {
+  ExpectMismatchedCountsFailTheGroup(RunGroup, /*gather=*/false);
+  ExpectMismatchedCountsFailTheGroup(RunGroup, /*gather=*/true);
+}
+
+TEST(InProcessCollectiveTest, MembersCallingDifferentCollectivesFailTheGroup) {
+  InProcessGroup group(2);
+  std::vector<absl::Status> got(2);
+  OnEveryMember(2, [&](int r) {
+    std::unique_ptr<Collective> c = group.Member(r);
+    std::vector<float> data(4, 1.0f);
+    const std::vector<int64_t> counts = {2, 2};
+    got[r] = r == 0 ? c->AllReduceSum(data.data(), 4, Soon())
+                    : c->ReduceScatterSum(data.data(), counts, Soon());
+  });
+  EXPECT_FALSE(got[0].ok());
+  EXPECT_FALSE(got[1].ok());
+}
+
+TEST(InProcessCollectiveTest, AMissingMemberEndsAShardedCallAtTheDeadline) {
+  InProcessGroup group(2);
+  std::unique_ptr<Collective> a = group.Member(0);
+  std::unique_ptr<Collective> b = group.Member(1);
+  float x[2] = {1, 2};
+  const std::vector<int64_t> counts = {1, 1};
+  absl::Status s = a->ReduceScatterSum(x, counts, absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("reduce-scatter"), std::string::npos) << s;
+  s = b->AllGather(x, counts, Soon());
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+}
+
+TEST(InProcessCollectiveTest, AbortWakesAMemberWaitingInAllGather) {
+  InProcessGroup group(2);
+  std::unique_ptr<Collective> a = group.Member(0);
+  std::unique_ptr<Collective> b = group.Member(1);
+  absl::Status waited;
+  std::thread t([&] {
+    float x[2] = {1, 2};
+    const std::vector<int64_t> counts = {1, 1};
+    waited = a->AllGather(x, counts, Soon());
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  b->Abort(absl::UnavailableError("replica 1's stage 0 failed"));
+  t.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_NE(waited.message().find("replica 1's stage 0 failed"), std::string::npos) << waited;
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 #include "common/comm/inproc_collective.h"
-#include "common/core/mutex.h"
 
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/core/mutex.h"
+#include "common/core/status.h"
 
 namespace baton {
 
@@ -15,7 +17,19 @@ class InProcessGroup::MemberImpl final : public Collective {
   int size() const override { return group_->size(); }
   const char* engine() const override { return "inproc"; }
   absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override {
-    return group_->AllReduceSum(rank_, next_round_++, data, n, deadline);
+    return group_->Run(rank_, next_round_++, Op::kAllReduceSum, data, {n}, deadline);
+  }
+  absl::Status ReduceScatterSum(float* data, absl::Span<const int64_t> counts,
+                                absl::Time deadline) override {
+    BATON_RETURN_IF_ERROR(ShardOffsets(counts, size(), "reduce-scatter").status());
+    return group_->Run(rank_, next_round_++, Op::kReduceScatterSum, data,
+                       std::vector<int64_t>(counts.begin(), counts.end()), deadline);
+  }
+  absl::Status AllGather(float* data, absl::Span<const int64_t> counts,
+                         absl::Time deadline) override {
+    BATON_RETURN_IF_ERROR(ShardOffsets(counts, size(), "all-gather").status());
+    return group_->Run(rank_, next_round_++, Op::kAllGather, data,
+                       std::vector<int64_t>(counts.begin(), counts.end()), deadline);
   }
   void Abort(const absl::Status& why) override { group_->Abort(why); }
 
@@ -41,41 +55,67 @@ void InProcessGroup::Abort(const absl::Status& why) {
   cv_.notify_all();
 }
 
-absl::Status InProcessGroup::AllReduceSum(int rank, int64_t round, float* data, int64_t n,
-                                          absl::Time deadline) {
+namespace {
+
+const char* OpName(int op) {
+  static const char* const kNames[] = {"all-reduce", "reduce-scatter", "all-gather"};
+  return kNames[op];
+}
+
+}  // namespace
+
+absl::Status InProcessGroup::Run(int rank, int64_t round, Op op, float* data,
+                                 std::vector<int64_t> counts, absl::Time deadline) {
+  const char* const name = OpName(static_cast<int>(op));
   MutexLock lock(mu_);
   auto aborted = [&] {
-    return absl::AbortedError(absl::StrCat("all-reduce #", round, " on replica ", rank, ": ",
-                                           aborted_.message()));
+    return absl::AbortedError(
+        absl::StrCat(name, " #", round, " on replica ", rank, ": ", aborted_.message()));
   };
   if (!aborted_.ok()) return aborted();
   Round& r = rounds_[round];
-  if (r.inputs.empty()) r.inputs.assign(size_, nullptr);
-  if (r.n < 0) r.n = n;
-  if (r.n != n) {
+  if (r.inputs.empty()) {
+    r.inputs.assign(size_, nullptr);
+    r.op = op;
+    r.counts = counts;
+  }
+  if (r.op != op || r.counts != counts) {
     const absl::Status s = absl::InvalidArgumentError(
-        absl::StrCat("all-reduce #", round, ": replica ", rank, " passes ", n,
-                     " floats, another ", r.n));
+        absl::StrCat("collective #", round, ": replica ", rank, " calls ", name, " of {",
+                     absl::StrJoin(counts, ", "), "} floats, another ",
+                     OpName(static_cast<int>(r.op)), " of {", absl::StrJoin(r.counts, ", "), "}"));
     aborted_ = s;
     cv_.notify_all();
     return s;
   }
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t m = 0; m < counts.size(); ++m) offsets[m + 1] = offsets[m] + counts[m];
+  const int64_t n = offsets.back();
   r.inputs[rank] = data;
   if (++r.arrived == size_) {
-    // The last to arrive sums, in member order, while the others wait on their buffers.
-    r.result.assign(r.inputs[0], r.inputs[0] + n);
-    for (int m = 1; m < size_; ++m) {
-      const float* x = r.inputs[m];
-      for (int64_t i = 0; i < n; ++i) r.result[i] += x[i];
+    // The last to arrive computes, while the others wait on their buffers.
+    if (op == Op::kAllGather) {
+      r.result.resize(n);
+      for (int m = 0; m < size_; ++m) {
+        std::copy(r.inputs[m] + offsets[m], r.inputs[m] + offsets[m + 1],
+                  r.result.begin() + offsets[m]);
+      }
+    } else {  // the ordered sum, in member order, of every element
+      r.result.assign(r.inputs[0], r.inputs[0] + n);
+      for (int m = 1; m < size_; ++m) {
+        const float* x = r.inputs[m];
+        for (int64_t i = 0; i < n; ++i) r.result[i] += x[i];
+      }
     }
     r.summed = true;
     cv_.notify_all();
   }
   const auto until = absl::ToChronoTime(deadline);
   while (!r.summed && aborted_.ok()) {
-    if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && !r.summed && aborted_.ok()) {
+    if (cv_.wait_until(lock.native(), until) == std::cv_status::timeout && !r.summed &&
+        aborted_.ok()) {
       const absl::Status s = absl::DeadlineExceededError(
-          absl::StrCat("all-reduce #", round, ": ", size_ - r.arrived, " of ", size_,
+          absl::StrCat(name, " #", round, ": ", size_ - r.arrived, " of ", size_,
                        " replicas had not joined by the deadline"));
       aborted_ = s;  // the others would wait for the missing member forever too
       cv_.notify_all();
@@ -83,7 +123,12 @@ absl::Status InProcessGroup::AllReduceSum(int rank, int64_t round, float* data, 
     }
   }
   if (!r.summed) return aborted();
-  std::copy(r.result.begin(), r.result.end(), data);
+  if (op == Op::kReduceScatterSum) {
+    std::copy(r.result.begin() + offsets[rank], r.result.begin() + offsets[rank + 1],
+              data + offsets[rank]);
+  } else {
+    std::copy(r.result.begin(), r.result.end(), data);
+  }
   if (++r.copied == size_) rounds_.erase(round);
   return absl::OkStatus();
 }

@@ -1,7 +1,9 @@
 // An in-process collective engine: the members of a group are threads of one process
 // (the replicas of `batonctl train-local --pipeline` and the tests). The last member to
-// arrive at a collective computes the ordered sum from every member's buffer while the
-// others wait, then each copies the result out.
+// arrive at a collective computes the result from every member's buffer while the others
+// wait (the ordered sum; for AllGather each member's shard), then each copies out its part:
+// all of it, or its own shard after ReduceScatterSum. Nothing crosses a wire; each member
+// copies in and out no more than its buffer.
 #ifndef BATON_COMMON_COMM_INPROC_COLLECTIVE_H_
 #define BATON_COMMON_COMM_INPROC_COLLECTIVE_H_
 
@@ -29,18 +31,21 @@ class InProcessGroup {
 
  private:
   class MemberImpl;
+  enum class Op { kAllReduceSum, kReduceScatterSum, kAllGather };
   // One collective, by its sequence number: what has arrived and the result.
   struct Round {
     std::vector<const float*> inputs;  // by rank; null until that member arrives
-    int64_t n = -1;
+    Op op = Op::kAllReduceSum;
+    std::vector<int64_t> counts;  // {n} for AllReduceSum; empty until the first arrives
     int arrived = 0;
     int copied = 0;
     bool summed = false;
     std::vector<float> result;
   };
 
-  absl::Status AllReduceSum(int rank, int64_t round, float* data, int64_t n,
-                            absl::Time deadline);
+  // Every collective: `counts` is {n} for kAllReduceSum, the shards' counts otherwise.
+  absl::Status Run(int rank, int64_t round, Op op, float* data, std::vector<int64_t> counts,
+                   absl::Time deadline);
   void Abort(const absl::Status& why);
 
   const int size_;
