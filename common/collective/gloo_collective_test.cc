@@ -184,5 +184,95 @@ TEST(GlooCollectiveTest, AbortFailsLaterCallsAtOnceWithTheReason) {
   });
 }
 
+// A fresh group per call, for the shared contract checks (collective_test_util.h).
+void RunGroup(int size, const std::function<void(int, Collective&)>& body) {
+  OnEveryMember(size, [&](int r, Collective& c) { body(r, c); });
+}
+
+TEST(GlooCollectiveTest, ShardedOpsMatchAllReduceBitForBit) {
+  ExpectShardedOpsMatchAllReduce(RunGroup);
+}
+
+TEST(GlooCollectiveTest, BadShardCountsAreRefused) { ExpectBadCountsAreRefused(RunGroup); }
+
+TEST(GlooCollectiveTest, MismatchedShardCountsFailEveryMember) {
+  for (bool gather : {false, true}) {
+    ExpectMismatchedCountsFailTheGroup(RunGroup, gather);
+    // Every member sees every member's counts, so each is told which member differs.
+    std::vector<absl::Status> got(2);
+    RunGroup(2, [&](int r, Collective& c) {
+      const std::vector<int64_t> counts =
+          r == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{2, 1};
+      float x[3] = {1, 2, 3};
+      got[r] = gather ? c.AllGather(x, counts, Soon()) : c.ReduceScatterSum(x, counts, Soon());
+      // The group is failed: a later call fails at once.
+      const absl::Status later = c.AllReduceSum(x, 3, Never());
+      EXPECT_EQ(later.code(), absl::StatusCode::kAborted) << later;
+    });
+    for (const absl::Status& s : got) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("passes shard counts"), std::string::npos) << s;
+    }
+  }
+}
+
+// Fast mode changes AllReduceSum only: the sharded operations still give the ordered bits.
+TEST(GlooCollectiveTest, FastModeReduceScatterStillGivesTheOrderedShard) {
+  GlooOptions o;
+  o.ordered = false;
+  std::vector<std::vector<float>> out(3);
+  OnEveryMember(
+      3,
+      [&](int r, Collective& c) {
+        // Member r's values in element 0 of each shard of one float.
+        std::vector<float> data = {kOrderSensitive[r][0], kOrderSensitive[r][0],
+                                   kOrderSensitive[r][0]};
+        const std::vector<int64_t> counts = {1, 1, 1};
+        ASSERT_TRUE(c.ReduceScatterSum(data.data(), counts, Soon()).ok());
+        ASSERT_TRUE(c.AllGather(data.data(), counts, Soon()).ok());
+        out[r] = data;
+      },
+      o);
+  const float want = (kOrderSensitive[0][0] + kOrderSensitive[1][0]) + kOrderSensitive[2][0];
+  for (int r = 0; r < 3; ++r) {
+    for (float v : out[r]) EXPECT_EQ(std::memcmp(&v, &want, sizeof v), 0) << "member " << r;
+  }
+}
+
+TEST(GlooCollectiveTest, AMemberThatSkipsAShardedCallEndsItAtTheDeadline) {
+  for (bool gather : {false, true}) {
+    std::vector<absl::Status> got(2);
+    std::promise<void> finished;
+    std::shared_future<void> member0_done = finished.get_future().share();
+    OnEveryMember(2, [&](int r, Collective& c) {
+      if (r == 1) {
+        member0_done.wait();  // stays connected, never calls
+        return;
+      }
+      float x[2] = {1, 2};
+      const std::vector<int64_t> counts = {1, 1};
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+      got[0] = gather ? c.AllGather(x, counts, deadline) : c.ReduceScatterSum(x, counts, deadline);
+      got[1] = c.ReduceScatterSum(x, counts, Never());
+      finished.set_value();
+    });
+    EXPECT_EQ(got[0].code(), absl::StatusCode::kDeadlineExceeded) << got[0];
+    EXPECT_EQ(got[1].code(), absl::StatusCode::kAborted) << got[1];
+  }
+}
+
+TEST(GlooCollectiveTest, AbortFailsLaterShardedCallsAtOnceWithTheReason) {
+  OnEveryMember(2, [&](int, Collective& c) {
+    c.Abort(absl::UnavailableError("replica 0's worker is shutting down"));
+    float x[2] = {1, 2};
+    const std::vector<int64_t> counts = {1, 1};
+    for (const absl::Status& s :
+         {c.ReduceScatterSum(x, counts, Never()), c.AllGather(x, counts, Never())}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+      EXPECT_NE(s.message().find("shutting down"), std::string::npos) << s;
+    }
+  });
+}
+
 }  // namespace
 }  // namespace baton
