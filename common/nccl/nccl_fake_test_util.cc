@@ -95,7 +95,7 @@ struct FakeNccl::Event {
 
 namespace {
 
-enum class Kind { kCopy, kRecord, kWait, kSend, kRecv, kHostFn, kGather, kReduce, kSum };
+enum class Kind { kCopy, kRecord, kWait, kSend, kRecv, kHostFn, kGather, kReduce, kSum, kGroup };
 
 struct Item {
   Kind kind = Kind::kCopy;
@@ -113,6 +113,8 @@ struct Item {
   int64_t round = 0;        // kGather, kReduce: the collective's sequence number
   bool deposited = false;   // kGather, kReduce: this member's part is in the round
   int members = 0;          // kSum
+  std::vector<Item> parts;  // kGroup: its operations, in issue order
+  std::vector<bool> done;   // kGroup: which of them finished
 };
 
 void Break(FakeNccl::Comm* c, NcclResult error, std::string why) {
@@ -185,6 +187,8 @@ void Withdraw(FakeNccl::Comm* c) {
   }
 }
 
+void Retire(Item& it, bool finished);
+
 // Runs `it` as far as it can; true once it is finished. World mutex held.
 bool TryRun(Item& it) {
   switch (it.kind) {
@@ -201,6 +205,17 @@ bool TryRun(Item& it) {
     case Kind::kGather:
     case Kind::kReduce:
       return RunCollective(it);
+    case Kind::kGroup: {  // every part as far as it goes: all sends are posted at once
+      bool all = true;
+      for (size_t k = 0; k < it.parts.size(); ++k) {
+        if (!it.done[k] && TryRun(it.parts[k])) {
+          Retire(it.parts[k], /*finished=*/true);
+          it.done[k] = true;
+        }
+        all = all && it.done[k];
+      }
+      return all;
+    }
     case Kind::kSum: {
       const size_t n = it.bytes / sizeof(float);
       const float* src = static_cast<const float*>(it.src);
@@ -252,6 +267,12 @@ bool TryRun(Item& it) {
 
 // Bookkeeping once `it` leaves its queue, finished or dropped. World mutex held.
 void Retire(Item& it, bool finished) {
+  if (it.kind == Kind::kGroup) {  // its finished parts retired as they finished
+    for (size_t k = 0; k < it.parts.size(); ++k) {
+      if (!it.done[k]) Retire(it.parts[k], finished);
+    }
+    return;
+  }
   if (it.kind == Kind::kGather || it.kind == Kind::kReduce) {
     --it.comm->pending;
     return;
@@ -270,6 +291,13 @@ struct FakeNccl::Stream {
   std::deque<Item> queue;
   bool stop = false;
   std::thread thread;
+};
+
+struct FakeNccl::Group {
+  int depth = 0;  // GroupStart calls not yet ended
+  Item work;      // kind kGroup
+  FakeNccl::Stream* stream = nullptr;
+  FakeNccl::Comm* comm = nullptr;
 };
 
 namespace {
@@ -490,6 +518,18 @@ NcclResult FakeNccl::Enqueue(bool send, void* buf, size_t bytes, int peer, NcclC
     it.dst = buf;
     it.drop = options_.drop_recvs_from_op > 0 && op >= options_.drop_recvs_from_op;
   }
+  if (group_ != nullptr) {  // queued at GroupEnd, with the rest of the group
+    if (group_->stream != nullptr && group_->stream != s) {
+      c->last_error = "fake NCCL: a group on more than one stream is not modelled";
+      return NcclResult::kInvalidUsage;
+    }
+    group_->stream = s;
+    group_->comm = c;
+    ++c->pending;
+    group_->work.parts.push_back(std::move(it));
+    group_->work.done.push_back(false);
+    return NcclResult::kSuccess;
+  }
   return Queue(c, s, std::move(it), options_.in_progress_polls);
 }
 
@@ -509,6 +549,10 @@ NcclResult FakeNccl::Collective(bool gather, const void* send, void* recv, size_
   Comm* c = nullptr;
   Stream* s = nullptr;
   if (NcclResult r = Admit(comm, stream, &c, &s); r != NcclResult::kSuccess) return r;
+  if (group_ != nullptr) {
+    c->last_error = "fake NCCL: collectives inside a group are not modelled";
+    return NcclResult::kInvalidUsage;
+  }
   CountOp(c);
   Item it;
   it.kind = gather ? Kind::kGather : Kind::kReduce;
@@ -547,9 +591,33 @@ absl::Status FakeNccl::OrderedSum(float* dst, const float* src, int members, siz
   return absl::OkStatus();
 }
 
-// Groups are not modelled: operations are issued one by one.
-NcclResult FakeNccl::GroupStart() { return NcclResult::kSuccess; }
-NcclResult FakeNccl::GroupEnd() { return NcclResult::kSuccess; }
+NcclResult FakeNccl::GroupStart() {
+  MutexLock lock(TheWorld().mu);
+  if (group_ == nullptr) {
+    group_ = std::make_unique<Group>();
+    group_->work.kind = Kind::kGroup;
+  }
+  ++group_->depth;
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNccl::GroupEnd() {
+  World& w = TheWorld();
+  MutexLock lock(w.mu);
+  if (group_ == nullptr) return NcclResult::kInvalidUsage;
+  if (--group_->depth > 0) return NcclResult::kSuccess;
+  std::unique_ptr<Group> g = std::move(group_);
+  if (g->work.parts.empty()) return NcclResult::kSuccess;
+  // The stream and communicator outlive the group unless the caller destroyed them
+  // between the calls, which NCCL does not allow either.
+  g->stream->queue.push_back(std::move(g->work));
+  w.cv.notify_all();
+  if (options_.in_progress_polls > 0) {
+    g->comm->in_progress_left = options_.in_progress_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
 
 NcclResult FakeNccl::CommFinalize(NcclComm comm) {
   World& w = TheWorld();

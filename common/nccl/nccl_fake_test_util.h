@@ -16,6 +16,10 @@
 //    n-th, then writes the result. AllReduceSum sums each chunk starting at a different
 //    member (as a ring does), so its bits depend on the group's size, not the members'
 //    order. Fault injection counts a collective as one operation.
+//  - GroupStart/GroupEnd: the Send and Recv calls between them (on one stream) are queued
+//    at GroupEnd as one piece of work that finishes when all of them have: every send of
+//    the group is posted before any of its receives waits, so a member may send to and
+//    receive from each of its peers in one group without deadlock, as with NCCL.
 //  - CommAbort makes every pending operation of the communicator finish (without its
 //    data); a broken communicator's operations hang until then, as NCCL's do.
 // It also checks its caller: calls on a communicator that is not ready, calls made while
@@ -146,6 +150,7 @@ class FakeNccl final : public NcclApi {
   struct Comm;
   struct Stream;
   struct Event;
+  struct Group;
 
  private:
   void EndComm(NcclComm comm, bool abort);
@@ -168,6 +173,8 @@ class FakeNccl final : public NcclApi {
   int destroyed_ = 0;
   int finalized_ = 0;
   int device_wide_frees_ = 0;
+  // Open between GroupStart and GroupEnd (null otherwise): the operations issued so far.
+  std::unique_ptr<Group> group_;
 };
 
 std::unique_ptr<FakeNccl> MakeFakeNccl(FakeNcclOptions options = {});
