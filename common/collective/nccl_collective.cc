@@ -5,9 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/core/cuda_context.h"
-#include "common/core/status.h"
 #include "common/core/mutex.h"
+#include "common/core/status.h"
 
 namespace baton {
 
@@ -108,6 +109,8 @@ NcclCollective::~NcclCollective() {
     });
   }
   if (gathered_ != nullptr && drained) (void)api_->DeviceFreeAsync(gathered_, stream_);
+  if (counts_device_ != nullptr && drained) (void)api_->DeviceFreeAsync(counts_device_, stream_);
+  if (counts_host_ != nullptr && drained) (void)api_->HostFree(counts_host_);
   if (event_ != nullptr) (void)api_->EventDestroy(event_);
   if (written_ != nullptr) (void)api_->EventDestroy(written_);
   if (stream_ != nullptr && drained) (void)api_->StreamDestroy(stream_);
@@ -134,10 +137,9 @@ absl::Status NcclCollective::Fail(const absl::Status& s) {
 
 absl::Status NcclCollective::NcclError(const char* call, NcclResult r) {
   const std::string last = comm_ != nullptr ? api_->LastError(comm_) : "";
-  return absl::UnavailableError(absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ",
-                                             call, ": ", NcclResultName(r), " (",
-                                             api_->ErrorString(r), ")",
-                                             last.empty() ? "" : ": ", last));
+  return absl::UnavailableError(absl::StrCat(op_, " on replica ", rank_, " of ", size_, ": ", call,
+                                             ": ", NcclResultName(r), " (", api_->ErrorString(r),
+                                             ")", last.empty() ? "" : ": ", last));
 }
 
 NcclResult NcclCollective::Settle(absl::Time deadline) {
@@ -174,7 +176,7 @@ absl::Status NcclCollective::WaitStream(absl::Time deadline, const char* what) {
     }
     if (absl::Now() > deadline) {
       result = absl::DeadlineExceededError(
-          absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ", what,
+          absl::StrCat(op_, " on replica ", rank_, " of ", size_, ": ", what,
                        " did not finish by its deadline (a member did not join in time)"));
       return true;
     }
@@ -183,69 +185,198 @@ absl::Status NcclCollective::WaitStream(absl::Time deadline, const char* what) {
   return result.ok() ? result : Fail(result);
 }
 
-absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
-  {
-    MutexLock lock(mu_);
-    if (!failed_.ok()) {
-      return absl::Status(failed_.code(), absl::StrCat("all-reduce on replica ", rank_, ": ",
-                                                       failed_.message()));
-    }
+absl::Status NcclCollective::Begin(const char* op, absl::Time deadline) {
+  op_ = op;
+  MutexLock lock(mu_);
+  if (!failed_.ok()) {
+    return absl::Status(failed_.code(),
+                        absl::StrCat(op, " on replica ", rank_, ": ", failed_.message()));
   }
-  if (n == 0) return absl::OkStatus();
-  // A one-member group goes through NCCL too: the same calls and kernel as a real group
-  // (what a test on one GPU can check), at the cost of a copy.
   if (absl::Now() > deadline) {
-    return absl::DeadlineExceededError("all-reduce: the deadline passed before it started");
+    return absl::DeadlineExceededError(absl::StrCat(op, ": the deadline passed before it started"));
   }
-  const size_t count = static_cast<size_t>(n);
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::FollowCompute() {
   // The buffer may still be being written on the compute stream: this stream reads it after.
   if (compute_ != nullptr) {
     if (absl::Status s = api_->EventRecord(written_, compute_); !s.ok()) return Fail(s);
     if (absl::Status s = api_->StreamWaitEvent(stream_, written_); !s.ok()) return Fail(s);
   }
-  // Enqueues one NCCL call and waits for the communicator to take it.
-  auto issue = [&](const char* call, NcclResult r) -> absl::Status {
-    if (r == NcclResult::kInProgress) r = Settle(deadline);
-    if (r == NcclResult::kInProgress && abort_requested_.load()) {
-      absl::Status why;
-      {
-        MutexLock lock(mu_);
-        why = failed_;
-      }
-      return Fail(why);
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::Issue(const char* call, NcclResult r, absl::Time deadline) {
+  if (r == NcclResult::kInProgress) r = Settle(deadline);
+  if (r == NcclResult::kInProgress && abort_requested_.load()) {
+    absl::Status why;
+    {
+      MutexLock lock(mu_);
+      why = failed_;
     }
-    if (r == NcclResult::kInProgress) {
-      return Fail(absl::DeadlineExceededError(
-          absl::StrCat("all-reduce on replica ", rank_, " of ", size_, ": ", call,
-                       " was not accepted by its deadline")));
-    }
-    return r == NcclResult::kSuccess ? absl::OkStatus() : Fail(NcclError(call, r));
-  };
+    return Fail(why);
+  }
+  if (r == NcclResult::kInProgress) {
+    return Fail(
+        absl::DeadlineExceededError(absl::StrCat(op_, " on replica ", rank_, " of ", size_, ": ",
+                                                 call, " was not accepted by its deadline")));
+  }
+  return r == NcclResult::kSuccess ? absl::OkStatus() : Fail(NcclError(call, r));
+}
+
+absl::Status NcclCollective::EnsureGathered(int64_t floats) {
+  if (floats <= gathered_capacity_) return absl::OkStatus();
+  // In this stream's order, never cudaFree: it would wait for the whole device, so for the
+  // pipeline's NCCL kernels too, which may wait for a peer that waits for this replica.
+  if (gathered_ != nullptr) {
+    if (absl::Status s = api_->DeviceFreeAsync(gathered_, stream_); !s.ok()) return Fail(s);
+    gathered_ = nullptr;
+    gathered_capacity_ = 0;
+  }
+  absl::StatusOr<void*> p =
+      api_->DeviceAllocAsync(static_cast<size_t>(floats) * sizeof(float), stream_);
+  if (!p.ok()) return Fail(p.status());
+  gathered_ = static_cast<float*>(*p);
+  gathered_capacity_ = floats;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
+  BATON_RETURN_IF_ERROR(Begin("all-reduce", deadline));
+  if (n == 0) return absl::OkStatus();
+  // A one-member group goes through NCCL too: the same calls and kernel as a real group
+  // (what a test on one GPU can check), at the cost of a copy.
+  const size_t count = static_cast<size_t>(n);
+  BATON_RETURN_IF_ERROR(FollowCompute());
   if (!ordered_) {
     BATON_RETURN_IF_ERROR(
-        issue("ncclAllReduce", api_->AllReduceSum(data, data, count, comm_, stream_)));
+        Issue("ncclAllReduce", api_->AllReduceSum(data, data, count, comm_, stream_), deadline));
     return WaitStream(deadline, "ncclAllReduce");
   }
-  if (n > capacity_) {
-    // In this stream's order, never cudaFree: it would wait for the whole device, so for the
-    // pipeline's NCCL kernels too, which may wait for a peer that waits for this replica.
-    if (gathered_ != nullptr) {
-      if (absl::Status s = api_->DeviceFreeAsync(gathered_, stream_); !s.ok()) return Fail(s);
-      gathered_ = nullptr;
-      capacity_ = 0;
-    }
-    absl::StatusOr<void*> p =
-        api_->DeviceAllocAsync(count * static_cast<size_t>(size_) * sizeof(float), stream_);
-    if (!p.ok()) return Fail(p.status());
-    gathered_ = static_cast<float*>(*p);
-    capacity_ = n;
-  }
+  BATON_RETURN_IF_ERROR(EnsureGathered(n * size_));
   BATON_RETURN_IF_ERROR(
-      issue("ncclAllGather", api_->AllGather(data, gathered_, count, comm_, stream_)));
+      Issue("ncclAllGather", api_->AllGather(data, gathered_, count, comm_, stream_), deadline));
   if (absl::Status s = api_->OrderedSum(data, gathered_, size_, count, stream_); !s.ok()) {
     return Fail(s);
   }
   return WaitStream(deadline, "ncclAllGather");
+}
+
+absl::Status NcclCollective::AgreeOnCounts(absl::Span<const int64_t> counts, absl::Time deadline) {
+  const size_t table = static_cast<size_t>(size_) * size_;
+  if (counts_host_ == nullptr) {
+    absl::StatusOr<void*> host = api_->HostAlloc((size_ + table) * sizeof(int64_t));
+    if (!host.ok()) return Fail(host.status());
+    counts_host_ = static_cast<int64_t*>(*host);
+    absl::StatusOr<void*> dev = api_->DeviceAllocAsync(table * sizeof(int64_t), stream_);
+    if (!dev.ok()) return Fail(dev.status());
+    counts_device_ = static_cast<int64_t*>(*dev);
+  }
+  // The stream is idle (every call waits for it), so the host side is free to write.
+  std::copy(counts.begin(), counts.end(), counts_host_);
+  int64_t* const mine = counts_device_ + static_cast<size_t>(rank_) * size_;
+  if (absl::Status s = api_->MemcpyAsync(mine, counts_host_, size_ * sizeof(int64_t), stream_);
+      !s.ok()) {
+    return Fail(s);
+  }
+  // int64 counts travel as pairs of float32 words: an all-gather copies bits.
+  BATON_RETURN_IF_ERROR(
+      Issue("ncclAllGather",
+            api_->AllGather(mine, counts_device_, 2 * static_cast<size_t>(size_), comm_, stream_),
+            deadline));
+  int64_t* const all = counts_host_ + size_;
+  if (absl::Status s = api_->MemcpyAsync(all, counts_device_, table * sizeof(int64_t), stream_);
+      !s.ok()) {
+    return Fail(s);
+  }
+  BATON_RETURN_IF_ERROR(WaitStream(deadline, "ncclAllGather"));
+  for (int m = 0; m < size_; ++m) {
+    const absl::Span<const int64_t> theirs(all + static_cast<size_t>(m) * size_, size_);
+    if (theirs != counts) {
+      // Every member sees the same table, so every member fails here, naming the first.
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          op_, " on replica ", rank_, ": replica ", m, " passes shard counts {",
+          absl::StrJoin(theirs, ", "), "}, this one {", absl::StrJoin(counts, ", "), "}")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::Exchange(absl::Span<const Transfer> transfers, absl::Time deadline) {
+  NcclResult r = api_->GroupStart();
+  if (r != NcclResult::kSuccess) return Fail(NcclError("ncclGroupStart", r));
+  NcclResult first = NcclResult::kSuccess;
+  const char* failed_call = nullptr;
+  for (const Transfer& t : transfers) {
+    if (t.bytes == 0) continue;  // both sides know the counts: neither posts it
+    r = t.send ? api_->Send(t.buf, t.bytes, t.peer, comm_, stream_)
+               : api_->Recv(t.buf, t.bytes, t.peer, comm_, stream_);
+    if (r != NcclResult::kSuccess && first == NcclResult::kSuccess) {
+      first = r;
+      failed_call = t.send ? "ncclSend" : "ncclRecv";
+    }
+  }
+  r = api_->GroupEnd();  // ends the group whatever happened inside it
+  if (first != NcclResult::kSuccess) return Fail(NcclError(failed_call, first));
+  return Issue("ncclGroupEnd", r, deadline);
+}
+
+absl::Status NcclCollective::ReduceScatterSum(float* data, absl::Span<const int64_t> counts,
+                                              absl::Time deadline) {
+  BATON_RETURN_IF_ERROR(Begin("reduce-scatter", deadline));
+  BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                         ShardOffsets(counts, size_, "reduce-scatter"));
+  BATON_RETURN_IF_ERROR(AgreeOnCounts(counts, deadline));
+  const int64_t mine = counts[rank_];
+  if (offsets.back() == 0) return absl::OkStatus();
+  BATON_RETURN_IF_ERROR(FollowCompute());
+  const size_t bytes = static_cast<size_t>(mine) * sizeof(float);
+  float* const shard = data + offsets[rank_];
+  if (mine > 0) {
+    // gathered_[m * mine, (m + 1) * mine) receives member m's copy of this member's shard.
+    BATON_RETURN_IF_ERROR(EnsureGathered(mine * size_));
+    if (absl::Status s = api_->MemcpyAsync(gathered_ + rank_ * mine, shard, bytes, stream_);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  std::vector<Transfer> transfers;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    transfers.push_back(
+        {true, data + offsets[p], static_cast<size_t>(counts[p]) * sizeof(float), p});
+    transfers.push_back({false, gathered_ + p * mine, bytes, p});
+  }
+  BATON_RETURN_IF_ERROR(Exchange(transfers, deadline));
+  if (mine > 0) {
+    if (absl::Status s =
+            api_->OrderedSum(shard, gathered_, size_, static_cast<size_t>(mine), stream_);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  return WaitStream(deadline, "the reduce-scatter's exchange");
+}
+
+absl::Status NcclCollective::AllGather(float* data, absl::Span<const int64_t> counts,
+                                       absl::Time deadline) {
+  BATON_RETURN_IF_ERROR(Begin("all-gather", deadline));
+  BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                         ShardOffsets(counts, size_, "all-gather"));
+  BATON_RETURN_IF_ERROR(AgreeOnCounts(counts, deadline));
+  if (offsets.back() == 0) return absl::OkStatus();
+  BATON_RETURN_IF_ERROR(FollowCompute());
+  std::vector<Transfer> transfers;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    transfers.push_back(
+        {true, data + offsets[rank_], static_cast<size_t>(counts[rank_]) * sizeof(float), p});
+    transfers.push_back(
+        {false, data + offsets[p], static_cast<size_t>(counts[p]) * sizeof(float), p});
+  }
+  BATON_RETURN_IF_ERROR(Exchange(transfers, deadline));
+  return WaitStream(deadline, "the all-gather's exchange");
 }
 
 }  // namespace baton

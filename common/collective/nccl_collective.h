@@ -9,6 +9,15 @@
 // (options.ordered false) is one ncclAllReduce(ncclSum): less traffic, NCCL's summation
 // order.
 //
+// The sharded operations first all-gather every member's counts (size * size integers,
+// through host memory: one more round trip; a member whose counts differ fails every
+// member with INVALID_ARGUMENT naming it), then, in either mode, exchange shards with
+// grouped ncclSend/ncclRecv: ReduceScatterSum sends member m its copy of shard m and
+// receives the others' copies of its own ((size - 1) * counts[rank] floats; (size - 1) /
+// size of the data on average, against AllReduceSum's size - 1 times it), then sums them
+// in member order with OrderedSum, so its shard has AllReduceSum's ordered bits.
+// AllGather sends its shard to every member and receives theirs (n - counts[rank] floats).
+//
 // Data: device() is the API's (kCuda for the real library, kCpu for the fake); the buffer
 // passed to AllReduceSum must be memory of that device, and holds the result when the call
 // returns (the engine's stream has finished with it). With options.compute_stream the
@@ -71,9 +80,35 @@ class NcclCollective final : public Collective {
   bool follows_compute_stream() const override { return compute_ != nullptr; }
   const char* engine() const override { return "nccl"; }
   absl::Status AllReduceSum(float* data, int64_t n, absl::Time deadline) override;
+  absl::Status ReduceScatterSum(float* data, absl::Span<const int64_t> counts,
+                                absl::Time deadline) override;
+  absl::Status AllGather(float* data, absl::Span<const int64_t> counts,
+                         absl::Time deadline) override;
   void Abort(const absl::Status& why) override;
 
  private:
+  // One point-to-point transfer of a grouped exchange.
+  struct Transfer {
+    bool send;
+    void* buf;
+    size_t bytes;
+    int peer;
+  };
+
+  // Starts a call named `op` (for messages): fails if the engine failed or the deadline
+  // passed.
+  absl::Status Begin(const char* op, absl::Time deadline);
+  // Orders this stream after the compute stream's writes so far (with a compute stream).
+  absl::Status FollowCompute();
+  // Waits for the communicator to take one NCCL call (result `r`).
+  absl::Status Issue(const char* call, NcclResult r, absl::Time deadline);
+  // gathered_ holds at least `floats` floats.
+  absl::Status EnsureGathered(int64_t floats);
+  // Fails (and aborts) unless every member passes these counts.
+  absl::Status AgreeOnCounts(absl::Span<const int64_t> counts, absl::Time deadline);
+  // The transfers (those of 0 bytes skipped) as one NCCL group.
+  absl::Status Exchange(absl::Span<const Transfer> transfers, absl::Time deadline);
+
   NcclCollective(NcclApi* api, int rank, int size, bool ordered, int cuda_device,
                  CudaStream compute, NcclComm comm);
 
@@ -96,8 +131,11 @@ class NcclCollective final : public Collective {
   CudaEvent event_ = nullptr;
   CudaStream const compute_;      // options.compute_stream; not owned
   CudaEvent written_ = nullptr;   // recorded on compute_ by each call (when compute_ is set)
-  float* gathered_ = nullptr;    // size_ * capacity_ floats on device(); ordered mode only
-  int64_t capacity_ = 0;
+  float* gathered_ = nullptr;     // gathered_capacity_ floats on device(): the ordered paths'
+  int64_t gathered_capacity_ = 0;
+  int64_t* counts_device_ = nullptr;  // size_ * size_ counts on device(): AgreeOnCounts's
+  int64_t* counts_host_ = nullptr;    // size_ + size_ * size_ counts in HostAlloc's memory
+  const char* op_ = "all-reduce";     // the call under way, for messages
   Mutex mu_;
   absl::Status failed_;                 // guarded by mu_: why calls fail from now on
   std::atomic<bool> abort_requested_{false};

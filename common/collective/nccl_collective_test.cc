@@ -306,5 +306,146 @@ TEST(NcclCollectiveTest, OneMemberGroupKeepsItsData) {
   });
 }
 
+// A fresh group per call, for the shared contract checks (collective_test_util.h).
+void RunGroup(int size, const std::function<void(int, Collective&)>& body) {
+  OnEveryMember(size, [&](int r, Member& m) { body(r, *m.collective); });
+}
+
+TEST(NcclCollectiveTest, ShardedOpsMatchAllReduceBitForBit) {
+  ExpectShardedOpsMatchAllReduce(RunGroup);
+}
+
+TEST(NcclCollectiveTest, BadShardCountsAreRefused) { ExpectBadCountsAreRefused(RunGroup); }
+
+TEST(NcclCollectiveTest, MismatchedShardCountsFailEveryMemberNamingTheCounts) {
+  for (bool gather : {false, true}) {
+    ExpectMismatchedCountsFailTheGroup(RunGroup, gather);
+    std::vector<absl::Status> got(2);
+    RunGroup(2, [&](int r, Collective& c) {
+      const std::vector<int64_t> counts =
+          r == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{2, 1};
+      float x[3] = {1, 2, 3};
+      got[r] = gather ? c.AllGather(x, counts, Soon()) : c.ReduceScatterSum(x, counts, Soon());
+      // The group is failed: a later call fails at once, with the same reason.
+      const absl::Status later = c.AllReduceSum(x, 3, Never());
+      EXPECT_EQ(later.code(), absl::StatusCode::kInvalidArgument) << later;
+    });
+    for (const absl::Status& s : got) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("passes shard counts"), std::string::npos) << s;
+    }
+  }
+}
+
+// Fast mode changes AllReduceSum only: the sharded operations still give the ordered bits.
+TEST(NcclCollectiveTest, FastModeReduceScatterStillGivesTheOrderedShard) {
+  std::vector<std::vector<float>> out(3);
+  OnEveryMember(
+      3,
+      [&](int r, Member& m) {
+        std::vector<float> data(3, kOrderSensitive[r][0]);
+        const std::vector<int64_t> counts = {1, 1, 1};
+        ASSERT_TRUE(m.collective->ReduceScatterSum(data.data(), counts, Soon()).ok());
+        ASSERT_TRUE(m.collective->AllGather(data.data(), counts, Soon()).ok());
+        out[r] = data;
+      },
+      /*ordered=*/false);
+  const float want = (kOrderSensitive[0][0] + kOrderSensitive[1][0]) + kOrderSensitive[2][0];
+  for (int r = 0; r < 3; ++r) {
+    for (float v : out[r]) EXPECT_EQ(std::memcmp(&v, &want, sizeof v), 0) << "member " << r;
+  }
+}
+
+// The grouped sends and receives end with a GroupEnd the communicator may take in progress.
+TEST(NcclCollectiveTest, ShardedCallsThatTheCommunicatorTakesInProgressStillComplete) {
+  std::vector<FakeNcclOptions> faults(3);
+  for (FakeNcclOptions& f : faults) f.in_progress_polls = 3;
+  OnEveryMember(
+      3,
+      [&](int r, Member& m) {
+        const std::vector<int64_t> counts = {2, 0, 3};
+        std::vector<float> x(5, static_cast<float>(r + 1));
+        ASSERT_TRUE(m.collective->ReduceScatterSum(x.data(), counts, Soon()).ok());
+        ASSERT_TRUE(m.collective->AllGather(x.data(), counts, Soon()).ok());
+        for (float v : x) EXPECT_EQ(v, 6.0f) << "member " << r;
+      },
+      true, faults);
+}
+
+// With a compute stream, the sharded calls read what that stream writes (queued behind slow
+// work when the call is made), as AllReduceSum does.
+TEST(NcclCollectiveTest, ShardedCallsFollowTheComputeStream) {
+  OnEveryMember(
+      2,
+      [&](int r, Member& m) {
+        std::vector<float> data(4, 0.0f);
+        float* at = data.data();
+        const float value = static_cast<float>(r + 1);
+        ASSERT_TRUE(m.api
+                        ->LaunchHostFunc(m.compute,
+                                         [at, value] {
+                                           std::this_thread::sleep_for(
+                                               std::chrono::milliseconds(150));
+                                           std::fill(at, at + 4, value);
+                                         })
+                        .ok());
+        const std::vector<int64_t> counts = {1, 3};
+        ASSERT_TRUE(m.collective->ReduceScatterSum(at, counts, Soon()).ok());
+        ASSERT_TRUE(m.collective->AllGather(at, counts, Soon()).ok());
+        for (float v : data) EXPECT_EQ(v, 3.0f) << "member " << r;
+      },
+      /*ordered=*/true, /*faults=*/{}, /*compute_stream=*/true);
+}
+
+TEST(NcclCollectiveTest, AMemberThatSkipsAShardedCallEndsItAtTheDeadline) {
+  for (bool gather : {false, true}) {
+    std::vector<absl::Status> got(2);
+    std::promise<void> finished;
+    std::shared_future<void> member0_done = finished.get_future().share();
+    OnEveryMember(2, [&](int r, Member& m) {
+      if (r == 1) {
+        member0_done.wait();  // joined, never calls
+        return;
+      }
+      float x[2] = {1, 2};
+      const std::vector<int64_t> counts = {1, 1};
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+      got[0] = gather ? m.collective->AllGather(x, counts, deadline)
+                      : m.collective->ReduceScatterSum(x, counts, deadline);
+      got[1] = m.collective->ReduceScatterSum(x, counts, Never());
+      finished.set_value();
+    });
+    EXPECT_EQ(got[0].code(), absl::StatusCode::kDeadlineExceeded) << got[0];
+    EXPECT_NE(got[0].message().find("replica 0 of 2"), std::string::npos) << got[0];
+    EXPECT_EQ(got[1].code(), absl::StatusCode::kDeadlineExceeded) << got[1];
+    EXPECT_NE(got[1].message().find(got[0].message()), std::string::npos) << got[1];
+  }
+}
+
+// A member that stops receiving: its peer's grouped exchange never completes, and Abort
+// from another thread ends it with the reason.
+TEST(NcclCollectiveTest, AbortEndsAShardedExchangeInFlightWithTheReason) {
+  std::vector<FakeNcclOptions> faults(2);
+  faults[1].drop_recvs_from_op = 1;
+  std::vector<absl::Status> got(2);
+  OnEveryMember(
+      2,
+      [&](int r, Member& m) {
+        std::thread aborter([&] {
+          absl::SleepFor(absl::Milliseconds(200));
+          m.collective->Abort(absl::UnavailableError("rank 3 of the pipeline failed"));
+        });
+        std::vector<float> x(4, 1.0f);
+        const std::vector<int64_t> counts = {2, 2};
+        got[r] = m.collective->AllGather(x.data(), counts, Never());
+        aborter.join();
+      },
+      true, faults);
+  for (const absl::Status& s : got) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("rank 3 of the pipeline failed"), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace baton
