@@ -185,15 +185,20 @@ absl::Status NcclCollective::WaitStream(absl::Time deadline, const char* what) {
   return result.ok() ? result : Fail(result);
 }
 
-absl::Status NcclCollective::Begin(const char* op, absl::Time deadline) {
+absl::Status NcclCollective::Begin(const char* op) {
   op_ = op;
   MutexLock lock(mu_);
   if (!failed_.ok()) {
     return absl::Status(failed_.code(),
                         absl::StrCat(op, " on replica ", rank_, ": ", failed_.message()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::CheckDeadline(absl::Time deadline) const {
   if (absl::Now() > deadline) {
-    return absl::DeadlineExceededError(absl::StrCat(op, ": the deadline passed before it started"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(op_, ": the deadline passed before it started"));
   }
   return absl::OkStatus();
 }
@@ -243,8 +248,9 @@ absl::Status NcclCollective::EnsureGathered(int64_t floats) {
 }
 
 absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time deadline) {
-  BATON_RETURN_IF_ERROR(Begin("all-reduce", deadline));
+  BATON_RETURN_IF_ERROR(Begin("all-reduce"));
   if (n == 0) return absl::OkStatus();
+  BATON_RETURN_IF_ERROR(CheckDeadline(deadline));
   // A one-member group goes through NCCL too: the same calls and kernel as a real group
   // (what a test on one GPU can check), at the cost of a copy.
   const size_t count = static_cast<size_t>(n);
@@ -324,7 +330,8 @@ absl::Status NcclCollective::Exchange(absl::Span<const Transfer> transfers, absl
 
 absl::Status NcclCollective::ReduceScatterSum(float* data, absl::Span<const int64_t> counts,
                                               absl::Time deadline) {
-  BATON_RETURN_IF_ERROR(Begin("reduce-scatter", deadline));
+  BATON_RETURN_IF_ERROR(Begin("reduce-scatter"));
+  BATON_RETURN_IF_ERROR(CheckDeadline(deadline));
   BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
                          ShardOffsets(counts, size_, "reduce-scatter"));
   BATON_RETURN_IF_ERROR(AgreeOnCounts(counts, deadline));
@@ -361,7 +368,8 @@ absl::Status NcclCollective::ReduceScatterSum(float* data, absl::Span<const int6
 
 absl::Status NcclCollective::AllGather(float* data, absl::Span<const int64_t> counts,
                                        absl::Time deadline) {
-  BATON_RETURN_IF_ERROR(Begin("all-gather", deadline));
+  BATON_RETURN_IF_ERROR(Begin("all-gather"));
+  BATON_RETURN_IF_ERROR(CheckDeadline(deadline));
   BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
                          ShardOffsets(counts, size_, "all-gather"));
   BATON_RETURN_IF_ERROR(AgreeOnCounts(counts, deadline));

@@ -31,7 +31,7 @@
 // every later call fails, naming the cause. Other members notice at their own deadline or
 // through their own abort (NCCL tells no one), as with Gloo.
 //
-// Thread safety: one AllReduceSum at a time (collective.h); Abort from any thread.
+// Thread safety: one collective call at a time (collective.h); Abort from any thread.
 #ifndef BATON_COMMON_COLLECTIVE_NCCL_COLLECTIVE_H_
 #define BATON_COMMON_COLLECTIVE_NCCL_COLLECTIVE_H_
 
@@ -95,9 +95,10 @@ class NcclCollective final : public Collective {
     int peer;
   };
 
-  // Starts a call named `op` (for messages): fails if the engine failed or the deadline
-  // passed.
-  absl::Status Begin(const char* op, absl::Time deadline);
+  // Starts a call named `op` (for messages): fails if the engine failed.
+  absl::Status Begin(const char* op);
+  // DEADLINE_EXCEEDED once `deadline` has passed.
+  absl::Status CheckDeadline(absl::Time deadline) const;
   // Orders this stream after the compute stream's writes so far (with a compute stream).
   absl::Status FollowCompute();
   // Waits for the communicator to take one NCCL call (result `r`).

@@ -32,11 +32,11 @@ class Collective {
 
   virtual int rank() const = 0;  // this member's index in the group, 0 .. size()-1
   virtual int size() const = 0;
-  // Where AllReduceSum's data must live: host memory (kCpu), or memory of the process's CUDA
+  // Where the collectives' data must live: host memory (kCpu), or memory of the process's CUDA
   // device (kCuda), written and synchronised with the host before the call, unless
   // follows_compute_stream().
   virtual Device device() const { return Device::kCpu; }
-  // True when AllReduceSum's data may still be being written by work queued on the
+  // True when the collectives' data may still be being written by work queued on the
   // process's CUDA compute stream (cuda_context.h) when the call is made: the engine orders
   // itself after that work, so the caller need not wait for it. It still holds the result
   // when the call returns.
