@@ -54,10 +54,12 @@ class Collective {
 
   // Sharded operations (the optimizer sharded across replicas). `data` holds sum(counts)
   // floats, member m's shard at offset counts[0] + ... + counts[m - 1], counts[m] long;
-  // counts.size() == size(), a count may be 0, and every member passes the same counts
-  // (a member that does not fails the group: INVALID_ARGUMENT naming both). Bad counts
-  // (wrong length, negative) are INVALID_ARGUMENT before anything moves. Deadline, abort,
-  // call order and device() as AllReduceSum; each counts as one collective in the order.
+  // counts.size() == size(), a count may be 0, and every member passes the same counts:
+  // counts that differ fail the whole group (INVALID_ARGUMENT naming the counts on the
+  // members that see the difference, the others end as after Abort with that reason).
+  // Bad counts (wrong length, negative) are INVALID_ARGUMENT before anything moves.
+  // Deadline, abort, call order and device() as AllReduceSum; each counts as one
+  // collective in the order. An engine without them answers UNIMPLEMENTED naming itself.
   //
   // ReduceScatterSum: on return this member's shard holds the group's sum of that shard,
   // in ordered mode the very bits AllReduceSum would leave there; the other shards'
