@@ -17,6 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev prometheus-cpp-dev
   libpcre2-dev  # tokenizer.json pre-tokenizer regexes (batonctl sample)
   libdnnl-dev  # oneDNN: bf16 products on CPUs with AMX or AVX512-BF16 (common/core/bf16_gemm.h)
+  ocl-icd-opencl-dev opencl-headers  # oneDNN's CMake package looks for OpenCL
   libgloo-dev  # collectives between data-parallel replicas on CPU (common/collective)
   python3
   python3-venv  # the demo's tokenizer venv (scripts/data-venv.sh), the Python client's, the peer checks'
