@@ -37,9 +37,23 @@ void GradReducer::BeginStep(std::chrono::steady_clock::time_point t0) {
 
 void GradReducer::Enqueue(const Action& action, std::vector<Parameter*> params,
                           absl::Time deadline) {
+  Push(Task{action, Op::kAllReduce, std::move(params), {}, deadline});
+}
+
+void GradReducer::EnqueueReduceScatter(const Action& action, std::vector<Parameter*> params,
+                                       std::vector<int64_t> counts, absl::Time deadline) {
+  Push(Task{action, Op::kReduceScatter, std::move(params), std::move(counts), deadline});
+}
+
+void GradReducer::EnqueueAllGather(const Action& action, std::vector<Parameter*> params,
+                                   std::vector<int64_t> counts, absl::Time deadline) {
+  Push(Task{action, Op::kAllGather, std::move(params), std::move(counts), deadline});
+}
+
+void GradReducer::Push(Task task) {
   {
     MutexLock lock(mu_);
-    queue_.push_back(Task{action, std::move(params), deadline});
+    queue_.push_back(std::move(task));
     ++pending_;
   }
   cv_.notify_all();
@@ -83,7 +97,7 @@ void GradReducer::Loop() {
     absl::Status s;
     if (!skip) {
       t.start_ns = NsSince(t0);
-      s = Reduce(task, &t.bytes);
+      s = Run(task, &t.bytes);
       t.end_ns = NsSince(t0);
     }
     lock.lock();
@@ -102,15 +116,46 @@ void GradReducer::Loop() {
 // The buffer lives where the engine wants it: host memory (Gloo, in-process; device
 // gradients are staged through it) or the GPU (NCCL: device-to-device copies on the compute
 // stream). An engine that follows the compute stream (NCCL in a worker) orders its
-// all-reduce after the copies into the bucket itself, so they are queued without a wait;
-// the copies back are queued after the all-reduce returned (it holds the result then),
+// collective after the copies into the bucket itself, so they are queued without a wait;
+// the copies back are queued after the collective returned (it holds the result then),
 // ahead of the optimizer's kernels on the same stream. Otherwise every copy waits for the
 // stream.
-absl::Status GradReducer::Reduce(const Task& task, int64_t* bytes) {
-  const bool on_device = collective_->device() == Device::kCuda;
-  const bool async = on_device && collective_->follows_compute_stream();
+absl::Status GradReducer::Run(const Task& task, int64_t* bytes) {
+  if (task.op == Op::kAllReduce) return AllReduce(task.params, task.deadline, bytes);
+  return Sharded(task, bytes);
+}
+
+absl::StatusOr<float*> GradReducer::Buffer(int64_t floats) {
+  if (collective_->device() != Device::kCuda) {
+    buffer_.resize(static_cast<size_t>(floats));
+    return buffer_.data();
+  }
+  if (device_buffer_.numel() < floats) {
+    device_buffer_ = Tensor();
+    BATON_ASSIGN_OR_RETURN(device_buffer_,
+                           Tensor::TryEmpty({floats}, DType::kFloat32, Device::kCuda));
+  }
+  return device_buffer_.f32();
+}
+
+absl::Status GradReducer::Move(Tensor& t, float* at, bool to_bucket) {
+  if (collective_->device() != Device::kCuda) {
+    return to_bucket ? t.CopyToHost(at) : t.CopyFromHost(at);
+  }
+  if (t.device() != Device::kCuda) {
+    return absl::FailedPreconditionError(
+        "the data-parallel engine works on GPU memory but this rank's tensors are on the CPU");
+  }
+  void* dst = to_bucket ? static_cast<void*>(at) : t.raw();
+  const void* src = to_bucket ? t.raw() : static_cast<const void*>(at);
+  return collective_->follows_compute_stream()
+             ? CudaCopyDeviceAsync(dst, src, t.nbytes())
+             : CudaCopy(dst, src, t.nbytes(), CopyKind::kDeviceToDevice);
+}
+
+absl::Status GradReducer::AllReduce(const std::vector<Parameter*>& ps, absl::Time deadline,
+                                    int64_t* bytes) {
   size_t i = 0;
-  const std::vector<Parameter*>& ps = task.params;
   while (i < ps.size()) {
     size_t end = i;
     int64_t floats = 0;
@@ -120,45 +165,66 @@ absl::Status GradReducer::Reduce(const Task& task, int64_t* bytes) {
       floats += ps[end]->grad.numel();
       ++end;
     }
-    float* buf = nullptr;
-    if (on_device) {
-      if (device_buffer_.numel() < floats) {
-        device_buffer_ = Tensor();
-        BATON_ASSIGN_OR_RETURN(device_buffer_,
-                               Tensor::TryEmpty({floats}, DType::kFloat32, Device::kCuda));
-      }
-      buf = device_buffer_.f32();
-    } else {
-      buffer_.resize(static_cast<size_t>(floats));
-      buf = buffer_.data();
-    }
-    // Copies one parameter's gradient into the bucket (to_bucket) or back out of it.
-    auto move = [&](Tensor& grad, float* at, bool to_bucket) -> absl::Status {
-      if (!on_device) return to_bucket ? grad.CopyToHost(at) : grad.CopyFromHost(at);
-      if (grad.device() != Device::kCuda) {
-        return absl::FailedPreconditionError(
-            "the data-parallel engine sums GPU memory but this rank's gradients are on the "
-            "CPU");
-      }
-      void* dst = to_bucket ? static_cast<void*>(at) : grad.raw();
-      const void* src = to_bucket ? grad.raw() : static_cast<const void*>(at);
-      return async ? CudaCopyDeviceAsync(dst, src, grad.nbytes())
-                   : CudaCopy(dst, src, grad.nbytes(), CopyKind::kDeviceToDevice);
-    };
+    BATON_ASSIGN_OR_RETURN(float* buf, Buffer(floats));
     int64_t at = 0;
     for (size_t k = i; k < end; ++k) {
-      BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, true));
+      BATON_RETURN_IF_ERROR(Move(ps[k]->grad, buf + at, true));
       at += ps[k]->grad.numel();
     }
-    BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, task.deadline));
+    BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, deadline));
     at = 0;
     for (size_t k = i; k < end; ++k) {
-      BATON_RETURN_IF_ERROR(move(ps[k]->grad, buf + at, false));
+      BATON_RETURN_IF_ERROR(Move(ps[k]->grad, buf + at, false));
       at += ps[k]->grad.numel();
     }
     *bytes += floats * static_cast<int64_t>(sizeof(float));
     i = end;
   }
+  return absl::OkStatus();
+}
+
+// One bucket: the reduce-scatter moves every gradient in and this member's run back out;
+// the all-gather moves this member's run of weights in and the other runs back out.
+absl::Status GradReducer::Sharded(const Task& task, int64_t* bytes) {
+  const bool scatter = task.op == Op::kReduceScatter;
+  int64_t floats = 0;
+  for (const Parameter* p : task.params) floats += (scatter ? p->grad : p->value).numel();
+  const char* op = scatter ? "reduce-scatter" : "all-gather";
+  BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                         ShardOffsets(task.counts, collective_->size(), op));
+  if (offsets.back() != floats) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the runs hold ", offsets.back(), " floats, the bucket ", floats));
+  }
+  const int me = collective_->rank();
+  const int64_t from = offsets[me];
+  const int64_t to = from + task.counts[me];
+  BATON_ASSIGN_OR_RETURN(float* buf, Buffer(floats));
+  // Runs end on parameter boundaries (optimizer_shards.h): a parameter is in this member's
+  // run when it starts there.
+  enum class Which { kAll, kMine, kOthers };
+  auto move = [&](Which which, bool to_bucket) -> absl::Status {
+    int64_t at = 0;
+    for (Parameter* p : task.params) {
+      Tensor& t = scatter ? p->grad : p->value;
+      const bool mine = at >= from && at < to;
+      if (which == Which::kAll || mine == (which == Which::kMine)) {
+        BATON_RETURN_IF_ERROR(Move(t, buf + at, to_bucket));
+      }
+      at += t.numel();
+    }
+    return absl::OkStatus();
+  };
+  if (scatter) {
+    BATON_RETURN_IF_ERROR(move(Which::kAll, /*to_bucket=*/true));
+    BATON_RETURN_IF_ERROR(collective_->ReduceScatterSum(buf, task.counts, task.deadline));
+    BATON_RETURN_IF_ERROR(move(Which::kMine, /*to_bucket=*/false));
+  } else {
+    BATON_RETURN_IF_ERROR(move(Which::kMine, /*to_bucket=*/true));
+    BATON_RETURN_IF_ERROR(collective_->AllGather(buf, task.counts, task.deadline));
+    BATON_RETURN_IF_ERROR(move(Which::kOthers, /*to_bucket=*/false));
+  }
+  *bytes += floats * static_cast<int64_t>(sizeof(float));
   return absl::OkStatus();
 }
 

@@ -59,6 +59,19 @@ class GradReducer {
   void Enqueue(const Action& action, std::vector<Parameter*> params, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Sharded optimizer (optimizer_shards.h): `params` are one bucket, laid out in order, and
+  // member r owns the run of counts[r] floats that starts where the runs before it end.
+  // EnqueueReduceScatter sums the bucket's gradients over the group (ReduceScatterSum):
+  // afterwards the gradients this member owns hold the group's sums, the same bits
+  // AllReduceSum would give them, and the others' gradients are undefined.
+  // EnqueueAllGather hands the weights on (AllGather): afterwards every member holds every
+  // owner's values. Both return at once and run in queue order with the reductions.
+  void EnqueueReduceScatter(const Action& action, std::vector<Parameter*> params,
+                            std::vector<int64_t> counts, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueAllGather(const Action& action, std::vector<Parameter*> params,
+                        std::vector<int64_t> counts, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Waits until every queued reduction has run. `*timings` receives the step's reductions
   // that ran so far (each its action, start and end since BeginStep's t0, and the gradient
   // bytes summed), in queue order; the return is the step's first error, or OK. At
@@ -75,15 +88,28 @@ class GradReducer {
   void Abort(const absl::Status& why);
 
  private:
+  enum class Op { kAllReduce, kReduceScatter, kAllGather };
   struct Task {
     Action action;
+    Op op = Op::kAllReduce;
     std::vector<Parameter*> params;
+    std::vector<int64_t> counts;  // the sharded ops' runs, per member
     absl::Time deadline;
   };
 
+  void Push(Task task) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs one reduction (on the communication thread, without mu_); adds the bytes summed.
-  absl::Status Reduce(const Task& task, int64_t* bytes);
+  // Runs one task (on the communication thread, without mu_); adds the bytes it summed or
+  // gathered.
+  absl::Status Run(const Task& task, int64_t* bytes);
+  // The all-reduce of `ps` in buckets of at most bucket_bytes_; the sharded ops on `ps` as
+  // one bucket.
+  absl::Status AllReduce(const std::vector<Parameter*>& ps, absl::Time deadline, int64_t* bytes);
+  absl::Status Sharded(const Task& task, int64_t* bytes);
+  // The bucket buffer for `floats` floats, where the engine wants it (see Run).
+  absl::StatusOr<float*> Buffer(int64_t floats);
+  // Copies `t` into the bucket at `at` (to_bucket) or back out of it.
+  absl::Status Move(Tensor& t, float* at, bool to_bucket);
 
   Collective* const collective_;
   const int64_t bucket_bytes_;

@@ -59,6 +59,60 @@ class RecordingCollective : public Collective {
   const std::vector<int> fail_;
 };
 
+// Sharded: the reduce-scatter leaves each member's own parameters with the group's sums
+// (member 0 owns the first two, member 1 the last), and the all-gather hands each owner's
+// weights to the other; the other gradients and weights are not touched where they are
+// another member's result.
+TEST(GradReducerTest, ReduceScatterSumsTheOwnedGradientsAndAllGatherHandsWeightsOn) {
+  InProcessGroup group(2);
+  std::unique_ptr<Collective> c0 = group.Member(0);
+  std::unique_ptr<Collective> c1 = group.Member(1);
+  GradReducer r0(c0.get(), /*bucket_bytes=*/1 << 20);
+  GradReducer r1(c1.get(), /*bucket_bytes=*/1 << 20);
+  auto p0 = Params({2, 3, 7}, 1.0f);
+  auto p1 = Params({2, 3, 7}, 10.0f);
+  for (const auto* ps : {&p0, &p1}) {
+    const float base = ps == &p0 ? 100.0f : 200.0f;
+    for (const auto& p : *ps) {
+      p->value = Tensor::Zeros({p->grad.numel()});
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = base + i;
+    }
+  }
+  const std::vector<int64_t> counts = {5, 7};
+  const auto t0 = std::chrono::steady_clock::now();
+  r0.BeginStep(t0);
+  r1.BeginStep(t0);
+  r0.EnqueueReduceScatter(Reduce(0), Ptrs(p0), counts, Soon());
+  r1.EnqueueReduceScatter(Reduce(0), Ptrs(p1), counts, Soon());
+  r0.EnqueueAllGather(Action{ActionKind::kStep, 0, 0}, Ptrs(p0), counts, Soon());
+  r1.EnqueueAllGather(Action{ActionKind::kStep, 0, 0}, Ptrs(p1), counts, Soon());
+  std::vector<ActionTiming> t_0, t_1;
+  ASSERT_TRUE(r0.WaitAll(Soon(), &t_0).ok());
+  ASSERT_TRUE(r1.WaitAll(Soon(), &t_1).ok());
+  for (int k = 0; k < 3; ++k) {
+    const auto& owned = k < 2 ? p0[k] : p1[k];  // its owner's copy
+    for (int64_t i = 0; i < owned->grad.numel(); ++i) {
+      EXPECT_EQ(owned->grad.f32()[i], 11.0f + 2.0f * static_cast<float>(i)) << k;
+    }
+    // After the all-gather both members hold the owner's weights.
+    const float owner_base = k < 2 ? 100.0f : 200.0f;
+    for (const auto* ps : {&p0, &p1}) {
+      for (int64_t i = 0; i < (*ps)[k]->value.numel(); ++i) {
+        EXPECT_EQ((*ps)[k]->value.f32()[i], owner_base + static_cast<float>(i)) << k;
+      }
+    }
+  }
+  ASSERT_EQ(t_0.size(), 2u);
+  EXPECT_EQ(t_0[0].bytes, 12 * 4);
+  EXPECT_EQ(t_0[1].action.kind, ActionKind::kStep);
+  // Runs that do not add up to the bucket fail the step, naming the op.
+  r0.BeginStep(t0);
+  r0.EnqueueReduceScatter(Reduce(0), Ptrs(p0), {5, 6}, Soon());
+  const absl::Status bad = r0.WaitAll(Soon(), &t_0);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("reduce-scatter"), std::string::npos) << bad;
+}
+
 TEST(GradReducerTest, SumsEveryGradientOverTheGroup) {
   InProcessGroup group(2);
   std::unique_ptr<Collective> c0 = group.Member(0);

@@ -97,7 +97,15 @@ absl::StatusOr<float> ClipGradients(const Action& a, const ClipInputs& in, const
       if (b.index >= in.num_blocks) return absl::InternalError("a block outside the model");
       mine.push_back(b.block);
     }
-    BATON_ASSIGN_OR_RETURN(const std::vector<double> squares, BlockGradSquares(mine, in.tied));
+    if (in.block_squares.has_value() && in.block_squares->size() != mine.size()) {
+      return absl::InternalError("block parts for another set of blocks");
+    }
+    std::vector<double> squares;
+    if (in.block_squares.has_value()) {
+      squares = *in.block_squares;
+    } else {
+      BATON_ASSIGN_OR_RETURN(squares, BlockGradSquares(mine, in.tied));
+    }
     for (size_t i = 0; i < mine.size(); ++i) parts[in.blocks[i].index] = squares[i];
     return absl::OkStatus();
   };

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,6 +63,9 @@ struct ClipInputs {
   bool tied = false;               // the model ties its embeddings: its output copy does not count
   float max_norm = 0.0f;           // optimizer.clip_grad_norm
   std::vector<Parameter*> params;  // this rank's parameters, whose gradients are scaled
+  // When set, this rank's parts, one per entry of `blocks` (a sharded optimizer computes
+  // them from every owner's squares); otherwise BlockGradSquares of the blocks.
+  std::optional<std::vector<double>> block_squares;
 };
 
 // CLIP_GRAD `a`: the global gradient norm from every rank's block parts (BlockGradSquares)

@@ -73,6 +73,7 @@ class LocalPipelineTrainer {
   InProcessHub& hub(int replica = 0) { return *hubs_[replica]; }
   // Rank r of replica d is executor(d * S + r).
   const StageExecutor& executor(int index) const { return *executors_[index]; }
+  StageExecutor& executor(int index) { return *executors_[index]; }
 
   // Every rank writes its blocks into checkpoint step steps_done() under `job_dir`, as
   // job `job` (common/checkpoint/checkpoint.h).

@@ -325,24 +325,28 @@ TEST(Bf16WireTest, StagesExchangeHalfTheBytes) {
 TEST(Bf16BitExactTest, ReplicasAndRecomputeGiveTheReferenceBits) {
   for (Model model : {Model::kGpt, Model::kLlama}) {
     for (auto sched : {baton::v1::SCHEDULE_1F1B, baton::v1::SCHEDULE_ZB_V}) {
-      Case c{sched, 2, sched == baton::v1::SCHEDULE_ZB_V ? 2 : 1, 2, model};
-      baton::v1::JobSpec spec = SpecFor(c);
-      UseBf16(&spec);
-      AddRecipe(&spec);
-      spec.mutable_pipeline()->set_data_parallel(2);
-      spec.mutable_pipeline()->set_recompute(baton::v1::RECOMPUTE_FULL);
-      const TrainRun ref = Reference(spec);
-      auto t = LocalPipelineTrainer::Create(spec);
-      ASSERT_TRUE(t.ok()) << t.status();
-      std::vector<float> losses;
-      for (int i = 0; i < spec.steps(); ++i) {
-        auto st = (*t)->Step();
-        ASSERT_TRUE(st.ok()) << st.status();
-        losses.push_back(st->loss);
-      }
-      EXPECT_EQ(losses, ref.losses) << ModelName(model);
-      for (int d = 0; d < 2; ++d) {
-        EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest) << ModelName(model);
+      for (bool shard : {false, true}) {  // and with the optimizer sharded
+        SCOPED_TRACE(shard ? "sharded" : "not sharded");
+        Case c{sched, 2, sched == baton::v1::SCHEDULE_ZB_V ? 2 : 1, 2, model};
+        baton::v1::JobSpec spec = SpecFor(c);
+        UseBf16(&spec);
+        AddRecipe(&spec);
+        spec.mutable_pipeline()->set_data_parallel(2);
+        spec.mutable_pipeline()->set_recompute(baton::v1::RECOMPUTE_FULL);
+        spec.mutable_optimizer()->set_shard(shard);
+        const TrainRun ref = Reference(spec);
+        auto t = LocalPipelineTrainer::Create(spec);
+        ASSERT_TRUE(t.ok()) << t.status();
+        std::vector<float> losses;
+        for (int i = 0; i < spec.steps(); ++i) {
+          auto st = (*t)->Step();
+          ASSERT_TRUE(st.ok()) << st.status();
+          losses.push_back(st->loss);
+        }
+        EXPECT_EQ(losses, ref.losses) << ModelName(model);
+        for (int d = 0; d < 2; ++d) {
+          EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest) << ModelName(model);
+        }
       }
     }
   }
@@ -412,10 +416,17 @@ TEST(RecipeControlTest, ClippingAndTheDecayScopeChangeTheWeights) {
 // Data parallelism: D replicas of the pipeline, each stage's gradients summed over its
 // replicas in replica order. Every replica ends with the reference trainer's weights for
 // the same data_parallel grouping, bit for bit, under every schedule.
+//
+// With a sharded optimizer (optimizer.shard) the gradients are reduce-scattered to their
+// owners, each replica updates only what it owns, and the weights are all-gathered: the
+// same bits again, with tied embeddings, clipping (the norm from the owners' squares),
+// recomputation, and D = 2, 3, 4.
 struct DpCase {
   Case pipeline;
   int replicas;
   bool recipe = false;  // AddRecipe: the norm is of the replica sums, no exchange across them
+  bool shard = false;
+  bool recompute = false;
 };
 
 std::vector<DpCase> DataParallelCases() {
@@ -423,9 +434,21 @@ std::vector<DpCase> DataParallelCases() {
   for (const Case& c : AllCases()) {
     if (c.stages > 2 || c.microbatches != 2) continue;
     for (int d : {1, 2, 3}) out.push_back({c, d});
-    if (c.model == Model::kGpt || c.model == Model::kLlama) out.push_back({c, 2, true});
+    for (int d : {2, 3, 4}) out.push_back({c, d, false, true});
+    if (c.model == Model::kGpt || c.model == Model::kLlama) {
+      out.push_back({c, 2, true});
+      out.push_back({c, 2, true, true});
+      out.push_back({c, 3, true, true, true});
+    }
   }
   return out;
+}
+
+// The optimizer state a rank holds, in bytes.
+int64_t OptimizerStateBytes(StageExecutor& e) {
+  int64_t bytes = 0;
+  for (const Optimizer::Slot& s : e.optimizer().Slots()) bytes += s.state->nbytes();
+  return bytes;
 }
 
 class DataParallelBitExactTest : public testing::TestWithParam<DpCase> {};
@@ -437,6 +460,8 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
   auto* p = spec.mutable_pipeline();
   p->set_data_parallel(c.replicas);
   p->set_reduce_bucket_bytes(256);  // several buckets per stage, one parameter each at most
+  if (c.recompute) p->set_recompute(baton::v1::RECOMPUTE_FULL);
+  spec.mutable_optimizer()->set_shard(c.shard);
   const TrainRun ref = Reference(spec);
   auto t = LocalPipelineTrainer::Create(spec);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -461,13 +486,45 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
         for (const Parameter* prm : (*t)->executor(static_cast<int>(g)).parameters()) {
           grad_bytes += prm->grad.numel() * static_cast<int64_t>(sizeof(float));
         }
-        int64_t reduced = 0;
+        int64_t reduced = 0, gathered = 0;
         for (const ActionTiming& a : r.reductions) {
+          // Sharded, STEP's all-gathers follow the reductions; nothing else runs.
+          if (c.shard && a.action.kind == ActionKind::kStep) {
+            gathered += a.bytes;
+            continue;
+          }
           EXPECT_EQ(a.action.kind, ActionKind::kReduceGrad);
+          EXPECT_EQ(gathered, 0) << "a reduction after an all-gather";
           reduced += a.bytes;
         }
         EXPECT_EQ(reduced, grad_bytes) << "rank " << g;
+        EXPECT_EQ(gathered, c.shard ? grad_bytes : 0) << "rank " << g;
         EXPECT_GE(r.reductions.size(), static_cast<size_t>(c.pipeline.virtual_stages));
+      }
+    }
+  }
+  if (c.replicas > 1) {
+    // Each rank of a stage holds its own share of the optimizer state when sharded, and
+    // the shares add up to the whole; unsharded, every replica holds the whole.
+    const int ranks = c.pipeline.stages;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const int64_t whole = OptimizerStateBytes((*t)->executor(rank));
+      int64_t sum = 0;
+      for (int d = 0; d < c.replicas; ++d) {
+        const int64_t held = OptimizerStateBytes((*t)->executor(d * ranks + rank));
+        sum += held;
+        if (!c.shard) EXPECT_EQ(held, whole) << "rank " << rank << " replica " << d;
+      }
+      if (c.shard) {
+        int64_t params = 0;
+        for (const Parameter* prm : (*t)->executor(rank).parameters()) {
+          params += prm->value.nbytes();
+        }
+        // The algorithm's slots per parameter (SGD with momentum 1, AdamW 2) times the
+        // parameters, split over the replicas.
+        EXPECT_EQ(sum % params, 0) << "rank " << rank;
+        EXPECT_GT(sum, 0) << "rank " << rank;
+        EXPECT_LT(whole, sum) << "rank " << rank << ": replica 0 holds it all";
       }
     }
   }
@@ -478,8 +535,9 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
 }
 
 std::string DpCaseName(const testing::TestParamInfo<DpCase>& info) {
-  return absl::StrCat(CaseName(testing::TestParamInfo<Case>(info.param.pipeline, info.index)),
-                      "D", info.param.replicas, info.param.recipe ? "Recipe" : "");
+  return absl::StrCat(CaseName(testing::TestParamInfo<Case>(info.param.pipeline, info.index)), "D",
+                      info.param.replicas, info.param.recipe ? "Recipe" : "",
+                      info.param.shard ? "Sharded" : "", info.param.recompute ? "Recompute" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, DataParallelBitExactTest,
@@ -491,10 +549,13 @@ TEST(DataParallelGlooTest, EveryReplicaEndsWithTheReferenceWeights) {
   struct G {
     baton::v1::Schedule schedule;
     int stages, virtual_stages, microbatches, replicas;
+    bool shard = false;  // reduce-scatter and all-gather through Gloo
   };
-  for (const G& g : {G{baton::v1::SCHEDULE_1F1B, 2, 1, 2, 2},
-                     G{baton::v1::SCHEDULE_ZB_H1, 2, 1, 2, 3},
-                     G{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 1, 2, 4, 2}}) {
+  for (const G& g :
+       {G{baton::v1::SCHEDULE_1F1B, 2, 1, 2, 2}, G{baton::v1::SCHEDULE_ZB_H1, 2, 1, 2, 3},
+        G{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 1, 2, 4, 2},
+        G{baton::v1::SCHEDULE_1F1B, 2, 1, 2, 3, true},
+        G{baton::v1::SCHEDULE_ZB_V, 2, 2, 2, 2, true}}) {
     baton::v1::JobSpec spec = GptJob();
     auto* p = spec.mutable_pipeline();
     p->set_schedule(g.schedule);
@@ -502,6 +563,11 @@ TEST(DataParallelGlooTest, EveryReplicaEndsWithTheReferenceWeights) {
     p->set_virtual_stages(g.virtual_stages);
     p->set_microbatches(g.microbatches);
     p->set_data_parallel(g.replicas);
+    if (g.shard) {
+      AddRecipe(&spec);
+      spec.mutable_optimizer()->set_shard(true);
+      p->set_reduce_bucket_bytes(4096);
+    }
     const TrainRun ref = Reference(spec);
     LocalPipelineOptions opts;
     opts.engine = LocalPipelineOptions::Engine::kGloo;
@@ -510,7 +576,7 @@ TEST(DataParallelGlooTest, EveryReplicaEndsWithTheReferenceWeights) {
     for (int i = 0; i < spec.steps(); ++i) ASSERT_TRUE((*t)->Step().ok());
     for (int d = 0; d < g.replicas; ++d) {
       EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest)
-          << baton::v1::Schedule_Name(g.schedule) << " replica " << d;
+          << baton::v1::Schedule_Name(g.schedule) << " replica " << d << " shard " << g.shard;
     }
   }
 }
@@ -546,23 +612,30 @@ absl::StatusOr<std::vector<std::unique_ptr<Collective>>> FakeNcclGroup(
 
 TEST(DataParallelNcclTest, EveryReplicaEndsWithTheReferenceWeights) {
   for (baton::v1::Schedule schedule : {baton::v1::SCHEDULE_1F1B, baton::v1::SCHEDULE_ZB_H1}) {
-    baton::v1::JobSpec spec = GptJob();
-    auto* p = spec.mutable_pipeline();
-    p->set_schedule(schedule);
-    p->set_stages(2);
-    p->set_microbatches(2);
-    p->set_data_parallel(schedule == baton::v1::SCHEDULE_ZB_H1 ? 3 : 2);
-    const TrainRun ref = Reference(spec);
-    std::vector<std::unique_ptr<FakeNccl>> apis;  // outlive the trainer
-    LocalPipelineOptions opts;
-    opts.engine = LocalPipelineOptions::Engine::kCustom;
-    opts.make_group = [&apis](int, int size) { return FakeNcclGroup(&apis, size); };
-    auto t = LocalPipelineTrainer::Create(spec, opts);
-    ASSERT_TRUE(t.ok()) << t.status();
-    for (int i = 0; i < spec.steps(); ++i) ASSERT_TRUE((*t)->Step().ok());
-    for (int d = 0; d < p->data_parallel(); ++d) {
-      EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest)
-          << baton::v1::Schedule_Name(schedule) << " replica " << d;
+    for (bool shard : {false, true}) {
+      baton::v1::JobSpec spec = GptJob();
+      auto* p = spec.mutable_pipeline();
+      p->set_schedule(schedule);
+      p->set_stages(2);
+      p->set_microbatches(2);
+      p->set_data_parallel(schedule == baton::v1::SCHEDULE_ZB_H1 ? 3 : 2);
+      if (shard) {
+        AddRecipe(&spec);
+        spec.mutable_optimizer()->set_shard(true);
+        p->set_reduce_bucket_bytes(4096);
+      }
+      const TrainRun ref = Reference(spec);
+      std::vector<std::unique_ptr<FakeNccl>> apis;  // outlive the trainer
+      LocalPipelineOptions opts;
+      opts.engine = LocalPipelineOptions::Engine::kCustom;
+      opts.make_group = [&apis](int, int size) { return FakeNcclGroup(&apis, size); };
+      auto t = LocalPipelineTrainer::Create(spec, opts);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int i = 0; i < spec.steps(); ++i) ASSERT_TRUE((*t)->Step().ok());
+      for (int d = 0; d < p->data_parallel(); ++d) {
+        EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest)
+            << baton::v1::Schedule_Name(schedule) << " replica " << d << " shard " << shard;
+      }
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf.h"
 #include "common/core/status.h"
+#include "common/optim/optimizer_shards.h"
 #include "common/pipeline/grad_reducer.h"
 #include "common/pipeline/gradient_exchange.h"
 #include "common/pipeline/step_state.h"
@@ -109,8 +111,108 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     c.model->CollectParameters(&ex->params_);
     ex->chunks_.push_back(std::move(c));
   }
-  BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), ex->params_, tied));
+  for (size_t i = 0; i < ex->params_.size(); ++i)
+    ex->index_of_[ex->params_[i]] = static_cast<int>(i);
+  std::vector<Parameter*> updated = ex->params_;  // what this rank's optimizer updates
+  if (ex->reducer_ != nullptr) {
+    BATON_ASSIGN_OR_RETURN(updated, ex->PlanBuckets(spec.optimizer().shard()));
+  }
+  BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), std::move(updated), tied));
   return ex;
+}
+
+absl::StatusOr<std::vector<Parameter*>> StageExecutor::PlanBuckets(bool shard) {
+  // Reduce order: each chunk's blocks last first (the order their gradients finish), each
+  // block's parameters in order. The tied embedding's two ends are member 0's, so that
+  // TIE_GRAD pairs the owners of both.
+  std::vector<std::vector<int64_t>> groups;
+  std::vector<Parameter*> flat;
+  std::vector<int> block_of;
+  std::vector<bool> pinned;
+  for (Chunk& c : chunks_) {
+    groups.emplace_back();
+    for (int i = c.model->size() - 1; i >= 0; --i) {
+      for (Parameter* p : c.model->at(i).Parameters()) {
+        groups.back().push_back(p->value.numel());
+        flat.push_back(p);
+        block_of.push_back(i);
+        pinned.push_back(tied_ && (p->name == kTiedEmbeddingName || p->name == kTiedOutputName));
+      }
+    }
+  }
+  BATON_ASSIGN_OR_RETURN(
+      const ReduceLayout layout,
+      PlanReduceLayout(groups, std::max<int64_t>(1, spec_.pipeline().reduce_bucket_bytes()),
+                       replicas_, shard, pinned));
+  sharded_ = layout.sharded;
+  buckets_.assign(chunks_.size(), {});
+  for (const GradBucket& b : layout.buckets) {
+    ChunkBucket cb;
+    cb.counts = b.counts;
+    cb.after_block = block_of[b.params.front()];
+    for (int i : b.params) {
+      cb.params.push_back(flat[i]);
+      cb.after_block = std::min(cb.after_block, block_of[i]);
+    }
+    buckets_[b.group].push_back(std::move(cb));
+  }
+  if (!sharded_) return params_;
+  owned_by_.assign(replicas_, {});
+  for (size_t i = 0; i < flat.size(); ++i)
+    owned_by_[layout.owner[i]].push_back(index_of_.at(flat[i]));
+  std::vector<Parameter*> mine;
+  for (int i : owned_by_[options_.collective->rank()]) mine.push_back(params_[i]);
+  return mine;
+}
+
+void StageExecutor::EnqueueBuckets(size_t chunk, int block, const Action& action, StepState& st,
+                                   absl::Time deadline) {
+  size_t& next = st.buckets_queued[chunk];
+  const std::vector<ChunkBucket>& buckets = buckets_[chunk];
+  for (; next < buckets.size() && buckets[next].after_block >= block; ++next) {
+    const ChunkBucket& b = buckets[next];
+    if (sharded_) {
+      reducer_->EnqueueReduceScatter(action, b.params, b.counts, deadline);
+    } else {
+      reducer_->Enqueue(action, b.params, deadline);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<double>> StageExecutor::GatherOwnedSums(bool squares,
+                                                                   absl::Time deadline) {
+  Collective& group = *options_.collective;
+  const std::vector<int>& mine = owned_by_[group.rank()];
+  std::vector<Parameter*> ps;
+  for (int i : mine) ps.push_back(params_[i]);
+  BATON_ASSIGN_OR_RETURN(const std::vector<double> own, GradientSums(ps, squares));
+  // Each double travels as its bits, two floats: an all-gather copies and never adds.
+  constexpr int64_t kFloats = sizeof(double) / sizeof(float);
+  std::vector<int64_t> counts;
+  for (const std::vector<int>& m : owned_by_)
+    counts.push_back(kFloats * static_cast<int64_t>(m.size()));
+  BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                         ShardOffsets(counts, group.size(), "all-gather"));
+  std::vector<float> host(static_cast<size_t>(offsets.back()));
+  if (!own.empty()) {
+    std::memcpy(host.data() + offsets[group.rank()], own.data(), own.size() * sizeof(double));
+  }
+  if (group.device() == Device::kCuda) {  // the engine works on GPU memory
+    BATON_ASSIGN_OR_RETURN(Tensor staged,
+                           Tensor::TryEmpty({offsets.back()}, DType::kFloat32, Device::kCuda));
+    BATON_RETURN_IF_ERROR(staged.CopyFromHost(host.data()));
+    BATON_RETURN_IF_ERROR(group.AllGather(staged.f32(), counts, deadline));
+    BATON_RETURN_IF_ERROR(staged.CopyToHost(host.data()));
+  } else {
+    BATON_RETURN_IF_ERROR(group.AllGather(host.data(), counts, deadline));
+  }
+  std::vector<double> out(params_.size(), 0.0);
+  for (size_t m = 0; m < owned_by_.size(); ++m) {
+    for (size_t k = 0; k < owned_by_[m].size(); ++k) {
+      std::memcpy(&out[owned_by_[m][k]], host.data() + offsets[m] + kFloats * k, sizeof(double));
+    }
+  }
+  return out;
 }
 
 bool StageExecutor::Stopped() const {
@@ -420,11 +522,9 @@ absl::Status StageExecutor::RunReduceGrad(const Action& a, StepState& st, absl::
     return absl::FailedPreconditionError("REDUCE_GRAD without a data-parallel group");
   }
   BATON_RETURN_IF_ERROR(st.WeightGradientsRan(s, "gradient reduction"));
-  // The stage's last weight gradient queued full buckets as its blocks finished; the rest
+  // The stage's last weight gradient queued each bucket as its blocks finished; any left
   // goes now.
-  StepState::Bucket& bucket = st.buckets[s];
-  if (!bucket.params.empty()) reducer_->Enqueue(a, std::move(bucket.params), deadline);
-  bucket = StepState::Bucket();
+  EnqueueBuckets(static_cast<size_t>(ChunkFor(s) - chunks_.data()), 0, a, st, deadline);
   return absl::OkStatus();
 }
 
@@ -444,6 +544,8 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
   // garbage. One sum per gradient (inf and nan survive a double sum of floats), all of
   // this rank's in one batched call (one read back on a GPU); the first non-finite one
   // in chunk and parameter order is named.
+  // Sharded, each owner sums its own gradients and every member sees every sum, so the
+  // group names the same parameter.
   std::vector<Parameter*> params;
   std::vector<int> stage_of;  // params[i] belongs to stage stage_of[i]
   for (const Chunk& c : chunks_) {
@@ -452,7 +554,14 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
       stage_of.push_back(c.stage);
     }
   }
-  BATON_ASSIGN_OR_RETURN(const std::vector<double> sums, GradientSums(params, /*squares=*/false));
+  std::vector<double> sums;
+  if (sharded_) {
+    BATON_ASSIGN_OR_RETURN(const std::vector<double> by_index,
+                           GatherOwnedSums(/*squares=*/false, deadline));
+    for (const Parameter* p : params) sums.push_back(by_index[index_of_.at(p)]);
+  } else {
+    BATON_ASSIGN_OR_RETURN(sums, GradientSums(params, /*squares=*/false));
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     if (!std::isfinite(sums[i])) {
       return DivergedError(absl::StrCat("training diverged: the gradient of ", params[i]->name,
@@ -462,6 +571,16 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
   // The schedule's rate for this step (a resume continues it from the checkpoint's step).
   st.learning_rate = LearningRateAt(spec_.optimizer(), st.step, spec_.steps());
   optimizer_->Step(st.learning_rate);
+  if (sharded_) {
+    // Every owner hands its updated weights to the group, bucket by bucket (timed as STEP's).
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      for (const ChunkBucket& b : buckets_[c]) {
+        reducer_->EnqueueAllGather(Action{ActionKind::kStep, chunks_[c].stage, 0}, b.params,
+                                   b.counts, deadline);
+      }
+    }
+    BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+  }
   st.stepped = true;
   // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.
   if (options_.device != Device::kCpu) return DeviceSynchronize(options_.device);
@@ -486,6 +605,12 @@ absl::Status StageExecutor::RunTieGrad(const Action& a, StepState& st, absl::Tim
   if (st.tied) return absl::OkStatus();  // the other end is on this rank and summed both
   // The sum is over final gradients: this step's replica sums first.
   BATON_RETURN_IF_ERROR(WaitForReductions(st, deadline));
+  if (sharded_ && options_.collective->rank() != 0) {
+    // Member 0 owns both ends (PlanBuckets): it sums them, and the all-gather after STEP
+    // brings the updated embedding here.
+    st.tied = true;
+    return absl::OkStatus();
+  }
   // Stage 0 holds the embedding, the last stage the output projection (with one stage,
   // the one stage both).
   Parameter* mine = TiedParameter(s, /*output=*/s != 0);
@@ -532,6 +657,24 @@ absl::Status StageExecutor::RunClipGrad(const Action& a, StepState& st, absl::Ti
   in.tied = tied_;
   in.max_norm = spec_.optimizer().clip_grad_norm();
   in.params = params_;
+  if (sharded_) {
+    // Each parameter's square from its owner; the blocks' parts add them as
+    // BlockGradSquares does, so the norm has the unsharded bits.
+    BATON_ASSIGN_OR_RETURN(const std::vector<double> squares,
+                           GatherOwnedSums(/*squares=*/true, deadline));
+    std::vector<double> parts;
+    for (const IndexedBlock& b : in.blocks) {
+      double part = 0.0;
+      for (Parameter* p : b.block->Parameters()) {
+        if (!p->grad.defined() || (tied_ && p->name == kTiedOutputName)) continue;
+        part += squares[index_of_.at(p)];
+      }
+      parts.push_back(part);
+    }
+    in.block_squares = std::move(parts);
+    in.params.clear();  // only the owned gradients are final, and only they are scaled
+    for (int i : owned_by_[options_.collective->rank()]) in.params.push_back(params_[i]);
+  }
   const ExchangeLink link{transport_, options_.job_id, st.step, deadline};
   BATON_ASSIGN_OR_RETURN(const float norm, ClipGradients(a, in, link, bytes));
   st.grad_norm = norm;
@@ -551,19 +694,11 @@ absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepSta
       // are final once its W ran, so they go to the communication thread in buckets while
       // the earlier blocks still compute (REDUCE_GRAD sends what is left).
       const absl::Time deadline = absl::Now() + options_.recv_timeout;
-      StepState::Bucket& bucket = st.buckets[stage];
+      const size_t chunk = static_cast<size_t>(c - chunks_.data());
       for (int i = c->model->size() - 1; i >= 0; --i) {
-        Module& block = c->model->at(i);
-        BATON_RETURN_IF_ERROR(block.BackwardWeight(MicroBatch{next, nullptr, precision_}));
-        for (Parameter* p : block.Parameters()) {
-          bucket.params.push_back(p);
-          bucket.bytes += p->grad.numel() * static_cast<int64_t>(sizeof(float));
-        }
-        if (bucket.bytes >= spec_.pipeline().reduce_bucket_bytes()) {
-          reducer_->Enqueue(Action{ActionKind::kReduceGrad, stage, 0}, std::move(bucket.params),
-                            deadline);
-          bucket = StepState::Bucket();
-        }
+        BATON_RETURN_IF_ERROR(
+            c->model->at(i).BackwardWeight(MicroBatch{next, nullptr, precision_}));
+        EnqueueBuckets(chunk, i, Action{ActionKind::kReduceGrad, stage, 0}, st, deadline);
       }
     } else {
       BATON_RETURN_IF_ERROR(c->model->BackwardWeight(MicroBatch{next, nullptr, precision_}));

@@ -62,6 +62,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -181,6 +182,9 @@ class StageExecutor {
   std::vector<std::pair<int, Digest>> BlockDigests();
   // Parameters of this rank's chunks, in stage then block order.
   const std::vector<Parameter*>& parameters() const { return params_; }
+  // The optimizer over the parameters this rank updates: all of them, or with a sharded
+  // optimizer (spec.optimizer.shard) the ones its replica owns.
+  Optimizer& optimizer() { return *optimizer_; }
 
   // Writes this rank's blocks and their optimizer state into checkpoint directory
   // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h), as the state of
@@ -229,6 +233,17 @@ class StageExecutor {
   absl::StatusOr<const Batch*> BatchFor(int m, StepState& st);
   // With data parallelism, waits for the step's reductions so far (GradReducer::WaitAll).
   absl::Status WaitForReductions(StepState& st, absl::Time deadline);
+  // Builds buckets_ and the ownership from the layout of this rank's parameters; returns
+  // the parameters this member updates.
+  absl::StatusOr<std::vector<Parameter*>> PlanBuckets(bool shard);
+  // Queues chunk `chunk`'s complete buckets not yet queued, once the W of local block
+  // `block` ran (every one with `block` = 0).
+  void EnqueueBuckets(size_t chunk, int block, const Action& action, StepState& st,
+                      absl::Time deadline);
+  // Sharded: every parameter's gradient sum (Backend::Sum, or SumSquares with `squares`),
+  // indexed as params_, each computed by its owner and all-gathered over the group. After
+  // WaitForReductions only (the caller's thread then has the group to itself).
+  absl::StatusOr<std::vector<double>> GatherOwnedSums(bool squares, absl::Time deadline);
   // The token embedding (first block of `stage`) or the output projection (its last block,
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);
@@ -255,6 +270,19 @@ class StageExecutor {
   int replicas_ = 1;                      // spec.pipeline.data_parallel, at least 1
   int64_t per_mb_ = 0;                    // samples in one of this replica's micro-batches
   std::unique_ptr<GradReducer> reducer_;  // with data parallelism: the communication thread
+  // With data parallelism: each chunk's buckets (optimizer_shards.h), in reduce order. A
+  // bucket is complete once the W of block `after_block` (local) ran, its lowest.
+  struct ChunkBucket {
+    std::vector<Parameter*> params;
+    std::vector<int64_t> counts;  // sharded: the members' runs
+    int after_block = 0;
+  };
+  std::vector<std::vector<ChunkBucket>> buckets_;  // by chunk, as chunks_
+  // The sharded optimizer (spec.optimizer.shard): which of params_ each member of the
+  // group owns, member by member (the layout of GatherOwnedSums), and whether this is one.
+  bool sharded_ = false;
+  std::vector<std::vector<int>> owned_by_;              // by member: indices into params_, in order
+  std::unordered_map<const Parameter*, int> index_of_;  // params_[index_of_[p]] == p
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };

@@ -78,12 +78,8 @@ class StepState {
   std::vector<Tensor> losses;
   std::vector<ActionTiming> reductions;  // filled when STEP has waited for them
   int64_t reduce_wait_ns = 0;
-  // Data parallelism: per stage, finished gradients not yet handed to the reducer.
-  struct Bucket {
-    std::vector<Parameter*> params;
-    int64_t bytes = 0;
-  };
-  std::unordered_map<int, Bucket> buckets;
+  // Data parallelism: per chunk (the executor's index), its buckets queued so far.
+  std::unordered_map<size_t, size_t> buckets_queued;
   int inflight = 0;
   int peak_inflight = 0;
   bool tied = false;               // the tied embedding's gradient is summed (TIE_GRAD)

@@ -569,6 +569,21 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     BATON_RETURN_IF_ERROR(DefaultPositive("checkpoint.keep", &keep, 2));
     c->set_keep(keep);
   }
+  if (spec->optimizer().shard()) {
+    if (spec->pipeline().data_parallel() < 2) {
+      return Invalid("optimizer.shard",
+                     absl::StrCat("needs pipeline.data_parallel of 2 or more, got ",
+                                  spec->pipeline().data_parallel(),
+                                  ": with one replica there is nothing to shard across"));
+    }
+    if (spec->has_checkpoint() || spec->has_resume_from()) {
+      return Invalid("optimizer.shard",
+                     absl::StrCat("cannot be combined with ",
+                                  spec->has_checkpoint() ? "checkpoint" : "resume_from",
+                                  " yet: each replica holds only its shard of the optimizer "
+                                  "state, and checkpoints hold it whole"));
+    }
+  }
   if (spec->has_restart()) {
     baton::v1::RestartSpec* r = spec->mutable_restart();
     BATON_RETURN_IF_ERROR(AtLeastOne("restart.max_restarts", r->max_restarts()));
