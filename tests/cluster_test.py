@@ -1114,6 +1114,26 @@ def case_data_parallel(c):
               f"{name} D={replicas}: digest {got['weights_digest']} != train-local's {want_d}")
         print(f"  {name:17s} {replicas} replicas x {pipeline['stages']} stages ({jid}): digest "
               f"equals train-local's")
+    # The optimizer sharded across the replicas (optimizer.shard): reduce-scatter, owned
+    # updates and all-gather through Gloo between processes give the same bits, with two
+    # replicas of two stages and three of one.
+    shard_id = c.submit(path, "--stages", "2", "--data-parallel", "2", "--shard-optimizer")["id"]
+    sharded = c.wait_state(shard_id, TERMINAL, 120)
+    check(sharded["state"] == "JOB_STATE_SUCCEEDED",
+          f"sharded: {sharded['state']}: {last_reason(sharded)}")
+    check(sharded["weights_digest"] == want,
+          f"sharded D=2: digest {sharded['weights_digest']} != train-local's {want}")
+    text = c.ctl_ok("get", shard_id).stdout
+    check("optimizer:  sharded across the 2 replicas (optimizer.shard)" in text,
+          f"batonctl get does not show the sharding:\n{text}")
+    shard3_id = c.submit(p_d, "--shard-optimizer")["id"]
+    shard3 = c.wait_state(shard3_id, TERMINAL, 120)
+    check(shard3["state"] == "JOB_STATE_SUCCEEDED",
+          f"sharded D=3: {shard3['state']}: {last_reason(shard3)}")
+    check(shard3["weights_digest"] == want_d,
+          f"sharded D=3: digest {shard3['weights_digest']} != train-local's {want_d}")
+    print(f"  sharded optimizer, 2x2 ({shard_id}) and 3x1 ({shard3_id}): digests equal "
+          f"train-local's")
     # Fast mode (Gloo's ring) on the last of those (three replicas: with two, a ring's sum
     # is the ordered one, addition being commutative): the replicas agree (the coordinator
     # checks), the bits are not the ordered sum's, the loss stays within a relative 1e-3.

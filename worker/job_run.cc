@@ -130,9 +130,13 @@ absl::Status NamePeers(const absl::Status& s, const baton::v1::JobPlan& plan) {
       absl::StrAppend(&names, names.empty() ? "" : ", ", p.address(), " is worker ", p.worker_id());
     }
   }
-  // A failed all-reduce names the data-parallel group (Gloo's and NCCL's errors name their
-  // own ports, not baton's workers).
-  if (plan.replica_peers_size() > 1 && msg.find("all-reduce") != std::string::npos) {
+  // A failed collective (all-reduce; reduce-scatter and all-gather with a sharded optimizer)
+  // names the data-parallel group (Gloo's and NCCL's errors name their own ports, not
+  // baton's workers).
+  const bool collective = msg.find("all-reduce") != std::string::npos ||
+                          msg.find("reduce-scatter") != std::string::npos ||
+                          msg.find("all-gather") != std::string::npos;
+  if (plan.replica_peers_size() > 1 && collective) {
     std::vector<std::string> members;
     for (const baton::v1::Peer& p : plan.replica_peers()) {
       members.push_back(absl::StrCat("replica ", p.rank(), " on ", p.worker_id()));

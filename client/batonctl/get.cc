@@ -76,6 +76,10 @@ void PrintJob(const baton::v1::Job& job) {
                 job.pipeline().data_parallel(), g.engine().c_str(), g.mode().c_str(),
                 g.reason().c_str());
   }
+  if (job.spec().optimizer().shard()) {
+    std::printf("  optimizer:  sharded across the %d replicas (optimizer.shard)\n",
+                job.spec().pipeline().data_parallel());
+  }
   if (job.has_pipeline() && !job.pipeline().stage_blocks().empty()) {
     std::printf("  stages:     %s (blocks per stage)\n",
                 absl::StrJoin(job.pipeline().stage_blocks(), " ").c_str());

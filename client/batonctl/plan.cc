@@ -113,6 +113,9 @@ struct Footprint {
   };
   std::vector<Stage> stages;
   std::vector<int64_t> peak_bytes;  // per rank: weights, gradients, optimizer state, activations
+  // With data-parallel replicas (D > 1): the same with and without optimizer.shard.
+  int replicas = 1;
+  std::vector<int64_t> peak_bytes_sharded, peak_bytes_unsharded;
 };
 
 // nullopt when the planner cannot place the spec on this schedule (or the spec leaves the
@@ -141,6 +144,19 @@ std::optional<Footprint> FootprintOf(baton::v1::JobSpec spec, const Schedule& sc
     }
   }
   f.peak_bytes = pick.peak_bytes;
+  f.replicas = in.data_parallel;
+  if (in.data_parallel > 1) {
+    for (bool shard : {false, true}) {
+      PlannerInput other = in;
+      other.shard_optimizer = shard;
+      other.schedule = pick.kind;
+      other.virtual_stages = pick.virtual_stages;
+      other.microbatches = pick.microbatches;
+      absl::StatusOr<baton::Plan> p2 = PlanPipeline(other);
+      if (!p2.ok() || p2->ranked.empty()) continue;
+      (shard ? f.peak_bytes_sharded : f.peak_bytes_unsharded) = p2->ranked[0].peak_bytes;
+    }
+  }
   return f;
 }
 
@@ -159,6 +175,11 @@ void PrintFootprint(const Footprint& f) {
         "rank %zu: peak memory %s (weights, gradients, optimizer state, activations "
         "in flight)\n",
         r, HumanBytes(static_cast<double>(f.peak_bytes[r])).c_str());
+    if (r < f.peak_bytes_sharded.size() && r < f.peak_bytes_unsharded.size()) {
+      std::printf("  %d replicas: %s with the optimizer sharded (optimizer.shard), %s without\n",
+                  f.replicas, HumanBytes(static_cast<double>(f.peak_bytes_sharded[r])).c_str(),
+                  HumanBytes(static_cast<double>(f.peak_bytes_unsharded[r])).c_str());
+    }
   }
 }
 
@@ -167,7 +188,8 @@ std::string Quoted(absl::string_view s) {
 }
 
 // The footprint as a JSON object: {"model", "stages": [{"stage", "blocks", "parameters"}],
-// "ranks": [{"rank", "peak_bytes"}]}.
+// "ranks": [{"rank", "peak_bytes"}]}; with replicas each rank also has
+// "peak_bytes_sharded" and "peak_bytes_unsharded" (with and without optimizer.shard).
 std::string FootprintJson(const Footprint& f) {
   std::string out = absl::StrCat("{\"model\": ", Quoted(f.model), ", \"stages\": [");
   for (size_t s = 0; s < f.stages.size(); ++s) {
@@ -178,8 +200,12 @@ std::string FootprintJson(const Footprint& f) {
   }
   out += "],\n   \"ranks\": [";
   for (size_t r = 0; r < f.peak_bytes.size(); ++r) {
-    absl::StrAppend(&out, r ? ", " : "", "{\"rank\": ", r, ", \"peak_bytes\": ", f.peak_bytes[r],
-                    "}");
+    absl::StrAppend(&out, r ? ", " : "", "{\"rank\": ", r, ", \"peak_bytes\": ", f.peak_bytes[r]);
+    if (r < f.peak_bytes_sharded.size() && r < f.peak_bytes_unsharded.size()) {
+      absl::StrAppend(&out, ", \"peak_bytes_sharded\": ", f.peak_bytes_sharded[r],
+                      ", \"peak_bytes_unsharded\": ", f.peak_bytes_unsharded[r]);
+    }
+    out += "}";
   }
   return out + "]}";
 }

@@ -42,6 +42,9 @@ std::vector<FlagSpec> SubmitFlags() {
       {"virtual", "", false, "override pipeline.virtual_stages"},
       {"microbatches", "m", false, "override pipeline.microbatches"},
       {"data-parallel", "", false, "override pipeline.data_parallel (replicas of the pipeline)"},
+      {"shard-optimizer", "", true,
+       "shard the optimizer state across the data-parallel replicas (optimizer.shard; needs "
+       "--data-parallel 2 or more)"},
       {"recompute", "", false,
        "override pipeline.recompute: none, or full (rerun each forward before its backward)"},
       {"recompute-stages", "", false,
@@ -81,7 +84,7 @@ constexpr char kUsage[] =
     "                       [--resume-from JOB[@STEP]] [--init-from-hf DIR] [--eval-only]\n"
     "                       [--stages N] [--virtual N] [--microbatches N] [--name X]\n"
     "                       [--recompute none|full] [--recompute-stages S,S...]\n"
-    "                       [--data-parallel D]\n"
+    "                       [--data-parallel D] [--shard-optimizer]\n"
     "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--precision fp32|bf16] [--allow-tf32] [--priority N]\n"
@@ -249,6 +252,7 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       {{"fp32", baton::v1::PRECISION_FP32}, {"bf16", baton::v1::PRECISION_BF16}},
       [spec](baton::v1::Precision v) { spec->set_precision(v); }));
   if (args.Has("allow-tf32")) spec->set_allow_tf32(true);
+  if (args.Has("shard-optimizer")) spec->mutable_optimizer()->set_shard(true);
   if (args.Has("priority")) {
     if (absl::Status s = Int32Flag(args, "priority", &v); !s.ok()) return s;
     spec->set_priority(v);

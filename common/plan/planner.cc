@@ -269,7 +269,10 @@ double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkByt
     for (size_t k = 0; k < combo.size(); ++k) held += combo[k] * cb.held[mine[k]];
     peak = std::max(peak, held);
   }
-  return 4.0 * params * (2 + in.optimizer_floats) + peak + workspace;
+  // Sharded, a replica keeps optimizer state for its share of the parameters only.
+  const double state_params =
+      in.shard_optimizer ? std::ceil(params / std::max(1, in.data_parallel)) : params;
+  return 4.0 * params * 2 + 4.0 * state_params * in.optimizer_floats + peak + workspace;
 }
 
 // A split whose chunks each do at most `max_work` (RangeFlops) and whose ranks each need at
@@ -445,6 +448,7 @@ PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
   in.batch_size = spec.data().batch_size();
   const auto& opt = spec.optimizer();
   in.optimizer_floats = opt.has_adamw() ? 2 : (opt.has_sgd() && opt.sgd().momentum() != 0 ? 1 : 0);
+  in.shard_optimizer = opt.shard() && in.data_parallel > 1;
   in.recompute = p.recompute() == baton::v1::RECOMPUTE_FULL;
   in.bf16 = spec.precision() == baton::v1::PRECISION_BF16;
   if (p.schedule() != baton::v1::SCHEDULE_AUTO) {

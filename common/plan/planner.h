@@ -26,15 +26,17 @@
 //   the cheapest time per float any run measured for one, times its floats.
 //
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
-//   (weights, gradients, optimizer state) + the simulated peak of stashed activations (a
-//   (stage, micro-batch) holds rows * the chunk's ActivationBytes from its F until its B or
-//   W ends: 4 per BlockInfo.activation_floats, 2 for those a bf16 job keeps as bf16; with
-//   recomputation only its input, 4 bytes a float) + a workspace of one micro-batch's
-//   largest block stash in float32 (the gradients a backward allocates; with recomputation
-//   also the chunk's whole stash for the micro-batch it recomputes). The activation term is
-//   exact for the layers in both precisions (model_test); planner_test checks whole-step
-//   peaks against the allocator (within 5%; measured: 1-3% under). Not modelled: data-
-//   parallel gradient buckets, transport buffers, the CUDA context.
+//   (weights, gradients, optimizer state; with a sharded optimizer the state counts
+//   ceil(parameters / D) parameters, an even share: the layout owns whole parameters, so a
+//   replica may hold up to one parameter's state more than that, uncounted) + the simulated peak of
+//   stashed activations (a (stage, micro-batch) holds rows * the chunk's ActivationBytes from its F
+//   until its B or W ends: 4 per BlockInfo.activation_floats, 2 for those a bf16 job keeps as bf16;
+//   with recomputation only its input, 4 bytes a float) + a workspace of one micro-batch's largest
+//   block stash in float32 (the gradients a backward allocates; with recomputation also the chunk's
+//   whole stash for the micro-batch it recomputes). The activation term is exact for the layers in
+//   both precisions (model_test); planner_test checks whole-step peaks against the allocator
+//   (within 5%; measured: 1-3% under). Not modelled: data- parallel gradient buckets, transport
+//   buffers, the CUDA context.
 //
 //   Split. Every candidate starts from the FLOP-balanced split (PartitionBlocks), the
 //   fastest under this time model up to whole blocks. One that does not fit the budget is
@@ -83,6 +85,9 @@ struct PlannerInput {
   int data_parallel = 1;            // D, fixed
   int64_t batch_size = 1;           // per step, all replicas
   int optimizer_floats = 0;         // per parameter: SGD 0, momentum 1, AdamW 2
+  // optimizer.shard: each of the D replicas of a rank keeps the optimizer state of its
+  // share of the rank's parameters only.
+  bool shard_optimizer = false;
   bool recompute = false;           // RECOMPUTE_FULL on every stage
   bool bf16 = false;                // PRECISION_BF16: activations kept as bf16 (ActivationBytes)
   // Fixed choices; unset (0) lets the planner choose.

@@ -151,6 +151,37 @@ TEST(PlannerTest, KeepsWhatTheSpecFixes) {
   EXPECT_GT(all->considered, 5);
 }
 
+// optimizer.shard: each replica of a rank counts the optimizer state of an even share of
+// the rank's parameters; nothing else changes.
+TEST(PlannerTest, AShardedOptimizerCountsOneShareOfTheState) {
+  baton::v1::JobSpec spec = Gpt();
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
+  spec.mutable_pipeline()->set_microbatches(2);
+  spec.mutable_pipeline()->set_data_parallel(4);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  const PlannerInput plain = PlannerInputFor(spec, 2);
+  EXPECT_FALSE(plain.shard_optimizer);
+  spec.mutable_optimizer()->set_shard(true);
+  const PlannerInput sharded = PlannerInputFor(spec, 2);
+  EXPECT_TRUE(sharded.shard_optimizer);
+  absl::StatusOr<Plan> a = PlanPipeline(plain);
+  absl::StatusOr<Plan> b = PlanPipeline(sharded);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const PlanCandidate& pa = a->ranked[0];
+  const PlanCandidate& pb = b->ranked[0];
+  ASSERT_EQ(pa.stage_blocks.size(), pb.stage_blocks.size());
+  for (size_t r = 0; r < pa.peak_bytes.size(); ++r) {
+    ASSERT_EQ(pa.stage_blocks[r].first, pb.stage_blocks[r].first);
+    ASSERT_EQ(pa.stage_blocks[r].last, pb.stage_blocks[r].last);
+    int64_t params = 0;
+    for (int bl = pa.stage_blocks[r].first; bl < pa.stage_blocks[r].last; ++bl) {
+      params += plain.blocks[bl].parameters;
+    }
+    // AdamW: two floats per parameter, of which a replica keeps ceil(params / 4).
+    EXPECT_EQ(pa.peak_bytes[r] - pb.peak_bytes[r], 4 * 2 * (params - (params + 3) / 4)) << r;
+  }
+}
+
 TEST(PlannerTest, MemoryBudgetExcludesAndExplainsAndRefusesWhenNothingFits) {
   PlannerInput in = AutoInput(Gpt(), 4);
   absl::StatusOr<Plan> free = PlanPipeline(in);
