@@ -97,6 +97,38 @@ assert all(r['peak_bytes'] > 0 for r in j['ranks']), j
 names = [b for st in j['stages'] for b in st['blocks']]
 assert len(names) == len(set(names)) and names[0] == 'embed', names
 " "$tmp/spec.json" "$tmp/spec.txt" || fail "plan --output json lacks the stages' footprint"
+# No replicas: no sharded figure.
+python3 -c "
+import json, sys
+assert all('peak_bytes_sharded' not in r for r in json.load(open(sys.argv[1]))['footprint']['ranks'])
+" "$tmp/spec.json" || fail "a job without replicas shows a sharded figure"
+
+# With replicas, each rank's peak with and without the optimizer sharded (AdamW: the
+# sharded one keeps half the state at D = 2), and the spec's own setting is peak_bytes.
+python3 - "$EXAMPLES/gpt.json" "$tmp" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec['pipeline'] = dict(spec['pipeline'], stages=2, dataParallel=2)
+json.dump(spec, open(sys.argv[2] + '/dp.json', 'w'))
+spec['optimizer']['shard'] = True
+json.dump(spec, open(sys.argv[2] + '/dp-shard.json', 'w'))
+PY
+"$BATONCTL" plan -f "$tmp/dp.json" --output json >"$tmp/dp.out.json"
+"$BATONCTL" plan -f "$tmp/dp-shard.json" --output json >"$tmp/dp-shard.out.json"
+"$BATONCTL" plan -f "$tmp/dp-shard.json" >"$tmp/dp-shard.txt"
+python3 -c "
+import json, sys
+plain = json.load(open(sys.argv[1]))['footprint']
+shard = json.load(open(sys.argv[2]))['footprint']
+text = open(sys.argv[3]).read()
+for p, s, st in zip(plain['ranks'], shard['ranks'], plain['stages']):
+    assert p['peak_bytes'] == p['peak_bytes_unsharded'] == s['peak_bytes_unsharded'], (p, s)
+    assert s['peak_bytes'] == s['peak_bytes_sharded'] == p['peak_bytes_sharded'], (p, s)
+    n = st['parameters']
+    assert p['peak_bytes'] - s['peak_bytes'] == 4 * 2 * (n - (n + 1) // 2), (p, s, n)
+assert text.count('with the optimizer sharded (optimizer.shard)') == 2, text
+" "$tmp/dp.out.json" "$tmp/dp-shard.out.json" "$tmp/dp-shard.txt" ||
+  fail "plan does not show the peak with and without a sharded optimizer"
 
 expect_refusal() {  # expect_refusal NAME EXPECTED_SUBSTRING ARGS...
   local name="$1" expected="$2"
