@@ -224,6 +224,9 @@ struct JobRun::Pipeline {
   std::vector<std::string> skipped;  // checkpoints a resume passed over, and why
   std::string checkpoint_dir;        // this job's, when the spec checkpoints
   std::unique_ptr<CheckpointWriter> writer;
+  // A sharded optimizer's replicas other than 0: they write nothing but hand their share of
+  // the optimizer state to replica 0 at every checkpoint (StageExecutor::SnapshotCheckpoint).
+  bool hands_over = false;
   int64_t snapshot_step = 0;         // the newest step a checkpoint was taken after
   int64_t stopped_after = 0;         // preempted: the run ended after this step
 };
@@ -558,6 +561,8 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
     p.writer = std::make_unique<CheckpointWriter>(p.checkpoint_dir, p.block_names,
                                                   p.spec().checkpoint().keep(), &aborted_);
   }
+  // With a sharded optimizer the others take part: replica 0 holds only its share.
+  p.hands_over = !p.checkpoint_dir.empty() && plan_.replica() != 0 && p.spec().optimizer().shard();
   if (p.spec().eval().only()) {  // one evaluation, reported as the job's one step
     BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, 0));
     sink->OnStep(std::move(report));
@@ -570,7 +575,7 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
         step + 1 < p.spec().steps()) {
       // Preempted. Every rank was told to stop after this step, so no peer waits for this
       // one; what the step left in flight (the report's writes aside) is written and kept.
-      if (p.writer != nullptr) {
+      if (p.writer != nullptr || p.hands_over) {
         BATON_RETURN_IF_ERROR(
             Checkpoint(p, step, /*stopping=*/true, digests_.mutable_checkpoints()));
       }
@@ -627,7 +632,7 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
     }
   }
   if (options_.metrics != nullptr) options_.metrics->RecordStep(r, loss);
-  if (p.writer != nullptr) {
+  if (p.writer != nullptr || p.hands_over) {
     BATON_RETURN_IF_ERROR(Checkpoint(p, step, /*stopping=*/false, req.mutable_checkpoints()));
   }
   if (first && !plan_.resume_job_dir().empty()) {
@@ -666,9 +671,11 @@ absl::Status JobRun::Checkpoint(
       return absl::Status(snap.status().code(), absl::StrCat("checkpoint after step ", step + 1,
                                                              ": ", snap.status().message()));
     }
-    p.writer->Start(*std::move(snap), step + 1, absl::Now() - t0);
     p.snapshot_step = step + 1;
+    if (p.writer == nullptr) return absl::OkStatus();  // handed over: replica 0 writes
+    p.writer->Start(*std::move(snap), step + 1, absl::Now() - t0);
   }
+  if (p.writer == nullptr) return absl::OkStatus();
   for (const CheckpointWriter::Done& d : last ? p.writer->Wait() : p.writer->Poll()) {
     BATON_RETURN_IF_ERROR(d.status);
     baton::v1::CheckpointWrite* w = writes->Add();

@@ -70,9 +70,10 @@ std::vector<std::vector<Parameter*>> ParamsOf(const std::vector<Module*>& blocks
   return out;
 }
 
-std::map<const Parameter*, std::vector<Optimizer::Slot>> SlotsByParam(Optimizer& optimizer) {
+std::map<const Parameter*, std::vector<Optimizer::Slot>> SlotsByParam(
+    const std::vector<Optimizer::Slot>& slots) {
   std::map<const Parameter*, std::vector<Optimizer::Slot>> out;
-  for (const Optimizer::Slot& s : optimizer.Slots()) out[s.param].push_back(s);
+  for (const Optimizer::Slot& s : slots) out[s.param].push_back(s);
   return out;
 }
 
@@ -193,12 +194,20 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
                                                   const CheckpointWriteInfo& info,
                                                   const std::vector<Module*>& blocks,
                                                   Optimizer& optimizer) {
+  return SnapshotBlocks(step_dir, info, blocks, optimizer.Slots(), optimizer.steps_taken());
+}
+
+absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
+                                                  const CheckpointWriteInfo& info,
+                                                  const std::vector<Module*>& blocks,
+                                                  const std::vector<Optimizer::Slot>& slot_list,
+                                                  int64_t optimizer_steps) {
   if (info.block_indices.size() != blocks.size()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", blocks.size(), " blocks but ",
                                                    info.block_indices.size(), " indices"));
   }
   const auto params = ParamsOf(blocks);
-  const auto slots = SlotsByParam(optimizer);
+  const auto slots = SlotsByParam(slot_list);
   CheckpointSnapshot snap;
   snap.step_dir = step_dir;
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -215,7 +224,7 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
                                     {"job", info.job},
                                     {"step", absl::StrCat(info.step)},
                                     {"block", name},
-                                    {"optimizer_steps", absl::StrCat(optimizer.steps_taken())}});
+                                    {"optimizer_steps", absl::StrCat(optimizer_steps)}});
     if (!bytes.ok()) return bytes.status();
     snap.files.push_back(CheckpointBlockFile{name, info.block_indices[b], BlockFileName(name),
                                              Sha256Hex(*bytes),
@@ -331,10 +340,19 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir)
 
 absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir,
                                    const std::vector<Module*>& blocks, Optimizer& optimizer) {
+  int64_t optimizer_steps = -1;
+  absl::StatusOr<int64_t> step = LoadBlocks(step_dir, blocks, optimizer.Slots(), &optimizer_steps);
+  if (step.ok() && optimizer_steps >= 0) optimizer.set_steps_taken(optimizer_steps);
+  return step;
+}
+
+absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir, const std::vector<Module*>& blocks,
+                                   const std::vector<Optimizer::Slot>& slot_list,
+                                   int64_t* steps_taken) {
   absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(step_dir);
   if (!index.ok()) return index.status();
   const auto params = ParamsOf(blocks);
-  const auto slots = SlotsByParam(optimizer);
+  const auto slots = SlotsByParam(slot_list);
   int64_t optimizer_steps = -1;
   for (size_t b = 0; b < blocks.size(); ++b) {
     const std::string& name = blocks[b]->name();
@@ -401,7 +419,7 @@ absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir,
       if (absl::Status s = CopyEntryInto(st->tensors.at(tname), tname, dst); !s.ok()) return s;
     }
   }
-  if (optimizer_steps >= 0) optimizer.set_steps_taken(optimizer_steps);
+  *steps_taken = optimizer_steps;
   return index->step;
 }
 

@@ -85,6 +85,13 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
                                                   const CheckpointWriteInfo& info,
                                                   const std::vector<Module*>& blocks,
                                                   Optimizer& optimizer);
+// The same from the slots given, and the optimizer's step count: a sharded optimizer's own
+// slots completed with the state other replicas own (stage_executor.h).
+absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
+                                                  const CheckpointWriteInfo& info,
+                                                  const std::vector<Module*>& blocks,
+                                                  const std::vector<Optimizer::Slot>& slots,
+                                                  int64_t optimizer_steps);
 // Writes a snapshot: the block files, then the manifest, each atomically. Thread-safe for
 // different snapshots; touches nothing but the files. Once `stop` (may be null) reads true
 // it ends with ABORTED (WriteFileAtomically), before the manifest: the step directory is
@@ -110,6 +117,11 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& step_dir)
 // error some blocks may have been loaded: the caller discards the model.
 absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir,
                                    const std::vector<Module*>& blocks, Optimizer& optimizer);
+// The same into the slots given (every slot of the blocks' parameters: the checkpoint must
+// hold exactly those); `*steps_taken` receives the optimizer's step count from the files
+// (-1 with no block).
+absl::StatusOr<int64_t> LoadBlocks(const std::string& step_dir, const std::vector<Module*>& blocks,
+                                   const std::vector<Optimizer::Slot>& slots, int64_t* steps_taken);
 
 // The steps that have a directory under `job_dir`, ascending (none when it does not exist).
 std::vector<int64_t> ListCheckpointSteps(const std::string& job_dir);

@@ -162,6 +162,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::Optimi
   return absl::InvalidArgumentError("optimizer: no algorithm set (want sgd or adamw)");
 }
 
+std::vector<std::string> OptimizerSlotNames(const baton::v1::OptimizerSpec& spec) {
+  if (spec.has_adamw()) return {"exp_avg", "exp_avg_sq"};
+  if (spec.has_sgd() && spec.sgd().momentum() != 0.0f) return {"momentum_buffer"};
+  return {};
+}
+
 float PeakLearningRate(const baton::v1::OptimizerSpec& spec) {
   switch (spec.algorithm_case()) {
     case baton::v1::OptimizerSpec::kSgd:

@@ -59,6 +59,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const baton::v1::Optimi
                                                          std::vector<Parameter*> params,
                                                          bool tied_embeddings);
 
+// The names of the state slots the optimizer a spec names keeps per parameter, in Slots'
+// order: AdamW {exp_avg, exp_avg_sq}, SGD with momentum {momentum_buffer}, else none.
+std::vector<std::string> OptimizerSlotNames(const baton::v1::OptimizerSpec& spec);
+
 // ---- The learning-rate schedule ----
 
 // The algorithm's learning_rate: the schedule's peak.

@@ -35,19 +35,36 @@ void GradReducer::BeginStep(std::chrono::steady_clock::time_point t0) {
   error_ = absl::OkStatus();
 }
 
+namespace {
+
+std::vector<Tensor*> Grads(const std::vector<Parameter*>& params) {
+  std::vector<Tensor*> out;
+  for (Parameter* p : params) out.push_back(&p->grad);
+  return out;
+}
+
+}  // namespace
+
 void GradReducer::Enqueue(const Action& action, std::vector<Parameter*> params,
                           absl::Time deadline) {
-  Push(Task{action, Op::kAllReduce, std::move(params), {}, deadline});
+  Push(Task{action, Op::kAllReduce, Grads(params), {}, deadline});
 }
 
 void GradReducer::EnqueueReduceScatter(const Action& action, std::vector<Parameter*> params,
                                        std::vector<int64_t> counts, absl::Time deadline) {
-  Push(Task{action, Op::kReduceScatter, std::move(params), std::move(counts), deadline});
+  Push(Task{action, Op::kReduceScatter, Grads(params), std::move(counts), deadline});
 }
 
 void GradReducer::EnqueueAllGather(const Action& action, std::vector<Parameter*> params,
                                    std::vector<int64_t> counts, absl::Time deadline) {
-  Push(Task{action, Op::kAllGather, std::move(params), std::move(counts), deadline});
+  std::vector<Tensor*> values;
+  for (Parameter* p : params) values.push_back(&p->value);
+  EnqueueAllGather(action, std::move(values), std::move(counts), deadline);
+}
+
+void GradReducer::EnqueueAllGather(const Action& action, std::vector<Tensor*> tensors,
+                                   std::vector<int64_t> counts, absl::Time deadline) {
+  Push(Task{action, Op::kAllGather, std::move(tensors), std::move(counts), deadline});
 }
 
 void GradReducer::Push(Task task) {
@@ -121,7 +138,7 @@ void GradReducer::Loop() {
 // ahead of the optimizer's kernels on the same stream. Otherwise every copy waits for the
 // stream.
 absl::Status GradReducer::Run(const Task& task, int64_t* bytes) {
-  if (task.op == Op::kAllReduce) return AllReduce(task.params, task.deadline, bytes);
+  if (task.op == Op::kAllReduce) return AllReduce(task.tensors, task.deadline, bytes);
   return Sharded(task, bytes);
 }
 
@@ -153,29 +170,29 @@ absl::Status GradReducer::Move(Tensor& t, float* at, bool to_bucket) {
              : CudaCopy(dst, src, t.nbytes(), CopyKind::kDeviceToDevice);
 }
 
-absl::Status GradReducer::AllReduce(const std::vector<Parameter*>& ps, absl::Time deadline,
+absl::Status GradReducer::AllReduce(const std::vector<Tensor*>& ts, absl::Time deadline,
                                     int64_t* bytes) {
   size_t i = 0;
-  while (i < ps.size()) {
+  while (i < ts.size()) {
     size_t end = i;
     int64_t floats = 0;
-    while (end < ps.size() &&
-           (end == i || (floats + ps[end]->grad.numel()) * static_cast<int64_t>(sizeof(float)) <=
-                            bucket_bytes_)) {
-      floats += ps[end]->grad.numel();
+    while (end < ts.size() &&
+           (end == i ||
+            (floats + ts[end]->numel()) * static_cast<int64_t>(sizeof(float)) <= bucket_bytes_)) {
+      floats += ts[end]->numel();
       ++end;
     }
     BATON_ASSIGN_OR_RETURN(float* buf, Buffer(floats));
     int64_t at = 0;
     for (size_t k = i; k < end; ++k) {
-      BATON_RETURN_IF_ERROR(Move(ps[k]->grad, buf + at, true));
-      at += ps[k]->grad.numel();
+      BATON_RETURN_IF_ERROR(Move(*ts[k], buf + at, true));
+      at += ts[k]->numel();
     }
     BATON_RETURN_IF_ERROR(collective_->AllReduceSum(buf, floats, deadline));
     at = 0;
     for (size_t k = i; k < end; ++k) {
-      BATON_RETURN_IF_ERROR(Move(ps[k]->grad, buf + at, false));
-      at += ps[k]->grad.numel();
+      BATON_RETURN_IF_ERROR(Move(*ts[k], buf + at, false));
+      at += ts[k]->numel();
     }
     *bytes += floats * static_cast<int64_t>(sizeof(float));
     i = end;
@@ -188,7 +205,7 @@ absl::Status GradReducer::AllReduce(const std::vector<Parameter*>& ps, absl::Tim
 absl::Status GradReducer::Sharded(const Task& task, int64_t* bytes) {
   const bool scatter = task.op == Op::kReduceScatter;
   int64_t floats = 0;
-  for (const Parameter* p : task.params) floats += (scatter ? p->grad : p->value).numel();
+  for (const Tensor* t : task.tensors) floats += t->numel();
   const char* op = scatter ? "reduce-scatter" : "all-gather";
   BATON_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
                          ShardOffsets(task.counts, collective_->size(), op));
@@ -205,13 +222,12 @@ absl::Status GradReducer::Sharded(const Task& task, int64_t* bytes) {
   enum class Which { kAll, kMine, kOthers };
   auto move = [&](Which which, bool to_bucket) -> absl::Status {
     int64_t at = 0;
-    for (Parameter* p : task.params) {
-      Tensor& t = scatter ? p->grad : p->value;
+    for (Tensor* t : task.tensors) {
       const bool mine = at >= from && at < to;
       if (which == Which::kAll || mine == (which == Which::kMine)) {
-        BATON_RETURN_IF_ERROR(Move(t, buf + at, to_bucket));
+        BATON_RETURN_IF_ERROR(Move(*t, buf + at, to_bucket));
       }
-      at += t.numel();
+      at += t->numel();
     }
     return absl::OkStatus();
   };

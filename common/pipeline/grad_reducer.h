@@ -71,6 +71,10 @@ class GradReducer {
       ABSL_LOCKS_EXCLUDED(mu_);
   void EnqueueAllGather(const Action& action, std::vector<Parameter*> params,
                         std::vector<int64_t> counts, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same over any tensors of float32 laid out as a bucket (a checkpoint gathers the
+  // optimizer's state this way); they belong to the communication thread until WaitAll.
+  void EnqueueAllGather(const Action& action, std::vector<Tensor*> tensors,
+                        std::vector<int64_t> counts, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits until every queued reduction has run. `*timings` receives the step's reductions
   // that ran so far (each its action, start and end since BeginStep's t0, and the gradient
@@ -92,8 +96,8 @@ class GradReducer {
   struct Task {
     Action action;
     Op op = Op::kAllReduce;
-    std::vector<Parameter*> params;
-    std::vector<int64_t> counts;  // the sharded ops' runs, per member
+    std::vector<Tensor*> tensors;  // gradients (the reductions) or weights (all-gather)
+    std::vector<int64_t> counts;   // the sharded ops' runs, per member
     absl::Time deadline;
   };
 
@@ -104,7 +108,7 @@ class GradReducer {
   absl::Status Run(const Task& task, int64_t* bytes);
   // The all-reduce of `ps` in buckets of at most bucket_bytes_; the sharded ops on `ps` as
   // one bucket.
-  absl::Status AllReduce(const std::vector<Parameter*>& ps, absl::Time deadline, int64_t* bytes);
+  absl::Status AllReduce(const std::vector<Tensor*>& ts, absl::Time deadline, int64_t* bytes);
   absl::Status Sharded(const Task& task, int64_t* bytes);
   // The bucket buffer for `floats` floats, where the engine wants it (see Run).
   absl::StatusOr<float*> Buffer(int64_t floats);

@@ -226,14 +226,15 @@ absl::StatusOr<PipelineStepStats> LocalPipelineTrainer::Step() {
 absl::Status LocalPipelineTrainer::SaveCheckpoint(const std::string& job_dir,
                                                   const std::string& job) {
   const std::string step_dir = CheckpointStepDir(job_dir, steps_done_);
-  // The replicas hold the same weights: replica 0's ranks write them.
-  for (int r = 0; r < schedule_.num_ranks; ++r) {
-    const auto& e = executors_[r];
-    absl::StatusOr<std::vector<CheckpointBlockFile>> files =
-        e->SaveCheckpoint(step_dir, job, steps_done_);
-    if (!files.ok()) return files.status();
-  }
-  return absl::OkStatus();
+  // The replicas hold the same weights: replica 0's ranks write them. With a sharded
+  // optimizer every replica takes part (the owners hand their state to replica 0 through
+  // the group), so all ranks run at once.
+  const bool sharded = spec_.optimizer().shard() && replicas() > 1;
+  const int ranks = sharded ? static_cast<int>(executors_.size()) : schedule_.num_ranks;
+  std::vector<absl::StatusOr<std::vector<CheckpointBlockFile>>> files =
+      OnEveryRank<std::vector<CheckpointBlockFile>>(
+          ranks, [&](int r) { return executors_[r]->SaveCheckpoint(step_dir, job, steps_done_); });
+  return FirstError(files);
 }
 
 absl::Status LocalPipelineTrainer::LoadCheckpoint(const std::string& step_dir) {

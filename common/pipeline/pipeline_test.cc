@@ -1049,6 +1049,84 @@ TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDig
   std::filesystem::remove_all(dir);
 }
 
+// A sharded optimizer's checkpoint holds the whole state (replica 0 writes it, the owners
+// hand theirs over), so it resumes bit-exact with any number of replicas, sharded or not,
+// on another partition, and in the reference trainer: taken at D = 4 on 2 stages, it
+// resumes at D = 2 sharded and unsharded, at D = 1 on 3 stages, and in the reference
+// trainer, each ending with the digest the reference trainer reaches from its own
+// checkpoint of the same first steps.
+TEST(PipelineCheckpointTest, AShardedCheckpointResumesOnAnyReplicaCount) {
+  const std::string dir = testing::TempDir() + "/pipeline-shard-ckpt";
+  const std::string ref_dir = testing::TempDir() + "/pipeline-shard-ckpt-ref";
+  for (Model model : {Model::kGpt, Model::kLlama}) {
+    SCOPED_TRACE(ModelName(model));
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(ref_dir);
+    baton::v1::JobSpec spec = JobFor(model);
+    AddRecipe(&spec);  // AdamW, clipping, a schedule: the state and the step count matter
+    spec.mutable_data()->set_batch_size(16);
+    spec.mutable_pipeline()->set_microbatches(2);
+    spec.mutable_pipeline()->set_stages(2);
+    spec.mutable_pipeline()->set_reduce_bucket_bytes(4096);
+    baton::v1::JobSpec first = spec;
+    first.mutable_pipeline()->set_data_parallel(4);
+    first.mutable_optimizer()->set_shard(true);
+    constexpr int kStop = 2;
+    auto a = LocalPipelineTrainer::Create(first);
+    ASSERT_TRUE(a.ok()) << a.status();
+    for (int i = 0; i < kStop; ++i) ASSERT_TRUE((*a)->Step().ok());
+    ASSERT_TRUE((*a)->SaveCheckpoint(dir, "j").ok());
+    const std::string step_dir = CheckpointStepDir(dir, kStop);
+    ASSERT_TRUE(ExportWeights(step_dir).ok()) << ExportWeights(step_dir).status();
+    // What the reference trainer's own checkpoint of the same steps resumes to, at D = 2.
+    baton::v1::JobSpec second = spec;
+    second.mutable_pipeline()->set_data_parallel(2);
+    std::string want;
+    {
+      auto r = ReferenceTrainer::Create(first);
+      ASSERT_TRUE(r.ok());
+      for (int i = 0; i < kStop; ++i) ASSERT_TRUE((*r)->Step().ok());
+      ASSERT_TRUE((*r)->SaveCheckpoint(ref_dir, "j").ok());
+      auto r2 = ReferenceTrainer::Create(second);
+      ASSERT_TRUE(r2.ok());
+      ASSERT_TRUE((*r2)->LoadCheckpoint(CheckpointStepDir(ref_dir, kStop)).ok());
+      for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r2)->Step().ok());
+      want = DigestHex((*r2)->WeightsDigest());
+    }
+    for (bool shard : {true, false}) {
+      baton::v1::JobSpec resumed = second;
+      resumed.mutable_optimizer()->set_shard(shard);
+      auto b = LocalPipelineTrainer::Create(resumed);
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_TRUE((*b)->LoadCheckpoint(step_dir).ok());
+      EXPECT_EQ((*b)->steps_done(), kStop);
+      for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
+      for (int d = 0; d < 2; ++d) {
+        EXPECT_EQ(DigestHex((*b)->WeightsDigest(d)), want) << "D=2 shard " << shard;
+      }
+    }
+    auto r = ReferenceTrainer::Create(second);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE((*r)->LoadCheckpoint(step_dir).ok());
+    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r)->Step().ok());
+    EXPECT_EQ(DigestHex((*r)->WeightsDigest()), want) << "the reference from the sharded one";
+    // One replica on three stages: the D = 1 grouping's own continuation.
+    baton::v1::JobSpec single = spec;
+    single.mutable_pipeline()->set_stages(3);
+    auto r1 = ReferenceTrainer::Create(single);
+    ASSERT_TRUE(r1.ok());
+    ASSERT_TRUE((*r1)->LoadCheckpoint(CheckpointStepDir(ref_dir, kStop)).ok());
+    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r1)->Step().ok());
+    auto c = LocalPipelineTrainer::Create(single);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->LoadCheckpoint(step_dir).ok());
+    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*c)->Step().ok());
+    EXPECT_EQ(DigestHex((*c)->WeightsDigest()), DigestHex((*r1)->WeightsDigest())) << "D=1";
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(ref_dir);
+}
+
 TEST(BitExactControlTest, DigestSeesSummationOrder) {
   baton::v1::JobSpec spec = GptJob();
   spec.mutable_pipeline()->set_microbatches(2);

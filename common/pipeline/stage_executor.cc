@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <utility>
@@ -246,18 +248,94 @@ absl::StatusOr<CheckpointSnapshot> StageExecutor::SnapshotCheckpoint(const std::
   for (const Chunk& c : chunks_) {
     for (int b = c.blocks.first; b < c.blocks.last; ++b) info.block_indices.push_back(b);
   }
-  return SnapshotBlocks(step_dir, info, Blocks(), *optimizer_);
+  if (!sharded_) return SnapshotBlocks(step_dir, info, Blocks(), *optimizer_);
+  const bool writes = options_.replica == 0;
+  std::deque<Tensor> copies;
+  BATON_ASSIGN_OR_RETURN(const std::vector<Optimizer::Slot> slots,
+                         GatherOptimizerState(writes, &copies));
+  if (!writes) return CheckpointSnapshot{};
+  return SnapshotBlocks(step_dir, info, Blocks(), slots, optimizer_->steps_taken());
 }
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
     const std::string& step_dir, const std::string& job, int64_t step) {
   BATON_ASSIGN_OR_RETURN(CheckpointSnapshot snap, SnapshotCheckpoint(step_dir, job, step));
+  if (snap.manifest_file.empty()) return snap.files;  // a sharded replica's: handed over
   BATON_RETURN_IF_ERROR(WriteSnapshot(snap));
   return snap.files;
 }
 
 absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_dir) {
-  return LoadBlocks(step_dir, Blocks(), *optimizer_);
+  if (!sharded_) return LoadBlocks(step_dir, Blocks(), *optimizer_);
+  // The checkpoint holds every parameter's state: this replica loads its own into its
+  // optimizer and reads the rest into host memory it then drops (LoadBlocks wants the
+  // blocks' state whole, which also checks that it is all there).
+  std::map<std::pair<const Parameter*, std::string>, Tensor*> own;
+  for (const Optimizer::Slot& s : optimizer_->Slots()) own[{s.param, s.name}] = s.state;
+  std::deque<Tensor> others;
+  std::vector<Optimizer::Slot> slots;
+  for (Parameter* p : params_) {
+    for (const std::string& name : OptimizerSlotNames(spec_.optimizer())) {
+      const auto it = own.find({p, name});
+      Tensor* state =
+          it != own.end() ? it->second : &others.emplace_back(Tensor::Empty(p->value.shape()));
+      slots.push_back(Optimizer::Slot{p, name, state});
+    }
+  }
+  int64_t steps_taken = -1;
+  BATON_ASSIGN_OR_RETURN(const int64_t step, LoadBlocks(step_dir, Blocks(), slots, &steps_taken));
+  if (steps_taken >= 0) optimizer_->set_steps_taken(steps_taken);
+  return step;
+}
+
+absl::StatusOr<std::vector<Optimizer::Slot>> StageExecutor::GatherOptimizerState(
+    bool keep, std::deque<Tensor>* copies) {
+  const std::vector<std::string> names = OptimizerSlotNames(spec_.optimizer());
+  std::map<std::pair<const Parameter*, std::string>, Tensor*> own, others;
+  for (const Optimizer::Slot& s : optimizer_->Slots()) own[{s.param, s.name}] = s.state;
+  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (const ChunkBucket& b : buckets_[c]) {
+      for (const std::string& name : names) {
+        // The other owners' state of this bucket lands on the device, one bucket at a time.
+        std::vector<Tensor> scratch;
+        scratch.reserve(b.params.size());  // tensors points into it
+        std::vector<Tensor*> tensors;
+        for (Parameter* p : b.params) {
+          const auto it = own.find({p, name});
+          if (it != own.end()) {
+            tensors.push_back(it->second);
+            continue;
+          }
+          BATON_ASSIGN_OR_RETURN(
+              Tensor t, Tensor::TryEmpty(p->value.shape(), DType::kFloat32, p->value.device()));
+          scratch.push_back(std::move(t));
+          tensors.push_back(&scratch.back());
+        }
+        reducer_->EnqueueAllGather(Action{ActionKind::kStep, chunks_[c].stage, 0},
+                                   std::move(tensors), b.counts, deadline);
+        std::vector<ActionTiming> ignored;
+        BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &ignored));
+        if (!keep) continue;
+        size_t k = 0;
+        for (Parameter* p : b.params) {
+          if (own.contains({p, name})) continue;
+          Tensor& host = copies->emplace_back(Tensor::Empty(p->value.shape()));
+          BATON_RETURN_IF_ERROR(scratch[k++].CopyToHost(host.f32()));
+          others[{p, name}] = &host;
+        }
+      }
+    }
+  }
+  std::vector<Optimizer::Slot> out;  // Slots' order: parameter by parameter
+  if (!keep) return out;
+  for (Parameter* p : params_) {
+    for (const std::string& name : names) {
+      const auto it = own.find({p, name});
+      out.push_back(Optimizer::Slot{p, name, it != own.end() ? it->second : others.at({p, name})});
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {

@@ -59,6 +59,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -188,12 +189,17 @@ class StageExecutor {
 
   // Writes this rank's blocks and their optimizer state into checkpoint directory
   // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h), as the state of
-  // job `job` after step `step`. Between steps only.
+  // job `job` after step `step`. Between steps only. With a sharded optimizer every
+  // replica of the rank calls it (or SnapshotCheckpoint) at the same point: the owners
+  // hand their state to replica 0 through the group, and replica 0 alone writes the
+  // blocks with their whole state (the format does not change: it loads on any D and any
+  // partition); the others write nothing and return no files.
   absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& step_dir,
                                                                   const std::string& job,
                                                                   int64_t step);
   // The same checkpoint encoded in memory (common/checkpoint/checkpoint.h), to be written
-  // with WriteSnapshot while later steps run. Between steps only.
+  // with WriteSnapshot while later steps run. Between steps only. Sharded, a replica other
+  // than 0 gets an empty snapshot (no files, no manifest_file): it has nothing to write.
   absl::StatusOr<CheckpointSnapshot> SnapshotCheckpoint(const std::string& step_dir,
                                                         const std::string& job, int64_t step);
   // Loads this rank's blocks and optimizer state from a complete checkpoint written by any
@@ -244,6 +250,13 @@ class StageExecutor {
   // indexed as params_, each computed by its owner and all-gathered over the group. After
   // WaitForReductions only (the caller's thread then has the group to itself).
   absl::StatusOr<std::vector<double>> GatherOwnedSums(bool squares, absl::Time deadline);
+  // Sharded, between steps: every parameter's optimizer state as slots in Slots' order,
+  // this replica's own tensors for what it owns and host copies (kept in `copies`) of the
+  // owners' for the rest, all-gathered bucket by bucket (the device holds one bucket of
+  // other replicas' state at a time). Every replica of the rank calls it at the same
+  // point; with `keep` false it only takes part and returns no slots.
+  absl::StatusOr<std::vector<Optimizer::Slot>> GatherOptimizerState(bool keep,
+                                                                    std::deque<Tensor>* copies);
   // The token embedding (first block of `stage`) or the output projection (its last block,
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);

@@ -576,13 +576,6 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
                                   spec->pipeline().data_parallel(),
                                   ": with one replica there is nothing to shard across"));
     }
-    if (spec->has_checkpoint() || spec->has_resume_from()) {
-      return Invalid("optimizer.shard",
-                     absl::StrCat("cannot be combined with ",
-                                  spec->has_checkpoint() ? "checkpoint" : "resume_from",
-                                  " yet: each replica holds only its shard of the optimizer "
-                                  "state, and checkpoints hold it whole"));
-    }
   }
   if (spec->has_restart()) {
     baton::v1::RestartSpec* r = spec->mutable_restart();

@@ -106,6 +106,9 @@ TEST(ValidateTest, AShardedOptimizerNeedsReplicas) {
   spec.mutable_pipeline()->set_data_parallel(2);
   spec.mutable_optimizer()->set_shard(true);
   EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
+  spec.mutable_checkpoint()->set_dir("/tmp/ckpt");  // checkpoints hold the state whole
+  spec.mutable_checkpoint()->set_every_steps(1);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&spec).ok());
   spec.mutable_pipeline()->set_data_parallel(1);
   spec.mutable_pipeline()->set_microbatches(4);
   EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).code(), absl::StatusCode::kInvalidArgument);
@@ -378,16 +381,6 @@ const std::vector<Refusal>& Refusals() {
       {"ShardWithOneReplica", false,
        [](JobSpec* s) { s->mutable_optimizer()->set_shard(true); }, "optimizer.shard",
        "needs pipeline.data_parallel of 2 or more, got 1"},
-      {"ShardWithCheckpoints", false,
-       [](JobSpec* s) {
-         s->mutable_data()->set_batch_size(8);
-         s->mutable_pipeline()->set_microbatches(2);
-         s->mutable_pipeline()->set_data_parallel(2);
-         s->mutable_optimizer()->set_shard(true);
-         s->mutable_checkpoint()->set_dir("/tmp/ckpt");
-         s->mutable_checkpoint()->set_every_steps(1);
-       },
-       "optimizer.shard", "cannot be combined with checkpoint yet"},
       {"BucketBytesNegative", false,
        [](JobSpec* s) { s->mutable_pipeline()->set_reduce_bucket_bytes(-1); },
        "pipeline.reduce_bucket_bytes", ">= 0"},
