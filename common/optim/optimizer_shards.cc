@@ -1,5 +1,6 @@
 #include "common/optim/optimizer_shards.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -12,11 +13,10 @@ using Wide = __int128;
 
 Wide Square(int64_t x) { return static_cast<Wide>(x) * static_cast<Wide>(x); }
 
-// The cut of one bucket (sizes `s`, the first `pinned_prefix` of them member 0's) into
-// `loads.size()` consecutive runs in member order that minimises the sum over members of
-// (load + run)^2. Returns each member's run length, in parameters.
-std::vector<int> CutBucket(const std::vector<int64_t>& s, const std::vector<int64_t>& loads,
-                           int pinned_prefix) {
+// The cut of one bucket (sizes `s`) into `loads.size()` consecutive runs in member order
+// that minimises the sum over members of (load + run)^2. Returns each member's run length,
+// in parameters.
+std::vector<int> CutBucket(const std::vector<int64_t>& s, const std::vector<int64_t>& loads) {
   const int k = static_cast<int>(s.size());
   const int d = static_cast<int>(loads.size());
   std::vector<int64_t> prefix(k + 1, 0);
@@ -27,7 +27,7 @@ std::vector<int> CutBucket(const std::vector<int64_t>& s, const std::vector<int6
   std::vector<std::vector<int>> from(d + 1, std::vector<int>(k + 1, 0));
   cost[0][0] = 0;
   for (int r = 1; r <= d; ++r) {
-    for (int j = (r == 1 ? pinned_prefix : 0); j <= k; ++j) {
+    for (int j = 0; j <= k; ++j) {
       for (int i = 0; i <= j; ++i) {
         if (cost[r - 1][i] == kInf) continue;
         const Wide c = cost[r - 1][i] + Square(loads[r - 1] + prefix[j] - prefix[i]);
@@ -66,6 +66,18 @@ absl::StatusOr<ReduceLayout> PlanReduceLayout(const std::vector<std::vector<int6
   out.members = shard ? members : 1;
   out.owner.assign(total, 0);
   out.owned_floats.assign(out.members, 0);
+  // What the cuts balance: the owned totals, member 0's counted with every pinned
+  // parameter from the start (it will own them wherever they come).
+  std::vector<int64_t> load(out.members, 0);
+  {
+    size_t at = 0;
+    for (const auto& g : groups) {
+      for (int64_t n : g) {
+        if (shard && !pinned.empty() && pinned[at]) load[0] += n;
+        ++at;
+      }
+    }
+  }
   int next = 0;  // the flattened index of the group's first parameter
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::vector<int64_t>& sizes = groups[g];
@@ -86,19 +98,30 @@ absl::StatusOr<ReduceLayout> PlanReduceLayout(const std::vector<std::vector<int6
         ++i;
       }
       if (shard) {
-        std::vector<int64_t> s;
-        int pinned_prefix = 0;
-        for (size_t k = 0; k < b.params.size(); ++k) {
-          s.push_back(sizes[b.params[k] - next]);
-          if (!pinned.empty() && pinned[b.params[k]]) pinned_prefix = static_cast<int>(k) + 1;
+        // The bucket's pinned parameters lead its layout: member 0's run starts with them
+        // (already in its load), and the cut places the rest.
+        std::stable_partition(b.params.begin(), b.params.end(),
+                              [&](int p) { return !pinned.empty() && pinned[p]; });
+        int64_t pinned_floats = 0;
+        std::vector<int64_t> s;  // the rest's sizes
+        size_t first = 0;        // the first parameter not pinned
+        for (int p : b.params) {
+          if (!pinned.empty() && pinned[p]) {
+            pinned_floats += sizes[p - next];
+            ++first;
+          } else {
+            s.push_back(sizes[p - next]);
+          }
         }
-        const std::vector<int> runs = CutBucket(s, out.owned_floats, pinned_prefix);
+        const std::vector<int> runs = CutBucket(s, load);
         b.counts.assign(members, 0);
-        size_t k = 0;
+        b.counts[0] = pinned_floats;
+        size_t k = first;
         for (int r = 0; r < members; ++r) {
           for (int n = 0; n < runs[r]; ++n, ++k) {
             out.owner[b.params[k]] = r;
-            b.counts[r] += s[k];
+            b.counts[r] += s[k - first];
+            load[r] += s[k - first];
           }
           out.owned_floats[r] += b.counts[r];
         }

@@ -19,8 +19,10 @@
 // shard, as ReduceScatterSum and AllGather lay shards out; a run may be empty). The runs
 // are chosen bucket by bucket, in order, to keep the members' owned totals even: each
 // bucket's cut minimises the sum of the squared totals after it (exact, in integers; a tie
-// gives the earlier members more). A pinned parameter is always member 0's (the tied embedding's
-// two ends must have the same owner, whatever else their stages hold).
+// gives the earlier members more). A pinned parameter is member 0's (the tied embedding's
+// two ends must have the same owner, whatever else their stages hold): its bucket lays the
+// pinned parameters out first, so member 0's run starts with them, and the cuts count them
+// against member 0 from the first bucket on.
 #ifndef BATON_COMMON_OPTIM_OPTIMIZER_SHARDS_H_
 #define BATON_COMMON_OPTIM_OPTIMIZER_SHARDS_H_
 
@@ -33,7 +35,9 @@ namespace baton {
 
 struct GradBucket {
   int group = 0;            // the group (stage) its parameters belong to
-  std::vector<int> params;  // indices into the flattened parameter list, consecutive
+  // Indices into the flattened parameter list: a consecutive range of it, laid out in the
+  // bucket in this order (sharded, the pinned ones first, then the rest in order).
+  std::vector<int> params;
   int64_t floats = 0;       // the parameters' sizes summed
   // Sharded: floats per member, in member order (member r owns the parameters of the
   // bucket's r-th run); sums to `floats`. Empty when not sharded.

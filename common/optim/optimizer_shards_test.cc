@@ -1,5 +1,6 @@
 #include "common/optim/optimizer_shards.h"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -34,8 +35,10 @@ void ExpectConsistent(const ReduceLayout& l, const std::vector<Ints>& groups) {
     int64_t floats = 0;
     int last_owner = 0;
     std::vector<int64_t> counts(l.members, 0);
+    std::vector<int> sorted = b.params;  // a consecutive range, whatever its layout
+    std::sort(sorted.begin(), sorted.end());
+    for (int p : sorted) EXPECT_EQ(p, next++);
     for (int p : b.params) {
-      EXPECT_EQ(p, next++);
       EXPECT_EQ(group_of[p], b.group);
       floats += sizes[p];
       EXPECT_GE(l.owner[p], last_owner) << "runs in member order";
@@ -100,11 +103,22 @@ TEST(ReduceLayoutTest, APinnedParameterIsMemberZerosWhateverItsLoad) {
   const ReduceLayout unpinned = Plan({{9, 1}, {9}}, 40 * 4, 2, true);
   EXPECT_EQ(unpinned.owner, (std::vector<int>{0, 1, 1}));
   const ReduceLayout pinned = Plan({{9, 1}, {9}}, 40 * 4, 2, true, {false, false, true});
-  EXPECT_EQ(pinned.owner, (std::vector<int>{0, 1, 0}));
-  // A pinned parameter late in a bucket takes the run before it to member 0 too.
+  // Counted against member 0 from the start, the pinned 9 sends the first bucket to
+  // member 1: 9 and 10.
+  EXPECT_EQ(pinned.owner, (std::vector<int>{1, 1, 0}));
+  EXPECT_EQ(pinned.owned_floats, (Ints{9, 10}));
+  // A pinned parameter leads its bucket's layout, so it takes nothing else to member 0:
+  // the others balance around it.
   const ReduceLayout late = Plan({{3, 3, 3}}, 40 * 4, 3, true, {false, true, false});
-  EXPECT_EQ(late.owner, (std::vector<int>{0, 0, 1}));
+  ASSERT_EQ(late.buckets.size(), 1u);
+  EXPECT_EQ(late.buckets[0].params, (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(late.buckets[0].counts, (Ints{3, 3, 3}));
+  EXPECT_EQ(late.owner, (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(late.owned_floats, (Ints{3, 3, 3}));
   ExpectConsistent(late, {{3, 3, 3}});
+  // Unsharded, pins change nothing.
+  EXPECT_EQ(Plan({{3, 3, 3}}, 40 * 4, 1, false, {false, true, false}).buckets[0].params,
+            (std::vector<int>{0, 1, 2}));
 }
 
 TEST(ReduceLayoutTest, ManyParametersBalanceWithinTheLargestOne) {

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The optimizer sharded across data-parallel replicas (optimizer.shard), measured on a real
+cluster against the same job unsharded: step time, per-rank memory, bytes sent.
+
+One stage, D replicas (D workers), so a worker is one rank and everything it sends goes to
+its replica group. Each run starts a fresh coordinator and D workers (so each worker's
+allocator peak is that job's), submits the spec with --watch, and reads:
+  * step time: the median StepProgress.duration after the first two steps;
+  * per rank: baton_worker_device_memory_bytes{state="peak"} (live tensors' high-water mark
+    over the job) and {state="in_use"} after the last step (weights, gradients, optimizer
+    state), against the planner's per-rank peak (`batonctl plan -f SPEC --output json`);
+  * bytes sent per step per rank: the worker process's written bytes (/proc/PID/io wchar:
+    its sockets, nearly all of it the group's collectives; the job writes no files) over
+    the run, divided by the steps.
+Unsharded and sharded runs alternate, R rounds; the report gives medians and each round's
+ratio. Both must end with the same weights digest (checked).
+
+    python3 bench/shard_bench.py --bin-dir build/bin [--replicas 2,4] [--rounds 3] [--steps 20]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import cluster_test  # noqa: E402  (the test harness's Cluster: processes, batonctl)
+
+ROOT = os.path.join(HERE, "..")
+
+
+def example_gpt(replicas, shard, steps):
+    with open(os.path.join(ROOT, "client", "examples", "gpt.json")) as f:
+        spec = json.load(f)
+    spec["name"] = f"shard-bench-d{replicas}{'-sharded' if shard else ''}"
+    spec["pipeline"] = {"stages": 1, "microbatches": 4, "schedule": "SCHEDULE_1F1B",
+                        "dataParallel": replicas}
+    spec["optimizer"]["shard"] = shard
+    spec["steps"] = steps
+    return spec
+
+
+def scrape_memory(address):
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for state in ("peak", "in_use"):
+        m = re.search(r'^baton_worker_device_memory_bytes\{[^}]*state="%s"[^}]*\} (\S+)$' % state,
+                      text, re.M)
+        out[state] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+def written_bytes(pid):
+    with open(f"/proc/{pid}/io") as f:
+        return int(re.search(r"^wchar: (\d+)$", f.read(), re.M).group(1))
+
+
+def run(bin_dir, spec, replicas, steps):
+    with tempfile.TemporaryDirectory(prefix="baton-shard-") as tmp:
+        c = cluster_test.Cluster(bin_dir, os.path.join(ROOT, "client", "examples"), tmp)
+        c.worker_flags = lambda wid: ["--metrics_listen", "127.0.0.1:0", "--metrics_port_file",
+                                      os.path.join(tmp, f"{wid}.metrics")]
+        try:
+            c.start_coordinator()
+            for i in range(replicas):
+                c.start_worker(f"w-{i + 1}")
+            c.wait_idle(replicas)
+            path = c.write_spec(spec)
+            plan = json.loads(c.ctl_ok("plan", "-f", path, "--output", "json").stdout)
+            predicted = plan["footprint"]["ranks"][0]["peak_bytes"]
+            before = {w: written_bytes(c.procs[w].pid) for w in c.procs if w.startswith("w-")}
+            r = c.ctl("submit", "-f", path, "--watch", "--output", "json", timeout=900)
+            lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            job = c.get(lines[0]["id"])
+            if job["state"] != "JOB_STATE_SUCCEEDED":
+                raise SystemExit(f"job failed: {cluster_test.last_reason(job)}")
+            durations = [float(e["step"]["duration"].rstrip("s")) for e in lines[1:]
+                         if "step" in e]
+            ranks = []
+            for wid in job.get("workers", []):
+                with open(os.path.join(tmp, f"{wid}.metrics")) as f:
+                    m = scrape_memory(f.read().strip())
+                m["sent_per_step"] = (written_bytes(c.procs[wid].pid) - before[wid]) / steps
+                ranks.append(m)
+            return {
+                "step_s": statistics.median(durations[2:] or durations),
+                "ranks": ranks,
+                "predicted": predicted,
+                "digest": job["weights_digest"],
+            }
+        finally:
+            c.stop_all()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    mib = 1 << 20
+    print(f"cpu: {cluster_test_cpu()}; load before: {os.getloadavg()}")
+    for d in [int(x) for x in args.replicas.split(",")]:
+        rounds = []
+        for _ in range(args.rounds):
+            a = run(args.bin_dir, example_gpt(d, False, args.steps), d, args.steps)
+            b = run(args.bin_dir, example_gpt(d, True, args.steps), d, args.steps)
+            if a["digest"] != b["digest"]:
+                raise SystemExit(f"D={d}: sharding changed the weights")
+            rounds.append((a, b))
+        print(f"\nexample GPT (gpt.json: 2 layers, d 128, ctx 64, batch 32), 1 stage, D={d}, "
+              f"1F1B M=4, AdamW; digest {rounds[0][0]['digest'][:16]}... both ways")
+        for i, (a, b) in enumerate(rounds):
+            print(f"  round {i}: step {a['step_s'] * 1e3:.1f} ms unsharded, "
+                  f"{b['step_s'] * 1e3:.1f} ms sharded ({b['step_s'] / a['step_s']:.3f}x)")
+        ratios = [b["step_s"] / a["step_s"] for a, b in rounds]
+        ta = statistics.median(a["step_s"] for a, _ in rounds)
+        tb = statistics.median(b["step_s"] for _, b in rounds)
+        print(f"  median step: {ta * 1e3:.1f} ms -> {tb * 1e3:.1f} ms; median ratio "
+              f"{statistics.median(ratios):.3f}")
+        print("  mode      | rank | state MiB | peak MiB | planner MiB | peak/planner | sent/step KiB")
+        for mode, res in (("unsharded", rounds[-1][0]), ("sharded", rounds[-1][1])):
+            for r, m in enumerate(res["ranks"]):
+                print(f"  {mode:9s} | {r:4d} | {m['in_use'] / mib:9.3f} | {m['peak'] / mib:8.3f} |"
+                      f" {res['predicted'] / mib:11.3f} | {m['peak'] / res['predicted']:12.3f} |"
+                      f" {m['sent_per_step'] / 1024:13.1f}")
+    print(f"\nload after: {os.getloadavg()}")
+
+
+def cluster_test_cpu():
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"^model name\s*: (.*)$", f.read(), re.M)
+    return f"{m.group(1) if m else 'unknown'}, {os.cpu_count()} cores"
+
+
+if __name__ == "__main__":
+    main()
