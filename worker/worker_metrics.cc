@@ -69,10 +69,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                    .Name("baton_worker_samples_total")
                    .Help("Samples through this rank.")
                    .Register(registry)),
-      tokens_(prometheus::BuildCounter()
-                  .Name("baton_worker_tokens_total")
-                  .Help("Tokens through this rank (gpt: sequences x context; an mlp row is one token).")
-                  .Register(registry)),
+      tokens_(
+          prometheus::BuildCounter()
+              .Name("baton_worker_tokens_total")
+              .Help("Tokens through this rank (gpt: sequences x context; an mlp row is one token).")
+              .Register(registry)),
       loss_(prometheus::BuildGauge()
                 .Name("baton_worker_loss")
                 .Help("Mean loss of the last step (the rank owning the last stage).")
@@ -107,6 +108,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                   .Help("Memory of the worker's device held by its allocator: in_use by "
                         "tensors, cached for reuse, peak in_use since the worker started.")
                   .Register(registry)),
+      optimizer_state_(prometheus::BuildGauge()
+                           .Name("baton_worker_optimizer_state_bytes")
+                           .Help("Optimizer state this rank holds (AdamW's moments, SGD's "
+                                 "momentum): its share with optimizer.shard, else all of its "
+                                 "parameters'.")
+                           .Register(registry)),
       checkpoint_seconds_(prometheus::BuildHistogram()
                               .Name("baton_worker_checkpoint_write_seconds")
                               .Help("Time a step waited for this rank's checkpoint write "
@@ -194,6 +201,7 @@ StepObserver* WorkerMetrics::BeginJob(const JobMetricsInfo& info) {
   bubble_now_ = &Track(bubble_, rank);
   inflight_now_ = &Track(inflight_, rank);
   inflight_peak_now_ = &Track(inflight_peak_, rank);
+  optimizer_state_now_ = &Track(optimizer_state_, rank);
   samples_now_ = &Track(samples_, rank);
   tokens_now_ = &Track(tokens_, rank);
   learning_rate_now_ = &Track(learning_rate_, {{"job_id", info.job_id}});
@@ -295,6 +303,7 @@ void WorkerMetrics::RecordStep(const RankStepResult& step, std::optional<float> 
                                                  static_cast<double>(step.end_ns))
                        : 0.0);
   inflight_peak_now_->Set(step.peak_inflight);
+  optimizer_state_now_->Set(static_cast<double>(step.optimizer_state_bytes));
   samples_now_->Increment(static_cast<double>(job_.samples_per_step));
   model_flops_now_->Increment(job_.model_flops_per_step);
   learning_rate_now_->Set(step.learning_rate);

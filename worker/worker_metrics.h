@@ -100,6 +100,7 @@ class WorkerMetrics : private StepObserver {
   prometheus::Family<prometheus::Counter>& model_flops_;
   prometheus::Family<prometheus::Gauge>& peak_flops_;
   prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Gauge>& optimizer_state_;
   prometheus::Family<prometheus::Histogram>& checkpoint_seconds_;
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
   prometheus::Family<prometheus::Histogram>& allreduce_seconds_;
@@ -119,6 +120,7 @@ class WorkerMetrics : private StepObserver {
   prometheus::Gauge* bubble_now_ = nullptr;
   prometheus::Gauge* inflight_now_ = nullptr;
   prometheus::Gauge* inflight_peak_now_ = nullptr;
+  prometheus::Gauge* optimizer_state_now_ = nullptr;
   prometheus::Counter* samples_now_ = nullptr;
   prometheus::Counter* tokens_now_ = nullptr;
   prometheus::Gauge* loss_now_ = nullptr;

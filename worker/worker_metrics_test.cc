@@ -30,6 +30,7 @@ RankStepResult Step() {
   r.send_waits = {At("1SEND_B0", 4600, 5000)};
   r.end_ns = 5000;
   r.peak_inflight = 1;
+  r.optimizer_state_bytes = 4096;
   return r;
 }
 
@@ -100,6 +101,8 @@ TEST(WorkerMetrics, RecordsAStepAsTheContractSays) {
   // Compute is F + B + optimizer = 2.5 us of 5 us.
   EXPECT_THAT(t, HasSubstr("baton_worker_bubble_ratio{job_id=\"job-000001\",rank=\"1\"} 0.5"));
   EXPECT_THAT(t, HasSubstr("baton_worker_inflight_activations_peak{job_id=\"job-000001\",rank=\"1\"} 1"));
+  EXPECT_THAT(
+      t, HasSubstr("baton_worker_optimizer_state_bytes{job_id=\"job-000001\",rank=\"1\"} 4096"));
   EXPECT_THAT(t, HasSubstr("baton_worker_samples_total{job_id=\"job-000001\",rank=\"1\"} 16"));
   EXPECT_THAT(t, HasSubstr("baton_worker_tokens_total{job_id=\"job-000001\",rank=\"1\"} 512"));
   EXPECT_THAT(t, HasSubstr("baton_worker_loss{job_id=\"job-000001\"} 2.5"));

@@ -499,6 +499,8 @@ TEST_P(DataParallelBitExactTest, EveryReplicaEndsWithTheReferenceWeights) {
         }
         EXPECT_EQ(reduced, grad_bytes) << "rank " << g;
         EXPECT_EQ(gathered, c.shard ? grad_bytes : 0) << "rank " << g;
+        EXPECT_EQ(r.optimizer_state_bytes, OptimizerStateBytes((*t)->executor(static_cast<int>(g))))
+            << "rank " << g;
         EXPECT_GE(r.reductions.size(), static_cast<size_t>(c.pipeline.virtual_stages));
       }
     }

@@ -432,6 +432,9 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   result.reductions = std::move(st.reductions);
   result.reduce_wait_ns = st.reduce_wait_ns;
   result.peak_inflight = st.peak_inflight;
+  for (const Optimizer::Slot& s : optimizer_->Slots()) {
+    result.optimizer_state_bytes += static_cast<int64_t>(s.state->nbytes());
+  }
   result.grad_norm = st.grad_norm;
   result.learning_rate = st.learning_rate;
   return result;

@@ -135,6 +135,9 @@ struct RankStepResult {
   std::vector<ActionTiming> reductions;
   // How long STEP waited for them: the part of the reductions not hidden under the clock.
   int64_t reduce_wait_ns = 0;
+  // The optimizer state this rank holds, in bytes: its replica's share with a sharded
+  // optimizer (spec.optimizer.shard), else all of its parameters'.
+  int64_t optimizer_state_bytes = 0;
   absl::Time start;    // wall clock when the step started on this rank
   int64_t end_ns = 0;  // when the step ended (every send gone), since start
   // The learning rate the step used (LearningRateAt), and the global gradient norm before
