@@ -155,6 +155,7 @@ absl::Status GlooCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
 
 absl::Status GlooCollective::AgreeOnCounts(const char* what, absl::Span<const int64_t> counts,
                                            std::chrono::milliseconds timeout) {
+  if (agreed_.Contains(counts)) return absl::OkStatus();
   std::vector<int64_t> all(static_cast<size_t>(size_) * size_);
   BATON_RETURN_IF_ERROR(Run(what, [&] {
     gloo::AllgatherOptions opts(context_);
@@ -175,6 +176,7 @@ absl::Status GlooCollective::AgreeOnCounts(const char* what, absl::Span<const in
       return s;
     }
   }
+  agreed_.Add(counts);
   return absl::OkStatus();
 }
 

@@ -89,6 +89,7 @@ class GlooCollective final : public Collective {
   const bool ordered_;
   std::shared_ptr<gloo::Context> context_;
   std::vector<float> gathered_;  // the ordered paths'; one call at a time
+  AgreedCounts agreed_;          // AgreeOnCounts's; one call at a time
   uint32_t tag_ = 0;             // per collective, so a late message cannot match another
   Mutex mu_;
   absl::Status aborted_;  // guarded by mu_

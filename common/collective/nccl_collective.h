@@ -136,6 +136,7 @@ class NcclCollective final : public Collective {
   int64_t gathered_capacity_ = 0;
   int64_t* counts_device_ = nullptr;  // size_ * size_ counts on device(): AgreeOnCounts's
   int64_t* counts_host_ = nullptr;    // size_ + size_ * size_ counts in HostAlloc's memory
+  AgreedCounts agreed_;               // AgreeOnCounts's; one call at a time
   const char* op_ = "all-reduce";     // the call under way, for messages
   Mutex mu_;
   absl::Status failed_;                 // guarded by mu_: why calls fail from now on

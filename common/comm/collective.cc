@@ -16,6 +16,15 @@ absl::Status Collective::AllGather(float*, absl::Span<const int64_t>, absl::Time
       absl::StrCat("the ", engine(), " collective engine has no all-gather"));
 }
 
+bool AgreedCounts::Contains(absl::Span<const int64_t> counts) const {
+  return sets_.contains(std::vector<int64_t>(counts.begin(), counts.end()));
+}
+
+void AgreedCounts::Add(absl::Span<const int64_t> counts) {
+  if (sets_.size() >= kMaxSets) sets_.clear();
+  sets_.emplace(counts.begin(), counts.end());
+}
+
 absl::StatusOr<std::vector<int64_t>> ShardOffsets(absl::Span<const int64_t> counts, int size,
                                                   const char* op) {
   if (static_cast<int64_t>(counts.size()) != size) {

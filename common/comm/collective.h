@@ -16,6 +16,7 @@
 #define BATON_COMMON_COMM_COLLECTIVE_H_
 
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,7 +57,13 @@ class Collective {
   // floats, member m's shard at offset counts[0] + ... + counts[m - 1], counts[m] long;
   // counts.size() == size(), a count may be 0, and every member passes the same counts:
   // counts that differ fail the whole group (INVALID_ARGUMENT naming the counts on the
-  // members that see the difference, the others end as after Abort with that reason).
+  // members that see the difference, the others end as after Abort with that reason). The
+  // engines check this the first time a member passes a set of counts (one small exchange
+  // of the counts, a collective round of its own); a later call with a set the group agreed
+  // on before skips it. So a call where members pass different sets they had each agreed
+  // on before is not caught as such: it fails as mismatched transfers do (an engine error
+  // or the deadline). The optimizer's calls cannot do that: every member computes the same
+  // layout and runs the same clock (common/optim/optimizer_shards.h).
   // Bad counts (wrong length, negative) are INVALID_ARGUMENT before anything moves.
   // Deadline, abort, call order and device() as AllReduceSum; each counts as one
   // collective in the order. An engine without them answers UNIMPLEMENTED naming itself.
@@ -76,6 +83,20 @@ class Collective {
   // Fails this member's pending and future calls, and every other member's, with `why`.
   // Thread-safe; may be called while another thread is inside AllReduceSum.
   virtual void Abort(const absl::Status& why) = 0;
+};
+
+// The sets of shard counts a group has agreed on (the sharded operations above): an engine
+// exchanges a set the first time it is passed and remembers it when every member passed
+// the same. Holds at most kMaxSets; older ones are forgotten (checked again). One thread
+// at a time, like the engine's calls.
+class AgreedCounts {
+ public:
+  static constexpr size_t kMaxSets = 1024;
+  bool Contains(absl::Span<const int64_t> counts) const;
+  void Add(absl::Span<const int64_t> counts);
+
+ private:
+  std::set<std::vector<int64_t>> sets_;
 };
 
 // The layout of a sharded buffer (above): offsets[m] is where member m's shard starts,

@@ -1483,6 +1483,38 @@ TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
   EXPECT_NE(s.status().message().find("CLIP_GRAD"), absl::string_view::npos) << s.status();
 }
 
+// Sharded without clipping: each owner sums its own gradients and every replica sees every
+// sum, so every replica fails the step as diverged, naming the same parameter, whichever
+// replica owns it; with clipping, CLIP_GRAD's norm catches it first, as unsharded.
+TEST(PipelineFailureTest, ANonFiniteGradientFailsEveryShardedReplicaNamingIt) {
+  for (bool clip : {false, true}) {
+    SCOPED_TRACE(clip ? "clipping" : "no clipping");
+    baton::v1::JobSpec spec = GptJob();
+    if (clip) AddRecipe(&spec);
+    auto* p = spec.mutable_pipeline();
+    p->set_stages(2);
+    p->set_microbatches(2);
+    p->set_data_parallel(2);
+    spec.mutable_optimizer()->set_shard(true);
+    LocalPipelineOptions opts;
+    opts.recv_timeout = absl::Minutes(10);  // a replica that waited would hang here
+    auto t = LocalPipelineTrainer::Create(spec, opts);
+    ASSERT_TRUE(t.ok()) << t.status();
+    // A NaN in replica 1's first weight of rank 1: its activations, and then every
+    // gradient of both stages of that replica, are NaN; replica 0's are not.
+    Tensor& w = (*t)->executor(3).parameters().front()->value;
+    std::vector<float> host(static_cast<size_t>(w.numel()));
+    ASSERT_TRUE(w.CopyToHost(host.data()).ok());
+    host[0] = std::nanf("");
+    ASSERT_TRUE(w.CopyFromHost(host.data()).ok());
+    auto s = (*t)->Step();
+    ASSERT_FALSE(s.ok());
+    EXPECT_TRUE(IsDiverged(s.status())) << s.status();
+    const std::string want = clip ? "global gradient norm" : "the gradient of";
+    EXPECT_NE(s.status().message().find(want), absl::string_view::npos) << s.status();
+  }
+}
+
 TEST(PipelineFailureTest, PeerAbortStopsEveryRank) {
   baton::v1::JobSpec spec = GptJob();
   auto* p = spec.mutable_pipeline();

@@ -636,7 +636,12 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
     }
   }
   std::vector<double> sums;
-  if (sharded_) {
+  if (sharded_ && st.grad_norm.has_value()) {
+    // CLIP_GRAD's norm was finite: its squares, each of one whole gradient summed in
+    // double (no float squares overflow it), were finite, so every gradient is (the tied
+    // output projection's is the embedding's). No second exchange.
+    sums.assign(params.size(), 0.0);
+  } else if (sharded_) {
     BATON_ASSIGN_OR_RETURN(const std::vector<double> by_index,
                            GatherOwnedSums(/*squares=*/false, deadline));
     for (const Parameter* p : params) sums.push_back(by_index[index_of_.at(p)]);
