@@ -15,7 +15,7 @@ allocator peak is that job's), submits the spec with --watch, and reads:
 Unsharded and sharded runs alternate, R rounds; the report gives medians and each round's
 ratio. Both must end with the same weights digest (checked).
 
-    python3 bench/shard_bench.py --bin-dir build/bin [--replicas 2,4] [--rounds 3] [--steps 20]
+    python3 bench/shard_bench.py --bin-dir build/bin [--replicas 1,2,4] [--rounds 3] [--steps 20]
 """
 import argparse
 import json
@@ -100,13 +100,21 @@ def run(bin_dir, spec, replicas, steps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
-    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--replicas", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     mib = 1 << 20
     print(f"cpu: {cluster_test_cpu()}; load before: {os.getloadavg()}")
     for d in [int(x) for x in args.replicas.split(",")]:
+        if d == 1:  # nothing to shard across: the unsharded figures alone, for reference
+            res = run(args.bin_dir, example_gpt(1, False, args.steps), 1, args.steps)
+            m = res["ranks"][0]
+            print(f"\nexample GPT, 1 stage, D=1 (no sharding): step {res['step_s'] * 1e3:.1f} ms, "
+                  f"state {m['in_use'] / mib:.3f} MiB, peak {m['peak'] / mib:.3f} MiB, planner "
+                  f"{res['predicted'] / mib:.3f} MiB ({m['peak'] / res['predicted']:.3f}), sent "
+                  f"{m['sent_per_step'] / 1024:.1f} KiB/step")
+            continue
         rounds = []
         for _ in range(args.rounds):
             a = run(args.bin_dir, example_gpt(d, False, args.steps), d, args.steps)
