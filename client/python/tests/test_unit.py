@@ -108,6 +108,12 @@ def test_overrides_replace_either_spelling_and_go_deeper():
         _spec.apply_overrides({}, {"pipeline____stages": 1})
 
 
+def test_a_sharded_optimizer_is_an_override_like_any_field():
+    spec = baton.to_job_spec({"pipeline": {"stages": 2}},
+                             {"pipeline__data_parallel": 2, "optimizer__shard": True})
+    assert spec.optimizer.shard and spec.pipeline.data_parallel == 2
+
+
 def test_a_progress_bar_on_a_job_that_already_ended_shows_its_steps(capsys):
     # The watch of an ended job yields only its state; the bar starts from the snapshot.
     pytest.importorskip("tqdm")
