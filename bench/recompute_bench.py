@@ -16,17 +16,10 @@ Both modes must end with the same weights digest (checked).
 import argparse
 import json
 import os
-import re
 import statistics
-import sys
 import tempfile
-import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-import cluster_test  # noqa: E402  (the test harness's Cluster: processes, batonctl)
-
-ROOT = os.path.join(HERE, "..")
+from cluster_bench import ROOT, fresh_cluster, watch_job, worker_memory
 
 
 def example_gpt(layers=None, name="gpt-example"):
@@ -38,43 +31,15 @@ def example_gpt(layers=None, name="gpt-example"):
     return spec
 
 
-def scrape_memory(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for state in ("peak", "in_use"):
-        m = re.search(r'^baton_worker_device_memory_bytes\{[^}]*state="%s"[^}]*\} (\S+)$' % state,
-                      text, re.M)
-        out[state] = float(m.group(1)) if m else float("nan")
-    return out
-
-
 def run(bin_dir, spec, stages, recompute, steps):
     with tempfile.TemporaryDirectory(prefix="baton-recompute-") as tmp:
-        c = cluster_test.Cluster(bin_dir, os.path.join(ROOT, "client", "examples"), tmp)
-        c.worker_flags = lambda wid: ["--metrics_listen", "127.0.0.1:0", "--metrics_port_file",
-                                      os.path.join(tmp, f"{wid}.metrics")]
+        c = fresh_cluster(bin_dir, tmp, stages)
         try:
-            c.start_coordinator()
-            for i in range(stages):
-                c.start_worker(f"w-{i + 1}")
-            c.wait_idle(stages)
-            path = c.write_spec(spec)
-            r = c.ctl("submit", "-f", path, "--stages", str(stages), "--steps", str(steps),
-                      "--recompute", recompute, "--watch", "--output", "json", timeout=900)
-            lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-            job = c.get(lines[0]["id"])
-            if job["state"] != "JOB_STATE_SUCCEEDED":
-                raise SystemExit(f"job failed: {cluster_test.last_reason(job)}")
-            durations = [float(e["step"]["duration"].rstrip("s")) for e in lines[1:]
-                         if "step" in e]
-            ranks = {}
-            for wid in job.get("workers", []):
-                with open(os.path.join(tmp, f"{wid}.metrics")) as f:
-                    ranks[wid] = scrape_memory(f.read().strip())
+            job, durations = watch_job(c, c.write_spec(spec), "--stages", str(stages),
+                                       "--steps", str(steps), "--recompute", recompute)
             return {
                 "step_s": statistics.median(durations[2:] or durations),
-                "ranks": [ranks[w] for w in job.get("workers", [])],
+                "ranks": [worker_memory(tmp, w) for w in job.get("workers", [])],
                 "digest": job["weights_digest"],
             }
         finally:

@@ -22,15 +22,9 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
-import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-import cluster_test  # noqa: E402  (the test harness's Cluster: processes, batonctl)
-
-ROOT = os.path.join(HERE, "..")
+from cluster_bench import ROOT, fresh_cluster, watch_job, worker_memory
 
 
 def example_gpt(replicas, shard, steps):
@@ -44,17 +38,6 @@ def example_gpt(replicas, shard, steps):
     return spec
 
 
-def scrape_memory(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for state in ("peak", "in_use"):
-        m = re.search(r'^baton_worker_device_memory_bytes\{[^}]*state="%s"[^}]*\} (\S+)$' % state,
-                      text, re.M)
-        out[state] = float(m.group(1)) if m else float("nan")
-    return out
-
-
 def written_bytes(pid):
     with open(f"/proc/{pid}/io") as f:
         return int(re.search(r"^wchar: (\d+)$", f.read(), re.M).group(1))
@@ -62,29 +45,16 @@ def written_bytes(pid):
 
 def run(bin_dir, spec, replicas, steps):
     with tempfile.TemporaryDirectory(prefix="baton-shard-") as tmp:
-        c = cluster_test.Cluster(bin_dir, os.path.join(ROOT, "client", "examples"), tmp)
-        c.worker_flags = lambda wid: ["--metrics_listen", "127.0.0.1:0", "--metrics_port_file",
-                                      os.path.join(tmp, f"{wid}.metrics")]
+        c = fresh_cluster(bin_dir, tmp, replicas)
         try:
-            c.start_coordinator()
-            for i in range(replicas):
-                c.start_worker(f"w-{i + 1}")
-            c.wait_idle(replicas)
             path = c.write_spec(spec)
             plan = json.loads(c.ctl_ok("plan", "-f", path, "--output", "json").stdout)
             predicted = plan["footprint"]["ranks"][0]["peak_bytes"]
             before = {w: written_bytes(c.procs[w].pid) for w in c.procs if w.startswith("w-")}
-            r = c.ctl("submit", "-f", path, "--watch", "--output", "json", timeout=900)
-            lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-            job = c.get(lines[0]["id"])
-            if job["state"] != "JOB_STATE_SUCCEEDED":
-                raise SystemExit(f"job failed: {cluster_test.last_reason(job)}")
-            durations = [float(e["step"]["duration"].rstrip("s")) for e in lines[1:]
-                         if "step" in e]
+            job, durations = watch_job(c, path)
             ranks = []
             for wid in job.get("workers", []):
-                with open(os.path.join(tmp, f"{wid}.metrics")) as f:
-                    m = scrape_memory(f.read().strip())
+                m = worker_memory(tmp, wid)
                 m["sent_per_step"] = (written_bytes(c.procs[wid].pid) - before[wid]) / steps
                 ranks.append(m)
             return {
@@ -105,7 +75,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     mib = 1 << 20
-    print(f"cpu: {cluster_test_cpu()}; load before: {os.getloadavg()}")
+    print(f"cpu: {cpu_model()}; load before: {os.getloadavg()}")
     for d in [int(x) for x in args.replicas.split(",")]:
         if d == 1:  # nothing to shard across: the unsharded figures alone, for reference
             res = run(args.bin_dir, example_gpt(1, False, args.steps), 1, args.steps)
@@ -141,7 +111,7 @@ def main():
     print(f"\nload after: {os.getloadavg()}")
 
 
-def cluster_test_cpu():
+def cpu_model():
     with open("/proc/cpuinfo") as f:
         m = re.search(r"^model name\s*: (.*)$", f.read(), re.M)
     return f"{m.group(1) if m else 'unknown'}, {os.cpu_count()} cores"

@@ -417,6 +417,24 @@ def case_divergence_rolled_back_once(c, s):
     check("diverged again after a roll-back" in reason, f"reason: {reason}")
 
 
+def kill_a_replica_and_recover(c, s, spec):
+    """Runs `spec` (2 replicas x 2 stages) checkpointing with restart on, SIGKILLs replica
+    1's rank 1 once a checkpoint is complete, and checks the job recovered onto the two
+    workers left as 2 replicas x 1 stage with the uninterrupted digest; returns the job."""
+    plain = c.write_spec(spec)
+    spec = dict(spec, checkpoint={"everySteps": 5, "dir": s.ckpt},
+                restart={"maxRestarts": 2, "minStages": 1})
+    job_id = c.submit(c.write_spec(spec))["id"]
+    wait_checkpoint(c, job_id, 10)
+    victim = c.get(job_id)["workers"][3]  # replica 1, rank 1
+    c.stop(victim, signal.SIGKILL)
+    job = c.wait_state(job_id, TERMINAL, 2 * HANG_S)
+    check_recovered(c, job, plain, stages_after=1, lost=victim)
+    check(len(job["workers"]) == 2 and victim not in job["workers"],
+          f"recovered onto {job['workers']}, want 2 workers without {victim}")
+    return job
+
+
 def case_data_parallel(c, s):
     """Replicas checkpoint, resume and recover: 2 replicas x 2 stages write checkpoints
     (replica 0's ranks), a resume from one is bit-exact, and a killed worker's job recovers
@@ -440,18 +458,8 @@ def case_data_parallel(c, s):
     check(job["weights_digest"] == want, "resumed from step 15 with replicas: another digest")
     print(f"  {resumed}: resumed from {job_id} step 15 with 2 replicas, digest unchanged")
 
-    spec = tiny_gpt("dp-restart", steps=RECOVERED_STEPS, stages=2, dataParallel=2)
-    plain = c.write_spec(spec)
-    spec["checkpoint"] = {"everySteps": 5, "dir": s.ckpt}
-    spec["restart"] = {"maxRestarts": 2, "minStages": 1}
-    job_id = c.submit(c.write_spec(spec))["id"]
-    wait_checkpoint(c, job_id, 10)
-    victim = c.get(job_id)["workers"][3]  # replica 1, rank 1
-    c.stop(victim, signal.SIGKILL)
-    job = c.wait_state(job_id, TERMINAL, 2 * HANG_S)
-    check_recovered(c, job, plain, stages_after=1, lost=victim)
-    check(len(job["workers"]) == 2 and victim not in job["workers"],
-          f"recovered onto {job['workers']}, want 2 workers without {victim}")
+    job = kill_a_replica_and_recover(
+        c, s, tiny_gpt("dp-restart", steps=RECOVERED_STEPS, stages=2, dataParallel=2))
     groups = job.get("pipeline", {}).get("groups", [])
     check(len(groups) == 1 and int(job["pipeline"].get("data_parallel", 0)) == 2,
           f"after the recovery: {job.get('pipeline')}")
@@ -498,17 +506,7 @@ def case_sharded_optimizer(c, s):
     spec = tiny_gpt("shard-restart", steps=RECOVERED_STEPS, microbatches=2, stages=2,
                     dataParallel=2)
     spec["optimizer"]["shard"] = True
-    plain = c.write_spec(spec)
-    spec["checkpoint"] = {"everySteps": 5, "dir": s.ckpt}
-    spec["restart"] = {"maxRestarts": 2, "minStages": 1}
-    job_id = c.submit(c.write_spec(spec))["id"]
-    wait_checkpoint(c, job_id, 10)
-    victim = c.get(job_id)["workers"][3]  # replica 1, rank 1
-    c.stop(victim, signal.SIGKILL)
-    job = c.wait_state(job_id, TERMINAL, 2 * HANG_S)
-    check_recovered(c, job, plain, stages_after=1, lost=victim)
-    check(len(job["workers"]) == 2 and victim not in job["workers"],
-          f"recovered onto {job['workers']}, want 2 workers without {victim}")
+    kill_a_replica_and_recover(c, s, spec)
     c.ensure_workers(4)
 
 

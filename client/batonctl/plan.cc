@@ -146,15 +146,17 @@ std::optional<Footprint> FootprintOf(baton::v1::JobSpec spec, const Schedule& sc
   f.peak_bytes = pick.peak_bytes;
   f.replicas = in.data_parallel;
   if (in.data_parallel > 1) {
-    for (bool shard : {false, true}) {
-      PlannerInput other = in;
-      other.shard_optimizer = shard;
-      other.schedule = pick.kind;
-      other.virtual_stages = pick.virtual_stages;
-      other.microbatches = pick.microbatches;
-      absl::StatusOr<baton::Plan> p2 = PlanPipeline(other);
-      if (!p2.ok() || p2->ranked.empty()) continue;
-      (shard ? f.peak_bytes_sharded : f.peak_bytes_unsharded) = p2->ranked[0].peak_bytes;
+    // The spec's own setting is the pick's; the other is planned on the same choices.
+    (in.shard_optimizer ? f.peak_bytes_sharded : f.peak_bytes_unsharded) = pick.peak_bytes;
+    PlannerInput other = in;
+    other.shard_optimizer = !in.shard_optimizer;
+    other.schedule = pick.kind;
+    other.virtual_stages = pick.virtual_stages;
+    other.microbatches = pick.microbatches;
+    absl::StatusOr<baton::Plan> p2 = PlanPipeline(other);
+    if (p2.ok() && !p2->ranked.empty()) {
+      (other.shard_optimizer ? f.peak_bytes_sharded : f.peak_bytes_unsharded) =
+          p2->ranked[0].peak_bytes;
     }
   }
   return f;

@@ -256,14 +256,26 @@ absl::StatusOr<std::vector<double>> GradientSums(const std::vector<Parameter*>& 
   return out;
 }
 
-absl::StatusOr<std::vector<double>> BlockGradSquares(const std::vector<Module*>& blocks,
-                                                     bool tied_embeddings) {
-  std::vector<Parameter*> counted;
-  std::vector<size_t> block_of;  // counted[i] belongs to blocks[block_of[i]]
+std::vector<std::vector<Parameter*>> NormParameters(const std::vector<Module*>& blocks,
+                                                    bool tied_embeddings) {
+  std::vector<std::vector<Parameter*>> out(blocks.size());
   for (size_t b = 0; b < blocks.size(); ++b) {
     for (Parameter* p : blocks[b]->Parameters()) {
       if (!p->grad.defined()) continue;
       if (tied_embeddings && p->name == kTiedOutputName) continue;  // counted at the embedding
+      out[b].push_back(p);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> BlockGradSquares(const std::vector<Module*>& blocks,
+                                                     bool tied_embeddings) {
+  std::vector<Parameter*> counted;
+  std::vector<size_t> block_of;  // counted[i] belongs to blocks[block_of[i]]
+  const std::vector<std::vector<Parameter*>> by_block = NormParameters(blocks, tied_embeddings);
+  for (size_t b = 0; b < by_block.size(); ++b) {
+    for (Parameter* p : by_block[b]) {
       counted.push_back(p);
       block_of.push_back(b);
     }

@@ -105,6 +105,12 @@ bool DecaysWeight(const std::string& name, const Shape& shape,
 absl::StatusOr<std::vector<double>> GradientSums(const std::vector<Parameter*>& params,
                                                  bool squares);
 
+// The parameters each block counts in the squared gradient norm, in their order: those with
+// a gradient, less the tied output projection ("head.logits.weight") with
+// `tied_embeddings` (the tied parameter counts once, at the embedding).
+std::vector<std::vector<Parameter*>> NormParameters(const std::vector<Module*>& blocks,
+                                                    bool tied_embeddings);
+
 // One block's part of the squared gradient norm: the sum over its parameters, in their
 // canonical order, of Backend::SumSquares of each gradient, in double (the per-gradient sums
 // from GradientSums, added here in that order). With `tied_embeddings` the output projection

@@ -986,6 +986,42 @@ TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
   }
 }
 
+// The reference trainer of `spec` resumed from checkpoint `step_dir` and trained to the
+// end: its digest ("" after a failure, which fails the test).
+std::string ReferenceResumedDigest(const baton::v1::JobSpec& spec, const std::string& step_dir) {
+  auto r = ReferenceTrainer::Create(spec);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return "";
+  const absl::Status loaded = (*r)->LoadCheckpoint(step_dir);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  if (!loaded.ok()) return "";
+  while ((*r)->steps_done() < spec.steps()) {
+    const auto s = (*r)->Step();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return "";
+  }
+  return DigestHex((*r)->WeightsDigest());
+}
+
+// The same for the in-process pipeline: the trainer, trained to the end, that resumed from
+// `step_dir` at step `from`; null after a failure, which fails the test.
+std::unique_ptr<LocalPipelineTrainer> ResumedPipeline(const baton::v1::JobSpec& spec,
+                                                      const std::string& step_dir, int from) {
+  auto t = LocalPipelineTrainer::Create(spec);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return nullptr;
+  const absl::Status loaded = (*t)->LoadCheckpoint(step_dir);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  EXPECT_EQ((*t)->steps_done(), from);
+  if (!loaded.ok()) return nullptr;
+  for (int i = from; i < spec.steps(); ++i) {
+    const auto s = (*t)->Step();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return nullptr;
+  }
+  return *std::move(t);
+}
+
 TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDigest) {
   const std::string dir = testing::TempDir() + "/pipeline-ckpt";
   // The recipe's runs also continue the learning-rate schedule from the checkpoint's step.
@@ -1030,21 +1066,14 @@ TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDig
         second.mutable_pipeline()->set_stages(interleaved ? 4 : 2);
         second.mutable_pipeline()->set_virtual_stages(1);
         if (interleaved) second.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
-        auto b = LocalPipelineTrainer::Create(second);
-        ASSERT_TRUE(b.ok()) << b.status();
-        ASSERT_TRUE((*b)->LoadCheckpoint(step_dir).ok());
-        EXPECT_EQ((*b)->steps_done(), stop);
-        for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
-        EXPECT_EQ(DigestHex((*b)->WeightsDigest()), want)
+        std::unique_ptr<LocalPipelineTrainer> b = ResumedPipeline(second, step_dir, stop);
+        ASSERT_NE(b, nullptr);
+        EXPECT_EQ(DigestHex(b->WeightsDigest()), want)
             << baton::v1::Schedule_Name(sched) << " " << ModelName(model)
-            << (recipe ? " with the recipe" : "") << (bf16 ? " in bf16" : "")
-            << ", stopped after " << stop;
+            << (recipe ? " with the recipe" : "") << (bf16 ? " in bf16" : "") << ", stopped after "
+            << stop;
         // ... and so does the reference trainer.
-        auto r = ReferenceTrainer::Create(spec);
-        ASSERT_TRUE(r.ok());
-        ASSERT_TRUE((*r)->LoadCheckpoint(step_dir).ok());
-        for (int i = stop; i < spec.steps(); ++i) ASSERT_TRUE((*r)->Step().ok());
-        EXPECT_EQ(DigestHex((*r)->WeightsDigest()), want);
+        EXPECT_EQ(ReferenceResumedDigest(spec, step_dir), want);
       }
     }
   }
@@ -1089,41 +1118,28 @@ TEST(PipelineCheckpointTest, AShardedCheckpointResumesOnAnyReplicaCount) {
       ASSERT_TRUE(r.ok());
       for (int i = 0; i < kStop; ++i) ASSERT_TRUE((*r)->Step().ok());
       ASSERT_TRUE((*r)->SaveCheckpoint(ref_dir, "j").ok());
-      auto r2 = ReferenceTrainer::Create(second);
-      ASSERT_TRUE(r2.ok());
-      ASSERT_TRUE((*r2)->LoadCheckpoint(CheckpointStepDir(ref_dir, kStop)).ok());
-      for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r2)->Step().ok());
-      want = DigestHex((*r2)->WeightsDigest());
+      want = ReferenceResumedDigest(second, CheckpointStepDir(ref_dir, kStop));
+      ASSERT_FALSE(want.empty());
     }
     for (bool shard : {true, false}) {
       baton::v1::JobSpec resumed = second;
       resumed.mutable_optimizer()->set_shard(shard);
-      auto b = LocalPipelineTrainer::Create(resumed);
-      ASSERT_TRUE(b.ok()) << b.status();
-      ASSERT_TRUE((*b)->LoadCheckpoint(step_dir).ok());
-      EXPECT_EQ((*b)->steps_done(), kStop);
-      for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*b)->Step().ok());
+      std::unique_ptr<LocalPipelineTrainer> b = ResumedPipeline(resumed, step_dir, kStop);
+      ASSERT_NE(b, nullptr);
       for (int d = 0; d < 2; ++d) {
-        EXPECT_EQ(DigestHex((*b)->WeightsDigest(d)), want) << "D=2 shard " << shard;
+        EXPECT_EQ(DigestHex(b->WeightsDigest(d)), want) << "D=2 shard " << shard;
       }
     }
-    auto r = ReferenceTrainer::Create(second);
-    ASSERT_TRUE(r.ok());
-    ASSERT_TRUE((*r)->LoadCheckpoint(step_dir).ok());
-    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r)->Step().ok());
-    EXPECT_EQ(DigestHex((*r)->WeightsDigest()), want) << "the reference from the sharded one";
+    EXPECT_EQ(ReferenceResumedDigest(second, step_dir), want)
+        << "the reference from the sharded one";
     // One replica on three stages: the D = 1 grouping's own continuation.
     baton::v1::JobSpec single = spec;
     single.mutable_pipeline()->set_stages(3);
-    auto r1 = ReferenceTrainer::Create(single);
-    ASSERT_TRUE(r1.ok());
-    ASSERT_TRUE((*r1)->LoadCheckpoint(CheckpointStepDir(ref_dir, kStop)).ok());
-    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*r1)->Step().ok());
-    auto c = LocalPipelineTrainer::Create(single);
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->LoadCheckpoint(step_dir).ok());
-    for (int i = kStop; i < spec.steps(); ++i) ASSERT_TRUE((*c)->Step().ok());
-    EXPECT_EQ(DigestHex((*c)->WeightsDigest()), DigestHex((*r1)->WeightsDigest())) << "D=1";
+    std::unique_ptr<LocalPipelineTrainer> c = ResumedPipeline(single, step_dir, kStop);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(DigestHex(c->WeightsDigest()),
+              ReferenceResumedDigest(single, CheckpointStepDir(ref_dir, kStop)))
+        << "D=1";
   }
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(ref_dir);

@@ -120,6 +120,9 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
     BATON_ASSIGN_OR_RETURN(updated, ex->PlanBuckets(spec.optimizer().shard()));
   }
   BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), std::move(updated), tied));
+  for (const Optimizer::Slot& s : ex->optimizer_->Slots()) {
+    ex->optimizer_state_bytes_ += static_cast<int64_t>(s.state->nbytes());
+  }
   return ex;
 }
 
@@ -270,8 +273,7 @@ absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_di
   // The checkpoint holds every parameter's state: this replica loads its own into its
   // optimizer and reads the rest into host memory it then drops (LoadBlocks wants the
   // blocks' state whole, which also checks that it is all there).
-  std::map<std::pair<const Parameter*, std::string>, Tensor*> own;
-  for (const Optimizer::Slot& s : optimizer_->Slots()) own[{s.param, s.name}] = s.state;
+  const SlotMap own = OwnSlots();
   std::deque<Tensor> others;
   std::vector<Optimizer::Slot> slots;
   for (Parameter* p : params_) {
@@ -288,11 +290,17 @@ absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_di
   return step;
 }
 
+StageExecutor::SlotMap StageExecutor::OwnSlots() {
+  SlotMap own;
+  for (const Optimizer::Slot& s : optimizer_->Slots()) own[{s.param, s.name}] = s.state;
+  return own;
+}
+
 absl::StatusOr<std::vector<Optimizer::Slot>> StageExecutor::GatherOptimizerState(
     bool keep, std::deque<Tensor>* copies) {
   const std::vector<std::string> names = OptimizerSlotNames(spec_.optimizer());
-  std::map<std::pair<const Parameter*, std::string>, Tensor*> own, others;
-  for (const Optimizer::Slot& s : optimizer_->Slots()) own[{s.param, s.name}] = s.state;
+  const SlotMap own = OwnSlots();
+  SlotMap others;
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     for (const ChunkBucket& b : buckets_[c]) {
@@ -432,9 +440,7 @@ absl::StatusOr<RankStepResult> StageExecutor::RunStep(int64_t step) {
   result.reductions = std::move(st.reductions);
   result.reduce_wait_ns = st.reduce_wait_ns;
   result.peak_inflight = st.peak_inflight;
-  for (const Optimizer::Slot& s : optimizer_->Slots()) {
-    result.optimizer_state_bytes += static_cast<int64_t>(s.state->nbytes());
-  }
+  result.optimizer_state_bytes = optimizer_state_bytes_;
   result.grad_norm = st.grad_norm;
   result.learning_rate = st.learning_rate;
   return result;
@@ -748,13 +754,12 @@ absl::Status StageExecutor::RunClipGrad(const Action& a, StepState& st, absl::Ti
     // BlockGradSquares does, so the norm has the unsharded bits.
     BATON_ASSIGN_OR_RETURN(const std::vector<double> squares,
                            GatherOwnedSums(/*squares=*/true, deadline));
+    std::vector<Module*> blocks;
+    for (const IndexedBlock& b : in.blocks) blocks.push_back(b.block);
     std::vector<double> parts;
-    for (const IndexedBlock& b : in.blocks) {
+    for (const std::vector<Parameter*>& counted : NormParameters(blocks, tied_)) {
       double part = 0.0;
-      for (Parameter* p : b.block->Parameters()) {
-        if (!p->grad.defined() || (tied_ && p->name == kTiedOutputName)) continue;
-        part += squares[index_of_.at(p)];
-      }
+      for (const Parameter* p : counted) part += squares[index_of_.at(p)];
       parts.push_back(part);
     }
     in.block_squares = std::move(parts);

@@ -63,6 +63,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -260,6 +261,9 @@ class StageExecutor {
   // point; with `keep` false it only takes part and returns no slots.
   absl::StatusOr<std::vector<Optimizer::Slot>> GatherOptimizerState(bool keep,
                                                                     std::deque<Tensor>* copies);
+  // This rank's optimizer state tensors by (parameter, slot name).
+  using SlotMap = std::map<std::pair<const Parameter*, std::string>, Tensor*>;
+  SlotMap OwnSlots();
   // The token embedding (first block of `stage`) or the output projection (its last block,
   // when `output`); null if not here.
   Parameter* TiedParameter(int stage, bool output);
@@ -299,6 +303,7 @@ class StageExecutor {
   bool sharded_ = false;
   std::vector<std::vector<int>> owned_by_;              // by member: indices into params_, in order
   std::unordered_map<const Parameter*, int> index_of_;  // params_[index_of_[p]] == p
+  int64_t optimizer_state_bytes_ = 0;                   // its slots' bytes, fixed once built
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };
