@@ -16,6 +16,11 @@ Unsharded and sharded runs alternate, R rounds; the report gives medians and eac
 ratio. Both must end with the same weights digest (checked).
 
     python3 bench/shard_bench.py --bin-dir build/bin [--replicas 1,2,4] [--rounds 3] [--steps 20]
+                                 [--precision fp32|bf16] [--layers 2]
+
+In bf16 a sharded replica keeps the Linear weights it does not own as bf16 bits; the
+report adds each rank's bytes per parameter between steps (weights, gradients, optimizer
+state: the allocator's in_use over the model's parameters).
 """
 import argparse
 import json
@@ -27,10 +32,12 @@ import tempfile
 from cluster_bench import ROOT, fresh_cluster, watch_job, worker_memory
 
 
-def example_gpt(replicas, shard, steps):
+def example_gpt(replicas, shard, steps, precision, layers):
     with open(os.path.join(ROOT, "client", "examples", "gpt.json")) as f:
         spec = json.load(f)
-    spec["name"] = f"shard-bench-d{replicas}{'-sharded' if shard else ''}"
+    spec["name"] = f"shard-bench-{precision}-d{replicas}{'-sharded' if shard else ''}"
+    spec["model"]["gpt"]["layers"] = layers
+    spec["precision"] = "PRECISION_BF16" if precision == "bf16" else "PRECISION_FP32"
     spec["pipeline"] = {"stages": 1, "microbatches": 4, "schedule": "SCHEDULE_1F1B",
                         "dataParallel": replicas}
     spec["optimizer"]["shard"] = shard
@@ -50,6 +57,7 @@ def run(bin_dir, spec, replicas, steps):
             path = c.write_spec(spec)
             plan = json.loads(c.ctl_ok("plan", "-f", path, "--output", "json").stdout)
             predicted = plan["footprint"]["ranks"][0]["peak_bytes"]
+            parameters = sum(st["parameters"] for st in plan["footprint"]["stages"])
             before = {w: written_bytes(c.procs[w].pid) for w in c.procs if w.startswith("w-")}
             job, durations = watch_job(c, path)
             ranks = []
@@ -61,6 +69,7 @@ def run(bin_dir, spec, replicas, steps):
                 "step_s": statistics.median(durations[2:] or durations),
                 "ranks": ranks,
                 "predicted": predicted,
+                "parameters": parameters,
                 "digest": job["weights_digest"],
             }
         finally:
@@ -73,12 +82,15 @@ def main():
     ap.add_argument("--replicas", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--layers", type=int, default=2, help="the example GPT's blocks")
     args = ap.parse_args()
+    gpt = lambda d, shard: example_gpt(d, shard, args.steps, args.precision, args.layers)  # noqa: E731
     mib = 1 << 20
     print(f"cpu: {cpu_model()}; load before: {os.getloadavg()}")
     for d in [int(x) for x in args.replicas.split(",")]:
         if d == 1:  # nothing to shard across: the unsharded figures alone, for reference
-            res = run(args.bin_dir, example_gpt(1, False, args.steps), 1, args.steps)
+            res = run(args.bin_dir, gpt(1, False), 1, args.steps)
             m = res["ranks"][0]
             print(f"\nexample GPT, 1 stage, D=1 (no sharding): step {res['step_s'] * 1e3:.1f} ms, "
                   f"state {m['in_use'] / mib:.3f} MiB, peak {m['peak'] / mib:.3f} MiB, planner "
@@ -87,13 +99,13 @@ def main():
             continue
         rounds = []
         for _ in range(args.rounds):
-            a = run(args.bin_dir, example_gpt(d, False, args.steps), d, args.steps)
-            b = run(args.bin_dir, example_gpt(d, True, args.steps), d, args.steps)
+            a = run(args.bin_dir, gpt(d, False), d, args.steps)
+            b = run(args.bin_dir, gpt(d, True), d, args.steps)
             if a["digest"] != b["digest"]:
                 raise SystemExit(f"D={d}: sharding changed the weights")
             rounds.append((a, b))
-        print(f"\nexample GPT (gpt.json: 2 layers, d 128, ctx 64, batch 32), 1 stage, D={d}, "
-              f"1F1B M=4, AdamW; digest {rounds[0][0]['digest'][:16]}... both ways")
+        print(f"\nexample GPT (gpt.json, {args.layers} layers: d 128, ctx 64, batch 32), 1 stage, D={d}, "
+              f"1F1B M=4, AdamW, {args.precision}; digest {rounds[0][0]['digest'][:16]}... both ways")
         for i, (a, b) in enumerate(rounds):
             print(f"  round {i}: step {a['step_s'] * 1e3:.1f} ms unsharded, "
                   f"{b['step_s'] * 1e3:.1f} ms sharded ({b['step_s'] / a['step_s']:.3f}x)")
@@ -102,10 +114,12 @@ def main():
         tb = statistics.median(b["step_s"] for _, b in rounds)
         print(f"  median step: {ta * 1e3:.1f} ms -> {tb * 1e3:.1f} ms; median ratio "
               f"{statistics.median(ratios):.3f}")
-        print("  mode      | rank | state MiB | peak MiB | planner MiB | peak/planner | sent/step KiB")
+        print("  mode      | rank | state MiB | bytes/param | peak MiB | planner MiB | peak/planner |"
+              " sent/step KiB")
         for mode, res in (("unsharded", rounds[-1][0]), ("sharded", rounds[-1][1])):
             for r, m in enumerate(res["ranks"]):
-                print(f"  {mode:9s} | {r:4d} | {m['in_use'] / mib:9.3f} | {m['peak'] / mib:8.3f} |"
+                print(f"  {mode:9s} | {r:4d} | {m['in_use'] / mib:9.3f} |"
+                      f" {m['in_use'] / res['parameters']:11.2f} | {m['peak'] / mib:8.3f} |"
                       f" {res['predicted'] / mib:11.3f} | {m['peak'] / res['predicted']:12.3f} |"
                       f" {m['sent_per_step'] / 1024:13.1f}")
     print(f"\nload after: {os.getloadavg()}")

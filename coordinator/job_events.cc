@@ -36,10 +36,14 @@ void Append(Decision* to, Decision from) {
 void TallyCheckpoint(ActiveJob* j, int rank, const baton::v1::CheckpointWrite& write,
                      const EventContext& c, Decision* d) {
   // Replica 0's ranks write a data-parallel job's checkpoints (every replica holds the same
-  // weights and optimizer state); the others write none.
-  const std::optional<CheckpointTally> t = TallyCheckpointWrite(
-      rank, write, j->layout.schedule.num_ranks, j->job.spec().checkpoint().keep(), c.now,
-      &j->checkpoints, j->job.mutable_checkpoints());
+  // weights and optimizer state); the others write none, but with a sharded optimizer every
+  // replica writes a part of its rank's blocks.
+  const int replicas = std::max(1, j->job.spec().pipeline().data_parallel());
+  const int writers = j->layout.schedule.num_ranks *
+                      (j->job.spec().optimizer().shard() && replicas > 1 ? replicas : 1);
+  const std::optional<CheckpointTally> t =
+      TallyCheckpointWrite(rank, write, writers, j->job.spec().checkpoint().keep(), c.now,
+                           &j->checkpoints, j->job.mutable_checkpoints());
   if (t.has_value()) d->Add(effect::CheckpointComplete{write.step(), *t});
 }
 

@@ -1134,6 +1134,18 @@ def case_data_parallel(c):
           f"sharded D=3: digest {shard3['weights_digest']} != train-local's {want_d}")
     print(f"  sharded optimizer, 2x2 ({shard_id}) and 3x1 ({shard3_id}): digests equal "
           f"train-local's")
+    # In bf16 the replicas keep the weights they do not own as bf16 bits; the job's digest
+    # (each worker gathers its owners' float32 weights through the group) is train-local's.
+    spec_b = dict(spec_d, name="gpt-dp-bf16", precision="PRECISION_BF16")
+    p_b = c.write_spec(spec_b)
+    want_b = c.reference_digest(p_b)
+    check(want_b != want_d, "bf16 gave the fp32 digest")
+    bf16_id = c.submit(p_b, "--shard-optimizer")["id"]
+    bf16 = c.wait_state(bf16_id, TERMINAL, 120)
+    check(bf16["state"] == "JOB_STATE_SUCCEEDED", f"sharded bf16: {bf16['state']}: {last_reason(bf16)}")
+    check(bf16["weights_digest"] == want_b,
+          f"sharded bf16 D=3: digest {bf16['weights_digest']} != train-local's {want_b}")
+    print(f"  sharded optimizer in bf16, 3x1 ({bf16_id}): digest equals train-local's")
     # Fast mode (Gloo's ring) on the last of those (three replicas: with two, a ring's sum
     # is the ordered one, addition being commutative): the replicas agree (the coordinator
     # checks), the bits are not the ordered sum's, the loss stays within a relative 1e-3.

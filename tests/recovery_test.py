@@ -467,8 +467,9 @@ def case_data_parallel(c, s):
 
 
 def case_sharded_optimizer(c, s):
-    """optimizer.shard: 4 replicas x 1 stage checkpoint the whole optimizer state (the owners
-    hand theirs to replica 0, which writes); a resume from one as 2 replicas x 2 stages,
+    """optimizer.shard: 4 replicas x 1 stage checkpoint the whole optimizer state, each
+    replica a part of the blocks (the owners hand each writer its blocks' state), recorded
+    complete once all four wrote; a resume from one as 2 replicas x 2 stages,
     sharded, is bit-exact with train-local's resume; a killed worker's sharded job recovers
     onto the 3 left, bit-exact."""
     c.ensure_workers(4)
@@ -483,7 +484,20 @@ def case_sharded_optimizer(c, s):
     check(job["weights_digest"] == want, "a sharded checkpointing job's digest differs")
     check(complete_steps(job) == [15, 20], f"complete checkpoints: {complete_steps(job)}")
     job_dir = job["checkpoints"]["job_dir"]
-    print(f"  {job_id}: 4 replicas sharded, checkpoints after steps {complete_steps(job)}")
+    # Each replica wrote its part of the five blocks (embed, 3 blocks, head: replica m the
+    # blocks m and m + 4) under its own manifest.
+    step_dir = os.path.join(job_dir, "step-20")
+    manifests = sorted(f for f in os.listdir(step_dir) if f.startswith("manifest.rank-"))
+    check(manifests == ["manifest.rank-0.json"] +
+          [f"manifest.rank-0.part-{p}.json" for p in (1, 2, 3)], f"manifests: {manifests}")
+    parts = []
+    for m in manifests:
+        with open(os.path.join(step_dir, m)) as f:
+            parts.append([b["block"] for b in json.load(f)["blocks"]])
+    check(parts == [["embed", "head"], ["block.0"], ["block.1"], ["block.2"]],
+          f"the parts name {parts}")
+    print(f"  {job_id}: 4 replicas sharded, checkpoints after steps {complete_steps(job)}, "
+          f"written in parts {parts}")
     # The checkpoint holds the true state: resumed as it was, the uninterrupted bits.
     same = c.wait_state(c.submit(plain, "--resume-from", f"{job_id}@15")["id"], TERMINAL, 120)
     check(same["state"] == "JOB_STATE_SUCCEEDED", f"resume: {same['state']}: {last_reason(same)}")
@@ -527,8 +541,8 @@ CASES = [
     ("10", "restart: divergence rolled back once, then FAILED", case_divergence_rolled_back_once),
     ("11", "replicas: checkpoints by replica 0, resume and recovery onto fewer stages, "
            "bit-exact", case_data_parallel),
-    ("12", "a sharded optimizer: whole checkpoints, a resume on another replica count and a "
-           "recovery, bit-exact", case_sharded_optimizer),
+    ("12", "a sharded optimizer: checkpoints written in parts by every replica, a resume on "
+           "another replica count and a recovery, bit-exact", case_sharded_optimizer),
 ]
 
 

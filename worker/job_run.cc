@@ -223,10 +223,9 @@ struct JobRun::Pipeline {
   int64_t first_step = 0;
   std::vector<std::string> skipped;  // checkpoints a resume passed over, and why
   std::string checkpoint_dir;        // this job's, when the spec checkpoints
+  // Replica 0's ranks write the checkpoints; with a sharded optimizer every replica writes
+  // a part of its rank's blocks (StageExecutor::SaveCheckpoint). Null on the others.
   std::unique_ptr<CheckpointWriter> writer;
-  // A sharded optimizer's replicas other than 0: they write nothing but hand their share of
-  // the optimizer state to replica 0 at every checkpoint (StageExecutor::SnapshotCheckpoint).
-  bool hands_over = false;
   int64_t snapshot_step = 0;         // the newest step a checkpoint was taken after
   int64_t stopped_after = 0;         // preempted: the run ended after this step
 };
@@ -387,7 +386,8 @@ absl::Status JobRun::RunSteps(ProgressSink* sink) {
     return absl::OkStatus();
   }
   const std::vector<BlockInfo> infos = DescribeBlocks(p.spec().model());
-  for (auto& [index, digest] : p.executor->BlockDigests()) {
+  BATON_ASSIGN_OR_RETURN(const auto digests, p.executor->BlockDigests());
+  for (const auto& [index, digest] : digests) {
     baton::v1::IndexedBlockDigest* d = digests_.add_block_digests();
     d->set_index(index);
     d->mutable_digest()->set_block(index < static_cast<int>(infos.size()) ? infos[index].name : "");
@@ -557,12 +557,11 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
     p.checkpoint_dir = CheckpointJobDir(p.spec().checkpoint().dir(), plan_.job_id());
   }
   // Every replica holds the same weights and optimizer state: replica 0's ranks write them.
-  if (!p.checkpoint_dir.empty() && plan_.replica() == 0) {
+  // A sharded optimizer's replicas each hold a share of the state: each writes a part.
+  if (!p.checkpoint_dir.empty() && (plan_.replica() == 0 || p.spec().optimizer().shard())) {
     p.writer = std::make_unique<CheckpointWriter>(p.checkpoint_dir, p.block_names,
                                                   p.spec().checkpoint().keep(), &aborted_);
   }
-  // With a sharded optimizer the others take part: replica 0 holds only its share.
-  p.hands_over = !p.checkpoint_dir.empty() && plan_.replica() != 0 && p.spec().optimizer().shard();
   if (p.spec().eval().only()) {  // one evaluation, reported as the job's one step
     BATON_ASSIGN_OR_RETURN(baton::v1::ReportProgressRequest report, Step(p, 0));
     sink->OnStep(std::move(report));
@@ -575,7 +574,7 @@ absl::Status JobRun::Train(Pipeline& p, ProgressSink* sink) {
         step + 1 < p.spec().steps()) {
       // Preempted. Every rank was told to stop after this step, so no peer waits for this
       // one; what the step left in flight (the report's writes aside) is written and kept.
-      if (p.writer != nullptr || p.hands_over) {
+      if (p.writer != nullptr) {
         BATON_RETURN_IF_ERROR(
             Checkpoint(p, step, /*stopping=*/true, digests_.mutable_checkpoints()));
       }
@@ -632,7 +631,7 @@ absl::StatusOr<baton::v1::ReportProgressRequest> JobRun::Step(Pipeline& p, int64
     }
   }
   if (options_.metrics != nullptr) options_.metrics->RecordStep(r, loss);
-  if (p.writer != nullptr || p.hands_over) {
+  if (p.writer != nullptr) {
     BATON_RETURN_IF_ERROR(Checkpoint(p, step, /*stopping=*/false, req.mutable_checkpoints()));
   }
   if (first && !plan_.resume_job_dir().empty()) {
@@ -672,7 +671,6 @@ absl::Status JobRun::Checkpoint(
                                                              ": ", snap.status().message()));
     }
     p.snapshot_step = step + 1;
-    if (p.writer == nullptr) return absl::OkStatus();  // handed over: replica 0 writes
     p.writer->Start(*std::move(snap), step + 1, absl::Now() - t0);
   }
   if (p.writer == nullptr) return absl::OkStatus();

@@ -70,7 +70,7 @@ std::string Describe(const baton::v1::JobSpec& spec) { return DescribeModel(spec
 struct Runner {
   baton::v1::JobSpec spec;  // validated, with defaults
   std::function<absl::StatusOr<StepStats>()> step;
-  std::function<std::vector<Digest>()> digests;
+  std::function<absl::StatusOr<std::vector<Digest>>()> digests;
   std::function<int64_t()> parameters;
   std::function<absl::Status(const std::string& job_dir, const std::string& job)> save;
   std::function<absl::Status(const std::string& step_dir)> load;
@@ -119,8 +119,9 @@ int EvaluateOnly(const Runner& run, bool text, baton::v1::TrainingReport* report
       google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(wall * 1e9));
   report->set_eval_loss(*loss);
   report->set_eval_perplexity(std::exp(static_cast<double>(*loss)));
-  const std::vector<Digest> digests = run.digests();
-  report->set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  const absl::StatusOr<std::vector<Digest>> digests = run.digests();
+  if (!digests.ok()) return Fail("digests: " + std::string(digests.status().message()));
+  report->set_weights_digest(DigestHex(CombineBlockDigests(*digests)));
   if (!text) return PrintReport(*report);
   const baton::v1::JobSpec& s = run.spec;
   const int batches = std::max(1, s.eval().batches());
@@ -231,7 +232,7 @@ int TrainLocal(const std::vector<std::string>& argv) {
                                                            pipe->schedule().num_ranks));
       return static_cast<StepStats>(*s);
     };
-    run.digests = [&] { return pipe->BlockDigests(); };
+    run.digests = [&] { return pipe->TryBlockDigests(); };
     run.save = [&](const std::string& d, const std::string& j) { return pipe->SaveCheckpoint(d, j); };
     run.load = [&](const std::string& d) { return pipe->LoadCheckpoint(d); };
     run.steps_done = [&] { return pipe->steps_done(); };
@@ -244,7 +245,9 @@ int TrainLocal(const std::vector<std::string>& argv) {
     reference = *std::move(t);
     run.spec = reference->spec();
     run.step = [&] { return reference->Step(); };
-    run.digests = [&] { return reference->BlockDigests(); };
+    run.digests = [&]() -> absl::StatusOr<std::vector<Digest>> {
+      return reference->BlockDigests();
+    };
     run.save = [&](const std::string& d, const std::string& j) {
       return reference->SaveCheckpoint(d, j).status();
     };
@@ -369,13 +372,14 @@ int TrainLocal(const std::vector<std::string>& argv) {
   *report.mutable_wall_time() =
       google::protobuf::util::TimeUtil::NanosecondsToDuration(static_cast<int64_t>(wall * 1e9));
 
-  const std::vector<Digest> digests = run.digests();
-  for (size_t i = 0; i < digests.size(); ++i) {
+  const absl::StatusOr<std::vector<Digest>> digests = run.digests();
+  if (!digests.ok()) return Fail("digests: " + std::string(digests.status().message()));
+  for (size_t i = 0; i < digests->size(); ++i) {
     baton::v1::BlockDigest* b = report.add_block_digests();
     b->set_block(blocks[i].name);
-    b->set_sha256(DigestHex(digests[i]));
+    b->set_sha256(DigestHex((*digests)[i]));
   }
-  report.set_weights_digest(DigestHex(CombineBlockDigests(digests)));
+  report.set_weights_digest(DigestHex(CombineBlockDigests(*digests)));
   if (pipe != nullptr) {
     baton::v1::PipelineReport* p = report.mutable_pipeline();
     const Schedule& sc = pipe->schedule();

@@ -237,6 +237,7 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
   fields["job"].set_string_value(info.job);
   fields["step"].set_number_value(static_cast<double>(info.step));
   fields["rank"].set_number_value(info.rank);
+  if (info.part > 0) fields["part"].set_number_value(info.part);
   fields["num_blocks"].set_number_value(info.num_blocks);
   auto* list = fields["blocks"].mutable_list_value();
   for (const CheckpointBlockFile& f : snap.files) {
@@ -251,7 +252,9 @@ absl::StatusOr<CheckpointSnapshot> SnapshotBlocks(const std::string& step_dir,
     return absl::InternalError(absl::StrCat(step_dir, ": cannot print the manifest"));
   }
   snap.manifest += "\n";
-  snap.manifest_file = absl::StrCat(kManifestPrefix, info.rank, kManifestSuffix);
+  snap.manifest_file = info.part == 0 ? absl::StrCat(kManifestPrefix, info.rank, kManifestSuffix)
+                                      : absl::StrCat(kManifestPrefix, info.rank, ".part-",
+                                                     info.part, kManifestSuffix);
   return snap;
 }
 

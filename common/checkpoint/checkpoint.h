@@ -7,6 +7,8 @@
 //                                names them: momentum_buffer; exp_avg, exp_avg_sq); metadata
 //                                format, job, step, block, optimizer_steps
 //   step-N/manifest.rank-R.json  what rank R wrote: each block's file, bytes and SHA-256
+//   step-N/manifest.rank-R.part-P.json  the same for part P > 0 of rank R's blocks, when
+//                                the replicas of a sharded optimizer each write a part
 // A step is a complete checkpoint when its manifests name every block of the model once and
 // every file matches its SHA-256. Because files are per block, a checkpoint written by one
 // partition of the model loads into any other (another number of stages, or one process).
@@ -64,6 +66,9 @@ struct CheckpointWriteInfo {
   int64_t step = 0;  // steps done: the state after step `step`
   int num_blocks = 0;               // blocks in the whole model
   std::vector<int> block_indices;   // the canonical index of each block written, in order
+  // Which part of the rank's blocks this is, when several writers share them (the replicas
+  // of a sharded optimizer); part 0 is "manifest.rank-R.json", part P "…rank-R.part-P.json".
+  int part = 0;
 };
 
 // A rank's checkpoint encoded in memory: every block file's bytes and the manifest, taken
@@ -75,7 +80,7 @@ struct CheckpointSnapshot {
   std::vector<CheckpointBlockFile> files;
   std::vector<std::string> contents;  // parallel to files
   std::string manifest;               // its JSON
-  std::string manifest_file;          // "manifest.rank-R.json"
+  std::string manifest_file;          // "manifest.rank-R.json" (or "…rank-R.part-P.json")
   int64_t file_bytes() const;         // sum of files[].bytes
 };
 // Encodes `blocks` (their parameters and, from `optimizer`, their slots) and the rank's

@@ -55,12 +55,20 @@ Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options
       weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev, seed,
                             device, options.init_name)),
       stash_(name_) {
+  weight_.bf16_operand = true;  // WeightOperand is its only reader
   if (options_.bias) {
     bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed, device);
   }
 }
 
 absl::StatusOr<Tensor> Linear::WeightOperand(const MicroBatch& mb) {
+  if (weight_.value.dtype() == DType::kBFloat16) {  // kept as its bf16 bits (bf16_operand)
+    if (!mb.bf16()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name_, ": the weight is kept as bf16 bits but the micro-batch computes in float32"));
+    }
+    return weight_.value;
+  }
   return PackIfBf16(name_, mb, be_, weight_.value);
 }
 

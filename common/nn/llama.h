@@ -149,6 +149,8 @@ struct LlamaCosts {
   int64_t activation_floats = 0;
   // Of those, the ones a bf16 job keeps as bf16 bits (BlockInfo::activation_bf16).
   int64_t activation_bf16 = 0;
+  // Of the parameters, the projections' weights (BlockInfo::operand_parameters).
+  int64_t operand_parameters = 0;
 };
 // T context, C channels, H query heads, KVH key/value heads, I MLP width (D = C / H).
 LlamaCosts LlamaBlockCosts(int64_t T, int64_t C, int64_t H, int64_t KVH, int64_t I);

@@ -146,14 +146,14 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       const int64_t o = i < s.depth() ? s.width() : s.output_dim();
       // A hidden block keeps its input and its pre-activation; the output block its input
       // and the loss's difference to the targets. In bf16 the input is kept as bf16.
-      out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o,
-                     2 * in * o, in + o, in});
+      out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o, 2 * in * o,
+                     in + o, in, in * o});
     }
   } else if (spec.has_gpt()) {
     const auto& s = spec.gpt();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding keeps its token ids (int32, as wide as a float).
-    out.push_back({"embed", V * C + T * C, T * C, T, 0});  // one add per output element
+    out.push_back({"embed", V * C + T * C, T * C, T, 0, 0});  // one add per output element
     // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
     const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
                                  (4 * C * C + 4 * C) + (4 * C * C + C);
@@ -166,28 +166,29 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     const int64_t H = s.heads();
     const int64_t block_acts = 16 * T * C + H * T * T + 4 * T;
     for (int i = 0; i < s.layers(); ++i) {
-      out.push_back(
-          {"block." + std::to_string(i), block_params, block_flops, block_acts, 12 * T * C});
+      out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts,
+                     12 * T * C, 12 * C * C});  // the four projections' weights
     }
     // The head keeps its input, its LayerNorm's output and statistics, the logits (T V)
     // and each row's softmax statistics (2 T), from which the backward recomputes the
     // probabilities; the targets are the batch's. In bf16 the input and the LayerNorm's
     // output are bf16.
-    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * V, 2 * T * C});
+    out.push_back(
+        {"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * V, 2 * T * C, C * V});
   } else if (spec.has_llama()) {
     const auto& s = spec.llama();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding has no positions and keeps its token ids.
-    out.push_back({"embed", V * C, 0, T, 0});
+    out.push_back({"embed", V * C, 0, T, 0, 0});
     const LlamaCosts block = LlamaBlockCosts(T, C, s.heads(), LlamaKvHeads(s),
                                              s.intermediate_size());
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
-                     block.activation_floats, block.activation_bf16});
+                     block.activation_floats, block.activation_bf16, block.operand_parameters});
     }
     // The head keeps its input, its RMSNorm's output and inverse RMS, the logits and each
     // row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
-    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * V, 2 * T * C});
+    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * V, 2 * T * C, C * V});
   }
   return out;
 }

@@ -38,6 +38,9 @@ struct BlockInfo {
   // activations and product operands); the rest (pre-activations, attention probabilities,
   // normalisation statistics, token ids) stay 4 bytes.
   int64_t activation_bf16 = 0;
+  // Of `parameters`, the ones read only as bf16 product operands in bf16 jobs (the Linear
+  // weights: Parameter::bf16_operand), which a sharded optimizer's non-owners keep as bf16.
+  int64_t operand_parameters = 0;
 };
 
 // The bytes one sample of `block` keeps from its forward until its backward, in a bf16 job

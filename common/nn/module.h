@@ -39,6 +39,11 @@ struct Parameter {
   Tensor grad;
   // Why value or grad is undefined (their device was out of memory); OK otherwise.
   absl::Status init_status;
+  // In a bf16 job `value` is read only as a product operand, rounded to bf16 (a Linear's
+  // weight): a holder that does not update it (a sharded optimizer's other replicas) may
+  // keep `value` as those bf16 bits alone (DType::kBFloat16), half the bytes, and the
+  // module computes the same.
+  bool bf16_operand = false;
 };
 
 // The arithmetic of a job (JobSpec.precision; docs/precision.md).

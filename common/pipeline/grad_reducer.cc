@@ -1,8 +1,11 @@
 #include "common/pipeline/grad_reducer.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/core/backend.h"
+#include "common/core/bf16.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 
@@ -156,6 +159,27 @@ absl::StatusOr<float*> GradReducer::Buffer(int64_t floats) {
 }
 
 absl::Status GradReducer::Move(Tensor& t, float* at, bool to_bucket) {
+  if (t.dtype() == DType::kBFloat16) {
+    // A weight kept as its bf16 bits (Parameter::bf16_operand) takes the owner's float32
+    // value rounded; it never goes into a bucket (its owner's float32 value does).
+    if (to_bucket) {
+      return absl::InternalError("a tensor of bf16 bits cannot be summed or handed on");
+    }
+    if (collective_->device() == Device::kCuda) {  // `at` is on the GPU, as is `t`
+      BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(Device::kCuda));
+      be->ToBf16(t.numel(), at, t.bf16());  // on the compute stream, after the gather
+      return collective_->follows_compute_stream() ? absl::OkStatus()
+                                                   : DeviceSynchronize(Device::kCuda);
+    }
+    if (t.device() == Device::kCpu) {
+      BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(Device::kCpu));
+      be->ToBf16(t.numel(), at, t.bf16());
+      return absl::OkStatus();
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));  // staged through the host
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBf16Bits(at[i]);
+    return t.CopyFromHost(bits.data());
+  }
   if (collective_->device() != Device::kCuda) {
     return to_bucket ? t.CopyToHost(at) : t.CopyFromHost(at);
   }

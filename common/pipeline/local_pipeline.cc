@@ -1,7 +1,5 @@
 #include "common/pipeline/local_pipeline.h"
 
-#include "common/schedule/vocabulary.h"
-
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -9,12 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/collective/gloo_collective.h"
+#include "common/core/check.h"
 #include "common/core/status.h"
-#include "gloo/rendezvous/hash_store.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
+#include "common/schedule/vocabulary.h"
 #include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
+#include "gloo/rendezvous/hash_store.h"
 
 namespace baton {
 
@@ -227,8 +227,8 @@ absl::Status LocalPipelineTrainer::SaveCheckpoint(const std::string& job_dir,
                                                   const std::string& job) {
   const std::string step_dir = CheckpointStepDir(job_dir, steps_done_);
   // The replicas hold the same weights: replica 0's ranks write them. With a sharded
-  // optimizer every replica takes part (the owners hand their state to replica 0 through
-  // the group), so all ranks run at once.
+  // optimizer every replica writes a part of its rank's blocks, with the state the owners
+  // hand it through the group, so all ranks run at once.
   const bool sharded = spec_.optimizer().shard() && replicas() > 1;
   const int ranks = sharded ? static_cast<int>(executors_.size()) : schedule_.num_ranks;
   std::vector<absl::StatusOr<std::vector<CheckpointBlockFile>>> files =
@@ -252,15 +252,29 @@ absl::Status LocalPipelineTrainer::LoadCheckpoint(const std::string& step_dir) {
   return absl::OkStatus();
 }
 
-std::vector<Digest> LocalPipelineTrainer::BlockDigests(int replica) {
+absl::StatusOr<std::vector<Digest>> LocalPipelineTrainer::TryBlockDigests(int replica) {
   std::vector<Digest> out(stage_blocks_.empty() ? 0 : stage_blocks_.back().last);
   const int S = schedule_.num_ranks;
+  // A sharded bf16 job's ranks that keep weights as bf16 bits digest their owners' float32
+  // weights, which the replica group hands over: then every replica's ranks run at once.
+  const bool together =
+      spec_.optimizer().shard() && replicas() > 1 && spec_.precision() == baton::v1::PRECISION_BF16;
+  const int first = together ? 0 : replica * S;
+  const int count = together ? static_cast<int>(executors_.size()) : S;
+  std::vector<absl::StatusOr<std::vector<std::pair<int, Digest>>>> digests =
+      OnEveryRank<std::vector<std::pair<int, Digest>>>(
+          count, [&](int r) { return executors_[first + r]->BlockDigests(); });
+  BATON_RETURN_IF_ERROR(FirstError(digests));
   for (int r = 0; r < S; ++r) {
-    for (auto& [block, digest] : executors_[replica * S + r]->BlockDigests()) {
-      out[block] = digest;
-    }
+    for (const auto& [block, digest] : *digests[replica * S + r - first]) out[block] = digest;
   }
   return out;
+}
+
+std::vector<Digest> LocalPipelineTrainer::BlockDigests(int replica) {
+  absl::StatusOr<std::vector<Digest>> out = TryBlockDigests(replica);
+  BATON_CHECK_OK(out.status());
+  return *std::move(out);
 }
 
 }  // namespace baton

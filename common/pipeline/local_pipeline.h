@@ -83,7 +83,11 @@ class LocalPipelineTrainer {
   absl::Status LoadCheckpoint(const std::string& step_dir);
 
   // Block digests in canonical block order, gathered from replica `replica`'s ranks (every
-  // replica holds the same weights; the tests check it).
+  // replica holds the same weights; the tests check it). With a sharded optimizer in bf16
+  // the replica group takes part (StageExecutor::BlockDigests), and fails with it.
+  absl::StatusOr<std::vector<Digest>> TryBlockDigests(int replica = 0);
+  // The same, for callers whose pipeline has not failed (the in-process group then cannot):
+  // a failure is fatal.
   std::vector<Digest> BlockDigests(int replica = 0);
   Digest WeightsDigest(int replica = 0) { return CombineBlockDigests(BlockDigests(replica)); }
 

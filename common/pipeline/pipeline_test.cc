@@ -11,20 +11,23 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/collective/nccl_collective.h"
 #include "common/core/cuda_device.h"
 #include "common/core/cuda_test_util.h"
 #include "common/core/status.h"
+#include "common/nccl/nccl_fake_test_util.h"
 #include "common/pipeline/local_pipeline.h"
 #include "common/schedule/generators.h"
 #include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
 #include "common/train/reference_trainer.h"
-#include "common/nccl/nccl_fake_test_util.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -348,6 +351,52 @@ TEST(Bf16BitExactTest, ReplicasAndRecomputeGiveTheReferenceBits) {
           EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest) << ModelName(model);
         }
       }
+    }
+  }
+}
+
+// A sharded bf16 job keeps each Linear weight in float32 on its owner only: the other
+// replicas hold its bf16 bits, all a product reads, and the all-gather after every step
+// rounds the owner's update into them. Every replica still ends with the reference
+// trainer's float32 weights (the digests and checkpoints read the owners'), D = 2 and 4.
+TEST(Bf16BitExactTest, ShardedReplicasKeepTheWeightsTheyDoNotUpdateAsBf16Bits) {
+  for (Model model : {Model::kGpt, Model::kLlama}) {
+    for (int replicas : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat(ModelName(model), " D=", replicas));
+      const int S = 3;
+      baton::v1::JobSpec spec = SpecFor(Case{baton::v1::SCHEDULE_1F1B, S, 1, 2, model});
+      UseBf16(&spec);
+      AddRecipe(&spec);
+      spec.mutable_pipeline()->set_data_parallel(replicas);
+      spec.mutable_optimizer()->set_shard(true);
+      const TrainRun ref = Reference(spec);
+      auto t = LocalPipelineTrainer::Create(spec);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int i = 0; i < spec.steps(); ++i) ASSERT_TRUE((*t)->Step().ok());
+      for (int d = 0; d < replicas; ++d) EXPECT_EQ(DigestHex((*t)->WeightsDigest(d)), ref.digest);
+      int64_t packed = 0;
+      for (int r = 0; r < S; ++r) {
+        std::map<std::string, int> float_holders;  // a bf16_operand parameter's float32 copies
+        for (int d = 0; d < replicas; ++d) {
+          StageExecutor& e = (*t)->executor(d * S + r);
+          std::set<const Parameter*> owned;
+          for (const Optimizer::Slot& slot : e.optimizer().Slots()) owned.insert(slot.param);
+          int64_t kept_as_bits = 0;
+          for (const Parameter* p : e.parameters()) {
+            const bool bits = p->bf16_operand && !owned.contains(p);
+            EXPECT_EQ(p->value.dtype(), bits ? DType::kBFloat16 : DType::kFloat32) << p->name;
+            EXPECT_EQ(p->value.nbytes(), (bits ? 2u : 4u) * p->value.numel()) << p->name;
+            if (p->bf16_operand && !bits) ++float_holders[p->name];
+            if (bits) ++kept_as_bits;
+          }
+          EXPECT_EQ(e.KeepsBf16Weights(), kept_as_bits > 0);
+          packed += kept_as_bits;
+        }
+        for (const Parameter* p : (*t)->executor(r).parameters()) {
+          if (p->bf16_operand) EXPECT_EQ(float_holders[p->name], 1) << p->name << ": its owner";
+        }
+      }
+      EXPECT_GT(packed, 0);
     }
   }
 }
@@ -936,16 +985,22 @@ TEST(PipelineStopTest, TheStopFlagEndsAStepAndAnEvaluationBetweenMicroBatches) {
     ASSERT_TRUE(valid.ok()) << valid.status();
     auto rank0 = StageExecutor::Create(*valid, *sched, *blocks, 0, hub.transport(0), opts);
     ASSERT_TRUE(rank0.ok()) << rank0.status();
-    std::vector<Digest> before;
-    for (const auto& [index, d] : (*rank0)->BlockDigests()) before.push_back(d);
+    auto digests = [&rank0] {
+      std::vector<Digest> out;
+      absl::StatusOr<std::vector<std::pair<int, Digest>>> d = (*rank0)->BlockDigests();
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (d.ok()) {
+        for (const auto& [index, digest] : *d) out.push_back(digest);
+      }
+      return out;
+    };
+    const std::vector<Digest> before = digests();
     auto r = (*rank0)->RunStep(0);
     ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
     EXPECT_NE(r.status().message().find("stopped (rank 0 step 0 before "),
               absl::string_view::npos)
         << r.status();
-    std::vector<Digest> after;
-    for (const auto& [index, d] : (*rank0)->BlockDigests()) after.push_back(d);
-    EXPECT_EQ(before, after) << "a stopped step changed the weights";
+    EXPECT_EQ(before, digests()) << "a stopped step changed the weights";
   }
   // Rank 0 evaluating, its activations piling up for a rank 1 that never runs: stopped
   // once a few are out, it ends at the next micro-batch.
@@ -1089,11 +1144,15 @@ TEST(PipelineCheckpointTest, ResumeOnAnotherPartitionEndsWithTheUninterruptedDig
 TEST(PipelineCheckpointTest, AShardedCheckpointResumesOnAnyReplicaCount) {
   const std::string dir = testing::TempDir() + "/pipeline-shard-ckpt";
   const std::string ref_dir = testing::TempDir() + "/pipeline-shard-ckpt-ref";
-  for (Model model : {Model::kGpt, Model::kLlama}) {
-    SCOPED_TRACE(ModelName(model));
+  // In bf16 the replicas keep the weights they do not own as bf16 bits: the checkpoint
+  // still holds the owners' float32 weights, and a resume rounds them again.
+  for (const auto& [model, bf16] : {std::pair{Model::kGpt, false}, std::pair{Model::kLlama, false},
+                                    std::pair{Model::kGpt, true}, std::pair{Model::kLlama, true}}) {
+    SCOPED_TRACE(absl::StrCat(ModelName(model), bf16 ? " bf16" : " fp32"));
     std::filesystem::remove_all(dir);
     std::filesystem::remove_all(ref_dir);
     baton::v1::JobSpec spec = JobFor(model);
+    if (bf16) UseBf16(&spec);
     AddRecipe(&spec);  // AdamW, clipping, a schedule: the state and the step count matter
     spec.mutable_data()->set_batch_size(16);
     spec.mutable_pipeline()->set_microbatches(2);
@@ -1109,6 +1168,21 @@ TEST(PipelineCheckpointTest, AShardedCheckpointResumesOnAnyReplicaCount) {
     ASSERT_TRUE((*a)->SaveCheckpoint(dir, "j").ok());
     const std::string step_dir = CheckpointStepDir(dir, kStop);
     ASSERT_TRUE(ExportWeights(step_dir).ok()) << ExportWeights(step_dir).status();
+    // Every replica wrote a part of its rank's four blocks: one block each, under a
+    // manifest of its own, eight in all.
+    std::set<std::string> manifests;
+    for (const auto& e : std::filesystem::directory_iterator(step_dir)) {
+      const std::string name = e.path().filename().string();
+      if (absl::StartsWith(name, "manifest.")) manifests.insert(name);
+    }
+    EXPECT_EQ(manifests, (std::set<std::string>{
+                             "manifest.rank-0.json", "manifest.rank-0.part-1.json",
+                             "manifest.rank-0.part-2.json", "manifest.rank-0.part-3.json",
+                             "manifest.rank-1.json", "manifest.rank-1.part-1.json",
+                             "manifest.rank-1.part-2.json", "manifest.rank-1.part-3.json"}));
+    absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(step_dir);
+    ASSERT_TRUE(index.ok()) << index.status();
+    EXPECT_EQ(index->blocks.size(), 8u);
     // What the reference trainer's own checkpoint of the same steps resumes to, at D = 2.
     baton::v1::JobSpec second = spec;
     second.mutable_pipeline()->set_data_parallel(2);

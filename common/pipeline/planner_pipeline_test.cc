@@ -145,11 +145,14 @@ TEST(PlannerTest, PredictedPeakMemoryIsWithinFivePercentOfTheAllocatorsPeak) {
 // ranks' step peaks are printed, not checked: D threads' peaks need not coincide, so their
 // sum over-states the process's (the per-rank peak is checked above, with one rank).
 TEST(PlannerTest, AShardedOptimizerSavesWhatThePlannerPredicts) {
-  for (int d : {2, 4}) {
-    SCOPED_TRACE(absl::StrCat("D=", d));
+  // In bf16 the saving also counts the Linear weights kept as bf16 bits by non-owners.
+  for (const auto& [d, bf16] :
+       {std::pair{2, false}, std::pair{4, false}, std::pair{2, true}, std::pair{4, true}}) {
+    SCOPED_TRACE(absl::StrCat("D=", d, bf16 ? " bf16" : " fp32"));
     int64_t predicted[2] = {0, 0}, kept[2] = {0, 0};  // by shard
     for (bool shard : {false, true}) {
       baton::v1::JobSpec spec = Gpt(4, 32);
+      if (bf16) spec.set_precision(baton::v1::PRECISION_BF16);
       auto* p = spec.mutable_pipeline();
       p->set_schedule(baton::v1::SCHEDULE_1F1B);
       p->set_microbatches(4);
@@ -168,15 +171,18 @@ TEST(PlannerTest, AShardedOptimizerSavesWhatThePlannerPredicts) {
       ASSERT_TRUE((*t)->Step().ok());
       const AllocatorStats after = alloc->Stats();
       kept[shard] = after.bytes_in_use - before;
-      std::printf("D=%d%s: between steps %lld bytes; step peak %lld, predicted %lld (%d ranks)\n",
-                  d, shard ? " sharded" : "", static_cast<long long>(kept[shard]),
+      std::printf("D=%d%s%s: between steps %lld bytes; step peak %lld, predicted %lld (%d ranks)\n",
+                  d, bf16 ? " bf16" : "", shard ? " sharded" : "",
+                  static_cast<long long>(kept[shard]),
                   static_cast<long long>(after.peak_bytes_in_use - before),
                   static_cast<long long>(predicted[shard]), d);
     }
     const double saved = static_cast<double>(kept[0] - kept[1]);
     const double want = static_cast<double>(predicted[0] - predicted[1]);
-    RecordProperty(absl::StrCat("saved_D", d, "_measured"), std::to_string(kept[0] - kept[1]));
-    RecordProperty(absl::StrCat("saved_D", d, "_predicted"),
+    const char* precision = bf16 ? "_bf16" : "";
+    RecordProperty(absl::StrCat("saved_D", d, precision, "_measured"),
+                   std::to_string(kept[0] - kept[1]));
+    RecordProperty(absl::StrCat("saved_D", d, precision, "_predicted"),
                    std::to_string(predicted[0] - predicted[1]));
     EXPECT_GT(saved, 0.0);
     EXPECT_NEAR(want, saved, 0.05 * saved) << "predicted " << want << ", allocator " << saved;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf.h"
+#include "common/core/bf16.h"
 #include "common/core/status.h"
 #include "common/optim/optimizer_shards.h"
 #include "common/pipeline/grad_reducer.h"
@@ -21,6 +22,27 @@
 #include "common/spec/spec.h"
 
 namespace baton {
+
+namespace {
+
+// Swaps each parameter's value with the tensor given for it, and back when it goes out of
+// scope: the checkpoint and the digests read the float32 weights of a parameter kept as
+// bf16 bits from the copy its owner handed over.
+class ValuesSwapped {
+ public:
+  explicit ValuesSwapped(const std::map<const Parameter*, Tensor*>& with) : with_(with) { Swap(); }
+  ~ValuesSwapped() { Swap(); }
+  ValuesSwapped(const ValuesSwapped&) = delete;
+  ValuesSwapped& operator=(const ValuesSwapped&) = delete;
+
+ private:
+  void Swap() {
+    for (const auto& [p, t] : with_) std::swap(const_cast<Parameter*>(p)->value, *t);
+  }
+  const std::map<const Parameter*, Tensor*>& with_;
+};
+
+}  // namespace
 
 StageExecutor::StageExecutor() = default;
 StageExecutor::~StageExecutor() = default;
@@ -122,6 +144,22 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   BATON_ASSIGN_OR_RETURN(ex->optimizer_, MakeOptimizer(spec.optimizer(), std::move(updated), tied));
   for (const Optimizer::Slot& s : ex->optimizer_->Slots()) {
     ex->optimizer_state_bytes_ += static_cast<int64_t>(s.state->nbytes());
+  }
+  if (ex->sharded_ && ex->precision_ == Precision::kBf16) {
+    // A weight that is only ever rounded to bf16 for its products, and that another replica
+    // updates, is kept here as those bits: half the bytes. Its owner keeps the float32
+    // master, and the weights' all-gather rounds it into them after every step.
+    const std::vector<int>& owned = ex->owned_by_[options.collective->rank()];
+    const std::set<int> mine(owned.begin(), owned.end());
+    for (size_t i = 0; i < ex->params_.size(); ++i) {
+      Parameter* p = ex->params_[i];
+      if (!p->bf16_operand || mine.contains(static_cast<int>(i))) continue;
+      BATON_ASSIGN_OR_RETURN(
+          Tensor bits, Tensor::TryEmpty(p->value.shape(), DType::kBFloat16, p->value.device()));
+      backend->ToBf16(p->value.numel(), p->value.f32(), bits.bf16());
+      p->value = std::move(bits);
+      ex->packed_.push_back(p);
+    }
   }
   return ex;
 }
@@ -252,18 +290,32 @@ absl::StatusOr<CheckpointSnapshot> StageExecutor::SnapshotCheckpoint(const std::
     for (int b = c.blocks.first; b < c.blocks.last; ++b) info.block_indices.push_back(b);
   }
   if (!sharded_) return SnapshotBlocks(step_dir, info, Blocks(), *optimizer_);
-  const bool writes = options_.replica == 0;
+  // Sharded, the replicas share the writing: member m writes the rank's blocks m, m + D,
+  // m + 2D, ... (in the rank's block order) as part m, with the state the owners hand it.
+  const int me = options_.collective->rank();
+  const std::vector<Module*> all = Blocks();
+  std::vector<Module*> mine;
+  std::vector<int> indices;
+  std::set<const Parameter*> keep;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (static_cast<int>(i % replicas_) != me) continue;
+    mine.push_back(all[i]);
+    indices.push_back(info.block_indices[i]);
+    for (Parameter* p : all[i]->Parameters()) keep.insert(p);
+  }
+  info.block_indices = std::move(indices);
+  info.part = me;
   std::deque<Tensor> copies;
   BATON_ASSIGN_OR_RETURN(const std::vector<Optimizer::Slot> slots,
-                         GatherOptimizerState(writes, &copies));
-  if (!writes) return CheckpointSnapshot{};
-  return SnapshotBlocks(step_dir, info, Blocks(), slots, optimizer_->steps_taken());
+                         GatherOptimizerState(keep, &copies));
+  BATON_ASSIGN_OR_RETURN(ParamTensors masters, GatherMasters(keep, &copies));
+  const ValuesSwapped swapped(masters);  // the blocks' float32 weights
+  return SnapshotBlocks(step_dir, info, mine, slots, optimizer_->steps_taken());
 }
 
 absl::StatusOr<std::vector<CheckpointBlockFile>> StageExecutor::SaveCheckpoint(
     const std::string& step_dir, const std::string& job, int64_t step) {
   BATON_ASSIGN_OR_RETURN(CheckpointSnapshot snap, SnapshotCheckpoint(step_dir, job, step));
-  if (snap.manifest_file.empty()) return snap.files;  // a sharded replica's: handed over
   BATON_RETURN_IF_ERROR(WriteSnapshot(snap));
   return snap.files;
 }
@@ -284,10 +336,24 @@ absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_di
       slots.push_back(Optimizer::Slot{p, name, state});
     }
   }
+  // The weights kept as bf16 bits load their float32 values into host memory first.
+  ParamTensors masters;
+  for (Parameter* p : packed_) masters[p] = &others.emplace_back(Tensor::Empty(p->value.shape()));
   int64_t steps_taken = -1;
-  BATON_ASSIGN_OR_RETURN(const int64_t step, LoadBlocks(step_dir, Blocks(), slots, &steps_taken));
+  absl::StatusOr<int64_t> step;
+  {
+    const ValuesSwapped swapped(masters);
+    step = LoadBlocks(step_dir, Blocks(), slots, &steps_taken);
+  }
+  if (!step.ok()) return step.status();
+  for (Parameter* p : packed_) {
+    const Tensor& f = *masters.at(p);
+    std::vector<uint16_t> bits(static_cast<size_t>(f.numel()));
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBf16Bits(f.f32()[i]);
+    BATON_RETURN_IF_ERROR(p->value.CopyFromHost(bits.data()));
+  }
   if (steps_taken >= 0) optimizer_->set_steps_taken(steps_taken);
-  return step;
+  return *step;
 }
 
 StageExecutor::SlotMap StageExecutor::OwnSlots() {
@@ -297,50 +363,81 @@ StageExecutor::SlotMap StageExecutor::OwnSlots() {
 }
 
 absl::StatusOr<std::vector<Optimizer::Slot>> StageExecutor::GatherOptimizerState(
-    bool keep, std::deque<Tensor>* copies) {
+    const std::set<const Parameter*>& keep, std::deque<Tensor>* copies) {
   const std::vector<std::string> names = OptimizerSlotNames(spec_.optimizer());
   const SlotMap own = OwnSlots();
-  SlotMap others;
+  std::map<std::string, ParamTensors> gathered;  // by slot name: the other owners' state
+  for (const std::string& name : names) {
+    ParamTensors mine;
+    std::set<const Parameter*> want;
+    for (Parameter* p : params_) {
+      const auto it = own.find({p, name});
+      if (it != own.end()) {
+        mine[p] = it->second;
+      } else if (keep.contains(p)) {
+        want.insert(p);
+      }
+    }
+    BATON_ASSIGN_OR_RETURN(gathered[name], GatherFromOwners(mine, want, copies));
+  }
+  std::vector<Optimizer::Slot> out;  // Slots' order: parameter by parameter
+  for (Parameter* p : params_) {
+    if (!keep.contains(p)) continue;
+    for (const std::string& name : names) {
+      const auto it = own.find({p, name});
+      out.push_back(Optimizer::Slot{p, name, it != own.end() ? it->second : gathered[name].at(p)});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<StageExecutor::ParamTensors> StageExecutor::GatherMasters(
+    const std::set<const Parameter*>& keep, std::deque<Tensor>* copies) {
+  if (!sharded_ || precision_ != Precision::kBf16) return ParamTensors{};
+  // Every member takes part (another may keep weights as bf16 bits where this one does
+  // not).
+  ParamTensors mine;
+  for (int i : owned_by_[options_.collective->rank()]) mine[params_[i]] = &params_[i]->value;
+  std::set<const Parameter*> want;
+  for (Parameter* p : packed_) {
+    if (keep.contains(p)) want.insert(p);
+  }
+  return GatherFromOwners(mine, want, copies);
+}
+
+absl::StatusOr<StageExecutor::ParamTensors> StageExecutor::GatherFromOwners(
+    const ParamTensors& mine, const std::set<const Parameter*>& want, std::deque<Tensor>* copies) {
+  ParamTensors out;
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     for (const ChunkBucket& b : buckets_[c]) {
-      for (const std::string& name : names) {
-        // The other owners' state of this bucket lands on the device, one bucket at a time.
-        std::vector<Tensor> scratch;
-        scratch.reserve(b.params.size());  // tensors points into it
-        std::vector<Tensor*> tensors;
-        for (Parameter* p : b.params) {
-          const auto it = own.find({p, name});
-          if (it != own.end()) {
-            tensors.push_back(it->second);
-            continue;
-          }
-          BATON_ASSIGN_OR_RETURN(
-              Tensor t, Tensor::TryEmpty(p->value.shape(), DType::kFloat32, p->value.device()));
-          scratch.push_back(std::move(t));
-          tensors.push_back(&scratch.back());
+      // The other owners' tensors of this bucket land on the device, one bucket at a time.
+      std::vector<Tensor> scratch;
+      scratch.reserve(b.params.size());  // tensors points into it
+      std::vector<Tensor*> tensors;
+      std::vector<Parameter*> landed;  // scratch's parameters, in order
+      for (Parameter* p : b.params) {
+        const auto it = mine.find(p);
+        if (it != mine.end()) {
+          tensors.push_back(it->second);
+          continue;
         }
-        reducer_->EnqueueAllGather(Action{ActionKind::kStep, chunks_[c].stage, 0},
-                                   std::move(tensors), b.counts, deadline);
-        std::vector<ActionTiming> ignored;
-        BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &ignored));
-        if (!keep) continue;
-        size_t k = 0;
-        for (Parameter* p : b.params) {
-          if (own.contains({p, name})) continue;
-          Tensor& host = copies->emplace_back(Tensor::Empty(p->value.shape()));
-          BATON_RETURN_IF_ERROR(scratch[k++].CopyToHost(host.f32()));
-          others[{p, name}] = &host;
-        }
+        BATON_ASSIGN_OR_RETURN(
+            Tensor t, Tensor::TryEmpty(p->value.shape(), DType::kFloat32, p->value.device()));
+        scratch.push_back(std::move(t));
+        tensors.push_back(&scratch.back());
+        landed.push_back(p);
       }
-    }
-  }
-  std::vector<Optimizer::Slot> out;  // Slots' order: parameter by parameter
-  if (!keep) return out;
-  for (Parameter* p : params_) {
-    for (const std::string& name : names) {
-      const auto it = own.find({p, name});
-      out.push_back(Optimizer::Slot{p, name, it != own.end() ? it->second : others.at({p, name})});
+      reducer_->EnqueueAllGather(Action{ActionKind::kStep, chunks_[c].stage, 0}, std::move(tensors),
+                                 b.counts, deadline);
+      std::vector<ActionTiming> ignored;
+      BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &ignored));
+      for (size_t k = 0; k < landed.size(); ++k) {
+        if (!want.contains(landed[k])) continue;
+        Tensor& host = copies->emplace_back(Tensor::Empty(landed[k]->value.shape()));
+        BATON_RETURN_IF_ERROR(scratch[k].CopyToHost(host.f32()));
+        out[landed[k]] = &host;
+      }
     }
   }
   return out;
@@ -801,7 +898,12 @@ absl::Status StageExecutor::RunWeightGradient(int stage, int microbatch, StepSta
   return absl::OkStatus();
 }
 
-std::vector<std::pair<int, Digest>> StageExecutor::BlockDigests() {
+absl::StatusOr<std::vector<std::pair<int, Digest>>> StageExecutor::BlockDigests() {
+  std::deque<Tensor> copies;
+  BATON_ASSIGN_OR_RETURN(
+      ParamTensors masters,
+      GatherMasters(std::set<const Parameter*>(params_.begin(), params_.end()), &copies));
+  const ValuesSwapped swapped(masters);  // the float32 weights, not their bf16 bits
   std::vector<std::pair<int, Digest>> out;
   for (Chunk& c : chunks_) {
     for (int i = 0; i < c.model->size(); ++i) {

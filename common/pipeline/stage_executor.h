@@ -63,6 +63,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -183,8 +184,14 @@ class StageExecutor {
   bool EvaluatesAfter(int64_t step) const;
 
   int rank() const { return rank_; }
-  // Digests of the blocks this rank owns, by global block index.
-  std::vector<std::pair<int, Digest>> BlockDigests();
+  // Digests of the blocks this rank owns, by global block index: of their float32 weights.
+  // Between steps only. In a sharded bf16 job the owners hand their float32 weights over
+  // to the replicas that keep bf16 bits (KeepsBf16Weights), so every replica of the rank
+  // calls it at the same point.
+  absl::StatusOr<std::vector<std::pair<int, Digest>>> BlockDigests();
+  // Whether this rank keeps weights it does not update as bf16 bits (a sharded optimizer
+  // in a bf16 job: Parameter::bf16_operand ones another replica owns).
+  bool KeepsBf16Weights() const { return !packed_.empty(); }
   // Parameters of this rank's chunks, in stage then block order.
   const std::vector<Parameter*>& parameters() const { return params_; }
   // The optimizer over the parameters this rank updates: all of them, or with a sharded
@@ -194,16 +201,18 @@ class StageExecutor {
   // Writes this rank's blocks and their optimizer state into checkpoint directory
   // `step_dir` with the rank's manifest (common/checkpoint/checkpoint.h), as the state of
   // job `job` after step `step`. Between steps only. With a sharded optimizer every
-  // replica of the rank calls it (or SnapshotCheckpoint) at the same point: the owners
-  // hand their state to replica 0 through the group, and replica 0 alone writes the
-  // blocks with their whole state (the format does not change: it loads on any D and any
-  // partition); the others write nothing and return no files.
+  // replica of the rank calls it (or SnapshotCheckpoint) at the same point, and each
+  // writes a part of the rank's blocks (member m the blocks m, m + D, ... in the rank's
+  // block order, under manifest part m; a member with none writes an empty manifest): the
+  // owners hand each writer the state of its blocks (and, where it keeps weights as bf16
+  // bits, KeepsBf16Weights, their float32 weights) through the group. The files are those
+  // of an unsharded job, so the checkpoint loads on any D and any partition.
   absl::StatusOr<std::vector<CheckpointBlockFile>> SaveCheckpoint(const std::string& step_dir,
                                                                   const std::string& job,
                                                                   int64_t step);
   // The same checkpoint encoded in memory (common/checkpoint/checkpoint.h), to be written
-  // with WriteSnapshot while later steps run. Between steps only. Sharded, a replica other
-  // than 0 gets an empty snapshot (no files, no manifest_file): it has nothing to write.
+  // with WriteSnapshot while later steps run. Between steps only. Sharded, each replica's
+  // part (SaveCheckpoint).
   absl::StatusOr<CheckpointSnapshot> SnapshotCheckpoint(const std::string& step_dir,
                                                         const std::string& job, int64_t step);
   // Loads this rank's blocks and optimizer state from a complete checkpoint written by any
@@ -254,13 +263,25 @@ class StageExecutor {
   // indexed as params_, each computed by its owner and all-gathered over the group. After
   // WaitForReductions only (the caller's thread then has the group to itself).
   absl::StatusOr<std::vector<double>> GatherOwnedSums(bool squares, absl::Time deadline);
-  // Sharded, between steps: every parameter's optimizer state as slots in Slots' order,
-  // this replica's own tensors for what it owns and host copies (kept in `copies`) of the
-  // owners' for the rest, all-gathered bucket by bucket (the device holds one bucket of
-  // other replicas' state at a time). Every replica of the rank calls it at the same
-  // point; with `keep` false it only takes part and returns no slots.
-  absl::StatusOr<std::vector<Optimizer::Slot>> GatherOptimizerState(bool keep,
-                                                                    std::deque<Tensor>* copies);
+  // Sharded, between steps: the optimizer state of the parameters in `keep` as slots in
+  // Slots' order, this replica's own tensors for what it owns and host copies (kept in
+  // `copies`) of the owners' for the rest, all-gathered bucket by bucket (the device holds
+  // one bucket of other replicas' state at a time). Every replica of the rank calls it at
+  // the same point, each with the parameters it keeps.
+  absl::StatusOr<std::vector<Optimizer::Slot>> GatherOptimizerState(
+      const std::set<const Parameter*>& keep, std::deque<Tensor>* copies);
+  // Sharded, between steps, every member at the same point: for each bucket, all-gathers
+  // the float32 tensors `mine` gives for the parameters this member owns; the others' land
+  // on the device one bucket at a time, and host copies (kept in `copies`) of those of
+  // the parameters in `want` are returned.
+  using ParamTensors = std::map<const Parameter*, Tensor*>;
+  absl::StatusOr<ParamTensors> GatherFromOwners(const ParamTensors& mine,
+                                                const std::set<const Parameter*>& want,
+                                                std::deque<Tensor>* copies);
+  // Sharded bf16 (every member takes part; nothing otherwise): host copies of the owners'
+  // float32 weights of the parameters in `keep` that this member keeps as bf16 bits.
+  absl::StatusOr<ParamTensors> GatherMasters(const std::set<const Parameter*>& keep,
+                                             std::deque<Tensor>* copies);
   // This rank's optimizer state tensors by (parameter, slot name).
   using SlotMap = std::map<std::pair<const Parameter*, std::string>, Tensor*>;
   SlotMap OwnSlots();
@@ -304,6 +325,10 @@ class StageExecutor {
   std::vector<std::vector<int>> owned_by_;              // by member: indices into params_, in order
   std::unordered_map<const Parameter*, int> index_of_;  // params_[index_of_[p]] == p
   int64_t optimizer_state_bytes_ = 0;                   // its slots' bytes, fixed once built
+  // Sharded bf16: the parameters this member keeps as bf16 bits (their value is
+  // DType::kBFloat16): the bf16_operand ones another member owns, in params_ order. The
+  // weights' all-gather rounds their owners' float32 values into them.
+  std::vector<Parameter*> packed_;
   std::unique_ptr<DeviceTimer> own_timer_;
   DeviceTimer* timer_ = nullptr;  // options_.device_timer or own_timer_; may be null
 };

@@ -321,7 +321,9 @@ TYPED_TEST(TransportContractTest, APipelineTrainsLikeTheReferenceTrainer) {
     }
     std::vector<Digest> digests(blocks->back().last);
     for (auto& e : ex) {
-      for (auto& [block, digest] : e->BlockDigests()) digests[block] = digest;
+      absl::StatusOr<std::vector<std::pair<int, Digest>>> d = e->BlockDigests();
+      ASSERT_TRUE(d.ok()) << d.status();
+      for (const auto& [block, digest] : *d) digests[block] = digest;
     }
     EXPECT_EQ(losses, ref_losses);
     EXPECT_EQ(DigestHex(CombineBlockDigests(digests)), DigestHex((*ref)->WeightsDigest()));

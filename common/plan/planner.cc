@@ -196,6 +196,7 @@ struct ChunkBytes {
   std::vector<double> held;       // per (chunk, micro-batch) from F until its B or W
   std::vector<double> workspace;  // while the chunk runs a backward
   std::vector<double> params;     // parameters (a count, not bytes)
+  std::vector<double> operands;   // of those, BlockInfo::operand_parameters
 };
 
 ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& part,
@@ -215,6 +216,11 @@ ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& 
                            : stash);
     out.workspace.push_back(4 * rows * biggest + (in.recompute ? stash : 0));
     out.params.push_back(RangeParams(in.blocks, r));
+    double operands = 0;
+    for (int b = r.first; b < r.last; ++b) {
+      operands += static_cast<double>(in.blocks[b].operand_parameters);
+    }
+    out.operands.push_back(operands);
   }
   return out;
 }
@@ -258,10 +264,11 @@ HeldProfile HeldProfileOf(const Schedule& sched) {
 // describes (a chunk still empty counts nothing).
 double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkBytes& cb,
                  int rank) {
-  double params = 0, workspace = 0, peak = 0;
+  double params = 0, operands = 0, workspace = 0, peak = 0;
   const std::vector<int>& mine = prof.stages[rank];
   for (int s : mine) {
     params += cb.params[s];
+    operands += cb.operands[s];
     workspace = std::max(workspace, cb.workspace[s]);
   }
   for (const std::vector<int>& combo : prof.combos[rank]) {
@@ -270,9 +277,12 @@ double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkByt
     peak = std::max(peak, held);
   }
   // Sharded, a replica keeps optimizer state for its share of the parameters only.
-  const double state_params =
-      in.shard_optimizer ? std::ceil(params / std::max(1, in.data_parallel)) : params;
-  return 4.0 * params * 2 + 4.0 * state_params * in.optimizer_floats + peak + workspace;
+  const int D = std::max(1, in.data_parallel);
+  const double state_params = in.shard_optimizer ? std::ceil(params / D) : params;
+  // In bf16 it keeps the Linear weights it does not own, (D - 1) / D of them, as bf16.
+  const double bits = in.shard_optimizer && in.bf16 ? operands * (D - 1) / D : 0;
+  return 4.0 * params * 2 - 2.0 * bits + 4.0 * state_params * in.optimizer_floats + peak +
+         workspace;
 }
 
 // A split whose chunks each do at most `max_work` (RangeFlops) and whose ranks each need at

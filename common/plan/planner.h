@@ -28,7 +28,9 @@
 //   Memory, per rank, in bytes: 4 * parameters * (2 + optimizer floats per parameter)
 //   (weights, gradients, optimizer state; with a sharded optimizer the state counts
 //   ceil(parameters / D) parameters, an even share: the layout owns whole parameters, so a
-//   replica may hold up to one parameter's state more than that, uncounted) + the simulated peak of
+//   replica may hold up to one parameter's state more than that, uncounted; in bf16 it
+//   also keeps the Linear weights of the others' share, BlockInfo::operand_parameters
+//   (D - 1) / D, as bf16, 2 bytes less each) + the simulated peak of
 //   stashed activations (a (stage, micro-batch) holds rows * the chunk's ActivationBytes from its F
 //   until its B or W ends: 4 per BlockInfo.activation_floats, 2 for those a bf16 job keeps as bf16;
 //   with recomputation only its input, 4 bytes a float) + a workspace of one micro-batch's largest
@@ -89,7 +91,8 @@ struct PlannerInput {
   // share of the rank's parameters only.
   bool shard_optimizer = false;
   bool recompute = false;           // RECOMPUTE_FULL on every stage
-  bool bf16 = false;                // PRECISION_BF16: activations kept as bf16 (ActivationBytes)
+  bool bf16 = false;  // PRECISION_BF16: activations kept as bf16 (ActivationBytes), and weights
+                      // as bf16 bits where a sharded optimizer does not own them
   // Fixed choices; unset (0) lets the planner choose.
   std::optional<ScheduleKind> schedule;
   int virtual_stages = 0;
