@@ -11,7 +11,9 @@ allocator peak is that job's), submits the spec with --watch, and reads:
     state), against the planner's per-rank peak (`batonctl plan -f SPEC --output json`);
   * bytes sent per step per rank: the worker process's written bytes (/proc/PID/io wchar:
     its sockets, nearly all of it the group's collectives; the job writes no files) over
-    the run, divided by the steps.
+    the run, divided by the steps;
+  * the sharded weights' all-gather, which STEP waits for at the end of the step: its time
+    in the last step's trace (`batonctl trace`), mean over the ranks, against that step.
 Unsharded and sharded runs alternate, R rounds; the report gives medians and each round's
 ratio. Both must end with the same weights digest (checked).
 
@@ -60,6 +62,15 @@ def run(bin_dir, spec, replicas, steps):
             parameters = sum(st["parameters"] for st in plan["footprint"]["stages"])
             before = {w: written_bytes(c.procs[w].pid) for w in c.procs if w.startswith("w-")}
             job, durations = watch_job(c, path)
+            # The last step's timeline: the collectives STEP waits for (the sharded weights'
+            # all-gather; nothing unsharded), per rank, against the step.
+            trace_path = os.path.join(tmp, "trace.json")
+            c.ctl_ok("trace", job["id"], "--step", str(steps), "-o", trace_path)
+            with open(trace_path) as f:
+                events = json.load(f)
+            events = events["traceEvents"] if isinstance(events, dict) else events
+            gather = [e["dur"] / 1e6 for e in events
+                      if e.get("ph") == "X" and e.get("name") == "all-reduce STEP"]
             ranks = []
             for wid in job.get("workers", []):
                 m = worker_memory(tmp, wid)
@@ -67,6 +78,8 @@ def run(bin_dir, spec, replicas, steps):
                 ranks.append(m)
             return {
                 "step_s": statistics.median(durations[2:] or durations),
+                "last_step_s": durations[-1],
+                "gather_s": statistics.mean(gather) if gather else 0.0,
                 "ranks": ranks,
                 "predicted": predicted,
                 "parameters": parameters,
@@ -114,6 +127,10 @@ def main():
         tb = statistics.median(b["step_s"] for _, b in rounds)
         print(f"  median step: {ta * 1e3:.1f} ms -> {tb * 1e3:.1f} ms; median ratio "
               f"{statistics.median(ratios):.3f}")
+        shares = [b["gather_s"] / b["last_step_s"] for _, b in rounds]
+        print(f"  the weights' all-gather at the end of the last step (sharded, mean over ranks): "
+              + ", ".join(f"{b['gather_s'] * 1e3:.1f} ms" for _, b in rounds)
+              + f" of the step: {', '.join(f'{x:.1%}' for x in shares)}")
         print("  mode      | rank | state MiB | bytes/param | peak MiB | planner MiB | peak/planner |"
               " sent/step KiB")
         for mode, res in (("unsharded", rounds[-1][0]), ("sharded", rounds[-1][1])):
