@@ -38,7 +38,8 @@ struct CheckpointTally {
 using CheckpointTallies = std::map<int64_t, CheckpointTally>;
 
 // Counts `rank`'s part `write` of a checkpoint. `writers` ranks write each one (a
-// data-parallel job's replica 0: every replica holds the same state). When this write
+// data-parallel job's replica 0: every replica holds the same state; with a sharded
+// optimizer every replica, each a part of its rank's blocks). When this write
 // completes step N (the last of the writers), N is appended to `c`'s complete ones (at
 // `now`), only the newest max(1, keep) of them stay (the ranks prune their files by the
 // same rule), the tallies of N and older steps are dropped, and N's tally is returned.
