@@ -1,6 +1,7 @@
 #include "common/collective/gloo_collective.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/comm/collective_test_util.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
@@ -262,7 +264,14 @@ TEST(GlooCollectiveTest, AMemberThatSkipsAShardedCallEndsItAtTheDeadline) {
 }
 
 TEST(GlooCollectiveTest, AbortFailsLaterShardedCallsAtOnceWithTheReason) {
+  std::atomic<int> joined{0};
   OnEveryMember(2, [&](int, Collective& c) {
+    // Both members have joined before either aborts: an abort closes the member's
+    // connections, which fails a join the other member may still be finishing.
+    joined.fetch_add(1);
+    const absl::Time until = Soon();
+    while (joined.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(joined.load(), 2) << "the other member did not join";
     c.Abort(absl::UnavailableError("replica 0's worker is shutting down"));
     float x[2] = {1, 2};
     const std::vector<int64_t> counts = {1, 1};
