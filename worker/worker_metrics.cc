@@ -126,7 +126,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
       allreduce_seconds_(prometheus::BuildHistogram()
                              .Name("baton_worker_allreduce_seconds")
                              .Help("Time of one gradient all-reduce (one REDUCE_GRAD's "
-                                   "buckets) on this rank's communication thread.")
+                                   "buckets; with a sharded optimizer its reduce-scatters, "
+                                   "and STEP's weights all-gather) on this rank's "
+                                   "communication thread.")
                              .Register(registry)),
       allreduce_bytes_(prometheus::BuildCounter()
                            .Name("baton_worker_allreduce_bytes_total")
@@ -134,8 +136,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                            .Register(registry)),
       allreduce_wait_(prometheus::BuildCounter()
                           .Name("baton_worker_allreduce_wait_seconds_total")
-                          .Help("Time the optimizer step waited for this rank's all-reduces: "
-                                "the part not hidden under compute.")
+                          .Help("Time this rank waited for its all-reduces (at TIE_GRAD, "
+                                "CLIP_GRAD and STEP, and for a sharded optimizer's weights "
+                                "all-gather): the part not hidden under compute.")
                           .Register(registry)),
       allreduce_overlap_(prometheus::BuildGauge()
                              .Name("baton_worker_allreduce_overlap_ratio")

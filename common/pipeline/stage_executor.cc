@@ -584,7 +584,12 @@ absl::StatusOr<const Batch*> StageExecutor::BatchFor(int m, StepState& st) {
 
 absl::Status StageExecutor::WaitForReductions(StepState& st, absl::Time deadline) {
   if (reducer_ == nullptr) return absl::OkStatus();
-  return reducer_->WaitAll(deadline, &st.reductions);
+  const auto wait_start = std::chrono::steady_clock::now();
+  const absl::Status s = reducer_->WaitAll(deadline, &st.reductions);
+  st.reduce_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - wait_start)
+                           .count();
+  return s;
 }
 
 absl::Status StageExecutor::RunForward(const Action& a, StepState& st) {
@@ -717,13 +722,7 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
     BATON_RETURN_IF_ERROR(st.WeightGradientsRan(c.stage, "optimizer step"));
   }
   // The update needs the group's sums: wait for this step's reductions.
-  if (reducer_ != nullptr) {
-    const auto wait_start = std::chrono::steady_clock::now();
-    BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
-    st.reduce_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - wait_start)
-                            .count();
-  }
+  BATON_RETURN_IF_ERROR(WaitForReductions(st, deadline));
   // Divergence is a failure: a non-finite gradient would make every weight it touches
   // garbage. One sum per gradient (inf and nan survive a double sum of floats), all of
   // this rank's in one batched call (one read back on a GPU); the first non-finite one
@@ -768,7 +767,7 @@ absl::Status StageExecutor::RunOptimizerStep(StepState& st, absl::Time deadline)
                                    b.counts, deadline);
       }
     }
-    BATON_RETURN_IF_ERROR(reducer_->WaitAll(deadline, &st.reductions));
+    BATON_RETURN_IF_ERROR(WaitForReductions(st, deadline));
   }
   st.stepped = true;
   // A device's asynchronous failures (a kernel fault, a failed launch) end the step here.

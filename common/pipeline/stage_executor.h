@@ -135,7 +135,9 @@ struct RankStepResult {
   // Each REDUCE_GRAD's reduction as it ran on the communication thread (its start and end,
   // the gradient bytes it summed), in clock order; empty without data parallelism.
   std::vector<ActionTiming> reductions;
-  // How long STEP waited for them: the part of the reductions not hidden under the clock.
+  // How long the rank's thread waited for them (at TIE_GRAD, CLIP_GRAD and STEP, and for a
+  // sharded optimizer's weights all-gather after the update): the part of the reductions
+  // not hidden under the clock.
   int64_t reduce_wait_ns = 0;
   // The optimizer state this rank holds, in bytes: its replica's share with a sharded
   // optimizer (spec.optimizer.shard), else all of its parameters'.
@@ -250,7 +252,8 @@ class StageExecutor {
   absl::Status RunOptimizerStep(StepState& st, absl::Time deadline);
   // Micro-batch `m` of this replica's share of the step's batch, read once.
   absl::StatusOr<const Batch*> BatchFor(int m, StepState& st);
-  // With data parallelism, waits for the step's reductions so far (GradReducer::WaitAll).
+  // With data parallelism, waits for the step's reductions so far (GradReducer::WaitAll),
+  // adding the wait to StepState::reduce_wait_ns.
   absl::Status WaitForReductions(StepState& st, absl::Time deadline);
   // Builds buckets_ and the ownership from the layout of this rank's parameters; returns
   // the parameters this member updates.
