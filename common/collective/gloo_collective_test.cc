@@ -1,8 +1,8 @@
 #include "common/collective/gloo_collective.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <future>
@@ -12,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "common/comm/collective_test_util.h"
+#include "common/core/mutex.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 
@@ -264,14 +265,22 @@ TEST(GlooCollectiveTest, AMemberThatSkipsAShardedCallEndsItAtTheDeadline) {
 }
 
 TEST(GlooCollectiveTest, AbortFailsLaterShardedCallsAtOnceWithTheReason) {
-  std::atomic<int> joined{0};
+  Mutex mu;
+  std::condition_variable changed;
+  int joined = 0;
   OnEveryMember(2, [&](int, Collective& c) {
     // Both members have joined before either aborts: an abort closes the member's
-    // connections, which fails a join the other member may still be finishing.
-    joined.fetch_add(1);
-    const absl::Time until = Soon();
-    while (joined.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
-    ASSERT_EQ(joined.load(), 2) << "the other member did not join";
+    // connections, which fails a join the other member may still be finishing. (The wait's
+    // deadline only bounds a hang: a member whose join failed never gets here.)
+    bool both = false;
+    {
+      MutexLock lock(mu);
+      ++joined;
+      changed.notify_all();
+      both = changed.wait_until(lock.native(), absl::ToChronoTime(Soon()),
+                                [&] { return joined == 2; });
+    }
+    ASSERT_TRUE(both) << "the other member did not join";
     c.Abort(absl::UnavailableError("replica 0's worker is shutting down"));
     float x[2] = {1, 2};
     const std::vector<int64_t> counts = {1, 1};

@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/core/bf16.h"
 #include "common/core/caching_allocator.h"
 #include "common/core/check.h"
 #include "common/core/cuda_context.h"
@@ -91,6 +92,21 @@ std::unique_ptr<DeviceTimer> NewDeviceTimer(Device device) {
 
 absl::Status DeviceSynchronize(Device device) {
   return device == Device::kCpu ? absl::OkStatus() : CudaSynchronize();
+}
+
+absl::Status CopyFromHostAsBf16(const float* src, Tensor& dst) {
+  if (dst.dtype() != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rounding to bf16 into a ", DTypeName(dst.dtype()), " tensor"));
+  }
+  const size_t n = static_cast<size_t>(dst.numel());
+  if (dst.device() == Device::kCpu) {
+    for (size_t i = 0; i < n; ++i) dst.bf16()[i] = FloatToBf16Bits(src[i]);
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t> bits(n);
+  for (size_t i = 0; i < n; ++i) bits[i] = FloatToBf16Bits(src[i]);
+  return dst.CopyFromHost(bits.data());
 }
 
 namespace {

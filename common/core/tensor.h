@@ -71,6 +71,12 @@ class Allocator {
 // call (OK for the CPU, whose work is synchronous).
 absl::Status DeviceSynchronize(Device device);
 
+class Tensor;
+// Writes dst.numel() host floats from `src`, each rounded to its bf16 bits (round to
+// nearest even, common/core/bf16.h), into the kBFloat16 tensor `dst` on any device (a
+// device's through host memory). INVALID_ARGUMENT when `dst` is not bf16.
+absl::Status CopyFromHostAsBf16(const float* src, Tensor& dst);
+
 // The process-wide caching CPU allocator.
 Allocator* CpuAllocator();
 // The allocator of `device`, or nullptr when this build or machine has none for it.

@@ -60,6 +60,20 @@ TEST(TensorTest, EmptyHasShapeDtypeDevice) {
   EXPECT_EQ(none.nbytes(), 0u);
 }
 
+// Rounded as ToBf16 rounds (to nearest, ties to even), into a bf16 tensor only.
+TEST(TensorTest, CopyFromHostAsBf16RoundsIntoBf16Bits) {
+  // 1 + 2^-8 is the tie between 1 and the next bf16 (1 + 2^-7): even, 1. Just above, up.
+  const float src[3] = {1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f};
+  Tensor t = Tensor::Empty({3}, DType::kBFloat16);
+  ASSERT_TRUE(CopyFromHostAsBf16(src, t).ok());
+  EXPECT_EQ(t.bf16()[0], 0x3F80);  // 1.0
+  EXPECT_EQ(t.bf16()[1], 0x3F81);  // 1 + 2^-7
+  EXPECT_EQ(t.bf16()[2], 0xC020);  // -2.5, exact
+  Tensor f = Tensor::Empty({3});
+  const absl::Status refused = CopyFromHostAsBf16(src, f);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+}
+
 TEST(TensorTest, DefaultIsUndefined) {
   Tensor t;
   EXPECT_FALSE(t.defined());

@@ -1,11 +1,9 @@
 #include "common/pipeline/grad_reducer.h"
 
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
-#include "common/core/bf16.h"
 #include "common/core/cuda_context.h"
 #include "common/core/status.h"
 
@@ -171,14 +169,7 @@ absl::Status GradReducer::Move(Tensor& t, float* at, bool to_bucket) {
       return collective_->follows_compute_stream() ? absl::OkStatus()
                                                    : DeviceSynchronize(Device::kCuda);
     }
-    if (t.device() == Device::kCpu) {
-      BATON_ASSIGN_OR_RETURN(Backend * be, BackendFor(Device::kCpu));
-      be->ToBf16(t.numel(), at, t.bf16());
-      return absl::OkStatus();
-    }
-    std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));  // staged through the host
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBf16Bits(at[i]);
-    return t.CopyFromHost(bits.data());
+    return CopyFromHostAsBf16(at, t);  // `at` is host memory
   }
   if (collective_->device() != Device::kCuda) {
     return to_bucket ? t.CopyToHost(at) : t.CopyFromHost(at);

@@ -1543,6 +1543,15 @@ TEST(PipelineTimelineTest, DeviceTimeFramesComputeActionsOnly) {
   }
 }
 
+// Sets element 0 of float32 tensor `w` to NaN, through the host (on a GPU `w` is device
+// memory).
+absl::Status SetFirstToNan(Tensor& w) {
+  std::vector<float> host(static_cast<size_t>(w.numel()));
+  BATON_RETURN_IF_ERROR(w.CopyToHost(host.data()));
+  host[0] = std::nanf("");
+  return w.CopyFromHost(host.data());
+}
+
 // A non-finite global gradient norm fails the step as divergence at CLIP_GRAD, naming it,
 // before any weight changes; every rank computed the same norm, so none waits for another.
 TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
@@ -1559,12 +1568,7 @@ TEST(PipelineFailureTest, ANonFiniteGradientNormFailsTheStepAtClipGrad) {
   // A NaN in a middle block's weight makes every later activation, and the gradients, NaN.
   const std::vector<Parameter*>& mid = (*t)->executor(1).parameters();
   ASSERT_FALSE(mid.empty());
-  // Through the host: on a GPU the value is device memory.
-  Tensor& w = mid.front()->value;
-  std::vector<float> host(static_cast<size_t>(w.numel()));
-  ASSERT_TRUE(w.CopyToHost(host.data()).ok());
-  host[0] = std::nanf("");
-  ASSERT_TRUE(w.CopyFromHost(host.data()).ok());
+  ASSERT_TRUE(SetFirstToNan(mid.front()->value).ok());
   auto s = (*t)->Step();
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(IsDiverged(s.status())) << s.status();
@@ -1592,11 +1596,7 @@ TEST(PipelineFailureTest, ANonFiniteGradientFailsEveryShardedReplicaNamingIt) {
     ASSERT_TRUE(t.ok()) << t.status();
     // A NaN in replica 1's first weight of rank 1: its activations, and then every
     // gradient of both stages of that replica, are NaN; replica 0's are not.
-    Tensor& w = (*t)->executor(3).parameters().front()->value;
-    std::vector<float> host(static_cast<size_t>(w.numel()));
-    ASSERT_TRUE(w.CopyToHost(host.data()).ok());
-    host[0] = std::nanf("");
-    ASSERT_TRUE(w.CopyFromHost(host.data()).ok());
+    ASSERT_TRUE(SetFirstToNan((*t)->executor(3).parameters().front()->value).ok());
     auto s = (*t)->Step();
     ASSERT_FALSE(s.ok());
     EXPECT_TRUE(IsDiverged(s.status())) << s.status();

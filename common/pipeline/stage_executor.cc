@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/hf.h"
-#include "common/core/bf16.h"
 #include "common/core/status.h"
 #include "common/optim/optimizer_shards.h"
 #include "common/pipeline/grad_reducer.h"
@@ -30,16 +29,16 @@ namespace {
 // bf16 bits from the copy its owner handed over.
 class ValuesSwapped {
  public:
-  explicit ValuesSwapped(const std::map<const Parameter*, Tensor*>& with) : with_(with) { Swap(); }
+  explicit ValuesSwapped(const std::map<Parameter*, Tensor*>& with) : with_(with) { Swap(); }
   ~ValuesSwapped() { Swap(); }
   ValuesSwapped(const ValuesSwapped&) = delete;
   ValuesSwapped& operator=(const ValuesSwapped&) = delete;
 
  private:
   void Swap() {
-    for (const auto& [p, t] : with_) std::swap(const_cast<Parameter*>(p)->value, *t);
+    for (const auto& [p, t] : with_) std::swap(p->value, *t);
   }
-  const std::map<const Parameter*, Tensor*>& with_;
+  const std::map<Parameter*, Tensor*>& with_;
 };
 
 }  // namespace
@@ -347,10 +346,7 @@ absl::StatusOr<int64_t> StageExecutor::LoadCheckpoint(const std::string& step_di
   }
   if (!step.ok()) return step.status();
   for (Parameter* p : packed_) {
-    const Tensor& f = *masters.at(p);
-    std::vector<uint16_t> bits(static_cast<size_t>(f.numel()));
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBf16Bits(f.f32()[i]);
-    BATON_RETURN_IF_ERROR(p->value.CopyFromHost(bits.data()));
+    BATON_RETURN_IF_ERROR(CopyFromHostAsBf16(masters.at(p)->f32(), p->value));
   }
   if (steps_taken >= 0) optimizer_->set_steps_taken(steps_taken);
   return *step;

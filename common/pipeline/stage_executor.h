@@ -277,7 +277,7 @@ class StageExecutor {
   // the float32 tensors `mine` gives for the parameters this member owns; the others' land
   // on the device one bucket at a time, and host copies (kept in `copies`) of those of
   // the parameters in `want` are returned.
-  using ParamTensors = std::map<const Parameter*, Tensor*>;
+  using ParamTensors = std::map<Parameter*, Tensor*>;
   absl::StatusOr<ParamTensors> GatherFromOwners(const ParamTensors& mine,
                                                 const std::set<const Parameter*>& want,
                                                 std::deque<Tensor>* copies);
