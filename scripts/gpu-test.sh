@@ -34,7 +34,8 @@
 #      12-layer GPT with context 1024, baton on CUDA (bench/gpt_bench --device=cuda) against
 #      PyTorch eager on the same GPU (bench/pytorch_gpt.py --device cuda), in fp32 (TF32
 #      off on both sides), in bf16 (baton's PRECISION_BF16 against torch.autocast) and in
-#      bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1), with the ratios and
+#      bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1) and with its tiled bf16
+#      attention on tensor cores (BATON_FUSED_ATTENTION=tiled), with the ratios and
 #      achieved TFLOP/s (PyTorch skipped, saying so, where python3 has no torch); then the
 #      worker's side: a 2-rank cluster job of the 768-wide GPT in bf16 on the GPU, its
 #      tokens/s, MFU and each rank's per-step forward, backward, send and receive-wait times
@@ -58,7 +59,8 @@ SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[
 
 # The test binaries (under build/tests) with real-GPU cases. A new GPU test goes here.
 GPU_TESTS=(cuda_device_test cuda_kernels_test llama_cuda_test cuda_training_test cuda_pipeline_test
-           cuda_fused_pipeline_test nccl_real_test nccl_collective_real_test)
+           cuda_fused_pipeline_test cuda_tiled_pipeline_test nccl_real_test
+           nccl_collective_real_test)
 # Binaries split into gtest shards (GTEST_TOTAL_SHARDS) that run side by side: their cases
 # are small and launch-bound, so one process leaves the GPU mostly idle. cuda_pipeline_test
 # (about 900 cases, some 140 s alone on an H100) is the one that needs it.
@@ -68,9 +70,9 @@ declare -A TEST_SHARDS=([cuda_pipeline_test]=4)
 SERIAL_TESTS=(nccl_real_test nccl_collective_real_test)
 # The kernels compute-sanitizer checks (cuda_kernels_test cases): the whole-tensor and
 # batched sums, the row and column reductions, the embedding's sorted backward and the fused
-# attention, whose shared memory and indexing are the most intricate. Not the materialised
+# and tiled attentions, whose shared memory and indexing are the most intricate. Not the materialised
 # attention's: cuBLAS's kernels under the sanitizer would take most of the run.
-SANITIZE_FILTER='CudaKernelsTest.*Embedding*:CudaKernelsTest.*Sum*:CudaKernelsTest.*Reduction*:CudaKernelsTest.FusedAttention*'
+SANITIZE_FILTER='CudaKernelsTest.*Embedding*:CudaKernelsTest.*Sum*:CudaKernelsTest.*Reduction*:CudaKernelsTest.FusedAttention*:CudaKernelsTest.TiledAttention*'
 # Programs the check runs (build/bin).
 BUNDLE_TOOLS=(batonctl coordinator worker gpt_bench)
 # Files the check reads: job specs, the benchmark's PyTorch side, the training text.
@@ -494,11 +496,13 @@ bench() {
   local mode precision env_fused
   for spec in "$SHARE/gpt.json" "$SHARE/gpt-768.json"; do
     # fp32 (TF32 off on both sides); bf16 (baton's precision: PRECISION_BF16 against
-    # torch.autocast(bfloat16)); bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1).
-    for mode in fp32 bf16 bf16-fused; do
+    # torch.autocast(bfloat16)); bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1)
+    # and with its tiled attention on tensor cores (BATON_FUSED_ATTENTION=tiled).
+    for mode in fp32 bf16 bf16-fused bf16-tiled; do
     precision="${mode%%-*}"
     env_fused=0
     [[ "$mode" == *fused ]] && env_fused=1
+    [[ "$mode" == *tiled ]] && env_fused=tiled
     name="$(basename "$spec" .json)-$mode"
     share_spec "$spec" |
       python3 -c '
@@ -522,7 +526,7 @@ for b in json.load(sys.stdin)["benchmarks"]:
       continue
     fi
     torch_tps=""
-    if [[ -n "$py" && "$mode" != *fused ]]; then
+    if [[ -n "$py" && "$mode" != *fused && "$mode" != *tiled ]]; then
       timeout 180 "$py" "$SHARE/pytorch_gpt.py" --device cuda --spec "$tmp/$name.json" \
         --measure step --variants explicit,sdpa --min-time 3 --warmup 3 --precision "$precision" \
         >"$tmp/$name.torch.json" 2>"$tmp/$name.torch.err" || true

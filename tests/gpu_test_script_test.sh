@@ -82,6 +82,7 @@ fake_test cuda_device_test "$passed"
 fake_test cuda_kernels_test "$passed"
 fake_test cuda_pipeline_test "$passed"
 fake_test cuda_fused_pipeline_test "$passed"
+fake_test cuda_tiled_pipeline_test "$passed"
 fake_test nccl_real_test "$passed"
 fake_test nccl_collective_real_test "$passed"
 fake_test llama_cuda_test 'echo "[  FAILED  ] LlamaCudaTest.Planted"; exit 1'

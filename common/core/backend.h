@@ -212,6 +212,23 @@ class Backend {
   // jobs have always had, and on CUDA the fused kernels have not yet run on a GPU.
   virtual bool UsesFusedAttention(int64_t D) const = 0;
 
+  // ---- Tiled bf16 attention on matrix units (flash-style: flash_tiles.h) ----
+  // For bf16 jobs: the layout and meaning of FusedAttentionForward/Backward, with q, k, v,
+  // dy and the probabilities as bf16 operands of tile products accumulated in float32, in
+  // the fixed orders flash_tiles.h states, no atomics. `scratch` holds B*H*T floats. Head size
+  // D a multiple of 16, at most flash_tiles::kMaxD.
+  virtual void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                     const float* qkv, float* y, float* lse) = 0;
+  virtual void TiledAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                      const float* qkv, const float* y, const float* lse,
+                                      const float* dy, float* dqkv, float* scratch) = 0;
+  // Whether a bf16 job's attention modules use the tiled kernels for head size D (else what
+  // UsesFusedAttention says): when the process was started with
+  // BATON_FUSED_ATTENTION=tiled (TiledAttentionRequested), flash_tiles::Supports(D), and on
+  // CUDA a device with bf16 matrix units (compute capability 8.0 or later). Off by default:
+  // the CUDA kernels have not yet run on a GPU.
+  virtual bool UsesTiledAttention(int64_t D) const = 0;
+
   // ---- SwiGLU (LLaMA's MLP activation) ----
   // gate_up[rows, 2I] holds the gate (columns 0 .. I-1) and the up projection (I .. 2I-1).
   // Writes out[r,i] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (float32, as torch's
@@ -281,15 +298,19 @@ Backend* CpuBackend();
 // output into row blocks of a fixed size (cpu_backend.cc); the tests check 1, 2 and 3.
 void SetBlasThreads(int threads);
 
-// BATON_FUSED_ATTENTION=1 in the environment, read once per process (inline: both backend
-// libraries read it).
-inline bool FusedAttentionRequested() {
-  static const bool requested = [] {
+// BATON_FUSED_ATTENTION in the environment, read once per process (inline: both backend
+// libraries read it): "1" asks for the float32 row kernels (flash_attention_math.h) in every
+// job, "tiled" for the bf16 tile kernels (flash_tiles.h) in bf16 jobs, the materialised
+// kernels in float32 ones. Anything else, or nothing: the materialised kernels.
+inline const char* FusedAttentionSetting() {
+  static const char* const setting = [] {
     const char* e = std::getenv("BATON_FUSED_ATTENTION");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return e == nullptr ? "" : e;
   }();
-  return requested;
+  return setting;
 }
+inline bool FusedAttentionRequested() { return std::strcmp(FusedAttentionSetting(), "1") == 0; }
+inline bool TiledAttentionRequested() { return std::strcmp(FusedAttentionSetting(), "tiled") == 0; }
 int BlasThreads();
 
 }  // namespace baton

@@ -34,6 +34,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
 #include "common/core/flash_attention_math.h"
+#include "common/core/flash_tiles.h"
 #include "common/core/gelu_math.h"
 #include "common/core/mutex.h"
 #include "common/core/rotary_math.h"
@@ -277,6 +278,9 @@ void ForEachRowBlock(int64_t m, int64_t n, int64_t k,
     GemmPool::Get().Run(blocks, block);
   }
 }
+
+// A tile kernel's block run by the calling thread alone (flash_tiles.h).
+constexpr flash_tiles::Threads kOneThread{0, 1, 0, 1};
 
 class CpuBackendImpl final : public Backend {
  public:
@@ -591,6 +595,60 @@ class CpuBackendImpl final : public Backend {
           flash::BackwardKeyRow(base, dy + b * T * C, lse + b * H * T, delta + b * H * T, T, H,
                                 KVH, D, g, j, scale, acc, acc2, row + C + g * D,
                                 row + C + KVH * D + g * D);
+        }
+      }
+    }
+  }
+
+  // The tile kernels' blocks in turn, each as one thread (flash_tiles.h): the contract the
+  // CUDA backend runs on tensor cores, so bf16 jobs on either device take the same steps.
+  bool UsesTiledAttention(int64_t D) const override {
+    return TiledAttentionRequested() && flash_tiles::Supports(D);
+  }
+
+  void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                             const float* qkv, float* y, float* lse) override {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int64_t tiles = (T + flash_tiles::kTile - 1) / flash_tiles::kTile;
+    std::vector<unsigned char> smem(flash_tiles::ForwardSmemBytes(static_cast<int>(D)));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t qt = 0; qt < tiles; ++qt) {
+          flash_tiles::ForwardBlock(kOneThread, smem.data(), T, H, KVH, static_cast<int>(D), scale,
+                                    b, h, qt, qkv, y, lse);
+        }
+      }
+    }
+  }
+
+  void TiledAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                              const float* qkv, const float* y, const float* lse, const float* dy,
+                              float* dqkv, float* scratch) override {
+    const int d = static_cast<int>(D);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int64_t tiles = (T + flash_tiles::kTile - 1) / flash_tiles::kTile, C = H * D;
+    float* const delta = scratch;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t row = (b * T + i) * C + h * D;
+          delta[(b * H + h) * T + i] = flash_tiles::DeltaRow(dy + row, y + row, d);
+        }
+      }
+    }
+    std::vector<unsigned char> smem(
+        std::max(flash_tiles::QueryGradSmemBytes(d), flash_tiles::KeyGradSmemBytes(d)));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t qt = 0; qt < tiles; ++qt) {
+          flash_tiles::QueryGradBlock(kOneThread, smem.data(), T, H, KVH, d, scale, b, h, qt, qkv,
+                                      dy, lse, delta, dqkv);
+        }
+      }
+      for (int64_t g = 0; g < KVH; ++g) {
+        for (int64_t kt = 0; kt < tiles; ++kt) {
+          flash_tiles::KeyGradBlock(kOneThread, smem.data(), T, H, KVH, d, scale, b, g, kt, qkv, dy,
+                                    lse, delta, dqkv);
         }
       }
     }

@@ -44,6 +44,7 @@
 #include "common/core/cuda_context.h"
 #include "common/core/dynamic_library.h"
 #include "common/core/flash_attention_math.h"
+#include "common/core/flash_tiles.h"
 #include "common/core/gelu_math.h"
 #include "common/core/mutex.h"
 #include "common/core/rotary_math.h"
@@ -532,6 +533,95 @@ __global__ void FusedAttentionKeyKernel(int64_t B, int64_t T, int64_t H, int64_t
                           T, H, KVH, D, g, j, scale, dk_acc, dv_acc, row + C + g * D,
                           row + C + KVH * D + g * D);
   }
+}
+
+// Tiled bf16 attention (flash_tiles.h): one block of flash_tiles::kThreads per tile, its
+// tiles in dynamic shared memory (more than the default 48 KB: TiledSmem raises the limit).
+// The grid runs a head's query tiles longest first (the last tile has the most keys), so the
+// short ones fill in behind. Devices before sm_80 have no bf16 matrix units: the launchers
+// refuse them (UsesTiledAttention), and the kernels compiled for them trap.
+__device__ flash_tiles::Threads BlockThreads() {
+  return {static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+          static_cast<int>(threadIdx.x / 32), static_cast<int>(blockDim.x / 32)};
+}
+
+// Block x: (b * H + h) * tiles + (tiles - 1 - qt).
+__global__ void __launch_bounds__(flash_tiles::kThreads)
+    TiledAttentionForwardKernel(int64_t T, int64_t H, int64_t KVH, int D, float scale,
+                                int64_t tiles, const float* qkv, float* y, float* lse) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int64_t x = blockIdx.x, qt = tiles - 1 - x % tiles, h = (x / tiles) % H,
+                b = x / (tiles * H);
+  flash_tiles::ForwardBlock(BlockThreads(), smem, T, H, KVH, D, scale, b, h, qt, qkv, y, lse);
+}
+
+__global__ void TiledAttentionDeltaKernel(int64_t B, int64_t T, int64_t H, int D, const float* y,
+                                          const float* dy, float* delta) {
+  const int64_t C = H * D;
+  GRID_STRIDE(r, B * H * T) {
+    const int64_t i = r % T, h = (r / T) % H, b = r / (T * H);
+    const int64_t row = (b * T + i) * C + h * D;
+    delta[r] = flash_tiles::DeltaRow(dy + row, y + row, D);
+  }
+}
+
+// Block x: as the forward's.
+__global__ void __launch_bounds__(flash_tiles::kThreads)
+    TiledAttentionQueryKernel(int64_t T, int64_t H, int64_t KVH, int D, float scale, int64_t tiles,
+                              const float* qkv, const float* dy, const float* lse,
+                              const float* delta, float* dqkv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int64_t x = blockIdx.x, qt = tiles - 1 - x % tiles, h = (x / tiles) % H,
+                b = x / (tiles * H);
+  flash_tiles::QueryGradBlock(BlockThreads(), smem, T, H, KVH, D, scale, b, h, qt, qkv, dy, lse,
+                              delta, dqkv);
+}
+
+// Block x: (b * KVH + g) * tiles + kt, the first key tiles (the most query tiles) first.
+__global__ void __launch_bounds__(flash_tiles::kThreads)
+    TiledAttentionKeyKernel(int64_t T, int64_t H, int64_t KVH, int D, float scale, int64_t tiles,
+                            const float* qkv, const float* dy, const float* lse, const float* delta,
+                            float* dqkv) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int64_t x = blockIdx.x, kt = x % tiles, g = (x / tiles) % KVH, b = x / (tiles * KVH);
+  flash_tiles::KeyGradBlock(BlockThreads(), smem, T, H, KVH, D, scale, b, g, kt, qkv, dy, lse,
+                            delta, dqkv);
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory; false (recorded) when the device
+// refuses.
+template <typename Kernel>
+bool TiledSmem(Kernel kernel, int64_t bytes, const char* name) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(bytes));
+  if (err == cudaSuccess) return true;
+  cudaGetLastError();
+  RecordCudaError(err, name);
+  return false;
+}
+
+// Whether the current context's device runs the tiled kernels at head size D: bf16 matrix
+// units (compute capability 8.0 or later) and room for the largest block's shared memory
+// (at D = 128 the dk/dv block's 187 KiB fits an H100's 227 KiB, not an A100's 163 KiB).
+bool DeviceRunsTiledAttention(int64_t D) {
+  Context& c = Ctx();
+  int device;
+  {
+    MutexLock lock(c.mu);
+    device = c.device;
+  }
+  int major = 0, smem = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const int d = static_cast<int>(D);
+  const int64_t need =
+      std::max({flash_tiles::ForwardSmemBytes(d), flash_tiles::QueryGradSmemBytes(d),
+                flash_tiles::KeyGradSmemBytes(d)});
+  return major >= 8 && need <= smem;
 }
 
 __global__ void RoundToBf16Kernel(int64_t n, const float* x, float* y) {
@@ -1469,6 +1559,58 @@ class CudaBackendImpl final : public Backend {
       LaunchFusedAttentionGrads<flash::kMaxHeadSize>(s, B, T, H, KVH, D, scale, qkv, lse, dy,
                                                      scratch, dqkv);
     }
+  }
+
+  // Not yet the default, as the fused kernels above: these have not run on a GPU yet.
+  // BATON_FUSED_ATTENTION=tiled turns them on for bf16 jobs.
+  bool UsesTiledAttention(int64_t D) const override {
+    return TiledAttentionRequested() && flash_tiles::Supports(D) && DeviceRunsTiledAttention(D);
+  }
+
+  void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                             const float* qkv, float* y, float* lse) override {
+    if (B * T * H == 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const int d = static_cast<int>(D);
+    const int64_t tiles = (T + flash_tiles::kTile - 1) / flash_tiles::kTile;
+    const int64_t bytes = flash_tiles::ForwardSmemBytes(d);
+    if (!TiledSmem(TiledAttentionForwardKernel, bytes, "TiledAttentionForwardKernel")) return;
+    ClearStaleError();
+    TiledAttentionForwardKernel<<<static_cast<unsigned>(B * H * tiles), flash_tiles::kThreads,
+                                  bytes, s>>>(T, H, KVH, d, 1.0f / std::sqrt(static_cast<float>(D)),
+                                              tiles, qkv, y, lse);
+    CheckLaunch("TiledAttentionForwardKernel");
+  }
+
+  void TiledAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                              const float* qkv, const float* y, const float* lse, const float* dy,
+                              float* dqkv, float* scratch) override {
+    if (B * T * H == 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const int d = static_cast<int>(D);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int64_t tiles = (T + flash_tiles::kTile - 1) / flash_tiles::kTile;
+    const int64_t query_bytes = flash_tiles::QueryGradSmemBytes(d);
+    const int64_t key_bytes = flash_tiles::KeyGradSmemBytes(d);
+    if (!TiledSmem(TiledAttentionQueryKernel, query_bytes, "TiledAttentionQueryKernel") ||
+        !TiledSmem(TiledAttentionKeyKernel, key_bytes, "TiledAttentionKeyKernel")) {
+      return;
+    }
+    ClearStaleError();
+    TiledAttentionDeltaKernel<<<Blocks(B * H * T), kThreads, 0, s>>>(B, T, H, d, y, dy, scratch);
+    CheckLaunch("TiledAttentionDeltaKernel");
+    ClearStaleError();
+    TiledAttentionQueryKernel<<<static_cast<unsigned>(B * H * tiles), flash_tiles::kThreads,
+                                query_bytes, s>>>(T, H, KVH, d, scale, tiles, qkv, dy, lse, scratch,
+                                                  dqkv);
+    CheckLaunch("TiledAttentionQueryKernel");
+    ClearStaleError();
+    TiledAttentionKeyKernel<<<static_cast<unsigned>(B * KVH * tiles), flash_tiles::kThreads,
+                              key_bytes, s>>>(T, H, KVH, d, scale, tiles, qkv, dy, lse, scratch,
+                                              dqkv);
+    CheckLaunch("TiledAttentionKeyKernel");
   }
 
   // The fused backward's passes 2 and 3 (flash_attention_math.h), for heads of at most kMaxD.

@@ -280,6 +280,62 @@ TEST_F(CudaKernelsTest, FusedAttentionAgreesWithTheCpuAndRepeatsItsBits) {
   }
 }
 
+// The tiled bf16 attention (flash_tiles.h) on tensor cores against the CPU, which runs the
+// same blocks with the tile products as loops: the two differ in each product's
+// accumulation order, which can move a probability across a bf16 rounding boundary, so the
+// outputs agree within 0.5% of their largest magnitude and the gradients within 1% (the
+// bounds tiled_attention_test holds the CPU to against float32); lse, from exact products
+// alone, to float32 rounding. Each kernel repeats its bits. q, k, v and dy hold bf16 values,
+// as in a bf16 job. Shapes cross the 64-row tiles, with grouped heads and D = 64 and 128.
+TEST_F(CudaKernelsTest, TiledAttentionAgreesWithTheCpuAndRepeatsItsBits) {
+  const absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(CurrentCudaDevice());
+  ASSERT_TRUE(info.ok()) << info.status();
+  if (info->compute_major < 8) {
+    GTEST_SKIP() << "the tiled kernels need bf16 tensor cores (sm_80 or later), this is sm_"
+                 << info->compute_major << info->compute_minor;
+  }
+  struct S {
+    int64_t B, T, H, KVH, D;
+  };
+  const auto bound = [](const Vec& want, double rel) {
+    double m = 0.0;
+    for (float x : want) m = std::max(m, std::fabs(static_cast<double>(x)));
+    return rel * m;
+  };
+  for (const S& s :
+       {S{2, 1, 2, 2, 16}, S{2, 37, 4, 2, 64}, S{1, 130, 4, 1, 64}, S{2, 200, 2, 2, 128}}) {
+    const std::string tag =
+        absl::StrCat("tiled B", s.B, " T", s.T, " H", s.H, " KVH", s.KVH, " D", s.D);
+    const int64_t W = (s.H + 2 * s.KVH) * s.D, C = s.H * s.D;
+    Vec qkv = Random(static_cast<size_t>(s.B * s.T * W), tag + " qkv", -2.0f, 2.0f);
+    Vec dy = Random(static_cast<size_t>(s.B * s.T * C), tag + " dy");
+    cpu_->RoundToBf16(static_cast<int64_t>(qkv.size()), qkv.data(), qkv.data());
+    cpu_->RoundToBf16(static_cast<int64_t>(dy.size()), dy.data(), dy.data());
+    Vec y(static_cast<size_t>(s.B * s.T * C)), lse(static_cast<size_t>(s.B * s.H * s.T));
+    Vec dqkv(qkv.size()), delta(lse.size());
+    cpu_->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.data(), y.data(), lse.data());
+    cpu_->TiledAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.data(), y.data(), lse.data(),
+                                 dy.data(), dqkv.data(), delta.data());
+    Tensor dq = Dev(qkv), ddy = Dev(dy), dyo = Dev(y), dlse = Dev(lse), ddelta = Dev(delta);
+    Tensor dd = Dev(Vec(qkv.size(), std::nanf("")));  // every element is written
+    cuda_->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32());
+    ASSERT_TRUE(CudaSynchronize().ok()) << tag;
+    const Vec y_gpu = Host(dyo), lse_gpu = Host(dlse);
+    ExpectNear(y_gpu, y, bound(y, 5e-3), 0.0, tag + " y");
+    ExpectNear(lse_gpu, lse, 1e-5, 1e-5, tag + " lse");
+    cuda_->TiledAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32(),
+                                  ddy.f32(), dd.f32(), ddelta.f32());
+    ASSERT_TRUE(CudaSynchronize().ok()) << tag;
+    const Vec d_gpu = Host(dd);
+    ExpectNear(d_gpu, dqkv, bound(dqkv, 1e-2), 0.0, tag + " dqkv");
+    cuda_->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32());
+    ExpectBitEqual(Host(dyo), y_gpu, tag + " y again");
+    cuda_->TiledAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, dq.f32(), dyo.f32(), dlse.f32(),
+                                  ddy.f32(), dd.f32(), ddelta.f32());
+    ExpectBitEqual(Host(dd), d_gpu, tag + " dqkv again");
+  }
+}
+
 TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
   const int64_t n = 100003;  // not a multiple of any block size
   const Vec a = Random(n, "ew a", -4.0f, 4.0f), b = Random(n, "ew b", -4.0f, 4.0f);

@@ -6,10 +6,15 @@
 namespace baton {
 
 absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device device,
-                                  const AttentionShape& s, const Tensor& qkv,
+                                  const AttentionShape& s, bool bf16, const Tensor& qkv,
                                   AttentionStash* saved, Tensor* y) {
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(who, {s.B, s.T, s.H * s.D}, device));
-  if (be->UsesFusedAttention(s.D)) {
+  if (bf16 && be->UsesTiledAttention(s.D)) {
+    BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
+    be->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
+    saved->out = out;
+    saved->tiled = true;
+  } else if (be->UsesFusedAttention(s.D)) {
     BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
     be->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
     saved->out = out;
@@ -27,6 +32,12 @@ absl::Status AttentionCoreBackward(const std::string& who, Backend* be, Device d
   BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(who, qkv.shape(), device));
   if (saved.lse.defined()) {
     BATON_ASSIGN_OR_RETURN(Tensor scratch, NewTensor(who, {s.B, s.H, s.T}, device));
+    if (saved.tiled) {
+      be->TiledAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), saved.out.f32(),
+                                 saved.lse.f32(), dy.f32(), g.f32(), scratch.f32());
+      *dqkv = std::move(g);
+      return absl::OkStatus();
+    }
     be->FusedAttentionBackward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), saved.out.f32(),
                                saved.lse.f32(), dy.f32(), g.f32(), scratch.f32());
   } else {

@@ -1,14 +1,18 @@
 // The causal grouped-query attention core between an attention module's qkv projection and
 // its output projection, shared by the GPT's CausalSelfAttention and LLaMA's attention.
 //
-// Two ways to run it, the backend decides per head size (Backend::UsesFusedAttention):
+// Three ways to run it, the backend decides per head size and precision
+// (Backend::UsesTiledAttention for bf16 jobs, then Backend::UsesFusedAttention):
 //  - materialised: the softmax probabilities att [B, H, T, T] are stashed for the backward
 //    (Backend::AttentionForward/Backward);
 //  - fused, flash-style: only each query row's logsumexp [B, H, T] and the output
 //    [B, T, H*D] are stashed; the backward recomputes the probabilities
-//    (Backend::FusedAttentionForward/Backward).
-// The two give the same values to float32 rounding, not the same bits: a job's pipeline and
-// its reference trainer run on the same backend, so they always take the same way.
+//    (Backend::FusedAttentionForward/Backward, float32 rows);
+//  - tiled, bf16 jobs only: the same stash, the bf16 tile kernels on matrix units
+//    (Backend::TiledAttentionForward/Backward, flash_tiles.h).
+// The first two give the same values to float32 rounding, the tiled one to bf16 rounding of
+// its probabilities; none gives another's bits. A job's pipeline and its reference trainer
+// run on the same backend and process settings, so they always take the same way.
 #ifndef BATON_COMMON_NN_ATTENTION_CORE_H_
 #define BATON_COMMON_NN_ATTENTION_CORE_H_
 
@@ -30,12 +34,14 @@ struct AttentionStash {
   Tensor att;  // materialised: [B, H, T, T] probabilities
   Tensor lse;  // fused: [B, H, T] logsumexp of each query row's scaled scores
   Tensor out;  // fused: [B, T, H*D], the core's output
+  bool tiled = false;  // lse and out came from the tiled kernels
 };
 
-// y [B, T, H*D] = the core on qkv [B, T, (H + 2 KVH) D]; fills `saved`. Errors (out of
-// memory) name `who`.
+// y [B, T, H*D] = the core on qkv [B, T, (H + 2 KVH) D]; fills `saved`. `bf16`: the job's
+// precision is bf16 (q, k and v hold bf16 values), which lets the tiled kernels run. Errors
+// (out of memory) name `who`.
 absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device device,
-                                  const AttentionShape& s, const Tensor& qkv,
+                                  const AttentionShape& s, bool bf16, const Tensor& qkv,
                                   AttentionStash* saved, Tensor* y);
 // dqkv (shaped like qkv) from dy [B, T, H*D] and what the forward saved.
 absl::Status AttentionCoreBackward(const std::string& who, Backend* be, Device device,

@@ -127,8 +127,8 @@ absl::Status LlamaAttention::ForwardSteps(const MicroBatch& mb, const Tensor& x,
   be_->RotaryForward(B, T, KVH, D, W, rope_theta_, s.qkv.f32() + H * D);
   RoundIfBf16(mb, be_, &s.qkv);  // the rotated q and k are bf16 too (v already is)
   Tensor mixed;
-  BATON_RETURN_IF_ERROR(
-      AttentionCoreForward(name_, be_, device_, {B, T, H, KVH, D}, s.qkv, &s.core, &mixed));
+  BATON_RETURN_IF_ERROR(AttentionCoreForward(name_, be_, device_, {B, T, H, KVH, D}, mb.bf16(),
+                                             s.qkv, &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
   BATON_ASSIGN_OR_RETURN(s.qkv, PackIfBf16(name_, mb, be_, s.qkv));  // bf16 values: bits
   return stash_.Put(mb.index, std::move(s));

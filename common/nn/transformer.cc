@@ -64,8 +64,8 @@ absl::Status CausalSelfAttention::ForwardSteps(const MicroBatch& mb, const Tenso
   Saved s;
   BATON_RETURN_IF_ERROR(qkv_.Forward(mb, x, &s.qkv));
   Tensor mixed;
-  BATON_RETURN_IF_ERROR(
-      AttentionCoreForward(name_, be_, device_, {B, T, H, H, D}, s.qkv, &s.core, &mixed));
+  BATON_RETURN_IF_ERROR(AttentionCoreForward(name_, be_, device_, {B, T, H, H, D}, mb.bf16(), s.qkv,
+                                             &s.core, &mixed));
   BATON_RETURN_IF_ERROR(proj_.Forward(mb, mixed, y));
   // In bf16 q, k and v are the qkv Linear's rounded output: kept as their bf16 bits.
   BATON_ASSIGN_OR_RETURN(s.qkv, PackIfBf16(name_, mb, be_, s.qkv));

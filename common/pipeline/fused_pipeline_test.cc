@@ -1,6 +1,8 @@
 // Pipelines with the fused (flash-style) attention core (common/nn/attention_core.h) equal
 // the reference trainer bit for bit, as with the materialised one: both take the same
-// kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main).
+// kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main); built again as
+// tiled_pipeline_test with BATON_TEST_TILED_ATTENTION, which sets "tiled" and runs bf16
+// jobs, with head size 16 and sequences of more than one tile (flash_tiles.h).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -17,7 +19,23 @@
 namespace baton {
 namespace {
 
+#ifdef BATON_TEST_TILED_ATTENTION
+const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "tiled", 1) == 0; }();
+bool Requested() { return TiledAttentionRequested(); }
+// Head size 16 (the tiles' multiple), 72 positions: two query tiles, the second partial.
+constexpr const char* kContext = "72";
+constexpr const char* kGptWidth = R"("dModel": 32, "heads": 2)";
+constexpr const char* kLlamaWidth = R"("dModel": 32, "heads": 2, "kvHeads": 1)";
+const std::vector<baton::v1::Precision> kPrecisions = {baton::v1::PRECISION_BF16};
+#else
 const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "1", 1) == 0; }();
+bool Requested() { return FusedAttentionRequested(); }
+constexpr const char* kContext = "8";
+constexpr const char* kGptWidth = R"("dModel": 16, "heads": 2)";
+constexpr const char* kLlamaWidth = R"("dModel": 16, "heads": 4, "kvHeads": 2)";
+const std::vector<baton::v1::Precision> kPrecisions = {baton::v1::PRECISION_FP32,
+                                                       baton::v1::PRECISION_BF16};
+#endif
 
 // Built twice, as pipeline_test: cuda_fused_pipeline_test (label gpu) runs on one GPU and
 // skips without one (fails instead under BATON_REQUIRE_GPU).
@@ -31,7 +49,7 @@ constexpr baton::v1::DeviceKind kTestDevice = baton::v1::DEVICE_KIND_CPU;
 
 baton::v1::JobSpec Job(const std::string& model) {
   absl::StatusOr<baton::v1::JobSpec> s = ParseJobSpecJson(absl::StrCat(R"({"model": )", model, R"(,
-    "data": {"text": {"inlineText": "pipelines must agree with the reference to the last bit, always."},
+    "data": {"text": {"inlineText": "pipelines must agree with the reference to the last bit, always. pipelines must agree with the reference to the last bit, always."},
              "batchSize": 24},
     "optimizer": {"adamw": {"learningRate": 0.01}},
     "pipeline": {"microbatches": 4},
@@ -42,17 +60,18 @@ baton::v1::JobSpec Job(const std::string& model) {
 }
 
 TEST(FusedPipelineTest, EveryScheduleFamilyEqualsTheReferenceInFp32AndBf16) {
-  ASSERT_TRUE(kFusedRequested && FusedAttentionRequested());
+  ASSERT_TRUE(kFusedRequested && Requested());
   const std::vector<std::string> models = {
-      R"({"gpt": {"vocabSize": 30, "context": 8, "dModel": 16, "heads": 2, "layers": 4}})",
-      R"({"llama": {"vocabSize": 30, "context": 8, "dModel": 16, "heads": 4, "kvHeads": 2,
-                    "layers": 4, "intermediateSize": 24, "tieEmbeddings": true}})"};
+      absl::StrCat(R"({"gpt": {"vocabSize": 30, "context": )", kContext, ", ", kGptWidth,
+                   R"(, "layers": 4}})"),
+      absl::StrCat(R"({"llama": {"vocabSize": 30, "context": )", kContext, ", ", kLlamaWidth,
+                   R"(, "layers": 4, "intermediateSize": 24, "tieEmbeddings": true}})")};
   struct P {
     baton::v1::Schedule schedule;
     int stages, virtual_stages;
   };
   for (const std::string& model : models) {
-    for (baton::v1::Precision precision : {baton::v1::PRECISION_FP32, baton::v1::PRECISION_BF16}) {
+    for (baton::v1::Precision precision : kPrecisions) {
       for (const P& p : {P{baton::v1::SCHEDULE_1F1B, 3, 1}, P{baton::v1::SCHEDULE_ZB_H1, 2, 1},
                          P{baton::v1::SCHEDULE_INTERLEAVED_1F1B, 2, 2},
                          P{baton::v1::SCHEDULE_ZB_V, 2, 2}}) {
