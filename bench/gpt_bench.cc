@@ -443,9 +443,9 @@ void BM_Kernel_SoftmaxCrossEntropy(benchmark::State& state) {
   for (int64_t r = 0; r < d.R; ++r) targets.i32()[r] = static_cast<int32_t>(r % d.V);
   Backend* be = CpuBackend();
   for (auto _ : state) {
-    be->SoftmaxCrossEntropyForward(d.R, d.V, logits.f32(), targets.i32(), stats.f32(),
+    be->SoftmaxCrossEntropyForward(d.R, d.V, d.V, logits.f32(), targets.i32(), stats.f32(),
                                    losses.f32());
-    be->SoftmaxCrossEntropyBackward(d.R, d.V, logits.f32(), stats.f32(), targets.i32(), 0.01f,
+    be->SoftmaxCrossEntropyBackward(d.R, d.V, d.V, logits.f32(), stats.f32(), targets.i32(), 0.01f,
                                     dlogits.f32());
     benchmark::ClobberMemory();
   }

@@ -60,6 +60,9 @@ class Backend {
   virtual void Scale(int64_t n, float scale, const float* x, float* y) = 0;
   virtual void Fill(int64_t n, float value, float* y) = 0;
   virtual void Copy(int64_t n, const float* x, float* y) = 0;
+  // Copies `cols` floats of each of `rows` rows: y[r * ldy + c] = x[r * ldx + c].
+  virtual void CopyRows(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y,
+                        int64_t ldy) = 0;
   // Returns the sum of x, accumulated in double (the CPU in index order; a device in a
   // fixed tree that depends on n alone, not on the GPU's size: cuda_kernels.cu,
   // "whole-tensor sums"). On a device it waits for the work issued before (the result is
@@ -255,13 +258,15 @@ class Backend {
   // max m = max_v logits[r,v] and inverse sum inv = 1 / s, s = sum_v exp(logits[r,v] - m),
   // to stats[2r] and stats[2r+1], and losses[r] = log(s) + m - logits[r, targets[r]]
   // (logsumexp - logit). The CPU adds the exponentials in column order; a device in its
-  // fixed tree per row.
-  virtual void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+  // fixed tree per row. Row r of logits starts at logits + r * ld (ld >= V); columns V ..
+  // ld - 1 are not read.
+  virtual void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, int64_t ld, const float* logits,
                                           const int32_t* targets, float* stats, float* losses) = 0;
   // Writes dlogits[r,v] = scale * (p - [v == targets[r]]), the probability recomputed from
   // the forward's statistics as p = exp(logits[r,v] - m) * inv: the forward's float
-  // expressions, so the bits a stored softmax would have given. `dlogits` may alias `logits`.
-  virtual void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits,
+  // expressions, so the bits a stored softmax would have given. `dlogits` may alias `logits`;
+  // both have rows ld floats apart, and columns V .. ld - 1 are neither read nor written.
+  virtual void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, int64_t ld, const float* logits,
                                            const float* stats, const int32_t* targets, float scale,
                                            float* dlogits) = 0;
 

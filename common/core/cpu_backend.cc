@@ -349,6 +349,14 @@ class CpuBackendImpl final : public Backend {
     if (n > 0) std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
   }
 
+  void CopyRows(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y,
+                int64_t ldy) override {
+    if (cols <= 0) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(y + r * ldy, x + r * ldx, static_cast<size_t>(cols) * sizeof(float));
+    }
+  }
+
   void RoundToBf16(int64_t n, const float* x, float* y) override { RoundToBf16Loop(n, x, y); }
   void ToBf16(int64_t n, const float* x, uint16_t* y) override { ToBf16Loop(n, x, y); }
   void FromBf16(int64_t n, const uint16_t* x, float* y) override { FromBf16Loop(n, x, y); }
@@ -749,10 +757,10 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
-  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, int64_t ld, const float* logits,
                                   const int32_t* targets, float* stats, float* losses) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* l = logits + r * V;
+      const float* l = logits + r * ld;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t v = 0; v < V; ++v) mx = std::max(mx, l[v]);
       float sum = 0.0f;
@@ -763,11 +771,12 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
-  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits, const float* stats,
-                                   const int32_t* targets, float scale, float* dlogits) override {
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, int64_t ld, const float* logits,
+                                   const float* stats, const int32_t* targets, float scale,
+                                   float* dlogits) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* l = logits + r * V;
-      float* d = dlogits + r * V;
+      const float* l = logits + r * ld;
+      float* d = dlogits + r * ld;
       const float mx = stats[2 * r], inv = stats[2 * r + 1];
       const int64_t target = targets[r];
       for (int64_t v = 0; v < V; ++v) {

@@ -1096,7 +1096,7 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyForward) {
   logits[5 * V + 2] = 30.0f;                                     // one dominant logit
   const std::vector<int32_t> targets = {0, 10, 5, 7, 3, 2};
   Vec stats(2 * rows), losses(rows), probs(rows * V);
-  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(),
+  be_->SoftmaxCrossEntropyForward(rows, V, V, logits.data(), targets.data(), stats.data(),
                                   losses.data());
   DVec want_p(rows * V), want_l(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -1152,16 +1152,46 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyIsTheMaterialisedSoftmaxBitForBit) {
     }
   }
   Vec stats(2 * rows), losses(rows), d(rows * V);
-  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(),
+  be_->SoftmaxCrossEntropyForward(rows, V, V, logits.data(), targets.data(), stats.data(),
                                   losses.data());
   ExpectBitEqual(losses, want_loss, "SoftmaxCrossEntropyForward losses");
-  be_->SoftmaxCrossEntropyBackward(rows, V, logits.data(), stats.data(), targets.data(), scale,
+  be_->SoftmaxCrossEntropyBackward(rows, V, V, logits.data(), stats.data(), targets.data(), scale,
                                    d.data());
   ExpectBitEqual(d, want_d, "SoftmaxCrossEntropyBackward");
   Vec alias = logits;
-  be_->SoftmaxCrossEntropyBackward(rows, V, alias.data(), stats.data(), targets.data(), scale,
+  be_->SoftmaxCrossEntropyBackward(rows, V, V, alias.data(), stats.data(), targets.data(), scale,
                                    alias.data());
   ExpectBitEqual(alias, want_d, "SoftmaxCrossEntropyBackward in place");
+}
+
+// Rows ld floats apart (the LM head's padded logits) give the packed rows' bits, and the
+// columns past V are neither read (NaN there changes nothing) nor written.
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyReadsRowsLdApart) {
+  const int64_t rows = 3, V = 37, ld = 64;
+  const Vec logits = Random(rows * V, "scel.logits", -5.0f, 5.0f);
+  const std::vector<int32_t> targets = {1, 36, 0};
+  Vec padded(rows * ld, std::nanf(""));
+  be_->CopyRows(rows, V, logits.data(), V, padded.data(), ld);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(padded[r * ld + v], logits[r * V + v]);
+  }
+  Vec stats(2 * rows), losses(rows), pstats(2 * rows), plosses(rows), d(rows * V);
+  be_->SoftmaxCrossEntropyForward(rows, V, V, logits.data(), targets.data(), stats.data(),
+                                  losses.data());
+  be_->SoftmaxCrossEntropyForward(rows, V, ld, padded.data(), targets.data(), pstats.data(),
+                                  plosses.data());
+  ExpectBitEqual(pstats, stats, "padded statistics");
+  ExpectBitEqual(plosses, losses, "padded losses");
+  be_->SoftmaxCrossEntropyBackward(rows, V, V, logits.data(), stats.data(), targets.data(), 0.5f,
+                                   d.data());
+  be_->SoftmaxCrossEntropyBackward(rows, V, ld, padded.data(), stats.data(), targets.data(), 0.5f,
+                                   padded.data());
+  Vec packed(rows * V);
+  be_->CopyRows(rows, V, padded.data(), ld, packed.data(), V);
+  ExpectBitEqual(packed, d, "padded gradient");
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t v = V; v < ld; ++v) ASSERT_TRUE(std::isnan(padded[r * ld + v])) << r << " " << v;
+  }
 }
 
 // Forward then backward: the gradient of the mean loss sums to 0 over each row (atol 1e-7)
@@ -1172,8 +1202,9 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyBackward) {
   const float scale = 1.0f / 4.0f;
   const Vec logits = Random(rows * V, "sceb.logits", -3.0f, 3.0f);
   Vec stats(2 * rows), l(rows), g(rows * V);
-  be_->SoftmaxCrossEntropyForward(rows, V, logits.data(), targets.data(), stats.data(), l.data());
-  be_->SoftmaxCrossEntropyBackward(rows, V, logits.data(), stats.data(), targets.data(), scale,
+  be_->SoftmaxCrossEntropyForward(rows, V, V, logits.data(), targets.data(), stats.data(),
+                                  l.data());
+  be_->SoftmaxCrossEntropyBackward(rows, V, V, logits.data(), stats.data(), targets.data(), scale,
                                    g.data());
   auto row_loss = [&](int64_t r, const DVec& z) {
     double mx = -std::numeric_limits<double>::infinity();

@@ -1160,12 +1160,12 @@ __global__ void EmbeddingPositionGradKernel(int64_t B, int64_t T, int64_t C, con
 
 // One block per row: max and sum in the fixed tree; the row's statistics, not its
 // probabilities, are written (Backend::SoftmaxCrossEntropyForward).
-__global__ void SoftmaxCrossEntropyForwardKernel(int64_t rows, int64_t V, const float* logits,
-                                                 const int32_t* targets, float* stats,
-                                                 float* losses) {
+__global__ void SoftmaxCrossEntropyForwardKernel(int64_t rows, int64_t V, int64_t ld,
+                                                 const float* logits, const int32_t* targets,
+                                                 float* stats, float* losses) {
   __shared__ float shared[kReduceThreads];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* l = logits + r * V;
+    const float* l = logits + r * ld;
     float mx = -INFINITY;
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
     mx = BlockMax(mx, shared);
@@ -1181,13 +1181,14 @@ __global__ void SoftmaxCrossEntropyForwardKernel(int64_t rows, int64_t V, const 
 }
 
 // The probabilities recomputed from the row statistics, as the forward's expressions.
-__global__ void SoftmaxCrossEntropyBackwardKernel(int64_t rows, int64_t V, const float* logits,
-                                                  const float* stats, const int32_t* targets,
-                                                  float scale, float* dlogits) {
+__global__ void SoftmaxCrossEntropyBackwardKernel(int64_t rows, int64_t V, int64_t ld,
+                                                  const float* logits, const float* stats,
+                                                  const int32_t* targets, float scale,
+                                                  float* dlogits) {
   GRID_STRIDE(i, rows * V) {
-    const int64_t r = i / V, v = i % V;
-    const float p = expf(logits[i] - stats[2 * r]) * stats[2 * r + 1];
-    dlogits[i] = scale * (p - (v == targets[r] ? 1.0f : 0.0f));
+    const int64_t r = i / V, v = i % V, at = r * ld + v;
+    const float p = expf(logits[at] - stats[2 * r]) * stats[2 * r + 1];
+    dlogits[at] = scale * (p - (v == targets[r] ? 1.0f : 0.0f));
   }
 }
 
@@ -1339,6 +1340,18 @@ class CudaBackendImpl final : public Backend {
     const cudaError_t err =
         cudaMemcpyAsync(y, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
     if (err != cudaSuccess) RecordCudaError(err, "cudaMemcpyAsync (Copy)");
+  }
+
+  void CopyRows(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* y,
+                int64_t ldy) override {
+    if (rows <= 0 || cols <= 0) return;
+    cudaStream_t s = Enter();
+    if (s == nullptr) return;
+    const cudaError_t err = cudaMemcpy2DAsync(
+        y, static_cast<size_t>(ldy) * sizeof(float), x, static_cast<size_t>(ldx) * sizeof(float),
+        static_cast<size_t>(cols) * sizeof(float), static_cast<size_t>(rows),
+        cudaMemcpyDeviceToDevice, s);
+    if (err != cudaSuccess) RecordCudaError(err, "cudaMemcpy2DAsync (CopyRows)");
   }
 
   double Sum(int64_t n, const float* x) override {
@@ -1760,25 +1773,26 @@ class CudaBackendImpl final : public Backend {
     CheckLaunch("EmbeddingPositionGradKernel");
   }
 
-  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, const float* logits,
+  void SoftmaxCrossEntropyForward(int64_t rows, int64_t V, int64_t ld, const float* logits,
                                   const int32_t* targets, float* stats, float* losses) override {
     if (rows <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
     SoftmaxCrossEntropyForwardKernel<<<RowBlocks(rows), kReduceThreads, 0, s>>>(
-        rows, V, logits, targets, stats, losses);
+        rows, V, ld, logits, targets, stats, losses);
     CheckLaunch("SoftmaxCrossEntropyForwardKernel");
   }
 
-  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, const float* logits, const float* stats,
-                                   const int32_t* targets, float scale, float* dlogits) override {
+  void SoftmaxCrossEntropyBackward(int64_t rows, int64_t V, int64_t ld, const float* logits,
+                                   const float* stats, const int32_t* targets, float scale,
+                                   float* dlogits) override {
     if (rows * V <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
     SoftmaxCrossEntropyBackwardKernel<<<Blocks(rows * V), kThreads, 0, s>>>(
-        rows, V, logits, stats, targets, scale, dlogits);
+        rows, V, ld, logits, stats, targets, scale, dlogits);
     CheckLaunch("SoftmaxCrossEntropyBackwardKernel");
   }
 

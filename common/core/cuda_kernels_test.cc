@@ -610,21 +610,42 @@ TEST_F(CudaKernelsTest, RowReductionsAgreeWithinRounding) {
   const std::vector<int32_t> targets = RandomIds(R, V, "ce targets");
   Vec stats(2 * R), losses(R);
   Tensor dl = Dev(logits), dtg = DevIds(targets), dstats = Dev(stats), dloss = Dev(losses);
-  cpu_->SoftmaxCrossEntropyForward(R, V, logits.data(), targets.data(), stats.data(),
+  cpu_->SoftmaxCrossEntropyForward(R, V, V, logits.data(), targets.data(), stats.data(),
                                    losses.data());
-  cuda_->SoftmaxCrossEntropyForward(R, V, dl.f32(), dtg.i32(), dstats.f32(), dloss.f32());
+  cuda_->SoftmaxCrossEntropyForward(R, V, V, dl.f32(), dtg.i32(), dstats.f32(), dloss.f32());
   ExpectNear(Host(dstats), stats, 1e-8, 1e-5, "SoftmaxCrossEntropyForward row statistics");
   ExpectNear(Host(dloss), losses, 1e-5, 1e-5, "SoftmaxCrossEntropyForward losses");
   // Backward from the CPU's statistics: element-wise, bit-exact; in place over the logits too.
   Tensor cstats = Dev(stats), dd = Dev(Vec(R * V)), inplace = Dev(logits);
   Vec dlog(R * V);
-  cpu_->SoftmaxCrossEntropyBackward(R, V, logits.data(), stats.data(), targets.data(), 0.125f,
+  cpu_->SoftmaxCrossEntropyBackward(R, V, V, logits.data(), stats.data(), targets.data(), 0.125f,
                                     dlog.data());
-  cuda_->SoftmaxCrossEntropyBackward(R, V, dl.f32(), cstats.f32(), dtg.i32(), 0.125f, dd.f32());
-  cuda_->SoftmaxCrossEntropyBackward(R, V, inplace.f32(), cstats.f32(), dtg.i32(), 0.125f,
+  cuda_->SoftmaxCrossEntropyBackward(R, V, V, dl.f32(), cstats.f32(), dtg.i32(), 0.125f, dd.f32());
+  cuda_->SoftmaxCrossEntropyBackward(R, V, V, inplace.f32(), cstats.f32(), dtg.i32(), 0.125f,
                                      inplace.f32());
   ExpectBitEqual(Host(inplace), dlog, "SoftmaxCrossEntropyBackward in place");
   ExpectBitEqual(Host(dd), dlog, "SoftmaxCrossEntropyBackward");
+  // Rows ld = 1024 apart (the LM head's padded logits): the packed rows' bits, and the
+  // columns past V neither read (NaN there changes nothing) nor written.
+  const int64_t ld = 1024;
+  Vec padded(static_cast<size_t>(R * ld), std::nanf(""));
+  cpu_->CopyRows(R, V, logits.data(), V, padded.data(), ld);
+  Tensor dp = Dev(padded), pstats = Dev(stats), ploss = Dev(losses);
+  cuda_->SoftmaxCrossEntropyForward(R, V, ld, dp.f32(), dtg.i32(), pstats.f32(), ploss.f32());
+  ExpectBitEqual(Host(pstats), Host(dstats), "SoftmaxCrossEntropyForward, padded rows");
+  ExpectBitEqual(Host(ploss), Host(dloss), "SoftmaxCrossEntropyForward losses, padded rows");
+  cuda_->SoftmaxCrossEntropyBackward(R, V, ld, dp.f32(), cstats.f32(), dtg.i32(), 0.125f, dp.f32());
+  const Vec back = Host(dp);
+  Vec packed(static_cast<size_t>(R * V));
+  cpu_->CopyRows(R, V, back.data(), ld, packed.data(), V);
+  ExpectBitEqual(packed, dlog, "SoftmaxCrossEntropyBackward, padded rows");
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t v = V; v < ld; ++v) ASSERT_TRUE(std::isnan(back[r * ld + v])) << r << " " << v;
+  }
+  // CopyRows on the device: the CPU's copy.
+  Tensor dpacked = Dev(Vec(static_cast<size_t>(R * V)));
+  cuda_->CopyRows(R, V, dp.f32(), ld, dpacked.f32(), V);
+  ExpectBitEqual(Host(dpacked), dlog, "CopyRows");
 }
 
 // Attention: GEMMs and softmax rows round differently: atol 1e-5, rtol 1e-4.
@@ -914,7 +935,7 @@ TEST_F(CudaKernelsTest, EveryReductionRepeatsItsBits) {
       all.insert(all.end(), h.begin(), h.end());
     };
     Tensor stats = Dev(Vec(2 * R)), losses = Dev(Vec(R));
-    cuda_->SoftmaxCrossEntropyForward(R, V, dlogits.f32(), dtargets.i32(), stats.f32(),
+    cuda_->SoftmaxCrossEntropyForward(R, V, V, dlogits.f32(), dtargets.i32(), stats.f32(),
                                       losses.f32());
     append(stats);
     append(losses);

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/core/check.h"
 #include "common/core/status.h"
 
 namespace baton {
@@ -49,12 +50,15 @@ Linear::Linear(std::string name, int64_t in, int64_t out, const Options& options
     : name_(std::move(name)),
       in_(in),
       out_(out),
+      out_ld_((out + options.out_align - 1) / options.out_align * options.out_align),
       options_(options),
       device_(device),
       be_(BackendOrDie(device)),
       weight_(MakeParameter(name_ + ".weight", {out, in}, Init::kNormal, options.init_stddev, seed,
                             device, options.init_name)),
       stash_(name_) {
+  BATON_CHECK(options.out_align >= 1 &&
+              (out_ld_ == out || (!options.bias && !options.gelu)));  // a programming error
   weight_.bf16_operand = true;  // WeightOperand is its only reader
   if (options_.bias) {
     bias_ = MakeParameter(name_ + ".bias", {out}, Init::kZeros, 0.0f, seed, device);
@@ -82,8 +86,8 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
   const int64_t rows = x.numel() / in_;
   Saved saved;
   saved.x = x;
-  BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_), device_));
-  Product(be_, false, true, rows, out_, in_, x, w, 0.0f, z.f32());
+  BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_ld_), device_));
+  ProductLd(be_, false, true, rows, out_, in_, x, in_, w, in_, 0.0f, z.f32(), out_ld_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
   if (options_.gelu) {
     BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, z.shape(), device_));
@@ -100,13 +104,13 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
 
 absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
   BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
-  BATON_RETURN_IF_ERROR(CheckActivation(name_ + " (gradient)", dy, out_));
-  if (dy.numel() != s->x.numel() / in_ * out_) {
+  BATON_RETURN_IF_ERROR(CheckActivation(name_ + " (gradient)", dy, out_ld_));
+  if (dy.numel() != s->x.numel() / in_ * out_ld_) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": gradient ", dy.DebugString(),
                                                    " does not match input ",
                                                    s->x.DebugString()));
   }
-  const int64_t rows = dy.numel() / out_;
+  const int64_t rows = dy.numel() / out_ld_;
   // dz = dL/d(x W^T + b): in bf16 rounded to bf16 bits, the operand of both gradients' products
   // and what is kept for the weight gradient (a later action in split-backward schedules).
   if (options_.gelu) {
@@ -120,7 +124,7 @@ absl::Status Linear::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tenso
   if (options_.compute_input_grad) {
     BATON_ASSIGN_OR_RETURN(const Tensor w, WeightOperand(mb));
     BATON_ASSIGN_OR_RETURN(Tensor g, NewTensor(name_, s->x.shape(), device_));
-    Product(be_, false, false, rows, in_, out_, s->dz, w, 0.0f, g.f32());
+    ProductLd(be_, false, false, rows, in_, out_, s->dz, out_ld_, w, in_, 0.0f, g.f32(), in_);
     RoundIfBf16(mb, be_, &g);
     *dx = std::move(g);
   } else {
@@ -135,10 +139,11 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
     return absl::FailedPreconditionError(absl::StrCat(
         name_, ": weight gradient for micro-batch ", mb.index, " before its input gradient"));
   }
-  const int64_t rows = s->dz.numel() / out_;
+  const int64_t rows = s->dz.numel() / out_ld_;
   // dW[out, in] += dz^T x, float32 (in bf16 a product of the kept bf16 bits); db += column
   // sums of dz (float32, from the bits widened).
-  Product(be_, true, false, out_, in_, rows, s->dz, s->x, 1.0f, weight_.grad.f32());
+  ProductLd(be_, true, false, out_, in_, rows, s->dz, out_ld_, s->x, in_, 1.0f, weight_.grad.f32(),
+            in_);
   if (options_.bias) {
     BATON_ASSIGN_OR_RETURN(const Tensor dz, Unpacked(name_, be_, s->dz));
     be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());

@@ -34,6 +34,13 @@ class Linear final : public Module {
     // In bf16, round the output to bf16 like every activation; false keeps it float32
     // (the logits, whose softmax and loss are float32).
     bool round_output = true;
+    // Rows of the output, and of the gradient BackwardInput takes, are out_ld() = out
+    // rounded up to a multiple of this many elements apart: the tensors are
+    // [..., out_ld()], and columns out .. out_ld() - 1 are never written or read (their
+    // contents are undefined). Aligned rows keep a device's GEMMs on their fast kernels
+    // where `out` is odd (a vocabulary). The products are the same sums either way. Only
+    // without bias and GELU.
+    int64_t out_align = 1;
   };
   Linear(std::string name, int64_t in, int64_t out, const Options& options, uint64_t seed,
          Device device = Device::kCpu);
@@ -45,6 +52,8 @@ class Linear final : public Module {
   void CollectParameters(std::vector<Parameter*>* out) override;
   int InFlight() const override { return stash_.size(); }
   void Discard(int mb) override { stash_.Erase(mb); }
+  // The output's row stride (Options::out_align).
+  int64_t out_ld() const { return out_ld_; }
 
  private:
   struct Saved {
@@ -55,7 +64,7 @@ class Linear final : public Module {
   // W as a product operand: the parameter itself, in bf16 its bf16 bits.
   absl::StatusOr<Tensor> WeightOperand(const MicroBatch& mb);
   const std::string name_;
-  const int64_t in_, out_;
+  const int64_t in_, out_, out_ld_;
   const Options options_;
   const Device device_;
   Backend* const be_;

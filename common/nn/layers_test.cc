@@ -3,6 +3,7 @@
 // Module contract (split backward, interleaved micro-batches, stash errors, bad input).
 #include "common/nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -125,6 +126,48 @@ TEST(LinearTest, Bf16IsFp32OnRoundedOperandsWithRoundedOutputs) {
       // The master weight itself stays float32 (not rounded by the forward).
       EXPECT_NE(std::memcmp(pb[0]->value.f32(), pf[0]->value.f32(), pb[0]->value.nbytes()), 0);
     }
+  }
+}
+
+// Padded output rows (Options::out_align, the LM head's logits): the output is
+// [..., out_ld()] and its first `out` columns, the input gradient and the weight gradient
+// are an unpadded Linear's bits, in fp32 and bf16; the padding columns are left as they
+// were (NaN in the gradient given changes nothing).
+TEST(LinearTest, PaddedOutputRowsAreTheSameSums) {
+  const int64_t in = 24, out = 50;
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    Linear::Options o = LinearOptions(false, false);
+    o.round_output = false;
+    Linear plain("fc", in, out, o, 7);
+    o.out_align = 64;
+    Linear padded("fc", in, out, o, 7);
+    ASSERT_EQ(padded.out_ld(), 64);
+    ASSERT_EQ(plain.out_ld(), out);
+    const Tensor x = RandomTensor({3, 5, in}, 3, "x");
+    const Tensor dy = RandomTensor({3, 5, out}, 4, "dy");
+    Tensor dy_padded = Tensor::Empty({3, 5, 64});
+    std::fill(dy_padded.f32(), dy_padded.f32() + dy_padded.numel(), NAN);
+    CpuBackend()->CopyRows(15, out, dy.f32(), out, dy_padded.f32(), 64);
+    const MicroBatch mb{0, nullptr, precision};
+    Tensor y, yp, dx, dxp;
+    ASSERT_TRUE(plain.Forward(mb, x, &y).ok());
+    ASSERT_TRUE(padded.Forward(mb, x, &yp).ok());
+    ASSERT_EQ(yp.shape(), (Shape{3, 5, 64}));
+    for (int64_t r = 0; r < 15; ++r) {
+      ASSERT_EQ(std::memcmp(yp.f32() + r * 64, y.f32() + r * out, out * sizeof(float)), 0) << r;
+    }
+    ASSERT_TRUE(plain.Backward(mb, dy, &dx).ok());
+    ASSERT_TRUE(padded.Backward(mb, dy_padded, &dxp).ok());
+    ASSERT_EQ(dxp.shape(), x.shape());
+    EXPECT_EQ(std::memcmp(dx.raw(), dxp.raw(), dx.nbytes()), 0);
+    const Tensor& gw = plain.Parameters()[0]->grad;
+    const Tensor& gwp = padded.Parameters()[0]->grad;
+    EXPECT_EQ(std::memcmp(gw.raw(), gwp.raw(), gw.nbytes()), 0);
+    // A gradient shaped like the unpadded output is refused, naming the width it wants.
+    ASSERT_TRUE(padded.Forward(mb, x, &yp).ok());
+    ExpectError(padded.BackwardInput(mb, dy, &dxp), absl::StatusCode::kInvalidArgument, "[..., 64]",
+                "an unpadded gradient");
+    padded.Discard(0);
   }
 }
 

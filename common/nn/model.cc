@@ -117,6 +117,12 @@ std::unique_ptr<Module> BuildGptBlock(const baton::v1::GptSpec& s, int index, ui
   return GptHead("head", s.d_model(), s.vocab_size(), tied, seed, device);
 }
 
+// The floats of one row of an LM head's logits: the vocabulary padded to
+// LmHead::kLogitsAlign.
+int64_t PaddedLogits(int64_t vocab) {
+  return (vocab + LmHead::kLogitsAlign - 1) / LmHead::kLogitsAlign * LmHead::kLogitsAlign;
+}
+
 std::unique_ptr<Module> BuildLlamaBlock(const baton::v1::LlamaSpec& s, int index, uint64_t seed,
                                         Device device) {
   if (index == 0) {
@@ -169,12 +175,12 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts,
                      12 * T * C, 12 * C * C});  // the four projections' weights
     }
-    // The head keeps its input, its LayerNorm's output and statistics, the logits (T V)
-    // and each row's softmax statistics (2 T), from which the backward recomputes the
-    // probabilities; the targets are the batch's. In bf16 the input and the LayerNorm's
-    // output are bf16.
-    out.push_back(
-        {"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * V, 2 * T * C, C * V});
+    // The head keeps its input, its LayerNorm's output and statistics, the logits (T rows
+    // of V padded to LmHead::kLogitsAlign) and each row's softmax statistics (2 T), from
+    // which the backward recomputes the probabilities; the targets are the batch's. In bf16
+    // the input and the LayerNorm's output are bf16.
+    out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * PaddedLogits(V),
+                   2 * T * C, C * V});
   } else if (spec.has_llama()) {
     const auto& s = spec.llama();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
@@ -186,9 +192,10 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
                      block.activation_floats, block.activation_bf16, block.operand_parameters});
     }
-    // The head keeps its input, its RMSNorm's output and inverse RMS, the logits and each
-    // row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
-    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * V, 2 * T * C, C * V});
+    // The head keeps its input, its RMSNorm's output and inverse RMS, the logits (padded)
+    // and each row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
+    out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * PaddedLogits(V),
+                   2 * T * C, C * V});
   }
   return out;
 }

@@ -123,13 +123,18 @@ absl::Status AddLosses(const std::vector<Tensor>& losses, StepLoss* into) {
 
 void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              const Tensor& a, const Tensor& b, float beta, float* c) {
-  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  ProductLd(be, trans_a, trans_b, m, n, k, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+}
+
+void ProductLd(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
   if (a.dtype() == DType::kBFloat16 && b.dtype() == DType::kBFloat16) {
-    be->GemmBf16(trans_a, trans_b, m, n, k, 1.0f, a.bf16(), lda, b.bf16(), ldb, beta, c, n);
+    be->GemmBf16(trans_a, trans_b, m, n, k, 1.0f, a.bf16(), lda, b.bf16(), ldb, beta, c, ldc);
     return;
   }
   BATON_CHECK(a.dtype() == DType::kFloat32 && b.dtype() == DType::kFloat32);
-  be->Gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), lda, b.f32(), ldb, beta, c, n);
+  be->Gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), lda, b.f32(), ldb, beta, c, ldc);
 }
 
 absl::StatusOr<Tensor> PackIfBf16(const std::string& who, const MicroBatch& mb, Backend* be,

@@ -168,6 +168,10 @@ void RoundIfBf16(const MicroBatch& mb, Backend* be, Tensor* t);
 // bf16 bits (PackIfBf16). A and B must be of one dtype (a programming error otherwise).
 void Product(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              const Tensor& a, const Tensor& b, float beta, float* c);
+// Product with the leading dimensions given (rows lda, ldb and ldc elements apart).
+void ProductLd(Backend* be, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
 // What a module keeps of a tensor until its backward, when that tensor holds bf16 values in
 // bf16 jobs (a product operand, a rounded activation or gradient): in bf16 its bf16 bits,
 // half the memory and exact; in fp32 `t` itself. A tensor that were not bf16-valued would

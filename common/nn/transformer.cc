@@ -189,9 +189,11 @@ int TransformerBlock::InFlight() const {
 // ---------------------------------------------------------------- LmHead
 
 namespace {
-// The logits stay float32 in bf16: their softmax and the loss are float32.
+// The logits stay float32 in bf16: their softmax and the loss are float32. Their rows are
+// padded to a multiple of kLogitsAlign (LmHead's contract).
 Linear::Options FloatLogits(Linear::Options o) {
   o.round_output = false;
+  o.out_align = LmHead::kLogitsAlign;
   return o;
 }
 }  // namespace
@@ -218,7 +220,13 @@ absl::StatusOr<Tensor> LmHead::Logits(const Tensor& x, Precision precision) {
   norm_->Discard(kEval);
   logits_.Discard(kEval);
   BATON_RETURN_IF_ERROR(s);
-  return logits;
+  // The callers get the vocabulary's columns alone.
+  const int64_t rows = logits.numel() / logits_.out_ld();
+  Shape shape = logits.shape();
+  shape.back() = vocab_;
+  BATON_ASSIGN_OR_RETURN(Tensor packed, NewTensor(name_, shape, device_));
+  be_->CopyRows(rows, vocab_, logits.f32(), logits_.out_ld(), packed.f32(), vocab_);
+  return packed;
 }
 
 absl::Status LmHead::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
@@ -250,8 +258,8 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
   BATON_ASSIGN_OR_RETURN(s.targets, t->On(device_));
   BATON_ASSIGN_OR_RETURN(s.stats, NewTensor(name_, {rows, 2}, device_));
   BATON_ASSIGN_OR_RETURN(Tensor losses, NewTensor(name_, {rows}, device_));
-  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits.f32(), s.targets.i32(), s.stats.f32(),
-                                  losses.f32());
+  be_->SoftmaxCrossEntropyForward(rows, vocab_, logits_.out_ld(), logits.f32(), s.targets.i32(),
+                                  s.stats.f32(), losses.f32());
   s.logits = std::move(logits);
   // The mean loss stays on the device: the caller reads it at the step's end (LossValue).
   BATON_ASSIGN_OR_RETURN(Tensor mean, NewTensor(name_, {1}, device_));
@@ -263,11 +271,12 @@ absl::Status LmHead::ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor*
 absl::Status LmHead::BackwardInput(const MicroBatch& mb, const Tensor& dy, Tensor* dx) {
   BATON_ASSIGN_OR_RETURN(const float scale, LossScale(name_, dy));
   BATON_ASSIGN_OR_RETURN(Saved * s, stash_.Get(mb.index, "backward"));
-  const int64_t rows = s->logits.numel() / vocab_;
+  const int64_t ld = logits_.out_ld(), rows = s->logits.numel() / ld;
   // The loss is the mean over rows: each row's logits gradient carries scale / rows.
   Tensor dlogits = s->logits;  // computed in place: the logits are not needed again
-  be_->SoftmaxCrossEntropyBackward(rows, vocab_, s->logits.f32(), s->stats.f32(), s->targets.i32(),
-                                   scale / static_cast<float>(rows), dlogits.f32());
+  be_->SoftmaxCrossEntropyBackward(rows, vocab_, ld, s->logits.f32(), s->stats.f32(),
+                                   s->targets.i32(), scale / static_cast<float>(rows),
+                                   dlogits.f32());
   stash_.Erase(mb.index);
   Tensor dh;  // shaped like the LayerNorm's output, [B, T, C]
   BATON_RETURN_IF_ERROR(logits_.BackwardInput(mb, dlogits, &dh));

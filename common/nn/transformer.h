@@ -74,10 +74,16 @@ class TransformerBlock final : public Module {
 // and softmax cross-entropy against the micro-batch's int32 targets [B, T] (on any device:
 // checked on the host, copied over). Forward writes the mean loss over the B*T positions as
 // a 1-element tensor on the module's device, not read back (LossValue reads it, once the
-// step's work is issued); BackwardInput takes the 1-element loss scale, on any device. With tied embeddings `logits.init_name` is the embedding's name, so the
-// output projection starts as its copy (the clock's TIE_GRAD keeps the two equal).
+// step's work is issued); BackwardInput takes the 1-element loss scale, on any device. With tied
+// embeddings `logits.init_name` is the embedding's name, so the output projection starts as its
+// copy (the clock's TIE_GRAD keeps the two equal). The logits' rows are padded to a multiple of
+// kLogitsAlign floats (Linear::Options:: out_align): the [R, V] products and the loss read and
+// write the vocabulary's columns alone, and the padding keeps a device's GEMMs on aligned rows
+// whatever V is (GPT-2's 50,257 becomes 50,304 apart). The parameters, checkpoints and Logits()
+// keep V.
 class LmHead final : public Module {
  public:
+  static constexpr int64_t kLogitsAlign = 64;
   LmHead(std::string name, int64_t channels, int64_t vocab, std::unique_ptr<Module> norm,
          const Linear::Options& logits, uint64_t seed, Device device = Device::kCpu);
   // The logits [B, T, V] of the activations x [B, T, C], outside training: nothing is
@@ -95,7 +101,7 @@ class LmHead final : public Module {
  private:
   absl::Status ForwardSteps(const MicroBatch& mb, const Tensor& x, Tensor* y);
   struct Saved {
-    Tensor logits;   // [R, V]: the softmax is recomputed from them and stats
+    Tensor logits;   // [R, V padded]: the softmax is recomputed from them and stats
     Tensor stats;    // [R, 2]: each row's max and inverse sum (SoftmaxCrossEntropyForward)
     Tensor targets;  // int32 [R]
   };
