@@ -108,7 +108,9 @@ NcclCollective::~NcclCollective() {
       return drained || absl::Now() > until;
     });
   }
-  if (gathered_ != nullptr && drained) (void)api_->DeviceFreeAsync(gathered_, stream_);
+  // The gather buffer goes back to its allocator, which may hand it to the compute stream
+  // at once: only once this stream is done with it.
+  if (!drained && gathered_buffer_.defined()) new Tensor(std::move(gathered_buffer_));
   if (counts_device_ != nullptr && drained) (void)api_->DeviceFreeAsync(counts_device_, stream_);
   if (counts_host_ != nullptr && drained) (void)api_->HostFree(counts_host_);
   if (event_ != nullptr) (void)api_->EventDestroy(event_);
@@ -232,17 +234,20 @@ absl::Status NcclCollective::Issue(const char* call, NcclResult r, absl::Time de
 
 absl::Status NcclCollective::EnsureGathered(int64_t floats) {
   if (floats <= gathered_capacity_) return absl::OkStatus();
-  // In this stream's order, never cudaFree: it would wait for the whole device, so for the
-  // pipeline's NCCL kernels too, which may wait for a peer that waits for this replica.
-  if (gathered_ != nullptr) {
-    if (absl::Status s = api_->DeviceFreeAsync(gathered_, stream_); !s.ok()) return Fail(s);
-    gathered_ = nullptr;
-    gathered_capacity_ = 0;
+  // The engine's stream is idle here (every call before this one waited for it), so the
+  // smaller buffer can go back to its allocator.
+  gathered_buffer_ = Tensor();
+  gathered_ = nullptr;
+  gathered_capacity_ = 0;
+  absl::StatusOr<Tensor> t = Tensor::TryEmpty({floats}, DType::kFloat32, api_->device());
+  if (!t.ok()) {
+    return Fail(
+        absl::Status(t.status().code(), absl::StrCat("nccl: the ", op_, "'s gather buffer of ",
+                                                     floats * static_cast<int64_t>(sizeof(float)),
+                                                     " bytes: ", t.status().message())));
   }
-  absl::StatusOr<void*> p =
-      api_->DeviceAllocAsync(static_cast<size_t>(floats) * sizeof(float), stream_);
-  if (!p.ok()) return Fail(p.status());
-  gathered_ = static_cast<float*>(*p);
+  gathered_buffer_ = *std::move(t);
+  gathered_ = gathered_buffer_.f32();
   gathered_capacity_ = floats;
   return absl::OkStatus();
 }
@@ -254,13 +259,13 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t n, absl::Time dea
   // A one-member group goes through NCCL too: the same calls and kernel as a real group
   // (what a test on one GPU can check), at the cost of a copy.
   const size_t count = static_cast<size_t>(n);
+  if (ordered_) BATON_RETURN_IF_ERROR(EnsureGathered(n * size_));  // before FollowCompute
   BATON_RETURN_IF_ERROR(FollowCompute());
   if (!ordered_) {
     BATON_RETURN_IF_ERROR(
         Issue("ncclAllReduce", api_->AllReduceSum(data, data, count, comm_, stream_), deadline));
     return WaitStream(deadline, "ncclAllReduce");
   }
-  BATON_RETURN_IF_ERROR(EnsureGathered(n * size_));
   BATON_RETURN_IF_ERROR(
       Issue("ncclAllGather", api_->AllGather(data, gathered_, count, comm_, stream_), deadline));
   if (absl::Status s = api_->OrderedSum(data, gathered_, size_, count, stream_); !s.ok()) {
@@ -339,12 +344,12 @@ absl::Status NcclCollective::ReduceScatterSum(float* data, absl::Span<const int6
   BATON_RETURN_IF_ERROR(AgreeOnCounts(counts, deadline));
   const int64_t mine = counts[rank_];
   if (offsets.back() == 0) return absl::OkStatus();
+  if (mine > 0) BATON_RETURN_IF_ERROR(EnsureGathered(mine * size_));  // before FollowCompute
   BATON_RETURN_IF_ERROR(FollowCompute());
   const size_t bytes = static_cast<size_t>(mine) * sizeof(float);
   float* const shard = data + offsets[rank_];
   if (mine > 0) {
     // gathered_[m * mine, (m + 1) * mine) receives member m's copy of this member's shard.
-    BATON_RETURN_IF_ERROR(EnsureGathered(mine * size_));
     if (absl::Status s = api_->MemcpyAsync(gathered_ + rank_ * mine, shard, bytes, stream_);
         !s.ok()) {
       return Fail(s);

@@ -43,8 +43,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/comm/collective.h"
-#include "common/nccl/nccl_api.h"
 #include "common/core/mutex.h"
+#include "common/core/tensor.h"
+#include "common/nccl/nccl_api.h"
 
 namespace baton {
 
@@ -103,7 +104,14 @@ class NcclCollective final : public Collective {
   absl::Status FollowCompute();
   // Waits for the communicator to take one NCCL call (result `r`).
   absl::Status Issue(const char* call, NcclResult r, absl::Time deadline);
-  // gathered_ holds at least `floats` floats.
+  // gathered_ holds at least `floats` floats. The buffer comes from device()'s allocator
+  // (Tensor::TryEmpty: on a GPU the caching allocator the compute stream's tensors come
+  // from), not from a stream-ordered pool beside it: it reuses the blocks that allocator
+  // has cached (which it cannot give back to CUDA while communicators are live), so a GPU
+  // whose memory the job's tensors have cached can still hold it, and the allocator's
+  // statistics count it. That allocator may hand out a block that work still queued on the
+  // compute stream was using before it was freed, so callers call this before
+  // FollowCompute, whose event then covers that work.
   absl::Status EnsureGathered(int64_t floats);
   // Fails (and aborts) unless every member passes these counts.
   absl::Status AgreeOnCounts(absl::Span<const int64_t> counts, absl::Time deadline);
@@ -132,6 +140,7 @@ class NcclCollective final : public Collective {
   CudaEvent event_ = nullptr;
   CudaStream const compute_;      // options.compute_stream; not owned
   CudaEvent written_ = nullptr;   // recorded on compute_ by each call (when compute_ is set)
+  Tensor gathered_buffer_;        // EnsureGathered's; leaked if the stream never drained
   float* gathered_ = nullptr;     // gathered_capacity_ floats on device(): the ordered paths'
   int64_t gathered_capacity_ = 0;
   int64_t* counts_device_ = nullptr;  // size_ * size_ counts on device(): AgreeOnCounts's

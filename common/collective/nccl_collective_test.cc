@@ -127,6 +127,26 @@ TEST(NcclCollectiveTest, AnEngineThatFollowsTheComputeStreamSumsWhatTheStreamWri
   ExpectOrderedSumOfThree(out);
 }
 
+// The ordered paths' gather buffer comes from the allocator of the engine's device (the
+// fake's is the CPU's; a GPU's is the caching allocator its tensors share), grows with the
+// largest call, and goes back to it with the engine. One member, so nothing else allocates
+// meanwhile.
+TEST(NcclCollectiveTest, TheGatherBufferComesFromTheDevicesAllocator) {
+  const int64_t before = CpuAllocator()->Stats().bytes_in_use;
+  OnEveryMember(1, [&](int, Member& m) {
+    std::vector<float> data(1000, 1.5f);
+    ASSERT_TRUE(m.collective->AllReduceSum(data.data(), 1000, Soon()).ok());
+    EXPECT_EQ(data[999], 1.5f);
+    EXPECT_GE(CpuAllocator()->Stats().bytes_in_use - before, 1000 * 4);
+    data.resize(3000, 2.0f);
+    const std::vector<int64_t> counts = {3000};
+    ASSERT_TRUE(m.collective->ReduceScatterSum(data.data(), counts, Soon()).ok());
+    EXPECT_EQ(data[2999], 2.0f);
+    EXPECT_GE(CpuAllocator()->Stats().bytes_in_use - before, 3000 * 4);
+  });
+  EXPECT_EQ(CpuAllocator()->Stats().bytes_in_use, before);
+}
+
 TEST(NcclCollectiveTest, RoundsOfGrowingAndShrinkingSizesAllEqualTheOrderedSum) {
   constexpr int kSize = 2;
   OnEveryMember(kSize, [&](int r, Member& m) {

@@ -312,6 +312,7 @@ LlamaCosts LlamaBlockCosts(int64_t T, int64_t C, int64_t H, int64_t KVH, int64_t
   // Two norms' weights, the qkv and output projections, gate_up and down.
   c.parameters = 2 * C + QKV * C + C * C + 2 * I * C + I * C;
   c.operand_parameters = c.parameters - 2 * C;
+  c.largest_parameter = std::max(QKV * C, 2 * I * C);
   // Per sequence: qkv 2TC(H+2KVH)D, scores and mixing 4T^2 HD (the full square), proj
   // 2TC^2, gate_up 4TCI, down 2TCI.
   c.forward_flops = 2 * T * C * QKV + 4 * T * T * H * D + 2 * T * C * C + 6 * T * C * I;

@@ -151,6 +151,7 @@ struct LlamaCosts {
   int64_t activation_bf16 = 0;
   // Of the parameters, the projections' weights (BlockInfo::operand_parameters).
   int64_t operand_parameters = 0;
+  int64_t largest_parameter = 0;  // BlockInfo::largest_parameter
 };
 // T context, C channels, H query heads, KVH key/value heads, I MLP width (D = C / H).
 LlamaCosts LlamaBlockCosts(int64_t T, int64_t C, int64_t H, int64_t KVH, int64_t I);

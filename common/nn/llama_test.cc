@@ -4,6 +4,7 @@
 // it really does (parameters, allocator).
 #include "common/nn/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -220,17 +221,19 @@ TEST(LlamaBlockTest, ParametersInCanonicalOrderWithTheirInit) {
       {"block.3.mlp_norm.weight", {C}},
       {"block.3.mlp.gate_up.weight", {2 * I, C}},
       {"block.3.mlp.down.weight", {C, I}}};
-  int64_t total = 0, operands = 0;
+  int64_t total = 0, operands = 0, largest = 0;
   for (size_t i = 0; i < p.size(); ++i) {
     EXPECT_EQ(p[i]->name, want[i].first);
     EXPECT_EQ(p[i]->value.shape(), want[i].second) << p[i]->name;
     total += p[i]->value.numel();
+    largest = std::max(largest, p[i]->value.numel());
     // The projections are Linears, read only as bf16 operands in bf16; the norms are not.
     EXPECT_EQ(p[i]->bf16_operand, p[i]->value.shape().size() == 2) << p[i]->name;
     if (p[i]->bf16_operand) operands += p[i]->value.numel();
   }
   EXPECT_EQ(LlamaBlockCosts(32, C, H, KVH, I).parameters, total);
   EXPECT_EQ(LlamaBlockCosts(32, C, H, KVH, I).operand_parameters, operands);
+  EXPECT_EQ(LlamaBlockCosts(32, C, H, KVH, I).largest_parameter, largest);
   // Norms start at one; the Linear weights' sample deviations are near 0.02, scaled by
   // 1/sqrt(2 layers) = 1/4 for attn.proj and mlp.down (within 15%: 256-768 samples).
   for (int idx : {0, 3}) {

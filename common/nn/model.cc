@@ -153,13 +153,14 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
       // A hidden block keeps its input and its pre-activation; the output block its input
       // and the loss's difference to the targets. In bf16 the input is kept as bf16.
       out.push_back({i < s.depth() ? "hidden." + std::to_string(i) : "out", in * o + o, 2 * in * o,
-                     in + o, in, in * o});
+                     in + o, in, in * o, in * o});
     }
   } else if (spec.has_gpt()) {
     const auto& s = spec.gpt();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding keeps its token ids (int32, as wide as a float).
-    out.push_back({"embed", V * C + T * C, T * C, T, 0, 0});  // one add per output element
+    out.push_back({"embed", V * C + T * C, T * C, T, 0, 0,  // one add per output element
+                   std::max(V * C, T * C)});
     // Per sequence: qkv 6TC^2, attention scores and mixing 4T^2C, proj 2TC^2, MLP 16TC^2.
     const int64_t block_params = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) +
                                  (4 * C * C + 4 * C) + (4 * C * C + C);
@@ -173,29 +174,31 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     const int64_t block_acts = 16 * T * C + H * T * T + 4 * T;
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts,
-                     12 * T * C, 12 * C * C});  // the four projections' weights
+                     12 * T * C, 12 * C * C,  // the four projections' weights
+                     4 * C * C});             // the MLP's two
     }
     // The head keeps its input, its LayerNorm's output and statistics, the logits (T rows
     // of V padded to LmHead::kLogitsAlign) and each row's softmax statistics (2 T), from
     // which the backward recomputes the probabilities; the targets are the batch's. In bf16
     // the input and the LayerNorm's output are bf16.
     out.push_back({"head", 2 * C + C * V, 2 * T * C * V, 2 * T * C + 4 * T + T * PaddedLogits(V),
-                   2 * T * C, C * V});
+                   2 * T * C, C * V, C * V});
   } else if (spec.has_llama()) {
     const auto& s = spec.llama();
     const int64_t C = s.d_model(), T = s.context(), V = s.vocab_size();
     // The embedding has no positions and keeps its token ids.
-    out.push_back({"embed", V * C, 0, T, 0, 0});
+    out.push_back({"embed", V * C, 0, T, 0, 0, V * C});
     const LlamaCosts block = LlamaBlockCosts(T, C, s.heads(), LlamaKvHeads(s),
                                              s.intermediate_size());
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
-                     block.activation_floats, block.activation_bf16, block.operand_parameters});
+                     block.activation_floats, block.activation_bf16, block.operand_parameters,
+                     block.largest_parameter});
     }
     // The head keeps its input, its RMSNorm's output and inverse RMS, the logits (padded)
     // and each row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
     out.push_back({"head", C + C * V, 2 * T * C * V, 2 * T * C + 3 * T + T * PaddedLogits(V),
-                   2 * T * C, C * V});
+                   2 * T * C, C * V, C * V});
   }
   return out;
 }

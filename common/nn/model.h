@@ -41,6 +41,9 @@ struct BlockInfo {
   // Of `parameters`, the ones read only as bf16 product operands in bf16 jobs (the Linear
   // weights: Parameter::bf16_operand), which a sharded optimizer's non-owners keep as bf16.
   int64_t operand_parameters = 0;
+  // The largest single parameter (floats): a data-parallel reduction bucket of its own when
+  // it is larger than the job's bucket size (GradReducer).
+  int64_t largest_parameter = 0;
 };
 
 // The bytes one sample of `block` keeps from its forward until its backward, in a bf16 job

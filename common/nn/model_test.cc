@@ -4,6 +4,7 @@
 // reuse.
 #include "common/nn/model.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -386,9 +387,10 @@ TEST(ModelInitTest, DescribeBlocksMatchesBuiltBlocks) {
     for (int i = 0; i < m->size(); ++i) {
       EXPECT_EQ(info[i].name, want_names[i]);
       EXPECT_EQ(info[i].name, m->at(i).name());
-      int64_t params = 0, operands = 0;
+      int64_t params = 0, operands = 0, largest = 0;
       for (Parameter* p : m->at(i).Parameters()) {
         params += p->value.numel();
+        largest = std::max(largest, p->value.numel());
         if (p->bf16_operand) operands += p->value.numel();
         EXPECT_EQ(p->value.shape(), p->grad.shape()) << p->name;
         EXPECT_EQ(p->name.rfind(info[i].name + ".", 0), 0u)
@@ -396,6 +398,7 @@ TEST(ModelInitTest, DescribeBlocksMatchesBuiltBlocks) {
       }
       EXPECT_EQ(info[i].parameters, params) << info[i].name;
       EXPECT_EQ(info[i].operand_parameters, operands) << info[i].name;
+      EXPECT_EQ(info[i].largest_parameter, largest) << info[i].name;
       if (info[i].name != "embed") EXPECT_GT(operands, 0) << info[i].name;  // its Linears
       EXPECT_GE(info[i].forward_flops, 0);
     }

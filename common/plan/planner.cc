@@ -197,6 +197,7 @@ struct ChunkBytes {
   std::vector<double> workspace;  // while the chunk runs a backward
   std::vector<double> params;     // parameters (a count, not bytes)
   std::vector<double> operands;   // of those, BlockInfo::operand_parameters
+  std::vector<double> largest;    // BlockInfo::largest_parameter, the chunk's largest
 };
 
 ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& part,
@@ -221,6 +222,11 @@ ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& 
       operands += static_cast<double>(in.blocks[b].operand_parameters);
     }
     out.operands.push_back(operands);
+    double largest = 0;
+    for (int b = r.first; b < r.last; ++b) {
+      largest = std::max(largest, static_cast<double>(in.blocks[b].largest_parameter));
+    }
+    out.largest.push_back(largest);
   }
   return out;
 }
@@ -264,12 +270,13 @@ HeldProfile HeldProfileOf(const Schedule& sched) {
 // describes (a chunk still empty counts nothing).
 double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkBytes& cb,
                  int rank) {
-  double params = 0, operands = 0, workspace = 0, peak = 0;
+  double params = 0, operands = 0, workspace = 0, peak = 0, largest = 0;
   const std::vector<int>& mine = prof.stages[rank];
   for (int s : mine) {
     params += cb.params[s];
     operands += cb.operands[s];
     workspace = std::max(workspace, cb.workspace[s]);
+    largest = std::max(largest, cb.largest[s]);
   }
   for (const std::vector<int>& combo : prof.combos[rank]) {
     double held = 0;
@@ -281,8 +288,14 @@ double RankBytes(const PlannerInput& in, const HeldProfile& prof, const ChunkByt
   const double state_params = in.shard_optimizer ? std::ceil(params / D) : params;
   // In bf16 it keeps the Linear weights it does not own, (D - 1) / D of them, as bf16.
   const double bits = in.shard_optimizer && in.bf16 ? operands * (D - 1) / D : 0;
+  // The engine's gather buffer: D copies of the largest bucket (none on a rank without
+  // parameters: it reduces nothing).
+  const double gather =
+      in.reduce_bucket_floats > 0 && D > 1 && params > 0
+          ? 4.0 * D * std::max(static_cast<double>(in.reduce_bucket_floats), largest)
+          : 0;
   return 4.0 * params * 2 - 2.0 * bits + 4.0 * state_params * in.optimizer_floats + peak +
-         workspace;
+         workspace + gather;
 }
 
 // A split whose chunks each do at most `max_work` (RangeFlops) and whose ranks each need at
@@ -461,6 +474,13 @@ PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
   in.shard_optimizer = opt.shard() && in.data_parallel > 1;
   in.recompute = p.recompute() == baton::v1::RECOMPUTE_FULL;
   in.bf16 = spec.precision() == baton::v1::PRECISION_BF16;
+  // On a GPU the NCCL engine gathers the members' copies of a bucket into one buffer
+  // (ordered all-reduce, and reduce-scatter in either mode); fast mode's all-reduce sums in
+  // place.
+  if (in.data_parallel > 1 && spec.device() == baton::v1::DEVICE_KIND_CUDA &&
+      (p.reduce_mode() != baton::v1::REDUCE_MODE_FAST || in.shard_optimizer)) {
+    in.reduce_bucket_floats = std::max<int64_t>(1, p.reduce_bucket_bytes() / 4);
+  }
   if (p.schedule() != baton::v1::SCHEDULE_AUTO) {
     absl::StatusOr<const ScheduleEntry*> e =
         ScheduleEntryForSpecValue(static_cast<int>(p.schedule()));

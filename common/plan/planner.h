@@ -37,8 +37,9 @@
 //   block stash in float32 (the gradients a backward allocates; with recomputation also the chunk's
 //   whole stash for the micro-batch it recomputes). The activation term is exact for the layers in
 //   both precisions (model_test); planner_test checks whole-step peaks against the allocator
-//   (within 5%; measured: 1-3% under). Not modelled: data- parallel gradient buckets, transport
-//   buffers, the CUDA context.
+//   (within 5%; measured: 1-3% under). On a GPU with D > 1 also the NCCL engine's gather
+//   buffer (PlannerInput::reduce_bucket_floats). Not modelled: the Gloo engine's buffers,
+//   transport buffers, the CUDA context.
 //
 //   Split. Every candidate starts from the FLOP-balanced split (PartitionBlocks), the
 //   fastest under this time model up to whole blocks. One that does not fit the budget is
@@ -93,6 +94,12 @@ struct PlannerInput {
   bool recompute = false;           // RECOMPUTE_FULL on every stage
   bool bf16 = false;  // PRECISION_BF16: activations kept as bf16 (ActivationBytes), and weights
                       // as bf16 bits where a sharded optimizer does not own them
+  // The data-parallel engine's gather buffer on the device, when it has one (the NCCL
+  // engine's ordered all-reduce and reduce-scatter on a GPU): D copies of the largest
+  // bucket, `reduce_bucket_floats` or a rank's largest parameter when that is larger (a
+  // bucket of its own). 0: none (one replica, fast mode unsharded, or the CPU, whose Gloo
+  // buffers are not modelled).
+  int64_t reduce_bucket_floats = 0;
   // Fixed choices; unset (0) lets the planner choose.
   std::optional<ScheduleKind> schedule;
   int virtual_stages = 0;

@@ -182,6 +182,44 @@ TEST(PlannerTest, AShardedOptimizerCountsOneShareOfTheState) {
   }
 }
 
+// On a GPU with replicas the NCCL engine gathers D copies of a bucket into one buffer (the
+// caching allocator's): each rank counts D times its largest bucket, the spec's bucket size
+// or its largest parameter when that is larger; in fast mode unsharded (an all-reduce in
+// place) and on the CPU nothing.
+TEST(PlannerTest, AGpuReplicaGroupCountsTheEnginesGatherBuffer) {
+  baton::v1::JobSpec spec = Gpt();
+  spec.mutable_pipeline()->set_schedule(baton::v1::SCHEDULE_1F1B);
+  spec.mutable_pipeline()->set_microbatches(2);
+  spec.mutable_pipeline()->set_data_parallel(4);
+  spec.mutable_pipeline()->set_reduce_bucket_bytes(4096);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  const PlannerInput cpu = PlannerInputFor(spec, 2);
+  EXPECT_EQ(cpu.reduce_bucket_floats, 0);
+  spec.set_device(baton::v1::DEVICE_KIND_CUDA);
+  const PlannerInput gpu = PlannerInputFor(spec, 2);
+  EXPECT_EQ(gpu.reduce_bucket_floats, 1024);
+  spec.mutable_pipeline()->set_reduce_mode(baton::v1::REDUCE_MODE_FAST);
+  EXPECT_EQ(PlannerInputFor(spec, 2).reduce_bucket_floats, 0);
+  spec.mutable_optimizer()->set_shard(true);  // reduce-scatter gathers in either mode
+  EXPECT_EQ(PlannerInputFor(spec, 2).reduce_bucket_floats, 1024);
+  absl::StatusOr<Plan> a = PlanPipeline(cpu);
+  absl::StatusOr<Plan> b = PlanPipeline(gpu);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const PlanCandidate& pa = a->ranked[0];
+  const PlanCandidate& pb = b->ranked[0];
+  ASSERT_EQ(pa.Describe(), pb.Describe());
+  bool larger_than_a_bucket = false;
+  for (size_t r = 0; r < pa.peak_bytes.size(); ++r) {
+    int64_t largest = 0;
+    for (int bl = pa.stage_blocks[r].first; bl < pa.stage_blocks[r].last; ++bl) {
+      largest = std::max(largest, cpu.blocks[bl].largest_parameter);
+    }
+    larger_than_a_bucket |= largest > 1024;
+    EXPECT_EQ(pb.peak_bytes[r] - pa.peak_bytes[r], 4 * 4 * std::max<int64_t>(1024, largest)) << r;
+  }
+  EXPECT_TRUE(larger_than_a_bucket) << "the case should have a parameter larger than a bucket";
+}
+
 TEST(PlannerTest, MemoryBudgetExcludesAndExplainsAndRefusesWhenNothingFits) {
   PlannerInput in = AutoInput(Gpt(), 4);
   absl::StatusOr<Plan> free = PlanPipeline(in);
