@@ -584,7 +584,7 @@ class CpuBackendImpl final : public Backend {
         }
       }
     }
-    float acc[flash::kMaxHeadSize], acc2[flash::kMaxHeadSize];
+    float acc[flash::kMaxHeadSize];
     for (int64_t b = 0; b < B; ++b) {
       const float* base = qkv + b * T * W;
       for (int64_t h = 0; h < H; ++h) {  // pass 2
@@ -597,12 +597,12 @@ class CpuBackendImpl final : public Backend {
                                   dqkv + (b * T + i) * W + h * D);
         }
       }
-      for (int64_t g = 0; g < KVH; ++g) {  // pass 3
+      for (int64_t g = 0; g < KVH; ++g) {  // pass 3, dv summed in place as on CUDA
         for (int64_t j = 0; j < T; ++j) {
           float* row = dqkv + (b * T + j) * W;
-          flash::BackwardKeyRow(base, dy + b * T * C, lse + b * H * T, delta + b * H * T, T, H,
-                                KVH, D, g, j, scale, acc, acc2, row + C + g * D,
-                                row + C + KVH * D + g * D);
+          float* const dv = row + C + KVH * D + g * D;
+          flash::BackwardKeyRow(base, dy + b * T * C, lse + b * H * T, delta + b * H * T, T, H, KVH,
+                                D, g, j, scale, acc, dv, row + C + g * D, dv);
         }
       }
     }

@@ -466,11 +466,12 @@ __global__ void ScaleKernel(int64_t n, float scale, const float* x, float* y) {
 // The per-row accumulators are arrays in local memory (the thread's stack frame) of kMaxD
 // floats, kMaxD the head-size bound the kernel is instantiated for: kSmallHeadBound (64)
 // for D <= 64, flash::kMaxHeadSize (128) above (FusedAttentionHeadBound picks one at
-// launch). The key kernel keeps two: its frame is 512 bytes for D <= 64, and exactly the
-// default 1 KiB per-thread stack limit (cudaLimitStackSize) at 128, where the driver would
-// have to raise the limit (and the local memory it reserves for every resident thread) for
-// anything more. ptxas -v (CUDA 13.0, sm_75 and sm_90 alike), stack frame at 64 / 128:
-// forward and query 256 / 512 bytes, key 512 / 1024 bytes; no spills.
+// launch). The key kernel needs two, dk's and dv's: it keeps dk's there and sums dv in its
+// output row itself (each thread owns its key row, so nothing else writes it; the same
+// operations in the same order, so the same bits), which keeps its frame at half the
+// default 1 KiB per-thread stack limit (cudaLimitStackSize) at D = 128, where two arrays
+// would fill it exactly. ptxas -v (CUDA 13.0, sm_75 and sm_90 alike), stack frame at
+// 64 / 128: forward, query and key 256 / 512 bytes; no spills.
 constexpr int kSmallHeadBound = 64;
 static_assert(kSmallHeadBound <= flash::kMaxHeadSize);
 
@@ -527,11 +528,11 @@ __global__ void FusedAttentionKeyKernel(int64_t B, int64_t T, int64_t H, int64_t
   const int64_t C = H * D, W = (H + 2 * KVH) * D;
   GRID_STRIDE(r, B * KVH * T) {
     const int64_t j = r % T, g = (r / T) % KVH, b = r / (T * KVH);
-    float dk_acc[kMaxD], dv_acc[kMaxD];
+    float dk_acc[kMaxD];
     float* row = dqkv + (b * T + j) * W;
-    flash::BackwardKeyRow(qkv + b * T * W, dy + b * T * C, lse + b * H * T, delta + b * H * T,
-                          T, H, KVH, D, g, j, scale, dk_acc, dv_acc, row + C + g * D,
-                          row + C + KVH * D + g * D);
+    float* const dv = row + C + KVH * D + g * D;  // dv's accumulator too
+    flash::BackwardKeyRow(qkv + b * T * W, dy + b * T * C, lse + b * H * T, delta + b * H * T, T, H,
+                          KVH, D, g, j, scale, dk_acc, dv, row + C + g * D, dv);
   }
 }
 

@@ -106,7 +106,8 @@ BATON_FA_FN void BackwardQueryRow(const float* q, const float* k, const float* v
 
 // Pass 3 for key row j of kv head g of one batch element: dk and dv (D floats each,
 // written). qkv, dy, lse and delta point at the batch element's first row (lse and delta:
-// [H, T]). `dk_acc` and `dv_acc` are D floats of scratch each.
+// [H, T]). `dk_acc` and `dv_acc` are D floats of scratch each; `dv_acc` may be `dv` itself
+// (the CUDA kernel sums there: the same bits).
 BATON_FA_FN void BackwardKeyRow(const float* qkv, const float* dy, const float* lse,
                                 const float* delta, int64_t T, int64_t H, int64_t KVH,
                                 int64_t D, int64_t g, int64_t j, float scale, float* dk_acc,
