@@ -6,9 +6,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/vocabulary.h"
 #include "common/spec/spec.h"
@@ -198,6 +199,11 @@ std::string DescribeSpec(const baton::v1::JobSpec& spec) {
   }
   if (spec.precision() == baton::v1::PRECISION_BF16) absl::StrAppend(&extra, ", bf16");
   if (spec.allow_tf32()) absl::StrAppend(&extra, ", tf32 allowed");
+  if (spec.attention() != baton::v1::ATTENTION_KERNEL_UNSPECIFIED) {
+    absl::StrAppend(&extra, ", attention ",
+                    absl::AsciiStrToLower(absl::StripPrefix(
+                        baton::v1::AttentionKernel_Name(spec.attention()), "ATTENTION_KERNEL_")));
+  }
   return absl::StrFormat("%s, %s, %d stage%s x %d chunk%s%s, %d micro-batch%s, batch %d, %d "
                          "steps, seed %d",
                          model, ScheduleName(p.schedule()), stages, stages == 1 ? "" : "s",

@@ -62,6 +62,9 @@ std::vector<FlagSpec> SubmitFlags() {
       {"precision", "", false,
        "override the arithmetic: fp32, or bf16 (mixed precision; docs/precision.md)"},
       {"allow-tf32", "", true, "let an fp32 job's products on GPUs use TF32 (allow_tf32)"},
+      {"attention", "", false,
+       "override the attention kernels: materialised, fused, tiled (bf16 jobs) or auto (the "
+       "workers' BATON_FUSED_ATTENTION; docs/precision.md)"},
       {"priority", "", false,
        "queue priority, higher first (JobSpec.priority; your role bounds it)"},
       {"resume-from", "", false,
@@ -88,6 +91,7 @@ constexpr char kUsage[] =
     "                       [--reduce-mode ordered|fast] [--collective auto|gloo|nccl]\n"
     "                       [--device cpu|cuda|auto] [--transport grpc|nccl|auto]\n"
     "                       [--precision fp32|bf16] [--allow-tf32] [--priority N]\n"
+    "                       [--attention materialised|fused|tiled|auto]\n"
     "                       [--submission-id ID] [--watch] [--output text|json]\n"
     "\n"
     "Submits the job; prints its id (text) or the Job (json). The coordinator fills the\n"
@@ -251,6 +255,11 @@ absl::Status ApplyOverrides(const Args& args, baton::v1::JobSpec* spec) {
       args, "precision",
       {{"fp32", baton::v1::PRECISION_FP32}, {"bf16", baton::v1::PRECISION_BF16}},
       [spec](baton::v1::Precision v) { spec->set_precision(v); }));
+  if (args.Has("attention")) {
+    BATON_ASSIGN_OR_RETURN(const baton::v1::AttentionKernel a,
+                           ParseAttentionKernel(args.Get("attention")));
+    spec->set_attention(a);
+  }
   if (args.Has("allow-tf32")) spec->set_allow_tf32(true);
   if (args.Has("shard-optimizer")) spec->mutable_optimizer()->set_shard(true);
   if (args.Has("priority")) {

@@ -47,6 +47,9 @@ const std::vector<FlagSpec>& Flags() {
        "resume from a checkpoint: DIR/JOB (its newest complete one) or DIR/JOB@STEP"},
       {"job-id", "", false, "the job name checkpoints are written under (default local)"},
       {"precision", "", false, "override the arithmetic: fp32 or bf16 (docs/precision.md)"},
+      {"attention", "", false,
+       "override the attention kernels: materialised, fused, tiled (bf16) or auto "
+       "(BATON_FUSED_ATTENTION; docs/precision.md)"},
       {"init-from-hf", "", false,
        "start from this Hugging Face model directory (init.from_hf); a spec without a model "
        "takes it from DIR/config.json"},
@@ -186,6 +189,11 @@ int TrainLocal(const std::vector<std::string>& argv) {
     const std::string p = args->Get("precision");
     if (p != "fp32" && p != "bf16") return Fail("--precision must be fp32 or bf16, got '" + p + "'");
     spec->set_precision(p == "bf16" ? baton::v1::PRECISION_BF16 : baton::v1::PRECISION_FP32);
+  }
+  if (args->Has("attention")) {
+    absl::StatusOr<baton::v1::AttentionKernel> a = ParseAttentionKernel(args->Get("attention"));
+    if (!a.ok()) return Fail(std::string(a.status().message()));
+    spec->set_attention(*a);
   }
 
   if (spec->pipeline().schedule() == baton::v1::SCHEDULE_AUTO) {

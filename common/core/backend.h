@@ -29,6 +29,13 @@
 
 namespace baton {
 
+// Which attention kernels a backend's attention modules take (Backend::SetAttentionKernel).
+enum class AttentionKernel {
+  kMaterialised,  // AttentionForward/Backward: the T x T probabilities kept
+  kFused,         // FusedAttentionForward/Backward: float32 rows, head size <= 128
+  kTiled,         // TiledAttentionForward/Backward in bf16 jobs (float32 ones: materialised)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -40,6 +47,12 @@ class Backend {
   // Linears use GemmBf16); backends without it ignore it. It holds for the whole process
   // until set again: a worker runs one job at a time.
   virtual void SetAllowTf32(bool allow) {}
+  // The attention kernels the modules take from now on (a job's JobSpec.attention, set
+  // where SetAllowTf32 is: StageExecutor::Create, ReferenceTrainer::Create). Until set: the
+  // process's BATON_FUSED_ATTENTION (DefaultAttentionKernel). Process-wide, like
+  // SetAllowTf32: one job's kernels at a time.
+  virtual void SetAttentionKernel(AttentionKernel kernel) = 0;
+  virtual AttentionKernel attention_kernel() const = 0;
 
   // ---- Dense algebra ----
   // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C[m,n]; op(X) = X or X^T.
@@ -209,10 +222,10 @@ class Backend {
                                       const float* qkv, const float* y, const float* lse,
                                       const float* dy, float* dqkv, float* scratch) = 0;
   // Whether the attention modules use the fused kernels for head size D on this backend
-  // (else the materialised ones): when the process was started with
-  // BATON_FUSED_ATTENTION=1 (FusedAttentionRequested) and D <= flash::kMaxHeadSize. Off by
-  // default on both backends for now: on the CPU the materialised kernels give the digests
-  // jobs have always had, and on CUDA the fused kernels have not yet run on a GPU.
+  // (else the materialised ones): when attention_kernel() is kFused and
+  // D <= flash::kMaxHeadSize. Off by default on both backends for now: on the CPU the
+  // materialised kernels give the digests jobs have always had, and on CUDA the fused
+  // kernels have not yet run on a GPU.
   virtual bool UsesFusedAttention(int64_t D) const = 0;
 
   // ---- Tiled bf16 attention on matrix units (flash-style: flash_tiles.h) ----
@@ -226,10 +239,10 @@ class Backend {
                                       const float* qkv, const float* y, const float* lse,
                                       const float* dy, float* dqkv, float* scratch) = 0;
   // Whether a bf16 job's attention modules use the tiled kernels for head size D (else what
-  // UsesFusedAttention says): when the process was started with
-  // BATON_FUSED_ATTENTION=tiled (TiledAttentionRequested), flash_tiles::Supports(D), and on
-  // CUDA a device with bf16 matrix units (compute capability 8.0 or later). Off by default:
-  // the CUDA kernels have not yet run on a GPU.
+  // UsesFusedAttention says): when attention_kernel() is kTiled, flash_tiles::Supports(D),
+  // and on CUDA a device that runs them (bf16 matrix units, compute capability 8.0 or
+  // later, and the blocks' shared memory; else the fused kernels, which keep the same).
+  // Off by default: the CUDA kernels have not yet run on a GPU.
   virtual bool UsesTiledAttention(int64_t D) const = 0;
 
   // ---- SwiGLU (LLaMA's MLP activation) ----
@@ -316,6 +329,12 @@ inline const char* FusedAttentionSetting() {
 }
 inline bool FusedAttentionRequested() { return std::strcmp(FusedAttentionSetting(), "1") == 0; }
 inline bool TiledAttentionRequested() { return std::strcmp(FusedAttentionSetting(), "tiled") == 0; }
+// What BATON_FUSED_ATTENTION asks for: a backend's attention kernel until one is set.
+inline AttentionKernel DefaultAttentionKernel() {
+  return TiledAttentionRequested()   ? AttentionKernel::kTiled
+         : FusedAttentionRequested() ? AttentionKernel::kFused
+                                     : AttentionKernel::kMaterialised;
+}
 int BlasThreads();
 
 }  // namespace baton

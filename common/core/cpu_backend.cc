@@ -548,8 +548,11 @@ class CpuBackendImpl final : public Backend {
     }
   }
 
+  void SetAttentionKernel(AttentionKernel kernel) override { attention_.store(kernel); }
+  AttentionKernel attention_kernel() const override { return attention_.load(); }
+
   bool UsesFusedAttention(int64_t D) const override {
-    return FusedAttentionRequested() && D <= flash::kMaxHeadSize;
+    return attention_.load() == AttentionKernel::kFused && D <= flash::kMaxHeadSize;
   }
 
   void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
@@ -611,7 +614,7 @@ class CpuBackendImpl final : public Backend {
   // The tile kernels' blocks in turn, each as one thread (flash_tiles.h): the contract the
   // CUDA backend runs on tensor cores, so bf16 jobs on either device take the same steps.
   bool UsesTiledAttention(int64_t D) const override {
-    return TiledAttentionRequested() && flash_tiles::Supports(D);
+    return attention_.load() == AttentionKernel::kTiled && flash_tiles::Supports(D);
   }
 
   void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
@@ -821,6 +824,8 @@ class CpuBackendImpl final : public Backend {
   }
 
  private:
+  std::atomic<AttentionKernel> attention_{DefaultAttentionKernel()};  // SetAttentionKernel's
+
   // Rotates by +angle (sign 1) or -angle (sign -1): the cos/sin of each position are
   // computed once and applied to every sequence and head.
   static void Rotate(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride,

@@ -1535,8 +1535,15 @@ class CudaBackendImpl final : public Backend {
   // (fused_attention_test), but the kernels have not run on a GPU yet. scripts/gpu-test.sh
   // checks them against the CPU (cuda_kernels_test) and measures them; until that has been
   // seen, BATON_FUSED_ATTENTION=1 turns them on.
+  void SetAttentionKernel(AttentionKernel kernel) override { attention_.store(kernel); }
+  AttentionKernel attention_kernel() const override { return attention_.load(); }
+
+  // The tiled kernels fall back to these where the device cannot run them: the same stash.
   bool UsesFusedAttention(int64_t D) const override {
-    return FusedAttentionRequested() && D <= flash::kMaxHeadSize;
+    const AttentionKernel k = attention_.load();
+    return D <= flash::kMaxHeadSize &&
+           (k == AttentionKernel::kFused ||
+            (k == AttentionKernel::kTiled && !DeviceRunsTiledAttention(D)));
   }
 
   void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
@@ -1578,7 +1585,8 @@ class CudaBackendImpl final : public Backend {
   // Not yet the default, as the fused kernels above: these have not run on a GPU yet.
   // BATON_FUSED_ATTENTION=tiled turns them on for bf16 jobs.
   bool UsesTiledAttention(int64_t D) const override {
-    return TiledAttentionRequested() && flash_tiles::Supports(D) && DeviceRunsTiledAttention(D);
+    return attention_.load() == AttentionKernel::kTiled && flash_tiles::Supports(D) &&
+           DeviceRunsTiledAttention(D);
   }
 
   void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
@@ -1945,6 +1953,8 @@ class CudaBackendImpl final : public Backend {
   }
 
  private:
+  std::atomic<AttentionKernel> attention_{DefaultAttentionKernel()};  // SetAttentionKernel's
+
   void Rotate(int64_t B, int64_t T, int64_t heads, int64_t D, int64_t row_stride, float theta,
               float sign, float* x) {
     const int64_t n = B * T * heads * (D / 2);

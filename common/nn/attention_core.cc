@@ -14,7 +14,10 @@ absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device de
     be->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
     saved->out = out;
     saved->tiled = true;
-  } else if (be->UsesFusedAttention(s.D)) {
+  } else if (be->UsesFusedAttention(s.D) &&
+             (bf16 || be->attention_kernel() == AttentionKernel::kFused)) {
+    // (A GPU that cannot run the tiled kernels takes these in a bf16 job; an fp32 job under
+    // kTiled takes the materialised ones on every device.)
     BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
     be->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
     saved->out = out;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/flash_attention_math.h"
+#include "common/nn/block_memory_test_util.h"
 #include "common/nn/grad_check_test_util.h"
 #include "common/nn/llama.h"
 #include "common/nn/transformer.h"
@@ -98,6 +99,18 @@ TEST(FusedAttentionGradTest, GroupedQueryLlamaAttentionMatchesFiniteDifferences)
   LlamaAttention attn("attn", 8, 2, 1, 10.0f, 0.02f, 7);
   PerturbParameters(attn, 11, 0.3f);
   CheckModuleGradients(attn, RandomTensor({2, 5, 8}, 11, "x"), nullptr, 32, kH, kTol);
+}
+
+// What a block keeps is what the planner counts (DescribeBlocks with the fused kernels):
+// each row's logsumexp, and in bf16 the core's float32 output, not the probabilities.
+TEST(FusedAttentionTest, ABlockKeepsWhatThePlannerCounts) {
+  ASSERT_EQ(CpuBackend()->attention_kernel(), AttentionKernel::kFused);
+  for (bool llama : {false, true}) {
+    for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+      ::baton::testing::ExpectBlockKeepsWhatIsDescribed(::baton::testing::OneLayerSpec(llama, 40),
+                                                        AttentionKernel::kFused, p);
+    }
+  }
 }
 
 // The module's fused forward equals the kernel's (nothing else in between) and keeps no

@@ -143,7 +143,17 @@ std::unique_ptr<Module> BuildLlamaBlock(const baton::v1::LlamaSpec& s, int index
 
 }  // namespace
 
-std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
+namespace {
+// BlockCostOptions' change to a transformer block's activation_floats (per sequence).
+int64_t AttentionStashChange(const BlockCostOptions& o, int64_t T, int64_t C, int64_t H) {
+  const bool flash =
+      o.attention == AttentionKernel::kFused || (o.attention == AttentionKernel::kTiled && o.bf16);
+  return flash ? -H * T * T + H * T + (o.bf16 ? T * C : 0) : 0;
+}
+}  // namespace
+
+std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec,
+                                      const BlockCostOptions& options) {
   std::vector<BlockInfo> out;
   if (spec.has_mlp()) {
     const auto& s = spec.mlp();
@@ -171,7 +181,8 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
     // both LayerNorms' mean and inverse deviation (4T). In bf16 all but the
     // pre-activation, the probabilities and the statistics are bf16 (12TC).
     const int64_t H = s.heads();
-    const int64_t block_acts = 16 * T * C + H * T * T + 4 * T;
+    const int64_t block_acts =
+        16 * T * C + H * T * T + 4 * T + AttentionStashChange(options, T, C, H);
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block_params, block_flops, block_acts,
                      12 * T * C, 12 * C * C,  // the four projections' weights
@@ -192,8 +203,8 @@ std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec) {
                                              s.intermediate_size());
     for (int i = 0; i < s.layers(); ++i) {
       out.push_back({"block." + std::to_string(i), block.parameters, block.forward_flops,
-                     block.activation_floats, block.activation_bf16, block.operand_parameters,
-                     block.largest_parameter});
+                     block.activation_floats + AttentionStashChange(options, T, C, s.heads()),
+                     block.activation_bf16, block.operand_parameters, block.largest_parameter});
     }
     // The head keeps its input, its RMSNorm's output and inverse RMS, the logits (padded)
     // and each row's softmax statistics; in bf16 the input and the RMSNorm's output are bf16.
@@ -291,6 +302,19 @@ Precision PrecisionOf(const baton::v1::JobSpec& spec) {
 
 bool UsesTf32(const baton::v1::JobSpec& spec) {
   return spec.allow_tf32() || PrecisionOf(spec) == Precision::kBf16;
+}
+
+AttentionKernel AttentionKernelOf(const baton::v1::JobSpec& spec) {
+  switch (spec.attention()) {
+    case baton::v1::ATTENTION_KERNEL_MATERIALISED:
+      return AttentionKernel::kMaterialised;
+    case baton::v1::ATTENTION_KERNEL_FUSED:
+      return AttentionKernel::kFused;
+    case baton::v1::ATTENTION_KERNEL_TILED:
+      return AttentionKernel::kTiled;
+    default:
+      return DefaultAttentionKernel();
+  }
 }
 
 }  // namespace baton

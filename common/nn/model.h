@@ -56,8 +56,19 @@ int64_t ActivationBytes(const BlockInfo& block, bool bf16);
 // work done.
 double TrainingFlops(const std::vector<BlockInfo>& blocks, int first, int last, double samples);
 
+// What a job changes of its blocks' activation memory beyond the architecture: with the
+// fused or tiled attention kernels a transformer block keeps one logsumexp per query row and
+// head (H T floats per sequence) instead of the H T^2 probabilities, and in bf16 also the
+// core's float32 output (T C floats) beside the output projection's bf16 copy of it (in
+// fp32 the projection keeps that tensor itself). kTiled in an fp32 job is materialised.
+struct BlockCostOptions {
+  AttentionKernel attention = AttentionKernel::kMaterialised;
+  bool bf16 = false;
+};
+
 // The blocks of a (validated) model spec, in canonical order.
-std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec);
+std::vector<BlockInfo> DescribeBlocks(const baton::v1::ModelSpec& spec,
+                                      const BlockCostOptions& options = {});
 
 // The shape of the float32 activation entering block `block` (1 <= block < blocks; block 0
 // takes the data) for a micro-batch of `rows` samples, which is also the shape of the
@@ -118,6 +129,9 @@ Precision PrecisionOf(const baton::v1::JobSpec& spec);
 // Whether a job's products on a GPU use TF32 tensor cores (Backend::SetAllowTf32): when the
 // spec allows it for fp32, and always in bf16, whose product operands TF32 holds exactly.
 bool UsesTf32(const baton::v1::JobSpec& spec);
+// The attention kernels a job's blocks take (JobSpec.attention, Backend::SetAttentionKernel;
+// unspecified: the process's BATON_FUSED_ATTENTION, DefaultAttentionKernel).
+AttentionKernel AttentionKernelOf(const baton::v1::JobSpec& spec);
 
 // Zeroes every parameter's gradient.
 void ZeroGrad(const std::vector<Parameter*>& params);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/bf16.h"
 #include "common/core/flash_tiles.h"
+#include "common/nn/block_memory_test_util.h"
 #include "common/nn/grad_check_test_util.h"
 #include "common/nn/llama.h"
 #include "common/nn/transformer.h"
@@ -196,6 +197,19 @@ TEST(TiledAttentionTest, OnlyBf16ModulesTakeIt) {
       EXPECT_GE(held, square) << held << " bytes held";
     }
     attn.Discard(0);
+  }
+}
+
+// What a block keeps is what the planner counts (DescribeBlocks with the tiled kernels):
+// in bf16 each row's logsumexp and the core's float32 output, not the probabilities; in
+// fp32 the materialised kernels' probabilities.
+TEST(TiledAttentionTest, ABlockKeepsWhatThePlannerCounts) {
+  ASSERT_EQ(CpuBackend()->attention_kernel(), AttentionKernel::kTiled);
+  for (bool llama : {false, true}) {
+    for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+      ::baton::testing::ExpectBlockKeepsWhatIsDescribed(::baton::testing::OneLayerSpec(llama, 40),
+                                                        AttentionKernel::kTiled, p);
+    }
   }
 }
 

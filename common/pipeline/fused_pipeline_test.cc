@@ -1,8 +1,9 @@
 // Pipelines with the fused (flash-style) attention core (common/nn/attention_core.h) equal
 // the reference trainer bit for bit, as with the materialised one: both take the same
 // kernels. Runs with BATON_FUSED_ATTENTION=1 (set before main); built again as
-// tiled_pipeline_test with BATON_TEST_TILED_ATTENTION, which sets "tiled" and runs bf16
-// jobs, with head size 16 and sequences of more than one tile (flash_tiles.h).
+// tiled_pipeline_test with BATON_TEST_TILED_ATTENTION, whose jobs ask for the tiled kernels
+// in their spec (JobSpec.attention, nothing in the environment): bf16 jobs with head size
+// 16 and sequences of more than one tile (flash_tiles.h).
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,8 +21,10 @@ namespace baton {
 namespace {
 
 #ifdef BATON_TEST_TILED_ATTENTION
-const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "tiled", 1) == 0; }();
-bool Requested() { return TiledAttentionRequested(); }
+const bool kFusedRequested = true;
+bool Requested() { return !FusedAttentionRequested() && !TiledAttentionRequested(); }
+constexpr baton::v1::AttentionKernel kSpecAttention = baton::v1::ATTENTION_KERNEL_TILED;
+constexpr AttentionKernel kTaken = AttentionKernel::kTiled;
 // Head size 16 (the tiles' multiple), 72 positions: two query tiles, the second partial.
 constexpr const char* kContext = "72";
 constexpr const char* kGptWidth = R"("dModel": 32, "heads": 2)";
@@ -30,6 +33,8 @@ const std::vector<baton::v1::Precision> kPrecisions = {baton::v1::PRECISION_BF16
 #else
 const bool kFusedRequested = [] { return setenv("BATON_FUSED_ATTENTION", "1", 1) == 0; }();
 bool Requested() { return FusedAttentionRequested(); }
+constexpr baton::v1::AttentionKernel kSpecAttention = baton::v1::ATTENTION_KERNEL_UNSPECIFIED;
+constexpr AttentionKernel kTaken = AttentionKernel::kFused;
 constexpr const char* kContext = "8";
 constexpr const char* kGptWidth = R"("dModel": 16, "heads": 2)";
 constexpr const char* kLlamaWidth = R"("dModel": 16, "heads": 4, "kvHeads": 2)";
@@ -77,6 +82,7 @@ TEST(FusedPipelineTest, EveryScheduleFamilyEqualsTheReferenceInFp32AndBf16) {
                          P{baton::v1::SCHEDULE_ZB_V, 2, 2}}) {
         baton::v1::JobSpec spec = Job(model);
         spec.set_precision(precision);
+        spec.set_attention(kSpecAttention);
         spec.mutable_pipeline()->set_schedule(p.schedule);
         spec.mutable_pipeline()->set_stages(p.stages);
         spec.mutable_pipeline()->set_virtual_stages(p.virtual_stages);
@@ -86,6 +92,10 @@ TEST(FusedPipelineTest, EveryScheduleFamilyEqualsTheReferenceInFp32AndBf16) {
         ASSERT_TRUE(ref.ok()) << ref.status();
         auto pipe = LocalPipelineTrainer::Create(spec);
         ASSERT_TRUE(pipe.ok()) << pipe.status();
+        absl::StatusOr<Backend*> be =
+            BackendFor(kTestDevice == baton::v1::DEVICE_KIND_CUDA ? Device::kCuda : Device::kCpu);
+        ASSERT_TRUE(be.ok());
+        EXPECT_EQ((*be)->attention_kernel(), kTaken) << what;
         for (int i = 0; i < spec.steps(); ++i) {
           auto a = (*ref)->Step();
           auto b = (*pipe)->Step();

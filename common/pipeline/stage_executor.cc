@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(
   ex->precision_ = PrecisionOf(spec);
   BATON_ASSIGN_OR_RETURN(Backend * backend, BackendFor(options.device));
   backend->SetAllowTf32(UsesTf32(spec));
+  backend->SetAttentionKernel(AttentionKernelOf(spec));
   ex->schedule_ = schedule;
   ex->rank_ = rank;
   ex->transport_ = transport;

@@ -454,7 +454,14 @@ std::string PlanCandidate::Describe() const {
 
 PlannerInput PlannerInputFor(const baton::v1::JobSpec& spec, int stages) {
   PlannerInput in;
-  in.blocks = DescribeBlocks(spec.model());
+  // The attention kernels the spec names; unspecified (a worker's BATON_FUSED_ATTENTION
+  // decides) counts the materialised probabilities, the most any of them keeps.
+  BlockCostOptions costs;
+  costs.bf16 = spec.precision() == baton::v1::PRECISION_BF16;
+  if (spec.attention() != baton::v1::ATTENTION_KERNEL_UNSPECIFIED) {
+    costs.attention = AttentionKernelOf(spec);
+  }
+  in.blocks = DescribeBlocks(spec.model(), costs);
   for (int b = 0; b < static_cast<int>(in.blocks.size()); ++b) {
     if (b > 0) {
       in.input_floats.push_back(NumElements(BlockInputShape(spec.model(), b, 1)));

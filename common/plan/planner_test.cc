@@ -220,6 +220,30 @@ TEST(PlannerTest, AGpuReplicaGroupCountsTheEnginesGatherBuffer) {
   EXPECT_TRUE(larger_than_a_bucket) << "the case should have a parameter larger than a bucket";
 }
 
+// The planner counts the attention kernels the spec names (a block's stash, measured in
+// the kernels' tests): the fused and tiled ones keep no probabilities; unspecified (a
+// worker's environment decides) counts the materialised ones, the most any keeps.
+TEST(PlannerTest, TheSpecsAttentionKernelsSetTheBlocksStash) {
+  baton::v1::JobSpec spec = Gpt();
+  spec.set_precision(baton::v1::PRECISION_BF16);
+  // H T^2 = 8192 probabilities against H T + T C = 2176 floats a sequence.
+  spec.mutable_model()->mutable_gpt()->set_context(64);
+  ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+  const std::vector<BlockInfo> plain = PlannerInputFor(spec, 2).blocks;
+  EXPECT_EQ(plain[1].activation_floats, DescribeBlocks(spec.model())[1].activation_floats);
+  for (auto a : {baton::v1::ATTENTION_KERNEL_FUSED, baton::v1::ATTENTION_KERNEL_TILED}) {
+    spec.set_attention(a);
+    ASSERT_TRUE(ValidateAndDefaultJobSpec(&spec).ok()) << ValidateAndDefaultJobSpec(&spec);
+    const std::vector<BlockInfo> flash = PlannerInputFor(spec, 2).blocks;
+    const AttentionKernel k =
+        a == baton::v1::ATTENTION_KERNEL_FUSED ? AttentionKernel::kFused : AttentionKernel::kTiled;
+    EXPECT_EQ(flash[1].activation_floats,
+              DescribeBlocks(spec.model(), {k, /*bf16=*/true})[1].activation_floats);
+    EXPECT_LT(flash[1].activation_floats, plain[1].activation_floats);
+    EXPECT_EQ(flash[0].activation_floats, plain[0].activation_floats);  // the embedding
+  }
+}
+
 TEST(PlannerTest, MemoryBudgetExcludesAndExplainsAndRefusesWhenNothingFits) {
   PlannerInput in = AutoInput(Gpt(), 4);
   absl::StatusOr<Plan> free = PlanPipeline(in);

@@ -519,9 +519,55 @@ absl::StatusOr<Device> LocalDeviceFor(const baton::v1::JobSpec& spec) {
   }
 }
 
+absl::StatusOr<baton::v1::AttentionKernel> ParseAttentionKernel(absl::string_view word) {
+  if (word == "materialised") return baton::v1::ATTENTION_KERNEL_MATERIALISED;
+  if (word == "fused") return baton::v1::ATTENTION_KERNEL_FUSED;
+  if (word == "tiled") return baton::v1::ATTENTION_KERNEL_TILED;
+  if (word == "auto") return baton::v1::ATTENTION_KERNEL_UNSPECIFIED;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--attention must be materialised, fused, tiled or auto, got '", word, "'"));
+}
+
 absl::StatusOr<ValidatedJobSpec> ValidatedJobSpec::Validate(JobSpec spec) {
   BATON_RETURN_IF_ERROR(ValidateAndDefaultJobSpec(&spec));
   return ValidatedJobSpec(std::move(spec));
+}
+
+// JobSpec.attention against the model and precision (after ValidateModel).
+static absl::Status ValidateAttention(const baton::v1::JobSpec& spec) {
+  const baton::v1::AttentionKernel a = spec.attention();
+  if (!baton::v1::AttentionKernel_IsValid(a)) {
+    return Invalid("attention",
+                   absl::StrCat("unknown attention kernel ", a,
+                                " (want ATTENTION_KERNEL_MATERIALISED, ATTENTION_KERNEL_FUSED "
+                                "or ATTENTION_KERNEL_TILED)"));
+  }
+  if (a == baton::v1::ATTENTION_KERNEL_UNSPECIFIED ||
+      a == baton::v1::ATTENTION_KERNEL_MATERIALISED) {
+    return absl::OkStatus();
+  }
+  const std::string name = baton::v1::AttentionKernel_Name(a);
+  const baton::v1::ModelSpec& m = spec.model();
+  if (!m.has_gpt() && !m.has_llama()) {
+    return Invalid("attention", absl::StrCat(name, ": the model has no attention (an mlp)"));
+  }
+  const int64_t head =
+      m.has_gpt() ? m.gpt().d_model() / m.gpt().heads() : m.llama().d_model() / m.llama().heads();
+  if (head > 128) {
+    return Invalid("attention",
+                   absl::StrCat(name, ": the head size d_model / heads = ", head, " is over 128"));
+  }
+  if (a == baton::v1::ATTENTION_KERNEL_TILED) {
+    if (spec.precision() != baton::v1::PRECISION_BF16) {
+      return Invalid("attention", absl::StrCat(name, " needs precision PRECISION_BF16, got ",
+                                               baton::v1::Precision_Name(spec.precision())));
+    }
+    if (head % 16 != 0) {
+      return Invalid("attention", absl::StrCat(name, ": the head size d_model / heads = ", head,
+                                               " is not a multiple of 16"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
@@ -548,6 +594,7 @@ absl::Status ValidateAndDefaultJobSpec(JobSpec* spec) {
     return Invalid("transport", "TRANSPORT_KIND_NCCL needs GPUs, but device is DEVICE_KIND_CPU");
   }
   BATON_RETURN_IF_ERROR(ValidateModel(spec->model()));
+  BATON_RETURN_IF_ERROR(ValidateAttention(*spec));
   BATON_RETURN_IF_ERROR(ValidateData(spec->mutable_data()));
   BATON_RETURN_IF_ERROR(ValidatePipeline(spec->mutable_pipeline()));
   if (spec->pipeline().collective_engine() == baton::v1::COLLECTIVE_ENGINE_NCCL &&

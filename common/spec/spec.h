@@ -102,6 +102,10 @@ absl::StatusOr<baton::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // that passed once passes again unchanged. On error `spec` may have been partly defaulted.
 absl::Status ValidateAndDefaultJobSpec(baton::v1::JobSpec* spec);
 
+// A command line's word for JobSpec.attention: "materialised", "fused", "tiled" or "auto"
+// (unspecified). Anything else: INVALID_ARGUMENT naming the words.
+absl::StatusOr<baton::v1::AttentionKernel> ParseAttentionKernel(absl::string_view word);
+
 // A job spec that passed ValidateAndDefaultJobSpec, checked and defaulted. Only Validate
 // makes one, so what takes one (MakeDataset, StageExecutor::Create) does not check again:
 // a process validates a spec once on its way in and passes this along.

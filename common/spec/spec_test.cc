@@ -99,6 +99,47 @@ TEST(ValidateTest, NcclTransportOnTheCpuIsRefused) {
   EXPECT_EQ(ValidateAndDefaultJobSpec(&spec).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// JobSpec.attention: fused for heads up to 128, tiled for bf16 jobs with heads a multiple of
+// 16 up to 128, neither for a model without attention; each refusal names the field and why.
+TEST(ValidateTest, TheAttentionKernelFitsTheModelAndPrecision) {
+  const auto refusal = [](JobSpec spec) {
+    const absl::Status s = ValidateAndDefaultJobSpec(&spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  JobSpec gpt = ValidGpt();  // head size 16
+  for (auto a : {baton::v1::ATTENTION_KERNEL_MATERIALISED, baton::v1::ATTENTION_KERNEL_FUSED}) {
+    gpt.set_attention(a);
+    EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok()) << baton::v1::AttentionKernel_Name(a);
+  }
+  gpt.set_attention(baton::v1::ATTENTION_KERNEL_TILED);
+  EXPECT_THAT(refusal(gpt),
+              ::testing::AllOf(::testing::HasSubstr("attention"),
+                               ::testing::HasSubstr("needs precision PRECISION_BF16")));
+  gpt.set_precision(baton::v1::PRECISION_BF16);
+  EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
+  gpt.mutable_model()->mutable_gpt()->set_heads(8);  // head size 8
+  EXPECT_THAT(refusal(gpt), ::testing::HasSubstr("d_model / heads = 8 is not a multiple of 16"));
+  gpt.mutable_model()->mutable_gpt()->set_heads(4);
+  gpt.mutable_model()->mutable_gpt()->set_d_model(1024);  // head size 256
+  gpt.set_attention(baton::v1::ATTENTION_KERNEL_FUSED);
+  EXPECT_THAT(refusal(gpt), ::testing::HasSubstr("d_model / heads = 256 is over 128"));
+  JobSpec mlp = ValidMlp();
+  mlp.set_attention(baton::v1::ATTENTION_KERNEL_FUSED);
+  EXPECT_THAT(refusal(mlp), ::testing::HasSubstr("the model has no attention"));
+  mlp.set_attention(static_cast<baton::v1::AttentionKernel>(9));
+  EXPECT_THAT(refusal(mlp), ::testing::HasSubstr("unknown attention kernel 9"));
+}
+
+TEST(ValidateTest, AttentionWordsOnTheCommandLine) {
+  EXPECT_EQ(*ParseAttentionKernel("tiled"), baton::v1::ATTENTION_KERNEL_TILED);
+  EXPECT_EQ(*ParseAttentionKernel("fused"), baton::v1::ATTENTION_KERNEL_FUSED);
+  EXPECT_EQ(*ParseAttentionKernel("materialised"), baton::v1::ATTENTION_KERNEL_MATERIALISED);
+  EXPECT_EQ(*ParseAttentionKernel("auto"), baton::v1::ATTENTION_KERNEL_UNSPECIFIED);
+  EXPECT_THAT(ParseAttentionKernel("flash").status().message(),
+              HasSubstr("materialised, fused, tiled or auto, got 'flash'"));
+}
+
 TEST(ValidateTest, AShardedOptimizerNeedsReplicas) {
   JobSpec spec = ValidMlp();
   spec.mutable_data()->set_batch_size(8);

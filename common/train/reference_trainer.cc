@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   BATON_ASSIGN_OR_RETURN(t->device_, LocalDeviceFor(t->spec_));
   BATON_ASSIGN_OR_RETURN(Backend * backend, BackendFor(t->device_));
   backend->SetAllowTf32(UsesTf32(t->spec_));
+  backend->SetAttentionKernel(AttentionKernelOf(t->spec_));
   BATON_ASSIGN_OR_RETURN(t->model_,
                          BuildBlocks(t->spec_.model(), t->spec_.seed(), 0, -1, t->device_));
   if (t->spec_.init().has_from_hf()) {  // DataAccess(): anywhere, like the training text
