@@ -715,6 +715,12 @@ def case_schedules(c):
         # the reference trainer's bits all the same.
         ("bf16 dualpipe-v", dict(tiny_gpt("gpt-bf16"), precision="PRECISION_BF16"),
          ["--schedule", "dualpipe-v", "--stages", "2", "--precision", "bf16"]),
+        # The job's attention kernels (JobSpec.attention) reach every worker: the tiled bf16
+        # kernels, as train-local takes them from the same spec.
+        ("bf16 tiled attention zb-h1",
+         dict(tiny_gpt("gpt-bf16-tiled"), precision="PRECISION_BF16",
+              attention="ATTENTION_KERNEL_TILED"),
+         ["--schedule", "zb-h1", "--stages", "2", "--attention", "tiled"]),
         ("llama bf16 1f1b", dict(tiny_llama("llama-bf16"), precision="PRECISION_BF16"),
          ["--schedule", "1f1b", "--stages", "4"]),
     ]
