@@ -223,9 +223,10 @@ class Backend {
                                       const float* dy, float* dqkv, float* scratch) = 0;
   // Whether the attention modules use the fused kernels for head size D on this backend
   // (else the materialised ones): when attention_kernel() is kFused and
-  // D <= flash::kMaxHeadSize. Off by default on both backends for now: on the CPU the
-  // materialised kernels give the digests jobs have always had, and on CUDA the fused
-  // kernels have not yet run on a GPU.
+  // D <= flash::kMaxHeadSize (on CUDA also under kTiled where the device cannot run the
+  // tiled kernels: AttentionCoreForward takes them for bf16 jobs only). Off by default on
+  // both backends for now: on the CPU the materialised kernels give the digests jobs have
+  // always had, and on CUDA the fused kernels have not yet run on a GPU.
   virtual bool UsesFusedAttention(int64_t D) const = 0;
 
   // ---- Tiled bf16 attention on matrix units (flash-style: flash_tiles.h) ----

@@ -560,7 +560,9 @@ static absl::Status ValidateAttention(const baton::v1::JobSpec& spec) {
   if (a == baton::v1::ATTENTION_KERNEL_TILED) {
     if (spec.precision() != baton::v1::PRECISION_BF16) {
       return Invalid("attention", absl::StrCat(name, " needs precision PRECISION_BF16, got ",
-                                               baton::v1::Precision_Name(spec.precision())));
+                                               spec.precision() == baton::v1::PRECISION_UNSPECIFIED
+                                                   ? "PRECISION_FP32 (the default)"
+                                                   : baton::v1::Precision_Name(spec.precision())));
     }
     if (head % 16 != 0) {
       return Invalid("attention", absl::StrCat(name, ": the head size d_model / heads = ", head,

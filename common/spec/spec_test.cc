@@ -113,9 +113,11 @@ TEST(ValidateTest, TheAttentionKernelFitsTheModelAndPrecision) {
     EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok()) << baton::v1::AttentionKernel_Name(a);
   }
   gpt.set_attention(baton::v1::ATTENTION_KERNEL_TILED);
-  EXPECT_THAT(refusal(gpt),
-              ::testing::AllOf(::testing::HasSubstr("attention"),
-                               ::testing::HasSubstr("needs precision PRECISION_BF16")));
+  EXPECT_THAT(
+      refusal(gpt),
+      ::testing::AllOf(::testing::HasSubstr("attention"),
+                       ::testing::HasSubstr(
+                           "needs precision PRECISION_BF16, got PRECISION_FP32 (the default)")));
   gpt.set_precision(baton::v1::PRECISION_BF16);
   EXPECT_TRUE(ValidateAndDefaultJobSpec(&gpt).ok());
   gpt.mutable_model()->mutable_gpt()->set_heads(8);  // head size 8
