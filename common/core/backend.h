@@ -221,13 +221,6 @@ class Backend {
   virtual void FusedAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                                       const float* qkv, const float* y, const float* lse,
                                       const float* dy, float* dqkv, float* scratch) = 0;
-  // Whether the attention modules use the fused kernels for head size D on this backend
-  // (else the materialised ones): when attention_kernel() is kFused and
-  // D <= flash::kMaxHeadSize (on CUDA also under kTiled where the device cannot run the
-  // tiled kernels: AttentionCoreForward takes them for bf16 jobs only). Off by default on
-  // both backends for now: on the CPU the materialised kernels give the digests jobs have
-  // always had, and on CUDA the fused kernels have not yet run on a GPU.
-  virtual bool UsesFusedAttention(int64_t D) const = 0;
 
   // ---- Tiled bf16 attention on matrix units (flash-style: flash_tiles.h) ----
   // For bf16 jobs: the layout and meaning of FusedAttentionForward/Backward, with q, k, v,
@@ -239,12 +232,11 @@ class Backend {
   virtual void TiledAttentionBackward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                                       const float* qkv, const float* y, const float* lse,
                                       const float* dy, float* dqkv, float* scratch) = 0;
-  // Whether a bf16 job's attention modules use the tiled kernels for head size D (else what
-  // UsesFusedAttention says): when attention_kernel() is kTiled, flash_tiles::Supports(D),
-  // and on CUDA a device that runs them (bf16 matrix units, compute capability 8.0 or
-  // later, and the blocks' shared memory; else the fused kernels, which keep the same).
-  // Off by default: the CUDA kernels have not yet run on a GPU.
-  virtual bool UsesTiledAttention(int64_t D) const = 0;
+  // Whether this device runs the tiled kernels at head size D, a multiple of 16 up to
+  // flash_tiles::kMaxD: on the CPU always; on CUDA where the device has bf16 matrix units
+  // (compute capability 8.0 or later) and room for the blocks' shared memory (asked once per
+  // device). Which kernels a module takes is AttentionKernelFor's (attention_core.h).
+  virtual bool RunsTiledAttention(int64_t D) const = 0;
 
   // ---- SwiGLU (LLaMA's MLP activation) ----
   // gate_up[rows, 2I] holds the gate (columns 0 .. I-1) and the up projection (I .. 2I-1).

@@ -551,10 +551,6 @@ class CpuBackendImpl final : public Backend {
   void SetAttentionKernel(AttentionKernel kernel) override { attention_.store(kernel); }
   AttentionKernel attention_kernel() const override { return attention_.load(); }
 
-  bool UsesFusedAttention(int64_t D) const override {
-    return attention_.load() == AttentionKernel::kFused && D <= flash::kMaxHeadSize;
-  }
-
   void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                              const float* qkv, float* y, float* lse) override {
     const int64_t C = H * D, W = (H + 2 * KVH) * D, G = H / KVH;
@@ -613,9 +609,7 @@ class CpuBackendImpl final : public Backend {
 
   // The tile kernels' blocks in turn, each as one thread (flash_tiles.h): the contract the
   // CUDA backend runs on tensor cores, so bf16 jobs on either device take the same steps.
-  bool UsesTiledAttention(int64_t D) const override {
-    return attention_.load() == AttentionKernel::kTiled && flash_tiles::Supports(D);
-  }
+  bool RunsTiledAttention(int64_t D) const override { return true; }
 
   void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                              const float* qkv, float* y, float* lse) override {

@@ -540,7 +540,7 @@ __global__ void FusedAttentionKeyKernel(int64_t B, int64_t T, int64_t H, int64_t
 // tiles in dynamic shared memory (more than the default 48 KB: TiledSmem raises the limit).
 // The grid runs a head's query tiles longest first (the last tile has the most keys), so the
 // short ones fill in behind. Devices before sm_80 have no bf16 matrix units: the launchers
-// refuse them (UsesTiledAttention), and the kernels compiled for them trap.
+// are not given them (RunsTiledAttention), and the kernels compiled for them trap.
 __device__ flash_tiles::Threads BlockThreads() {
   return {static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
           static_cast<int>(threadIdx.x / 32), static_cast<int>(blockDim.x / 32)};
@@ -601,6 +601,11 @@ bool TiledSmem(Kernel kernel, int64_t bytes, const char* name) {
   return false;
 }
 
+// Each device's compute capability (major) and opt-in shared memory per block, as
+// major << 32 | bytes: asked of the driver once per device (they do not change), 0 until then.
+constexpr int kCachedDevices = 64;
+std::atomic<int64_t> g_tiled_caps[kCachedDevices];
+
 // Whether the current context's device runs the tiled kernels at head size D: bf16 matrix
 // units (compute capability 8.0 or later) and room for the largest block's shared memory
 // (at D = 128 the dk/dv block's 187 KiB fits an H100's 227 KiB, not an A100's 163 KiB).
@@ -611,13 +616,21 @@ bool DeviceRunsTiledAttention(int64_t D) {
     MutexLock lock(c.mu);
     device = c.device;
   }
-  int major = 0, smem = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return false;
+  const bool cached = device >= 0 && device < kCachedDevices;
+  int64_t caps = cached ? g_tiled_caps[device].load(std::memory_order_relaxed) : 0;
+  if (caps == 0) {
+    int major = 0, smem = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    caps = static_cast<int64_t>(major) << 32 | static_cast<uint32_t>(smem);
+    if (cached) g_tiled_caps[device].store(caps, std::memory_order_relaxed);
   }
+  const int major = static_cast<int>(caps >> 32);
+  const int64_t smem = caps & 0xffffffff;
   const int d = static_cast<int>(D);
   const int64_t need =
       std::max({flash_tiles::ForwardSmemBytes(d), flash_tiles::QueryGradSmemBytes(d),
@@ -1538,14 +1551,6 @@ class CudaBackendImpl final : public Backend {
   void SetAttentionKernel(AttentionKernel kernel) override { attention_.store(kernel); }
   AttentionKernel attention_kernel() const override { return attention_.load(); }
 
-  // The tiled kernels fall back to these where the device cannot run them: the same stash.
-  bool UsesFusedAttention(int64_t D) const override {
-    const AttentionKernel k = attention_.load();
-    return D <= flash::kMaxHeadSize &&
-           (k == AttentionKernel::kFused ||
-            (k == AttentionKernel::kTiled && !DeviceRunsTiledAttention(D)));
-  }
-
   void FusedAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                              const float* qkv, float* y, float* lse) override {
     if (B * T * H == 0) return;
@@ -1584,10 +1589,7 @@ class CudaBackendImpl final : public Backend {
 
   // Not yet the default, as the fused kernels above: these have not run on a GPU yet.
   // BATON_FUSED_ATTENTION=tiled turns them on for bf16 jobs.
-  bool UsesTiledAttention(int64_t D) const override {
-    return attention_.load() == AttentionKernel::kTiled && flash_tiles::Supports(D) &&
-           DeviceRunsTiledAttention(D);
-  }
+  bool RunsTiledAttention(int64_t D) const override { return DeviceRunsTiledAttention(D); }
 
   void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                              const float* qkv, float* y, float* lse) override {

@@ -1,23 +1,38 @@
 #include "common/nn/attention_core.h"
 
+#include "common/core/flash_attention_math.h"
+#include "common/core/flash_tiles.h"
 #include "common/core/status.h"
 #include "common/nn/module.h"
 
 namespace baton {
 
+AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16) {
+  const bool fused = D <= flash::kMaxHeadSize;
+  switch (be.attention_kernel()) {
+    case AttentionKernel::kTiled:
+      if (!bf16) return AttentionKernel::kMaterialised;
+      if (flash_tiles::Supports(D) && be.RunsTiledAttention(D)) return AttentionKernel::kTiled;
+      return fused ? AttentionKernel::kFused : AttentionKernel::kMaterialised;
+    case AttentionKernel::kFused:
+      return fused ? AttentionKernel::kFused : AttentionKernel::kMaterialised;
+    case AttentionKernel::kMaterialised:
+      break;
+  }
+  return AttentionKernel::kMaterialised;
+}
+
 absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device device,
                                   const AttentionShape& s, bool bf16, const Tensor& qkv,
                                   AttentionStash* saved, Tensor* y) {
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(who, {s.B, s.T, s.H * s.D}, device));
-  if (bf16 && be->UsesTiledAttention(s.D)) {
+  const AttentionKernel kernel = AttentionKernelFor(*be, s.D, bf16);
+  if (kernel == AttentionKernel::kTiled) {
     BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
     be->TiledAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
     saved->out = out;
     saved->tiled = true;
-  } else if (be->UsesFusedAttention(s.D) &&
-             (bf16 || be->attention_kernel() == AttentionKernel::kFused)) {
-    // (A GPU that cannot run the tiled kernels takes these in a bf16 job; an fp32 job under
-    // kTiled takes the materialised ones on every device.)
+  } else if (kernel == AttentionKernel::kFused) {
     BATON_ASSIGN_OR_RETURN(saved->lse, NewTensor(who, {s.B, s.H, s.T}, device));
     be->FusedAttentionForward(s.B, s.T, s.H, s.KVH, s.D, qkv.f32(), out.f32(), saved->lse.f32());
     saved->out = out;

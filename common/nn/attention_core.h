@@ -1,8 +1,7 @@
 // The causal grouped-query attention core between an attention module's qkv projection and
 // its output projection, shared by the GPT's CausalSelfAttention and LLaMA's attention.
 //
-// Three ways to run it, the backend decides per head size and precision
-// (Backend::UsesTiledAttention for bf16 jobs, then Backend::UsesFusedAttention):
+// Three ways to run it, chosen per head size and precision by AttentionKernelFor:
 //  - materialised: the softmax probabilities att [B, H, T, T] are stashed for the backward
 //    (Backend::AttentionForward/Backward);
 //  - fused, flash-style: only each query row's logsumexp [B, H, T] and the output
@@ -36,6 +35,15 @@ struct AttentionStash {
   Tensor out;  // fused: [B, T, H*D], the core's output
   bool tiled = false;  // lse and out came from the tiled kernels
 };
+
+// The kernels the core runs for head size D on `be`, under its attention_kernel():
+//  - kFused: the fused kernels where D <= flash::kMaxHeadSize, else the materialised ones;
+//  - kTiled, in a bf16 job (`bf16`): the tiled kernels where flash_tiles::Supports(D) and
+//    the device runs them (Backend::RunsTiledAttention), else the fused ones, which keep the
+//    same stash, as kFused does; in a float32 job the materialised ones (the tiled contract
+//    rounds the probabilities to bf16);
+//  - kMaterialised: the materialised ones.
+AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16);
 
 // y [B, T, H*D] = the core on qkv [B, T, (H + 2 KVH) D]; fills `saved`. `bf16`: the job's
 // precision is bf16 (q, k and v hold bf16 values), which lets the tiled kernels run. Errors

@@ -63,6 +63,16 @@ inline void ExpectBlockKeepsWhatIsDescribed(const baton::v1::ModelSpec& spec,
   EXPECT_EQ(alloc->Stats().bytes_in_use, base);
 }
 
+// The above for the one-layer GPT and LLaMA, in bf16 and float32, under the kernels the
+// process runs with (`attention`, which the caller's test asserts).
+inline void ExpectBlocksKeepWhatIsDescribed(AttentionKernel attention) {
+  for (bool llama : {false, true}) {
+    for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+      ExpectBlockKeepsWhatIsDescribed(OneLayerSpec(llama, 40), attention, p);
+    }
+  }
+}
+
 }  // namespace testing
 }  // namespace baton
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/core/flash_attention_math.h"
+#include "common/nn/attention_core.h"
 #include "common/nn/block_memory_test_util.h"
 #include "common/nn/grad_check_test_util.h"
 #include "common/nn/llama.h"
@@ -80,8 +81,12 @@ TEST(FusedAttentionTest, AgreesWithTheMaterialisedKernels) {
 TEST(FusedAttentionTest, TheModulesTakeItForHeadsUpToTheLimit) {
   ASSERT_TRUE(kFusedRequested);
   EXPECT_TRUE(FusedAttentionRequested());
-  EXPECT_TRUE(CpuBackend()->UsesFusedAttention(flash::kMaxHeadSize));
-  EXPECT_FALSE(CpuBackend()->UsesFusedAttention(flash::kMaxHeadSize + 1));
+  const Backend& be = *CpuBackend();
+  for (bool bf16 : {false, true}) {
+    EXPECT_EQ(AttentionKernelFor(be, flash::kMaxHeadSize, bf16), AttentionKernel::kFused);
+    EXPECT_EQ(AttentionKernelFor(be, flash::kMaxHeadSize + 1, bf16),
+              AttentionKernel::kMaterialised);
+  }
 }
 
 // Gradient checks of the attention modules on the fused path (tolerances as
@@ -105,12 +110,7 @@ TEST(FusedAttentionGradTest, GroupedQueryLlamaAttentionMatchesFiniteDifferences)
 // each row's logsumexp, and in bf16 the core's float32 output, not the probabilities.
 TEST(FusedAttentionTest, ABlockKeepsWhatThePlannerCounts) {
   ASSERT_EQ(CpuBackend()->attention_kernel(), AttentionKernel::kFused);
-  for (bool llama : {false, true}) {
-    for (Precision p : {Precision::kBf16, Precision::kFp32}) {
-      ::baton::testing::ExpectBlockKeepsWhatIsDescribed(::baton::testing::OneLayerSpec(llama, 40),
-                                                        AttentionKernel::kFused, p);
-    }
-  }
+  ::baton::testing::ExpectBlocksKeepWhatIsDescribed(AttentionKernel::kFused);
 }
 
 // The module's fused forward equals the kernel's (nothing else in between) and keeps no

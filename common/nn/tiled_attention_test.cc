@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/core/bf16.h"
 #include "common/core/flash_tiles.h"
+#include "common/nn/attention_core.h"
 #include "common/nn/block_memory_test_util.h"
 #include "common/nn/grad_check_test_util.h"
 #include "common/nn/llama.h"
@@ -174,9 +175,15 @@ TEST(TiledAttentionTest, HeadSizesAreMultiplesOf16UpTo128) {
   ASSERT_TRUE(kTiledRequested);
   EXPECT_TRUE(TiledAttentionRequested());
   EXPECT_FALSE(FusedAttentionRequested());
-  for (int64_t D : {16, 32, 64, 128}) EXPECT_TRUE(CpuBackend()->UsesTiledAttention(D)) << D;
-  for (int64_t D : {8, 24, 144}) EXPECT_FALSE(CpuBackend()->UsesTiledAttention(D)) << D;
-  EXPECT_FALSE(CpuBackend()->UsesFusedAttention(16));
+  const Backend& be = *CpuBackend();
+  for (int64_t D : {16, 32, 64, 128}) {
+    EXPECT_EQ(AttentionKernelFor(be, D, true), AttentionKernel::kTiled) << D;
+    EXPECT_EQ(AttentionKernelFor(be, D, false), AttentionKernel::kMaterialised) << D;
+  }
+  // Head sizes the tiles do not take fall back to the fused rows (the same stash) up to
+  // their limit.
+  for (int64_t D : {8, 24}) EXPECT_EQ(AttentionKernelFor(be, D, true), AttentionKernel::kFused);
+  EXPECT_EQ(AttentionKernelFor(be, 144, true), AttentionKernel::kMaterialised);
 }
 
 // bf16 modules take the tiled kernels (no T x T matrix kept), float32 ones the materialised
@@ -205,12 +212,7 @@ TEST(TiledAttentionTest, OnlyBf16ModulesTakeIt) {
 // fp32 the materialised kernels' probabilities.
 TEST(TiledAttentionTest, ABlockKeepsWhatThePlannerCounts) {
   ASSERT_EQ(CpuBackend()->attention_kernel(), AttentionKernel::kTiled);
-  for (bool llama : {false, true}) {
-    for (Precision p : {Precision::kBf16, Precision::kFp32}) {
-      ::baton::testing::ExpectBlockKeepsWhatIsDescribed(::baton::testing::OneLayerSpec(llama, 40),
-                                                        AttentionKernel::kTiled, p);
-    }
-  }
+  ::baton::testing::ExpectBlocksKeepWhatIsDescribed(AttentionKernel::kTiled);
 }
 
 // The modules wire the tiled kernels in both directions: a bf16 module (tiled) against the
