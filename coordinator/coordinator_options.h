@@ -27,7 +27,8 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // ... and are dead when a lease is not renewed for this long. Must exceed the interval.
   absl::Duration lease_ttl = absl::Seconds(5);
-  // Deadline of every receive on the workers (JobPlan.recv_timeout).
+  // Deadline of every receive on the workers (JobPlan.recv_timeout): the floor a job's
+  // planned step raises (PlannedReceiveTimeout).
   absl::Duration recv_timeout = absl::Seconds(60);
   // Deadlines of the StartJob and AbortJob calls to workers.
   absl::Duration start_timeout = absl::Seconds(5);

@@ -39,7 +39,8 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(5),
           "a worker whose lease is not renewed for this long is dead (its job fails)");
 ABSL_FLAG(absl::Duration, recv_timeout, absl::Seconds(60),
-          "deadline of every tensor receive on the workers");
+          "deadline of every tensor receive on the workers: the least; a job whose planned "
+          "step is long gets more (docs/cluster.md)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound host:port is also written to this file once serving");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",

@@ -1,20 +1,21 @@
 #include "coordinator/placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/plan/clock_proto.h"
 #include "common/core/status.h"
 #include "common/nn/model.h"
-#include "common/spec/schedule_spec.h"
+#include "common/plan/clock_proto.h"
 #include "common/plan/planner.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
 #include "common/schedule/validate.h"
+#include "common/spec/schedule_spec.h"
 #include "common/spec/spec.h"
 
 namespace baton {
@@ -297,6 +298,34 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
   return out;
 }
 
+absl::Duration PlannedReceiveTimeout(const baton::v1::JobSpec& spec,
+                                     const std::vector<BlockInfo>& blocks,
+                                     const std::vector<PlacedWorker>& workers,
+                                     absl::Duration floor) {
+  const bool bf16 = spec.precision() == baton::v1::PRECISION_BF16;
+  double slowest = 0;
+  for (const PlacedWorker& w : workers) {
+    const double peak = bf16 ? w.device.peak_flops_bf16() : w.device.peak_flops();
+    if (!(peak > 0)) return floor;  // unknown: nothing to plan with
+    slowest = slowest == 0 ? peak : std::min(slowest, peak);
+  }
+  if (slowest == 0) return floor;
+  const int D = std::max(1, spec.pipeline().data_parallel());
+  const double samples = static_cast<double>(spec.data().batch_size()) / D;
+  double flops = TrainingFlops(blocks, 0, static_cast<int>(blocks.size()), samples);
+  if (spec.pipeline().recompute() == baton::v1::RECOMPUTE_FULL) flops *= 4.0 / 3.0;
+  double seconds = flops / slowest;
+  if (D > 1) {
+    double parameters = 0;
+    for (const BlockInfo& b : blocks) parameters += static_cast<double>(b.parameters);
+    seconds += 2 * 4 * parameters / kPlannedReplicaBytesPerSecond;
+  }
+  const double planned = kReceiveHeadroom * seconds;
+  // Whole seconds, capped at a day: a deadline that reads well and cannot overflow.
+  if (!(planned < 86400)) return std::max(floor, absl::Hours(24));
+  return std::max(floor, absl::Seconds(std::ceil(planned)));
+}
+
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
                                    uint64_t job_key, const std::vector<PlacedWorker>& workers,
                                    absl::Duration recv_timeout, Device device) {
@@ -344,7 +373,10 @@ absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::st
     sp->set_first_block(out.layout.stage_blocks[s].first);
     sp->set_last_block(out.layout.stage_blocks[s].last);
   }
-  *common.mutable_recv_timeout() = ToProtoDuration(recv_timeout);
+  const absl::Duration waits =
+      PlannedReceiveTimeout(spec, out.layout.blocks, workers, recv_timeout);
+  *common.mutable_recv_timeout() = ToProtoDuration(waits);
+  *out.report.mutable_recv_timeout() = ToProtoDuration(waits);
   common.set_data_parallel(D);
   auto fill_peer = [&](baton::v1::Peer* peer, int rank, const PlacedWorker& w) {
     peer->set_rank(rank);

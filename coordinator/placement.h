@@ -104,6 +104,25 @@ std::optional<WorkerChoice> ChooseWorkers(const baton::v1::JobSpec& spec,
                                           int64_t largest_registered_bytes = 0,
                                           const std::vector<int64_t>& rank_needs = {});
 
+// How long the job's workers wait for a tensor from a peer (JobPlan.recv_timeout: every
+// receive, send delivery and data-parallel reduction) before they end the job: `floor`
+// (the coordinator's --recv_timeout), raised to kReceiveHeadroom times the job's planned
+// step where that is longer. The planned step is every FLOP of one replica's step
+// (TrainingFlops over all blocks, a third more with recomputation) as if one device ran
+// them all in turn, at the peak of the slowest of `workers` (DeviceInfo.peak_flops, or
+// peak_flops_bf16 in a bf16 job), plus, with data_parallel > 1, the gradients sent out and
+// back at kPlannedReplicaBytesPerSecond. A wait is never longer than a step (a peer's tensor
+// is made within the step that needs it), so the headroom covers steps that run at a
+// sixteenth of the devices' peak: a large model on a CPU, whose single actions can last
+// minutes, is not ended by a deadline sized for small ones, and a small or GPU job keeps
+// `floor`. A worker with an unknown peak (0) leaves `floor`. `blocks`: DescribeBlocks of the
+// spec's model.
+inline constexpr double kReceiveHeadroom = 16;
+inline constexpr double kPlannedReplicaBytesPerSecond = 100e6;  // one 1 Gb/s link, roughly
+absl::Duration PlannedReceiveTimeout(const baton::v1::JobSpec& spec,
+                                     const std::vector<BlockInfo>& blocks,
+                                     const std::vector<PlacedWorker>& workers,
+                                     absl::Duration floor);
 
 struct Placement {
   PipelineLayout layout;
@@ -116,7 +135,8 @@ struct Placement {
 
 // One plan per rank for `spec` (validated, defaulted) with rank r on workers[r], every rank
 // computing on `device` (the plans' spec says DEVICE_KIND_CPU or DEVICE_KIND_CUDA, never
-// auto). INVALID_ARGUMENT when workers.size() != pipeline.stages, or as
+// auto), waiting for its peers PlannedReceiveTimeout(spec, ..., recv_timeout) (the report
+// says it too). INVALID_ARGUMENT when workers.size() != pipeline.stages, or as
 // BuildPipelineLayout.
 absl::StatusOr<Placement> PlaceJob(const baton::v1::JobSpec& spec, const std::string& job_id,
                                    uint64_t job_key, const std::vector<PlacedWorker>& workers,

@@ -1,12 +1,13 @@
 #include "coordinator/placement.h"
 
+#include <cmath>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/plan/clock_proto.h"
 #include "common/nn/model.h"
+#include "common/plan/clock_proto.h"
 #include "common/plan/planner.h"
 #include "common/rpc/rpc.h"
 #include "common/schedule/generators.h"
@@ -231,6 +232,91 @@ TEST(PlaceJobTest, TheReportNamesEachKernelSetOnceInRankOrder) {
       PlaceJob(spec, "job-1", 1, workers, absl::Seconds(5), Device::kCuda);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ(gpu->report.kernels_size(), 0);
+}
+
+// Workers with the given fp32 and bf16 peaks (FLOP/s; 0: unknown).
+std::vector<PlacedWorker> WorkersWithPeaks(const std::vector<double>& fp32,
+                                           const std::vector<double>& bf16 = {}) {
+  std::vector<PlacedWorker> out = Workers(static_cast<int>(fp32.size()));
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    out[i].device.set_peak_flops(fp32[i]);
+    out[i].device.set_peak_flops_bf16(i < bf16.size() ? bf16[i] : 0);
+  }
+  return out;
+}
+
+// The receive deadline a job's planned step asks for: 16 serial steps at the slowest peak.
+absl::Duration Sixteen(double flops, double peak) {
+  return absl::Seconds(std::ceil(kReceiveHeadroom * flops / peak));
+}
+
+TEST(PlannedReceiveTimeoutTest, ASmallJobOrAnUnknownPeakKeepsTheFloor) {
+  const baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 2);
+  const std::vector<BlockInfo> blocks = DescribeBlocks(spec.model());
+  EXPECT_EQ(PlannedReceiveTimeout(spec, blocks, WorkersWithPeaks({1e9, 1e9}), absl::Seconds(60)),
+            absl::Seconds(60));
+  baton::v1::JobSpec big = spec;
+  big.mutable_model()->mutable_mlp()->set_width(4096);
+  const std::vector<BlockInfo> big_blocks = DescribeBlocks(big.model());
+  EXPECT_GT(PlannedReceiveTimeout(big, big_blocks, WorkersWithPeaks({1e6, 1e6}), absl::Seconds(60)),
+            absl::Seconds(60));
+  // One worker whose peak is unknown: nothing to plan with.
+  EXPECT_EQ(PlannedReceiveTimeout(big, big_blocks, WorkersWithPeaks({1e6, 0}), absl::Seconds(60)),
+            absl::Seconds(60));
+}
+
+TEST(PlannedReceiveTimeoutTest, ALongStepRaisesItToSixteenSerialStepsOnTheSlowestWorker) {
+  baton::v1::JobSpec spec = MlpSpec(baton::v1::SCHEDULE_1F1B, 2, 1, 4);
+  spec.mutable_model()->mutable_mlp()->set_width(4096);
+  spec.mutable_data()->set_batch_size(64);
+  const std::vector<BlockInfo> blocks = DescribeBlocks(spec.model());
+  const double flops = TrainingFlops(blocks, 0, static_cast<int>(blocks.size()), 64);
+  const absl::Duration want = Sixteen(flops, 1e9);
+  ASSERT_GT(want, absl::Seconds(60));
+  EXPECT_EQ(PlannedReceiveTimeout(spec, blocks, WorkersWithPeaks({1e10, 1e9}), absl::Seconds(60)),
+            want);
+  // A floor above it stays.
+  EXPECT_EQ(PlannedReceiveTimeout(spec, blocks, WorkersWithPeaks({1e10, 1e9}), want * 2), want * 2);
+
+  // Every plan and the report carry it.
+  absl::StatusOr<Placement> p =
+      PlaceJob(spec, "job-1", 1, WorkersWithPeaks({1e10, 1e9}), absl::Seconds(60));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(FromProtoDuration(p->report.recv_timeout()), want);
+  for (const baton::v1::JobPlan& plan : p->plans) {
+    EXPECT_EQ(FromProtoDuration(plan.recv_timeout()), want);
+  }
+
+  // Recomputation's extra forward: a third more.
+  baton::v1::JobSpec recompute = spec;
+  recompute.mutable_pipeline()->set_recompute(baton::v1::RECOMPUTE_FULL);
+  EXPECT_EQ(
+      PlannedReceiveTimeout(recompute, blocks, WorkersWithPeaks({1e9, 1e9}), absl::Seconds(60)),
+      Sixteen(flops * 4 / 3, 1e9));
+
+  // A bf16 job plans with the bf16 peaks.
+  baton::v1::JobSpec bf16 = spec;
+  bf16.set_precision(baton::v1::PRECISION_BF16);
+  EXPECT_EQ(PlannedReceiveTimeout(bf16, blocks, WorkersWithPeaks({1e9, 1e9}, {4e9, 8e9}),
+                                  absl::Seconds(60)),
+            Sixteen(flops, 4e9));
+  EXPECT_EQ(PlannedReceiveTimeout(bf16, blocks, WorkersWithPeaks({1e9, 1e9}), absl::Seconds(60)),
+            absl::Seconds(60));  // their bf16 peaks are unknown
+
+  // Replicas: each trains on its share of the batch, and sends its gradients out and back.
+  baton::v1::JobSpec dp = spec;
+  dp.mutable_pipeline()->set_data_parallel(2);
+  double parameters = 0;
+  for (const BlockInfo& b : blocks) parameters += static_cast<double>(b.parameters);
+  const double seconds = TrainingFlops(blocks, 0, static_cast<int>(blocks.size()), 32) / 1e9 +
+                         8 * parameters / kPlannedReplicaBytesPerSecond;
+  EXPECT_EQ(
+      PlannedReceiveTimeout(dp, blocks, WorkersWithPeaks({1e9, 1e9, 1e9, 1e9}), absl::Seconds(60)),
+      absl::Seconds(std::ceil(kReceiveHeadroom * seconds)));
+
+  // At most a day.
+  EXPECT_EQ(PlannedReceiveTimeout(spec, blocks, WorkersWithPeaks({1, 1}), absl::Seconds(60)),
+            absl::Hours(24));
 }
 
 struct Case {

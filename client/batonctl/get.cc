@@ -6,11 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "baton/v1/jobs.pb.h"
 #include "client/batonctl/cluster_client.h"
 #include "client/batonctl/cluster_command.h"
 #include "client/batonctl/commands.h"
 #include "common/core/log_text.h"
+#include "common/rpc/rpc.h"
 
 namespace baton::cli {
 namespace {
@@ -75,6 +77,10 @@ void PrintJob(const baton::v1::Job& job) {
     std::printf("  dp group:   rank %d x %d replicas %s %s (%s)\n", g.rank(),
                 job.pipeline().data_parallel(), g.engine().c_str(), g.mode().c_str(),
                 g.reason().c_str());
+  }
+  if (job.has_pipeline() && job.pipeline().has_recv_timeout()) {
+    std::printf("  peer waits: %s at most, then the job ends (the receive deadline)\n",
+                absl::FormatDuration(FromProtoDuration(job.pipeline().recv_timeout())).c_str());
   }
   if (job.spec().optimizer().shard()) {
     std::printf("  optimizer:  sharded across the %d replicas (optimizer.shard)\n",
