@@ -27,10 +27,14 @@
 //
 // Flags: --spec=PATH (default: $BATON_SOURCE_DIR/client/examples/gpt.json), --device=cpu|cuda
 // (default cpu; cuda runs BM_GptTrainerStep on the GPU, the reference trainer on the CUDA
-// backend, and skips the CPU-only benchmarks) plus Google Benchmark's own (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json...).
+// backend, and skips the CPU-only benchmarks), --parts=N (no benchmarks: N trainer steps
+// through the part profiler, each part's device time a step: RunParts), plus Google
+// Benchmark's own (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json...).
 // See docs/benchmarks.md for results and bench/run_gpt_bench.sh for the PyTorch comparison.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +48,7 @@
 
 #include "common/core/backend.h"
 #include "common/core/blas_kernels.h"
+#include "common/core/part_profiler.h"
 #include "common/core/tensor.h"
 #include "common/data/dataset.h"
 #include "common/nn/model.h"
@@ -527,6 +532,81 @@ void RegisterKernelBenchmarks() {
 }
 
 }  // namespace
+// --parts=N: where a trainer step's device time goes (common/core/part_profiler.h). Builds
+// the reference trainer over the part profiler, runs kWarmup steps, then N profiled steps,
+// and prints, per step: each part's time, share of the step and calls, the parts' sum, the
+// step's wall time and what of it the device spent idle (the host issuing work). Returns
+// the exit status.
+int RunParts(int steps) {
+  const Device device = OnCuda() ? Device::kCuda : Device::kCpu;
+  absl::StatusOr<Backend*> inner = BackendFor(device);
+  if (!inner.ok()) Die("the backend", inner.status());
+  PartProfiler profiler(*inner, Spec().model().gpt().vocab_size());  // outlives the trainer
+  SetBackendOverride(device, &profiler);
+  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> t = ReferenceTrainer::Create(Spec());
+  SetBackendOverride(device, nullptr);  // the trainer's modules keep it
+  if (!t.ok()) Die("the trainer", t.status());
+  for (int i = 0; i < kWarmup; ++i) {
+    if (absl::StatusOr<StepStats> s = (*t)->Step(); !s.ok()) Die("a warm-up step", s.status());
+  }
+  if (absl::Status s = profiler.Collect(); !s.ok()) Die("reading the device's times", s);
+  profiler.ResetTotals();
+  int64_t tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    absl::StatusOr<StepStats> s = (*t)->Step();
+    if (!s.ok()) Die("a profiled step", s.status());
+    tokens = s->tokens;
+    if (absl::Status c = profiler.Collect(); !c.ok()) Die("reading the device's times", c);
+  }
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+      steps;
+  const auto& g = Spec().model().gpt();
+  std::printf(
+      "parts: %s on %s, %s, d_model %d, %d layers, context %d, %lld tokens a step, "
+      "%d profiled steps (after %d warm-up)\n",
+      SpecPath().c_str(), DeviceName(device),
+      Spec().precision() == baton::v1::PRECISION_BF16 ? "bf16" : "fp32", g.d_model(), g.layers(),
+      g.context(), static_cast<long long>(tokens), steps, kWarmup);
+  double sum_ms = 0;
+  for (int p = 0; p < kStepParts; ++p) {
+    const PartProfiler::Part& part = profiler.totals()[p];
+    const double ms = static_cast<double>(part.ns) / 1e6 / steps;
+    sum_ms += ms;
+    std::printf("part %-13s %10.3f ms/step %5.1f%% %8lld calls/step\n",
+                StepPartName(static_cast<StepPart>(p)), ms, 100 * ms / wall_ms,
+                static_cast<long long>(part.calls / steps));
+  }
+  std::printf("parts' sum         %10.3f ms/step %5.1f%%\n", sum_ms, 100 * sum_ms / wall_ms);
+  // Then each kernel in each part, the most time first.
+  struct Row {
+    double ms;
+    long long calls;
+    const char* part;
+    std::string kernel;
+  };
+  std::vector<Row> rows;
+  for (int p = 0; p < kStepParts; ++p) {
+    for (const auto& [name, k] : profiler.kernels(static_cast<StepPart>(p))) {
+      if (k.calls == 0) continue;
+      rows.push_back({static_cast<double>(k.ns) / 1e6 / steps,
+                      static_cast<long long>(k.calls / steps),
+                      StepPartName(static_cast<StepPart>(p)), name});
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Row& a, const Row& b) { return a.ms > b.ms; });
+  for (const Row& r : rows) {
+    std::printf("kernel %-26s %10.3f ms/step %5.1f%% %8lld calls/step (%s)\n", r.kernel.c_str(),
+                r.ms, 100 * r.ms / wall_ms, r.calls, r.part);
+  }
+  std::printf("step (wall)        %10.3f ms/step; the device %s %.3f ms/step (%.1f%%)\n", wall_ms,
+              device == Device::kCuda ? "idle" : "outside the kernels", wall_ms - sum_ms,
+              100 * (wall_ms - sum_ms) / wall_ms);
+  return 0;
+}
+
 }  // namespace baton
 
 BENCHMARK(baton::BM_GptForwardBackward)->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
@@ -539,8 +619,15 @@ int main(int argc, char** argv) {
   baton::ChooseBlasKernels(argv);  // the kernels a worker runs (may re-execute)
   // Our own flag first: Google Benchmark rejects flags it does not know.
   int kept = 1;
+  int parts = 0;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--spec=", 7) == 0) {
+    if (std::strncmp(argv[i], "--parts=", 8) == 0) {
+      parts = std::atoi(argv[i] + 8);
+      if (parts < 1) {
+        std::fprintf(stderr, "gpt_bench: --parts=N needs N >= 1 steps, got '%s'\n", argv[i] + 8);
+        return 2;
+      }
+    } else if (std::strncmp(argv[i], "--spec=", 7) == 0) {
       baton::SpecPath() = argv[i] + 7;
     } else if (std::strcmp(argv[i], "--device=cuda") == 0) {
       baton::OnCuda() = true;
@@ -551,6 +638,10 @@ int main(int argc, char** argv) {
     }
   }
   argc = kept;
+  if (parts > 0) {
+    baton::SetBlasThreads(1);
+    return baton::RunParts(parts);
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   baton::SetBlasThreads(1);

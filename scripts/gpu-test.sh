@@ -36,7 +36,10 @@
 #      off on both sides), in bf16 (baton's PRECISION_BF16 against torch.autocast) and in
 #      bf16 with baton's fused attention (BATON_FUSED_ATTENTION=1) and with its tiled bf16
 #      attention on tensor cores (BATON_FUSED_ATTENTION=tiled), with the ratios and
-#      achieved TFLOP/s (PyTorch skipped, saying so, where python3 has no torch); then the
+#      achieved TFLOP/s (PyTorch skipped, saying so, where python3 has no torch), and each
+#      mode's step part by part (bench/gpt_bench --parts: the device time of the products,
+#      the LM head's, attention, element-wise passes, norms, loss, embedding, sums and the
+#      optimizer, and the GPU's idle time); then the
 #      worker's side: a 2-rank cluster job of the 768-wide GPT in bf16 on the GPU, its
 #      tokens/s, MFU and each rank's per-step forward, backward, send and receive-wait times
 #      (`batonctl watch --output json`; BATON_GPU_CLUSTER_BENCH_STEPS steps, default 10).
@@ -549,6 +552,16 @@ print(" ".join("%s=%d" % (r["attention"], r["step"]["tokens_per_second_median"])
     for v in $torch_tps; do
       note "bench $name: pytorch ${v%%=*} ${v#*=} tokens/s ($(python3 -c "print(f'{${v#*=}*$fpt/1e12:.2f}')") TFLOP/s); baton/pytorch = $(python3 -c "print(f'{$baton_tps/${v#*=}:.3f}')")"
     done
+    # Where the step's time goes, part by part (gpt_bench --parts: each kernel's device time
+    # between CUDA events; what the step has beyond their sum, the GPU spent idle).
+    if BATON_FUSED_ATTENTION=$env_fused timeout 120 "$BIN/gpt_bench" --device="${DEVICE%%:*}" \
+      --spec="$tmp/$name.json" --parts=3 >"$tmp/$name.parts" 2>"$tmp/$name.parts.err"; then
+      # The parts, the step, and the eight kernels that took the most time.
+      while IFS= read -r line; do note "bench $name $line"; done < <(
+        grep -E '^(part|step)' "$tmp/$name.parts"; grep '^kernel' "$tmp/$name.parts" | head -8)
+    else
+      fail "bench $name: its parts: $(tail -3 "$tmp/$name.parts.err" | tr '\n' ' ')"
+    fi
     done
   done
   note "bench: peaks of the device (datasheet, dense): fp32 (no TF32) 67 TFLOP/s, bf16 989 TFLOP/s on H100 SXM and H200"

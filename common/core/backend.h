@@ -303,6 +303,10 @@ class Backend {
 // none. The CPU backend always exists.
 absl::StatusOr<Backend*> BackendFor(Device device);
 Backend* CpuBackend();
+// From now on BackendFor(device) returns `be` (not owned), nullptr: the device's own again.
+// For tools that wrap a device's backend (PartProfiler): modules take their backend when
+// they are built, so it applies to models built after it. CpuBackend() stays the CPU's.
+void SetBackendOverride(Device device, Backend* be);
 
 // Number of threads a CPU GEMM uses (the caller's included; the default is OpenBLAS's:
 // OPENBLAS_NUM_THREADS, else the cores). Results do not depend on it: GEMM splits its

@@ -856,7 +856,18 @@ Backend* CpuBackend() {
   return backend;
 }
 
+namespace {
+// SetBackendOverride's, by device (kCpu, kCuda).
+std::atomic<Backend*> g_backend_override[2] = {nullptr, nullptr};
+std::atomic<Backend*>& OverrideOf(Device device) {
+  return g_backend_override[device == Device::kCuda ? 1 : 0];
+}
+}  // namespace
+
+void SetBackendOverride(Device device, Backend* be) { OverrideOf(device).store(be); }
+
 absl::StatusOr<Backend*> BackendFor(Device device) {
+  if (Backend* be = OverrideOf(device).load(); be != nullptr) return be;
   switch (device) {
     case Device::kCpu:
       return CpuBackend();

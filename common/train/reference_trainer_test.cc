@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/core/backend.h"
+#include "common/core/part_profiler.h"
 #include "common/spec/spec.h"
 #include "gtest/gtest.h"
 
@@ -65,6 +66,30 @@ TEST(ReferenceTrainerTest, SameSpecSameBits) {
     const TrainedRun b = Train(Spec(json));
     EXPECT_EQ(a.digest, b.digest);
     EXPECT_EQ(a.losses, b.losses);  // exact float equality, step by step
+  }
+}
+
+// The part profiler (gpt_bench --parts) runs the CPU backend's kernels unchanged, and every
+// kernel a GPT's step calls falls into its part.
+TEST(ReferenceTrainerTest, APartProfiledRunHasTheSameBitsAndCountsEveryPart) {
+  for (const char* precision : {"PRECISION_FP32", "PRECISION_BF16"}) {
+    baton::v1::JobSpec spec = Spec(kSmallGpt);
+    spec.set_precision(precision == std::string("PRECISION_BF16") ? baton::v1::PRECISION_BF16
+                                                                  : baton::v1::PRECISION_FP32);
+    spec.mutable_optimizer()->set_clip_grad_norm(1.0f);  // the clipping norm: whole-tensor sums
+    const TrainedRun plain = Train(spec);
+    PartProfiler profiler(CpuBackend(), spec.model().gpt().vocab_size());
+    SetBackendOverride(Device::kCpu, &profiler);
+    const TrainedRun profiled = Train(spec);
+    SetBackendOverride(Device::kCpu, nullptr);
+    ASSERT_TRUE(profiler.Collect().ok());
+    EXPECT_EQ(profiled.digest, plain.digest) << precision;
+    EXPECT_EQ(profiled.losses, plain.losses) << precision;
+    for (int p = 0; p < kStepParts; ++p) {
+      const PartProfiler::Part& part = profiler.totals()[p];
+      EXPECT_GT(part.calls, 0) << precision << ": " << StepPartName(static_cast<StepPart>(p));
+      EXPECT_GE(part.ns, 0);
+    }
   }
 }
 
