@@ -434,7 +434,7 @@ void BM_Kernel_BiasGelu(benchmark::State& state) {
   Backend* be = CpuBackend();
   for (auto _ : state) {
     // Forward and backward of the MLP's GELU.
-    be->BiasGelu(d.R, n, x.f32(), b.f32(), pre.f32(), out.f32());
+    be->BiasGelu(d.R, n, x.f32(), b.f32(), pre.f32(), out.f32(), false);
     be->GeluBackward(d.R * n, pre.f32(), dy.f32(), dx.f32());
     benchmark::ClobberMemory();
   }

@@ -112,16 +112,23 @@ class Backend {
   virtual void FromBf16(int64_t n, const uint16_t* x, float* y) = 0;
 
   // ---- Linear ----
-  // y[r,c] += bias[c].
-  virtual void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) = 0;
+  // y[r,c] += bias[c], then, when round_bf16, rounded to bf16 as RoundToBf16 rounds: one pass
+  // where a separate RoundToBf16 would be a second (a bf16 job's Linear output), the same
+  // bits.
+  virtual void AddBias(int64_t rows, int64_t cols, const float* bias, float* y,
+                       bool round_bf16) = 0;
   // Accumulates dbias[c] += sum over r of dy[r,c], adding rows in order r = 0, 1, ...
   virtual void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) = 0;
+  // BiasGrad of the floats that the bf16 bits dy are (a bf16 job's kept output gradient),
+  // read as bits: the bits BiasGrad gives after FromBf16, without the widened copy.
+  virtual void BiasGradBf16(int64_t rows, int64_t cols, const uint16_t* dy, float* dbias) = 0;
 
   // ---- GELU (tanh approximation, as in GPT-2) ----
-  // Fused: writes pre[r,c] = x[r,c] + bias[c] and out[r,c] = gelu(pre[r,c]).
-  // `pre` may alias `x`. `bias` may be null (no bias).
-  virtual void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias,
-                        float* pre, float* out) = 0;
+  // Fused: writes pre[r,c] = x[r,c] + bias[c] and out[r,c] = gelu(pre[r,c]), out rounded to
+  // bf16 when round_bf16 (as AddBias; pre never is). `pre` may alias `x`. `bias` may be null
+  // (no bias).
+  virtual void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
+                        float* out, bool round_bf16) = 0;
   // Writes dx[i] = dy[i] * gelu'(pre[i]). `dx` may alias `dy`.
   virtual void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) = 0;
 

@@ -79,10 +79,13 @@ BATON_CPU_CLONES void FromBf16Loop(int64_t n, const uint16_t* x, float* y) {
 }
 
 // Row r of y += bias.
-BATON_CPU_CLONES void AddBiasLoop(int64_t rows, int64_t cols, const float* bias, float* y) {
+// Each row rounded to bf16 right after its sums, while it is in cache (round_bf16).
+BATON_CPU_CLONES void AddBiasLoop(int64_t rows, int64_t cols, const float* bias, float* y,
+                                  bool round_bf16) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = y + r * cols;
     for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    if (round_bf16) RoundToBf16Loop(cols, row, row);
   }
 }
 
@@ -94,8 +97,17 @@ BATON_CPU_CLONES void BiasGradLoop(int64_t rows, int64_t cols, const float* dy, 
   }
 }
 
+// The same sums of bf16 bits, each widened exactly as it is added.
+BATON_CPU_CLONES void BiasGradBf16Loop(int64_t rows, int64_t cols, const uint16_t* dy,
+                                       float* dbias) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = dy + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dbias[c] += Bf16BitsToFloat(row[c]);
+  }
+}
+
 BATON_CPU_CLONES void BiasGeluLoop(int64_t rows, int64_t cols, const float* x, const float* bias,
-                                   float* pre, float* out) {
+                                   float* pre, float* out, bool round_bf16) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* pr = pre + r * cols;
@@ -113,6 +125,7 @@ BATON_CPU_CLONES void BiasGeluLoop(int64_t rows, int64_t cols, const float* x, c
         orow[c] = GeluOf(v);
       }
     }
+    if (round_bf16) RoundToBf16Loop(cols, orow, orow);
   }
 }
 
@@ -377,17 +390,21 @@ class CpuBackendImpl final : public Backend {
     out[0] = static_cast<float>(Sum(n, x) / static_cast<double>(n));
   }
 
-  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
-    AddBiasLoop(rows, cols, bias, y);
+  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y, bool round_bf16) override {
+    AddBiasLoop(rows, cols, bias, y, round_bf16);
   }
 
   void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override {
     BiasGradLoop(rows, cols, dy, dbias);
   }
 
+  void BiasGradBf16(int64_t rows, int64_t cols, const uint16_t* dy, float* dbias) override {
+    BiasGradBf16Loop(rows, cols, dy, dbias);
+  }
+
   void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
-                float* out) override {
-    BiasGeluLoop(rows, cols, x, bias, pre, out);
+                float* out, bool round_bf16) override {
+    BiasGeluLoop(rows, cols, x, bias, pre, out, round_bf16);
   }
 
   void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) override {

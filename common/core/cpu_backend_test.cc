@@ -328,7 +328,7 @@ TEST_F(CpuBackendTest, ElementWiseLoopsGiveTheScalarBitsAtAnyVectorWidth) {
   x[5] = -1e-40f;      // subnormal
   x[6] = -0.0f;
   Vec got(n), want(n);
-  be_->BiasGelu(rows, cols, x.data(), bias.data(), want.data(), got.data());  // want: pre
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), want.data(), got.data(), false);  // want: pre
   for (int64_t i = 0; i < n; ++i) {
     const float pre = x[i] + bias[i % cols];
     ASSERT_EQ(std::memcmp(&want[i], &pre, 4), 0) << "BiasGelu pre " << i;
@@ -491,7 +491,7 @@ TEST_F(CpuBackendTest, AddBiasAndBiasGradAccumulates) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) want[r * cols + c] += bias[c];
   }
-  be_->AddBias(rows, cols, bias.data(), y.data());
+  be_->AddBias(rows, cols, bias.data(), y.data(), false);
   ExpectBitEqual(y, want, "AddBias");
 
   const Vec dy1 = Random(rows * cols, "biasgrad.dy1");
@@ -511,6 +511,17 @@ TEST_F(CpuBackendTest, AddBiasAndBiasGradAccumulates) {
   be_->BiasGrad(rows, cols, dy2.data(), dbias.data());
   ExpectBitEqual(dbias, want_f, "BiasGrad (row order)");
   ExpectClose(dbias, want_d, 1e-5, 0.0, "BiasGrad vs double");
+
+  // From bf16 bits: the bits BiasGrad gives on the widened floats.
+  std::vector<uint16_t> bits(dy1.size());
+  be_->ToBf16(static_cast<int64_t>(dy1.size()), dy1.data(), bits.data());
+  Vec wide(dy1.size());
+  be_->FromBf16(static_cast<int64_t>(dy1.size()), bits.data(), wide.data());
+  Vec from_bits = dbias, from_wide = dbias;
+  be_->BiasGrad(rows, cols, wide.data(), from_wide.data());
+  be_->BiasGradBf16(rows, cols, bits.data(), from_bits.data());
+  ExpectBitEqual(from_bits, from_wide, "BiasGradBf16");
+  EXPECT_NE(from_bits, dbias) << "it added something";
 }
 
 // ---- GELU ----
@@ -521,7 +532,7 @@ TEST_F(CpuBackendTest, BiasGelu) {
   const Vec x = Random(rows * cols, "gelu.x", -5.0f, 5.0f);
   const Vec bias = Random(cols, "gelu.bias");
   Vec pre(rows * cols), out(rows * cols);
-  be_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), out.data());
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), out.data(), false);
   Vec want_pre(rows * cols);
   DVec want_out(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -535,7 +546,7 @@ TEST_F(CpuBackendTest, BiasGelu) {
 
   // No bias: pre is x; pre may alias x.
   Vec inplace = x;
-  be_->BiasGelu(rows, cols, inplace.data(), nullptr, inplace.data(), out.data());
+  be_->BiasGelu(rows, cols, inplace.data(), nullptr, inplace.data(), out.data(), false);
   ExpectBitEqual(inplace, x, "BiasGelu pre without bias");
   DVec want_nobias(rows * cols);
   for (size_t i = 0; i < x.size(); ++i) want_nobias[i] = GeluRef(x[i]);
@@ -544,10 +555,33 @@ TEST_F(CpuBackendTest, BiasGelu) {
   // A few fixed points: gelu(0) = 0, gelu is ~x for large x and ~0 for very negative x.
   const Vec special = {0.0f, 10.0f, -10.0f};
   Vec sp_pre(3), sp_out(3);
-  be_->BiasGelu(1, 3, special.data(), nullptr, sp_pre.data(), sp_out.data());
+  be_->BiasGelu(1, 3, special.data(), nullptr, sp_pre.data(), sp_out.data(), false);
   EXPECT_EQ(sp_out[0], 0.0f);
   EXPECT_NEAR(sp_out[1], 10.0f, 1e-6f);
   EXPECT_NEAR(sp_out[2], 0.0f, 1e-6f);
+}
+
+// round_bf16 rounds the output in the same pass: the bits of the unrounded kernel followed by
+// RoundToBf16 (a bf16 job's Linear); GELU's pre-activation stays float32.
+TEST_F(CpuBackendTest, BiasKernelsRoundTheirOutputToBf16InTheSamePass) {
+  const int64_t rows = 5, cols = 13;
+  const Vec x = Random(rows * cols, "round.x", -5.0f, 5.0f);
+  const Vec bias = Random(cols, "round.bias");
+  Vec pre(rows * cols), out(rows * cols), pre_r(rows * cols), out_r(rows * cols);
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), out.data(), false);
+  be_->RoundToBf16(rows * cols, out.data(), out.data());
+  be_->BiasGelu(rows, cols, x.data(), bias.data(), pre_r.data(), out_r.data(), true);
+  ExpectBitEqual(out_r, out, "BiasGelu rounded");
+  ExpectBitEqual(pre_r, pre, "BiasGelu pre (not rounded)");
+  bool some_unrounded = false;
+  for (float v : pre_r) some_unrounded |= RoundToBf16(v) != v;
+  EXPECT_TRUE(some_unrounded) << "the check needs pre-activations that bf16 cannot hold";
+
+  Vec y = x, y_r = x;
+  be_->AddBias(rows, cols, bias.data(), y.data(), false);
+  be_->RoundToBf16(rows * cols, y.data(), y.data());
+  be_->AddBias(rows, cols, bias.data(), y_r.data(), true);
+  ExpectBitEqual(y_r, y, "AddBias rounded");
 }
 
 // dx = dy * gelu'(pre) against central finite differences of gelu in double

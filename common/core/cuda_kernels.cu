@@ -831,8 +831,12 @@ __global__ void SumEachFinishKernel(const WholeSumTask* tasks, const double* par
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-__global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y) {
-  GRID_STRIDE(i, rows * cols) { y[i] += bias[i % cols]; }
+__global__ void AddBiasKernel(int64_t rows, int64_t cols, const float* bias, float* y,
+                              bool round_bf16) {
+  GRID_STRIDE(i, rows * cols) {
+    const float v = y[i] + bias[i % cols];
+    y[i] = round_bf16 ? baton::RoundToBf16(v) : v;
+  }
 }
 
 // Column reductions (BiasGrad, the norms' weight gradients): acc[c] += sum over rows r of
@@ -849,6 +853,13 @@ struct BiasGradTerm {  // dy
   const float* dy;
   int64_t cols;
   __device__ float operator()(int64_t r, int64_t c) const { return dy[r * cols + c]; }
+};
+struct BiasGradBf16Term {  // dy's bf16 bits, widened (exactly)
+  const uint16_t* dy;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return baton::Bf16BitsToFloat(dy[r * cols + c]);
+  }
 };
 struct LayerNormGammaTerm {  // the CPU's d * ((x - mean) * rstd)
   const float *x, *mean, *rstd, *dy;
@@ -885,11 +896,12 @@ __global__ void AddColumnChunksKernel(int64_t chunks, int64_t cols, const float*
 }
 
 __global__ void BiasGeluKernel(int64_t rows, int64_t cols, const float* x, const float* bias,
-                               float* pre, float* out) {
+                               float* pre, float* out, bool round_bf16) {
   GRID_STRIDE(i, rows * cols) {
     const float v = bias != nullptr ? x[i] + bias[i % cols] : x[i];
     pre[i] = v;
-    out[i] = GeluOf(v);
+    const float g = GeluOf(v);
+    out[i] = round_bf16 ? baton::RoundToBf16(g) : g;
   }
 }
 
@@ -1397,12 +1409,12 @@ class CudaBackendImpl final : public Backend {
     LaunchWholeSum<false>(s, n, x, out);
   }
 
-  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override {
+  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y, bool round_bf16) override {
     if (rows * cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
-    AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, bias, y);
+    AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, bias, y, round_bf16);
     CheckLaunch("AddBiasKernel");
   }
 
@@ -1410,13 +1422,18 @@ class CudaBackendImpl final : public Backend {
     AddColumnSums(rows, cols, BiasGradTerm{dy, cols}, dbias);
   }
 
+  void BiasGradBf16(int64_t rows, int64_t cols, const uint16_t* dy, float* dbias) override {
+    AddColumnSums(rows, cols, BiasGradBf16Term{dy, cols}, dbias);
+  }
+
   void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
-                float* out) override {
+                float* out, bool round_bf16) override {
     if (rows * cols <= 0) return;
     cudaStream_t s = Enter();
     if (s == nullptr) return;
     ClearStaleError();
-    BiasGeluKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, x, bias, pre, out);
+    BiasGeluKernel<<<Blocks(rows * cols), kThreads, 0, s>>>(rows, cols, x, bias, pre, out,
+                                                            round_bf16);
     CheckLaunch("BiasGeluKernel");
   }
 

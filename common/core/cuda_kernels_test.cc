@@ -7,30 +7,31 @@
 // with the bounds each test states. Every CUDA kernel must also give the same bits when run
 // twice. Skips without a CUDA device; fails instead under BATON_REQUIRE_GPU (ctest label
 // gpu, scripts/gpu-test.sh).
-#include "common/core/cuda_test_util.h"
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <condition_variable>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/core/backend.h"
+#include "common/core/bf16.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/cuda_test_util.h"
 #include "common/core/device_timer.h"
+#include "common/core/mutex.h"
 #include "common/core/rng.h"
 #include "common/core/tensor.h"
-#include "common/core/mutex.h"
 
 namespace baton {
 namespace {
@@ -358,12 +359,12 @@ TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
   const Vec x = Random(rows * cols, "gelu x", -12.0f, 12.0f), bias = Random(cols, "gelu b");
   Vec pre(rows * cols), g(rows * cols);
   Tensor dx = Dev(x), dbias = Dev(bias), dpre = Dev(pre), dg = Dev(g);
-  cpu_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), g.data());
-  cuda_->BiasGelu(rows, cols, dx.f32(), dbias.f32(), dpre.f32(), dg.f32());
+  cpu_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), g.data(), false);
+  cuda_->BiasGelu(rows, cols, dx.f32(), dbias.f32(), dpre.f32(), dg.f32(), false);
   ExpectBitEqual(Host(dpre), pre, "BiasGelu pre");
   ExpectBitEqual(Host(dg), g, "BiasGelu out");
-  cpu_->BiasGelu(rows, cols, x.data(), nullptr, pre.data(), g.data());
-  cuda_->BiasGelu(rows, cols, dx.f32(), nullptr, dpre.f32(), dg.f32());
+  cpu_->BiasGelu(rows, cols, x.data(), nullptr, pre.data(), g.data(), false);
+  cuda_->BiasGelu(rows, cols, dx.f32(), nullptr, dpre.f32(), dg.f32(), false);
   ExpectBitEqual(Host(dg), g, "BiasGelu without bias");
   const Vec dy = Random(rows * cols, "gelu dy");
   Tensor ddy = Dev(dy);
@@ -372,9 +373,17 @@ TEST_F(CudaKernelsTest, ElementWiseKernelsAreBitExact) {
   ExpectBitEqual(Host(dg), g, "GeluBackward");
   Vec y = Random(rows * cols, "bias y");
   Tensor dyb = Dev(y);
-  cpu_->AddBias(rows, cols, bias.data(), y.data());
-  cuda_->AddBias(rows, cols, dbias.f32(), dyb.f32());
+  cpu_->AddBias(rows, cols, bias.data(), y.data(), false);
+  cuda_->AddBias(rows, cols, dbias.f32(), dyb.f32(), false);
   ExpectBitEqual(Host(dyb), y, "AddBias");
+  // Rounded to bf16 in the same pass (a bf16 job's Linear outputs).
+  cpu_->AddBias(rows, cols, bias.data(), y.data(), true);
+  cuda_->AddBias(rows, cols, dbias.f32(), dyb.f32(), true);
+  ExpectBitEqual(Host(dyb), y, "AddBias rounded to bf16");
+  cpu_->BiasGelu(rows, cols, x.data(), bias.data(), pre.data(), g.data(), true);
+  cuda_->BiasGelu(rows, cols, dx.f32(), dbias.f32(), dpre.f32(), dg.f32(), true);
+  ExpectBitEqual(Host(dpre), pre, "BiasGelu pre, its output rounded");
+  ExpectBitEqual(Host(dg), g, "BiasGelu out rounded to bf16");
 }
 
 // Column reductions: chunks of 64 rows in order, then the chunks in order, against the
@@ -394,6 +403,16 @@ TEST_F(CudaKernelsTest, ColumnReductionsAgreeWithinRoundingAndRepeat) {
   cuda_->BiasGrad(rows, cols, ddy.f32(), ddbias2.f32());
   ExpectNear(Host(ddbias), dbias, atol, rtol, "BiasGrad");
   ExpectBitEqual(Host(ddbias2), Host(ddbias), "BiasGrad (repeated)");
+  // From bf16 bits: BiasGrad's bits on the widened floats, without the widened copy.
+  std::vector<uint16_t> bits(dy.size());
+  for (size_t i = 0; i < dy.size(); ++i) bits[i] = FloatToBf16Bits(dy[i]);
+  Tensor dbits = Tensor::Empty({rows * cols}, DType::kBFloat16, Device::kCuda);
+  ASSERT_TRUE(dbits.CopyFromHost(bits.data()).ok());
+  Tensor dwide = Dev(dy), dfrom_bits = Dev(dbias0), dfrom_wide = Dev(dbias0);
+  cuda_->FromBf16(rows * cols, dbits.bf16(), dwide.f32());
+  cuda_->BiasGrad(rows, cols, dwide.f32(), dfrom_wide.f32());
+  cuda_->BiasGradBf16(rows, cols, dbits.bf16(), dfrom_bits.f32());
+  ExpectBitEqual(Host(dfrom_bits), Host(dfrom_wide), "BiasGradBf16");
 
   const Vec x = Random(rows * cols, "ln x");
   const Vec mean = Random(rows, "ln mean"), rstd = Random(rows, "ln rstd", 0.5f, 2.0f);
@@ -994,7 +1013,7 @@ TEST_F(CudaKernelsTest, ConcurrentHostThreadsGetTheBitsTheyGetAlone) {
       Tensor c = Dev(Vec(m * n)), pre = Dev(Vec(m * n)), out = Dev(Vec(m * n));
       Tensor y = Dev(Vec(m * n)), mean = Dev(Vec(m)), rstd = Dev(Vec(m));
       cuda_->Gemm(false, false, m, n, k, 1.0f, da.f32(), k, db.f32(), n, 0.0f, c.f32(), n);
-      cuda_->BiasGelu(m, n, c.f32(), dbias.f32(), pre.f32(), out.f32());
+      cuda_->BiasGelu(m, n, c.f32(), dbias.f32(), pre.f32(), out.f32(), false);
       cuda_->LayerNormForward(m, n, 1e-5f, out.f32(), dgamma.f32(), dbias.f32(), y.f32(),
                               mean.f32(), rstd.f32());
       const double sum = cuda_->Sum(m * n, y.f32());

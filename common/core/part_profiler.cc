@@ -157,16 +157,22 @@ void PartProfiler::ToBf16(int64_t n, const float* x, uint16_t* y) {
 void PartProfiler::FromBf16(int64_t n, const uint16_t* x, float* y) {
   Timed(StepPart::kElementwise, "FromBf16", [&] { inner_->FromBf16(n, x, y); });
 }
-void PartProfiler::AddBias(int64_t rows, int64_t cols, const float* bias, float* y) {
-  Timed(StepPart::kElementwise, "AddBias", [&] { inner_->AddBias(rows, cols, bias, y); });
+void PartProfiler::AddBias(int64_t rows, int64_t cols, const float* bias, float* y,
+                           bool round_bf16) {
+  Timed(StepPart::kElementwise, "AddBias",
+        [&] { inner_->AddBias(rows, cols, bias, y, round_bf16); });
 }
 void PartProfiler::BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) {
   Timed(StepPart::kElementwise, "BiasGrad", [&] { inner_->BiasGrad(rows, cols, dy, dbias); });
 }
+void PartProfiler::BiasGradBf16(int64_t rows, int64_t cols, const uint16_t* dy, float* dbias) {
+  Timed(StepPart::kElementwise, "BiasGradBf16",
+        [&] { inner_->BiasGradBf16(rows, cols, dy, dbias); });
+}
 void PartProfiler::BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias,
-                            float* pre, float* out) {
+                            float* pre, float* out, bool round_bf16) {
   Timed(StepPart::kElementwise, "BiasGelu",
-        [&] { inner_->BiasGelu(rows, cols, x, bias, pre, out); });
+        [&] { inner_->BiasGelu(rows, cols, x, bias, pre, out, round_bf16); });
 }
 void PartProfiler::GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) {
   Timed(StepPart::kElementwise, "GeluBackward", [&] { inner_->GeluBackward(n, pre, dy, dx); });

@@ -106,10 +106,11 @@ class PartProfiler final : public Backend {
   void RoundToBf16(int64_t n, const float* x, float* y) override;
   void ToBf16(int64_t n, const float* x, uint16_t* y) override;
   void FromBf16(int64_t n, const uint16_t* x, float* y) override;
-  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y) override;
+  void AddBias(int64_t rows, int64_t cols, const float* bias, float* y, bool round_bf16) override;
   void BiasGrad(int64_t rows, int64_t cols, const float* dy, float* dbias) override;
+  void BiasGradBf16(int64_t rows, int64_t cols, const uint16_t* dy, float* dbias) override;
   void BiasGelu(int64_t rows, int64_t cols, const float* x, const float* bias, float* pre,
-                float* out) override;
+                float* out, bool round_bf16) override;
   void GeluBackward(int64_t n, const float* pre, const float* dy, float* dx) override;
   void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x, const float* gamma,
                         const float* beta, float* y, float* mean, float* rstd) override;

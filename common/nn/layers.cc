@@ -89,16 +89,20 @@ absl::Status Linear::Forward(const MicroBatch& mb, const Tensor& input, Tensor* 
   BATON_ASSIGN_OR_RETURN(Tensor z, NewTensor(name_, WithLastDim(x.shape(), out_ld_), device_));
   ProductLd(be_, false, true, rows, out_, in_, x, in_, w, in_, 0.0f, z.f32(), out_ld_);
   const float* b = options_.bias ? bias_.value.f32() : nullptr;
+  // In bf16 the output is rounded in the bias's (or GELU's) pass where there is one.
+  const bool round = options_.round_output && mb.bf16();
   if (options_.gelu) {
     BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, z.shape(), device_));
-    be_->BiasGelu(rows, out_, z.f32(), b, z.f32(), out.f32());
+    be_->BiasGelu(rows, out_, z.f32(), b, z.f32(), out.f32(), round);
     saved.pre = z;
     *y = std::move(out);
+  } else if (b != nullptr) {
+    be_->AddBias(rows, out_, b, z.f32(), round);
+    *y = std::move(z);
   } else {
-    if (b != nullptr) be_->AddBias(rows, out_, b, z.f32());
+    if (round) RoundIfBf16(mb, be_, &z);
     *y = std::move(z);
   }
-  if (options_.round_output) RoundIfBf16(mb, be_, y);
   return stash_.Put(mb.index, std::move(saved));
 }
 
@@ -141,12 +145,13 @@ absl::Status Linear::BackwardWeight(const MicroBatch& mb) {
   }
   const int64_t rows = s->dz.numel() / out_ld_;
   // dW[out, in] += dz^T x, float32 (in bf16 a product of the kept bf16 bits); db += column
-  // sums of dz (float32, from the bits widened).
+  // sums of dz (float32, the bits widened as they are added).
   ProductLd(be_, true, false, out_, in_, rows, s->dz, out_ld_, s->x, in_, 1.0f, weight_.grad.f32(),
             in_);
-  if (options_.bias) {
-    BATON_ASSIGN_OR_RETURN(const Tensor dz, Unpacked(name_, be_, s->dz));
-    be_->BiasGrad(rows, out_, dz.f32(), bias_.grad.f32());
+  if (options_.bias && s->dz.dtype() == DType::kBFloat16) {
+    be_->BiasGradBf16(rows, out_, s->dz.bf16(), bias_.grad.f32());
+  } else if (options_.bias) {
+    be_->BiasGrad(rows, out_, s->dz.f32(), bias_.grad.f32());
   }
   stash_.Erase(mb.index);
   return absl::OkStatus();
@@ -169,8 +174,7 @@ absl::Status Gelu::Forward(const MicroBatch& mb, const Tensor& x, Tensor* y) {
   }
   BATON_ASSIGN_OR_RETURN(Tensor out, NewTensor(name_, x.shape(), device_));
   BATON_ASSIGN_OR_RETURN(Tensor pre, NewTensor(name_, x.shape(), device_));
-  be_->BiasGelu(1, x.numel(), x.f32(), nullptr, pre.f32(), out.f32());
-  RoundIfBf16(mb, be_, &out);
+  be_->BiasGelu(1, x.numel(), x.f32(), nullptr, pre.f32(), out.f32(), mb.bf16());
   *y = std::move(out);
   return stash_.Put(mb.index, std::move(pre));
 }
