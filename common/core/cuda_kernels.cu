@@ -1564,7 +1564,7 @@ class CudaBackendImpl final : public Backend {
   // Not yet the default: the row functions these kernels run have passed on the CPU
   // (fused_attention_test), but the kernels have not run on a GPU yet. scripts/gpu-test.sh
   // checks them against the CPU (cuda_kernels_test) and measures them; until that has been
-  // seen, BATON_FUSED_ATTENTION=1 turns them on.
+  // seen, a job asks for them (JobSpec.attention, BATON_FUSED_ATTENTION=1).
   void SetAttentionKernel(AttentionKernel kernel) override { attention_.store(kernel); }
   AttentionKernel attention_kernel() const override { return attention_.load(); }
 
@@ -1604,8 +1604,8 @@ class CudaBackendImpl final : public Backend {
     }
   }
 
-  // Not yet the default, as the fused kernels above: these have not run on a GPU yet.
-  // BATON_FUSED_ATTENTION=tiled turns them on for bf16 jobs.
+  // The tiled kernels: not yet the default, as the fused kernels above (they have not run
+  // on a GPU yet); a bf16 job asks for them (JobSpec.attention, BATON_FUSED_ATTENTION=tiled).
   bool RunsTiledAttention(int64_t D) const override { return DeviceRunsTiledAttention(D); }
 
   void TiledAttentionForward(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,

@@ -7,12 +7,12 @@
 
 namespace baton {
 
-AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16) {
+AttentionKernel PlannedAttentionKernel(AttentionKernel requested, int64_t D, bool bf16) {
   const bool fused = D <= flash::kMaxHeadSize;
-  switch (be.attention_kernel()) {
+  switch (requested) {
     case AttentionKernel::kTiled:
       if (!bf16) return AttentionKernel::kMaterialised;
-      if (flash_tiles::Supports(D) && be.RunsTiledAttention(D)) return AttentionKernel::kTiled;
+      if (flash_tiles::Supports(D)) return AttentionKernel::kTiled;
       return fused ? AttentionKernel::kFused : AttentionKernel::kMaterialised;
     case AttentionKernel::kFused:
       return fused ? AttentionKernel::kFused : AttentionKernel::kMaterialised;
@@ -20,6 +20,11 @@ AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16) {
       break;
   }
   return AttentionKernel::kMaterialised;
+}
+
+AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16) {
+  const AttentionKernel k = PlannedAttentionKernel(be.attention_kernel(), D, bf16);
+  return k == AttentionKernel::kTiled && !be.RunsTiledAttention(D) ? AttentionKernel::kFused : k;
 }
 
 absl::Status AttentionCoreForward(const std::string& who, Backend* be, Device device,

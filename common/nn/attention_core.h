@@ -36,13 +36,17 @@ struct AttentionStash {
   bool tiled = false;  // lse and out came from the tiled kernels
 };
 
-// The kernels the core runs for head size D on `be`, under its attention_kernel():
+// The kernels the core runs for head size D when `requested`, on a device that runs the
+// tiled kernels (the planner's view, DescribeBlocks):
 //  - kFused: the fused kernels where D <= flash::kMaxHeadSize, else the materialised ones;
-//  - kTiled, in a bf16 job (`bf16`): the tiled kernels where flash_tiles::Supports(D) and
-//    the device runs them (Backend::RunsTiledAttention), else the fused ones, which keep the
-//    same stash, as kFused does; in a float32 job the materialised ones (the tiled contract
-//    rounds the probabilities to bf16);
+//  - kTiled, in a bf16 job (`bf16`): the tiled kernels where flash_tiles::Supports(D), else
+//    as kFused; in a float32 job the materialised ones (the tiled contract rounds the
+//    probabilities to bf16);
 //  - kMaterialised: the materialised ones.
+AttentionKernel PlannedAttentionKernel(AttentionKernel requested, int64_t D, bool bf16);
+// What runs on `be` under its attention_kernel(): PlannedAttentionKernel, with the fused
+// kernels (the same stash) where it says tiled and the device cannot run them
+// (Backend::RunsTiledAttention).
 AttentionKernel AttentionKernelFor(const Backend& be, int64_t D, bool bf16);
 
 // y [B, T, H*D] = the core on qkv [B, T, (H + 2 KVH) D]; fills `saved`. `bf16`: the job's

@@ -6,6 +6,7 @@
 
 #include "common/core/check.h"
 #include "common/core/status.h"
+#include "common/nn/attention_core.h"
 #include "common/nn/layers.h"
 #include "common/nn/llama.h"
 #include "common/nn/transformer.h"
@@ -144,10 +145,11 @@ std::unique_ptr<Module> BuildLlamaBlock(const baton::v1::LlamaSpec& s, int index
 }  // namespace
 
 namespace {
-// BlockCostOptions' change to a transformer block's activation_floats (per sequence).
+// BlockCostOptions' change to a transformer block's activation_floats (per sequence): the
+// fused and tiled kernels keep the same (PlannedAttentionKernel says which runs).
 int64_t AttentionStashChange(const BlockCostOptions& o, int64_t T, int64_t C, int64_t H) {
   const bool flash =
-      o.attention == AttentionKernel::kFused || (o.attention == AttentionKernel::kTiled && o.bf16);
+      PlannedAttentionKernel(o.attention, C / H, o.bf16) != AttentionKernel::kMaterialised;
   return flash ? -H * T * T + H * T + (o.bf16 ? T * C : 0) : 0;
 }
 }  // namespace

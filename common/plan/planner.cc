@@ -204,10 +204,13 @@ ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& 
                          double rows) {
   ChunkBytes out;
   for (const BlockRange& r : part) {
-    double bytes = 0, biggest = 0;
+    double bytes = 0, biggest = 0, operands = 0, largest = 0;
     for (int b = r.first; b < r.last; ++b) {
-      bytes += static_cast<double>(ActivationBytes(in.blocks[b], in.bf16));
-      biggest = std::max(biggest, static_cast<double>(in.blocks[b].activation_floats));
+      const BlockInfo& block = in.blocks[b];
+      bytes += static_cast<double>(ActivationBytes(block, in.bf16));
+      biggest = std::max(biggest, static_cast<double>(block.activation_floats));
+      operands += static_cast<double>(block.operand_parameters);
+      largest = std::max(largest, static_cast<double>(block.largest_parameter));
     }
     const double stash = rows * bytes;
     // With recomputation a chunk keeps only its input, and rebuilds its whole stash for the
@@ -217,15 +220,7 @@ ChunkBytes ChunkBytesFor(const PlannerInput& in, const std::vector<BlockRange>& 
                            : stash);
     out.workspace.push_back(4 * rows * biggest + (in.recompute ? stash : 0));
     out.params.push_back(RangeParams(in.blocks, r));
-    double operands = 0;
-    for (int b = r.first; b < r.last; ++b) {
-      operands += static_cast<double>(in.blocks[b].operand_parameters);
-    }
     out.operands.push_back(operands);
-    double largest = 0;
-    for (int b = r.first; b < r.last; ++b) {
-      largest = std::max(largest, static_cast<double>(in.blocks[b].largest_parameter));
-    }
     out.largest.push_back(largest);
   }
   return out;

@@ -12,10 +12,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/core/file.h"
-#include "common/core/log_text.h"
 #include "common/core/cuda_context.h"
 #include "common/core/cuda_device.h"
+#include "common/core/file.h"
+#include "common/core/flash_attention_math.h"
+#include "common/core/flash_tiles.h"
+#include "common/core/log_text.h"
 #include "common/core/status.h"
 #include "common/schedule/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
@@ -553,9 +555,9 @@ static absl::Status ValidateAttention(const baton::v1::JobSpec& spec) {
   }
   const int64_t head =
       m.has_gpt() ? m.gpt().d_model() / m.gpt().heads() : m.llama().d_model() / m.llama().heads();
-  if (head > 128) {
-    return Invalid("attention",
-                   absl::StrCat(name, ": the head size d_model / heads = ", head, " is over 128"));
+  if (head > flash::kMaxHeadSize) {
+    return Invalid("attention", absl::StrCat(name, ": the head size d_model / heads = ", head,
+                                             " is over ", flash::kMaxHeadSize));
   }
   if (a == baton::v1::ATTENTION_KERNEL_TILED) {
     if (spec.precision() != baton::v1::PRECISION_BF16) {
@@ -564,9 +566,9 @@ static absl::Status ValidateAttention(const baton::v1::JobSpec& spec) {
                                                    ? "PRECISION_FP32 (the default)"
                                                    : baton::v1::Precision_Name(spec.precision())));
     }
-    if (head % 16 != 0) {
+    if (!flash_tiles::Supports(head)) {
       return Invalid("attention", absl::StrCat(name, ": the head size d_model / heads = ", head,
-                                               " is not a multiple of 16"));
+                                               " is not a multiple of ", flash_tiles::kFrag));
     }
   }
   return absl::OkStatus();
